@@ -1,0 +1,163 @@
+//! Header parsing: ours against the reference crate on the same bytes, in one run.
+//!
+//! Each iteration parses and validates a whole file held in memory (the data is lazily zeroed
+//! pages, never touched) and then takes a view of every tensor. Run with
+//! `cargo bench -p safetensors-core --bench parse`; prints a table and one JSON line.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use safetensors_core::SafeTensors;
+
+/// gpt2's 160 tensors (names and shapes as in the published checkpoint), all F32.
+fn gpt2() -> Vec<(String, Vec<usize>)> {
+    let mut t = vec![
+        ("wte.weight".to_string(), vec![50257, 768]),
+        ("wpe.weight".to_string(), vec![1024, 768]),
+        ("ln_f.weight".to_string(), vec![768]),
+        ("ln_f.bias".to_string(), vec![768]),
+    ];
+    for l in 0..12 {
+        for (name, shape) in [
+            ("ln_1.weight", vec![768]),
+            ("ln_1.bias", vec![768]),
+            ("attn.bias", vec![1, 1, 1024, 1024]),
+            ("attn.c_attn.weight", vec![768, 2304]),
+            ("attn.c_attn.bias", vec![2304]),
+            ("attn.c_proj.weight", vec![768, 768]),
+            ("attn.c_proj.bias", vec![768]),
+            ("ln_2.weight", vec![768]),
+            ("ln_2.bias", vec![768]),
+            ("mlp.c_fc.weight", vec![768, 3072]),
+            ("mlp.c_fc.bias", vec![3072]),
+            ("mlp.c_proj.weight", vec![3072, 768]),
+            ("mlp.c_proj.bias", vec![768]),
+        ] {
+            t.push((format!("h.{l}.{name}"), shape));
+        }
+    }
+    t
+}
+
+/// 20,000 small tensors with realistic long names.
+fn many() -> Vec<(String, Vec<usize>)> {
+    (0..20_000)
+        .map(|i| {
+            let kind = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj"][i % 5];
+            (
+                format!("model.layers.{}.self_attn.{kind}.weight", i / 5),
+                vec![4, 8],
+            )
+        })
+        .collect()
+}
+
+/// A complete file for these tensors, F32, laid out in name order; the data is zeroed pages
+/// that parsing never touches.
+fn file_for(tensors: &[(String, Vec<usize>)]) -> Vec<u8> {
+    let sizes: Vec<usize> = tensors
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>() * 4)
+        .collect();
+    let total: usize = sizes.iter().sum();
+    let mut order: Vec<usize> = (0..tensors.len()).collect();
+    order.sort_by(|&a, &b| tensors[a].0.cmp(&tensors[b].0));
+    let mut json = String::from("{");
+    let mut at = 0;
+    for (k, &i) in order.iter().enumerate() {
+        if k > 0 {
+            json.push(',');
+        }
+        let shape: Vec<String> = tensors[i].1.iter().map(|d| d.to_string()).collect();
+        json.push_str(&format!(
+            "\"{}\":{{\"dtype\":\"F32\",\"shape\":[{}],\"data_offsets\":[{at},{}]}}",
+            tensors[i].0,
+            shape.join(","),
+            at + sizes[i]
+        ));
+        at += sizes[i];
+    }
+    json.push('}');
+    while json.len() % 8 != 0 {
+        json.push(' ');
+    }
+    let mut out = vec![0u8; 8 + json.len() + total];
+    out[..8].copy_from_slice(&(json.len() as u64).to_le_bytes());
+    out[8..8 + json.len()].copy_from_slice(json.as_bytes());
+    out
+}
+
+/// Median of `runs` timings of `f`, each averaged over enough calls to last ~20 ms.
+fn median(runs: usize, mut f: impl FnMut() -> usize) -> Duration {
+    let start = Instant::now();
+    black_box(f());
+    let once = start.elapsed().max(Duration::from_nanos(100));
+    let calls = (Duration::from_millis(20).as_nanos() / once.as_nanos()).clamp(1, 100_000) as u32;
+    let mut times: Vec<Duration> = (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..calls {
+                black_box(f());
+            }
+            t.elapsed() / calls
+        })
+        .collect();
+    times.sort();
+    times[runs / 2]
+}
+
+fn ours(bytes: &[u8]) -> usize {
+    let file = SafeTensors::deserialize(bytes).unwrap();
+    file.tensors()
+        .map(|(_, v)| v.data.len() + v.shape.len())
+        .sum()
+}
+
+fn reference(bytes: &[u8]) -> usize {
+    let file = safetensors::SafeTensors::deserialize(bytes).unwrap();
+    file.iter()
+        .map(|(_, v)| v.data().len() + v.shape().len())
+        .sum()
+}
+
+fn main() {
+    // `PARSE_PROFILE=1` loops our parser alone on the large header, for a profiler.
+    if std::env::var_os("PARSE_PROFILE").is_some() {
+        let bytes = file_for(&many());
+        let mut sum = 0;
+        for _ in 0..400 {
+            sum += ours(&bytes);
+        }
+        println!("{sum}");
+        return;
+    }
+    let mut json = Vec::new();
+    println!(
+        "{:<22} {:>10} {:>12} {:>12} {:>8}",
+        "header", "tensors", "ours", "reference", "speedup"
+    );
+    for (label, tensors) in [("gpt2 (160 tensors)", gpt2()), ("20,000 tensors", many())] {
+        let bytes = file_for(&tensors);
+        assert_eq!(ours(&bytes), reference(&bytes));
+        let (a, b) = (
+            median(15, || ours(&bytes)),
+            median(15, || reference(&bytes)),
+        );
+        let ratio = b.as_secs_f64() / a.as_secs_f64();
+        println!(
+            "{label:<22} {:>10} {:>12?} {:>12?} {:>7.1}x",
+            tensors.len(),
+            a,
+            b,
+            ratio
+        );
+        json.push(format!(
+            "{{\"header\":\"{label}\",\"tensors\":{},\"header_bytes\":{},\"ours_us\":{:.2},\"reference_us\":{:.2},\"speedup\":{ratio:.2}}}",
+            tensors.len(),
+            u64::from_le_bytes(bytes[..8].try_into().unwrap()),
+            a.as_secs_f64() * 1e6,
+            b.as_secs_f64() * 1e6
+        ));
+    }
+    println!("JSON [{}]", json.join(","));
+}

@@ -1,0 +1,541 @@
+//! The one error type of the library.
+//!
+//! Every variant names what went wrong in terms a user can act on: the file, the tensor, the sizes
+//! involved, and a hint where a common cause is known (git-lfs pointer files, truncated
+//! downloads). [`ErrorKind`] is the stable, fieldless identity of each variant; the C++ API
+//! exposes the same enumerators.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::header::MAX_HEADER_SIZE;
+
+/// A specialized `Result` for this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong reading, writing or slicing a safetensors file.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The input is shorter than the 8-byte header length prefix.
+    HeaderTooSmall {
+        /// Length of the input in bytes.
+        len: u64,
+    },
+    /// The header length prefix exceeds 100,000,000 bytes (on read or on write).
+    HeaderTooLarge {
+        /// The header length claimed by the prefix, or produced by the writer.
+        header_len: u64,
+        /// The input starts like a git-lfs pointer file.
+        lfs_pointer: bool,
+    },
+    /// The header length prefix points past the end of the input.
+    InvalidHeaderLength {
+        /// The header length claimed by the prefix.
+        header_len: u64,
+        /// Length of the input in bytes.
+        len: u64,
+    },
+    /// The header is not valid UTF-8.
+    InvalidHeader {
+        /// Offset of the first invalid byte, counted from the start of the header JSON.
+        valid_up_to: usize,
+    },
+    /// The header is not JSON of the safetensors schema.
+    InvalidHeaderDeserialization {
+        /// What the JSON parser reported, with line and column.
+        message: String,
+    },
+    /// A tensor's `data_offsets` leave a gap, overlap another tensor, or end before they begin.
+    InvalidOffset {
+        /// The tensor whose offsets are wrong.
+        tensor: String,
+        /// Its declared offsets.
+        data_offsets: (u64, u64),
+        /// Where it had to begin to continue the previous tensor.
+        expected_begin: u64,
+    },
+    /// A tensor's element count or bit size does not fit in 64 bits.
+    ValidationOverflow {
+        /// The tensor with the impossible shape.
+        tensor: String,
+        /// Its shape.
+        shape: Vec<usize>,
+    },
+    /// A sub-byte tensor, or a slice of one, does not start and end on a byte boundary.
+    MisalignedSlice {
+        /// The tensor concerned.
+        tensor: String,
+        /// What is misaligned.
+        reason: String,
+    },
+    /// A tensor's byte length disagrees with its dtype and shape.
+    TensorInvalidInfo {
+        /// The tensor concerned.
+        tensor: String,
+        /// Bytes implied by dtype × shape.
+        expected: u64,
+        /// Bytes actually given (by `data_offsets`, or by the data handed to the writer).
+        actual: u64,
+    },
+    /// The tensors do not cover the data buffer exactly: bytes are missing or left over.
+    MetadataIncompleteBuffer {
+        /// File length implied by the header and the last tensor's end offset.
+        expected: u64,
+        /// Actual length of the input.
+        actual: u64,
+    },
+    /// No tensor has this name.
+    TensorNotFound {
+        /// The name that was looked up.
+        name: String,
+    },
+    /// A tensor name, or a key inside `__metadata__`, appears twice.
+    DuplicateKey {
+        /// The repeated name or key.
+        key: String,
+        /// `true` when the key is inside `__metadata__`.
+        in_metadata: bool,
+    },
+    /// A tensor may not have this name (`__metadata__` is reserved).
+    InvalidTensorName {
+        /// The refused name.
+        name: String,
+    },
+    /// A slice request does not fit the tensor: too many indexers, or an index out of range.
+    InvalidSlice {
+        /// The tensor being sliced.
+        tensor: String,
+        /// What is wrong with the request.
+        reason: String,
+    },
+    /// An operating-system error while opening, reading or writing a file.
+    Io {
+        /// The file concerned.
+        path: PathBuf,
+        /// What we were doing, e.g. "open" or "read".
+        op: &'static str,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// A sharded-checkpoint index (`*.safetensors.index.json`) is malformed.
+    InvalidIndex {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A shard named by the index, or the tensor it should hold, is missing.
+    ShardMissing {
+        /// The shard file.
+        shard: String,
+        /// The tensor that led to it, when one did.
+        tensor: Option<String>,
+    },
+    /// A shard holds a tensor that the index assigns to a different shard.
+    ShardMismatch {
+        /// The tensor concerned.
+        tensor: String,
+        /// The shard that holds it.
+        found_in: String,
+        /// The shard the index assigns it to (none when the index does not list it).
+        claimed_by: Option<String>,
+    },
+    /// A shard path in the index leaves the index's directory (`..`, absolute paths).
+    InvalidShardPath {
+        /// The refused path.
+        shard: String,
+    },
+    /// CUDA is not available or a CUDA call failed.
+    Cuda {
+        /// What failed and why.
+        message: String,
+    },
+    /// An error that happened in a named file: the wrapped error says what.
+    InFile {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong in it.
+        source: Box<Error>,
+    },
+}
+
+/// The stable identity of an [`Error`], without its details.
+///
+/// The discriminants are part of the C++ bridge: append new kinds, never reorder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ErrorKind {
+    /// See [`Error::HeaderTooSmall`].
+    HeaderTooSmall = 0,
+    /// See [`Error::HeaderTooLarge`].
+    HeaderTooLarge = 1,
+    /// See [`Error::InvalidHeaderLength`].
+    InvalidHeaderLength = 2,
+    /// See [`Error::InvalidHeader`].
+    InvalidHeader = 3,
+    /// See [`Error::InvalidHeaderDeserialization`].
+    InvalidHeaderDeserialization = 4,
+    /// See [`Error::InvalidOffset`].
+    InvalidOffset = 5,
+    /// See [`Error::ValidationOverflow`].
+    ValidationOverflow = 6,
+    /// See [`Error::MisalignedSlice`].
+    MisalignedSlice = 7,
+    /// See [`Error::TensorInvalidInfo`].
+    TensorInvalidInfo = 8,
+    /// See [`Error::MetadataIncompleteBuffer`].
+    MetadataIncompleteBuffer = 9,
+    /// See [`Error::TensorNotFound`].
+    TensorNotFound = 10,
+    /// See [`Error::DuplicateKey`].
+    DuplicateKey = 11,
+    /// See [`Error::InvalidTensorName`].
+    InvalidTensorName = 12,
+    /// See [`Error::InvalidSlice`].
+    InvalidSlice = 13,
+    /// See [`Error::Io`].
+    Io = 14,
+    /// See [`Error::InvalidIndex`].
+    InvalidIndex = 15,
+    /// See [`Error::ShardMissing`].
+    ShardMissing = 16,
+    /// See [`Error::ShardMismatch`].
+    ShardMismatch = 17,
+    /// See [`Error::InvalidShardPath`].
+    InvalidShardPath = 18,
+    /// See [`Error::Cuda`].
+    Cuda = 19,
+    /// A defect in this library (a caught panic); please report it.
+    Internal = 20,
+}
+
+impl ErrorKind {
+    /// Every kind, in discriminant order.
+    pub const ALL: [ErrorKind; 21] = [
+        ErrorKind::HeaderTooSmall,
+        ErrorKind::HeaderTooLarge,
+        ErrorKind::InvalidHeaderLength,
+        ErrorKind::InvalidHeader,
+        ErrorKind::InvalidHeaderDeserialization,
+        ErrorKind::InvalidOffset,
+        ErrorKind::ValidationOverflow,
+        ErrorKind::MisalignedSlice,
+        ErrorKind::TensorInvalidInfo,
+        ErrorKind::MetadataIncompleteBuffer,
+        ErrorKind::TensorNotFound,
+        ErrorKind::DuplicateKey,
+        ErrorKind::InvalidTensorName,
+        ErrorKind::InvalidSlice,
+        ErrorKind::Io,
+        ErrorKind::InvalidIndex,
+        ErrorKind::ShardMissing,
+        ErrorKind::ShardMismatch,
+        ErrorKind::InvalidShardPath,
+        ErrorKind::Cuda,
+        ErrorKind::Internal,
+    ];
+
+    /// The kind's name, e.g. `"InvalidOffset"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::HeaderTooSmall => "HeaderTooSmall",
+            ErrorKind::HeaderTooLarge => "HeaderTooLarge",
+            ErrorKind::InvalidHeaderLength => "InvalidHeaderLength",
+            ErrorKind::InvalidHeader => "InvalidHeader",
+            ErrorKind::InvalidHeaderDeserialization => "InvalidHeaderDeserialization",
+            ErrorKind::InvalidOffset => "InvalidOffset",
+            ErrorKind::ValidationOverflow => "ValidationOverflow",
+            ErrorKind::MisalignedSlice => "MisalignedSlice",
+            ErrorKind::TensorInvalidInfo => "TensorInvalidInfo",
+            ErrorKind::MetadataIncompleteBuffer => "MetadataIncompleteBuffer",
+            ErrorKind::TensorNotFound => "TensorNotFound",
+            ErrorKind::DuplicateKey => "DuplicateKey",
+            ErrorKind::InvalidTensorName => "InvalidTensorName",
+            ErrorKind::InvalidSlice => "InvalidSlice",
+            ErrorKind::Io => "Io",
+            ErrorKind::InvalidIndex => "InvalidIndex",
+            ErrorKind::ShardMissing => "ShardMissing",
+            ErrorKind::ShardMismatch => "ShardMismatch",
+            ErrorKind::InvalidShardPath => "InvalidShardPath",
+            ErrorKind::Cuda => "Cuda",
+            ErrorKind::Internal => "Internal",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Error {
+    /// The kind of this error (looking through [`Error::InFile`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::HeaderTooSmall { .. } => ErrorKind::HeaderTooSmall,
+            Error::HeaderTooLarge { .. } => ErrorKind::HeaderTooLarge,
+            Error::InvalidHeaderLength { .. } => ErrorKind::InvalidHeaderLength,
+            Error::InvalidHeader { .. } => ErrorKind::InvalidHeader,
+            Error::InvalidHeaderDeserialization { .. } => ErrorKind::InvalidHeaderDeserialization,
+            Error::InvalidOffset { .. } => ErrorKind::InvalidOffset,
+            Error::ValidationOverflow { .. } => ErrorKind::ValidationOverflow,
+            Error::MisalignedSlice { .. } => ErrorKind::MisalignedSlice,
+            Error::TensorInvalidInfo { .. } => ErrorKind::TensorInvalidInfo,
+            Error::MetadataIncompleteBuffer { .. } => ErrorKind::MetadataIncompleteBuffer,
+            Error::TensorNotFound { .. } => ErrorKind::TensorNotFound,
+            Error::DuplicateKey { .. } => ErrorKind::DuplicateKey,
+            Error::InvalidTensorName { .. } => ErrorKind::InvalidTensorName,
+            Error::InvalidSlice { .. } => ErrorKind::InvalidSlice,
+            Error::Io { .. } => ErrorKind::Io,
+            Error::InvalidIndex { .. } => ErrorKind::InvalidIndex,
+            Error::ShardMissing { .. } => ErrorKind::ShardMissing,
+            Error::ShardMismatch { .. } => ErrorKind::ShardMismatch,
+            Error::InvalidShardPath { .. } => ErrorKind::InvalidShardPath,
+            Error::Cuda { .. } => ErrorKind::Cuda,
+            Error::InFile { source, .. } => source.kind(),
+        }
+    }
+
+    /// The file this error is about, when there is one.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            Error::InFile { path, .. } | Error::Io { path, .. } => Some(path),
+            _ => None,
+        }
+    }
+
+    /// The error without its file context.
+    pub fn innermost(&self) -> &Error {
+        match self {
+            Error::InFile { source, .. } => source.innermost(),
+            other => other,
+        }
+    }
+
+    /// Attaches a file path, unless the error already names one.
+    pub fn in_file(self, path: &Path) -> Error {
+        if self.path().is_some() {
+            return self;
+        }
+        Error::InFile {
+            path: path.to_path_buf(),
+            source: Box::new(self),
+        }
+    }
+
+    /// Builds an [`Error::Io`].
+    pub fn io(path: &Path, op: &'static str, source: io::Error) -> Error {
+        Error::Io {
+            path: path.to_path_buf(),
+            op,
+            source,
+        }
+    }
+}
+
+fn plural(n: u64, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::HeaderTooSmall { len } => write!(
+                f,
+                "header too small: the input has {}, fewer than the 8-byte header length \
+                 prefix; it is empty or not a safetensors file",
+                plural(*len, "byte")
+            ),
+            Error::HeaderTooLarge {
+                header_len,
+                lfs_pointer,
+            } => {
+                write!(
+                    f,
+                    "header too large: {header_len} bytes, over the {MAX_HEADER_SIZE}-byte limit"
+                )?;
+                if *lfs_pointer {
+                    write!(
+                        f,
+                        "; hint: this is a git-lfs pointer file, not the model itself: fetch the \
+                         real file with `git lfs pull` or download it directly"
+                    )
+                } else {
+                    write!(f, "; the file is corrupt or not a safetensors file")
+                }
+            }
+            Error::InvalidHeaderLength { header_len, len } => write!(
+                f,
+                "invalid header length: the prefix announces a {header_len}-byte header but only \
+                 {} follow it; the file is truncated or not a safetensors file",
+                plural(len.saturating_sub(8), "byte")
+            ),
+            Error::InvalidHeader { valid_up_to } => write!(
+                f,
+                "invalid header: not UTF-8 (first bad byte at header offset {valid_up_to})"
+            ),
+            Error::InvalidHeaderDeserialization { message } => {
+                write!(f, "invalid header JSON: {message}")
+            }
+            Error::InvalidOffset {
+                tensor,
+                data_offsets: (begin, end),
+                expected_begin,
+            } => {
+                write!(
+                    f,
+                    "invalid offset for tensor `{tensor}`: data_offsets [{begin}, {end}]"
+                )?;
+                if end < begin {
+                    write!(f, " end before they begin")
+                } else if begin < expected_begin {
+                    write!(
+                        f,
+                        " overlap the previous tensor, which ends at {expected_begin}"
+                    )
+                } else {
+                    write!(
+                        f,
+                        " leave a gap: the previous tensor ends at {expected_begin} (tensors must \
+                         be packed back to back from offset 0)"
+                    )
+                }
+            }
+            Error::ValidationOverflow { tensor, shape } => write!(
+                f,
+                "validation overflow: tensor `{tensor}` has shape {shape:?}, whose size in bits \
+                 does not fit in 64 bits"
+            ),
+            Error::MisalignedSlice { tensor, reason } => {
+                write!(f, "misaligned tensor `{tensor}`: {reason}")
+            }
+            Error::TensorInvalidInfo {
+                tensor,
+                expected,
+                actual,
+            } => write!(
+                f,
+                "invalid tensor info for `{tensor}`: dtype and shape make {} but {} are given",
+                plural(*expected, "byte"),
+                plural(*actual, "byte")
+            ),
+            Error::MetadataIncompleteBuffer { expected, actual } => {
+                if actual < expected {
+                    write!(
+                        f,
+                        "incomplete file: the header describes {expected} bytes but the file has \
+                         {actual} ({} missing); hint: the file is truncated, most likely an \
+                         interrupted download: download it again",
+                        expected - actual
+                    )
+                } else {
+                    write!(
+                        f,
+                        "incomplete metadata: the header describes {expected} bytes but the file \
+                         has {actual} ({} after the last tensor); the tensors must cover the data \
+                         exactly, and trailing data may hide another file format",
+                        plural(actual - expected, "extra byte")
+                    )
+                }
+            }
+            Error::TensorNotFound { name } => write!(f, "tensor `{name}` not found"),
+            Error::DuplicateKey { key, in_metadata } => {
+                if *in_metadata {
+                    write!(f, "duplicate key `{key}` in __metadata__")
+                } else {
+                    write!(
+                        f,
+                        "duplicate tensor name `{key}`: each name may appear once (readers \
+                         disagree on which copy wins)"
+                    )
+                }
+            }
+            Error::InvalidTensorName { name } => write!(
+                f,
+                "invalid tensor name `{name}`: `__metadata__` is reserved for the metadata map"
+            ),
+            Error::InvalidSlice { tensor, reason } => {
+                write!(f, "invalid slice of tensor `{tensor}`: {reason}")
+            }
+            Error::Io { path, op, source } => {
+                write!(f, "{}: {op} failed: {source}", path.display())
+            }
+            Error::InvalidIndex { reason } => write!(f, "invalid checkpoint index: {reason}"),
+            Error::ShardMissing { shard, tensor } => {
+                write!(f, "shard `{shard}`")?;
+                match tensor {
+                    Some(t) => write!(
+                        f,
+                        " does not contain tensor `{t}`, which the index's weight_map assigns to it"
+                    ),
+                    None => write!(f, " named by the index is missing"),
+                }
+            }
+            Error::ShardMismatch {
+                tensor,
+                found_in,
+                claimed_by,
+            } => match claimed_by {
+                Some(owner) => write!(
+                    f,
+                    "tensor `{tensor}` is in shard `{found_in}` but the index's weight_map \
+                     assigns it to `{owner}`"
+                ),
+                None => write!(
+                    f,
+                    "tensor `{tensor}` is in shard `{found_in}` but the index's weight_map does \
+                     not list it"
+                ),
+            },
+            Error::InvalidShardPath { shard } => write!(
+                f,
+                "invalid shard path `{shard}`: shards must be files inside the index's directory \
+                 (no absolute paths, no `..`)"
+            ),
+            Error::Cuda { message } => write!(f, "CUDA: {message}"),
+            Error::InFile { path, source } => write!(f, "{}: {source}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } => Some(source),
+            Error::InFile { source, .. } => Some(source.as_ref()),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kind_names_are_unique_and_ordered() {
+        for (i, k) in ErrorKind::ALL.iter().enumerate() {
+            assert_eq!(*k as usize, i);
+        }
+        let mut names: Vec<_> = ErrorKind::ALL.iter().map(|k| k.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), ErrorKind::ALL.len());
+    }
+
+    #[test]
+    fn in_file_keeps_the_kind_and_names_the_path() {
+        let e = Error::TensorNotFound { name: "w".into() }.in_file(Path::new("/m/a.safetensors"));
+        assert_eq!(e.kind(), ErrorKind::TensorNotFound);
+        assert_eq!(e.path(), Some(Path::new("/m/a.safetensors")));
+        assert_eq!(e.to_string(), "/m/a.safetensors: tensor `w` not found");
+        // A second path does not stack.
+        let again = e.in_file(Path::new("/other"));
+        assert_eq!(again.path(), Some(Path::new("/m/a.safetensors")));
+    }
+}

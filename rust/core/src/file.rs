@@ -1,0 +1,247 @@
+//! Opening files: a read-only memory map, or positioned reads on demand.
+
+use std::borrow::Cow;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use memmap2::Mmap;
+
+use crate::error::{Error, Result};
+use crate::header::{read_header_len, Header, TensorInfo, N_LEN};
+use crate::slice::{Indexer, SlicePlan};
+use crate::view::{view_of, TensorView};
+
+/// How a [`SafeFile`] reaches tensor bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum Backend {
+    /// Map the file read-only; views point into the mapping (zero copy). The default.
+    #[default]
+    Mmap = 0,
+    /// Read the header at open, then read tensor bytes with `pread` when asked. For network
+    /// filesystems, unified-memory machines, and files another process may truncate.
+    Read = 1,
+}
+
+enum Storage {
+    Mapped(Mmap),
+    Reader(File),
+}
+
+/// An open safetensors file: its validated header, plus the mapping or file handle.
+///
+/// ```no_run
+/// use safetensors_core::{Backend, SafeFile};
+/// let file = SafeFile::open("model.safetensors", Backend::Mmap)?;
+/// let bytes = file.tensor_bytes("wte.weight")?;
+/// # Ok::<(), safetensors_core::Error>(())
+/// ```
+pub struct SafeFile {
+    path: PathBuf,
+    header: Header,
+    storage: Storage,
+    bytes_read: AtomicU64,
+}
+
+/// How much of the file the read backend fetches first: most headers fit, so opening usually
+/// takes one `pread`.
+const FIRST_READ: usize = 64 * 1024;
+
+impl SafeFile {
+    /// Opens and validates `path`. Errors name the file.
+    pub fn open(path: impl AsRef<Path>, backend: Backend) -> Result<SafeFile> {
+        let path = path.as_ref();
+        Self::open_inner(path, backend).map_err(|e| e.in_file(path))
+    }
+
+    fn open_inner(path: &Path, backend: Backend) -> Result<SafeFile> {
+        // O_NONBLOCK so that opening a FIFO by mistake fails below instead of blocking forever;
+        // it has no effect on regular files.
+        let file = File::options()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| Error::io(path, "open", e))?;
+        let meta = file.metadata().map_err(|e| Error::io(path, "stat", e))?;
+        if !meta.is_file() {
+            let what = if meta.is_dir() {
+                "a directory"
+            } else {
+                "not a regular file"
+            };
+            return Err(Error::io(
+                path,
+                "open",
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{what}, not a safetensors file"),
+                ),
+            ));
+        }
+        let len = meta.len();
+        let (header, storage) = match backend {
+            Backend::Mmap => {
+                if len < N_LEN as u64 {
+                    return Err(Error::HeaderTooSmall { len });
+                }
+                // SAFETY: the mapping is read-only. Another process truncating the file while it
+                // is mapped makes later accesses fault; that is documented, and the read backend
+                // exists for files that may change.
+                let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, "mmap", e))?;
+                (Header::parse(&map)?, Storage::Mapped(map))
+            }
+            Backend::Read => (read_header(&file, path, len)?, Storage::Reader(file)),
+        };
+        Ok(SafeFile {
+            path: path.to_path_buf(),
+            header,
+            storage,
+            bytes_read: AtomicU64::new(0),
+        })
+    }
+
+    /// The file's path, as given to [`SafeFile::open`].
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The validated header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// Which backend this file uses.
+    pub fn backend(&self) -> Backend {
+        match self.storage {
+            Storage::Mapped(_) => Backend::Mmap,
+            Storage::Reader(_) => Backend::Read,
+        }
+    }
+
+    /// The whole data buffer, when the file is mapped.
+    pub fn mapped_data(&self) -> Option<&[u8]> {
+        match &self.storage {
+            Storage::Mapped(map) => Some(&map[self.header.data_start()..]),
+            Storage::Reader(_) => None,
+        }
+    }
+
+    /// A tensor's description, or [`Error::TensorNotFound`] naming this file.
+    pub fn info(&self, name: &str) -> Result<TensorInfo<'_>> {
+        self.header.tensor(name).map_err(|e| e.in_file(&self.path))
+    }
+
+    /// A zero-copy view of a tensor when mapped; `None` with the read backend.
+    pub fn view(&self, name: &str) -> Result<Option<TensorView<'_>>> {
+        let info = self.info(name)?;
+        Ok(self.mapped_data().map(|data| view_of(info, data)))
+    }
+
+    /// A tensor's bytes: borrowed from the mapping, or read into a new buffer.
+    pub fn tensor_bytes(&self, name: &str) -> Result<Cow<'_, [u8]>> {
+        let info = self.info(name)?;
+        let (begin, end) = info.data_offsets;
+        match &self.storage {
+            Storage::Mapped(_) => Ok(Cow::Borrowed(
+                &self.mapped_data().unwrap_or(&[])[begin..end],
+            )),
+            Storage::Reader(_) => {
+                let mut out = vec![0u8; end - begin];
+                self.read_data(begin as u64, &mut out)?;
+                Ok(Cow::Owned(out))
+            }
+        }
+    }
+
+    /// Copies `dst.len()` bytes of the data buffer, starting at `offset`, into `dst`.
+    pub fn read_data(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        let end = offset
+            .checked_add(dst.len() as u64)
+            .filter(|&end| end <= self.header.data_len() as u64)
+            .ok_or_else(|| {
+                Error::io(
+                    &self.path,
+                    "read",
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!(
+                            "range {offset}+{} is outside the {}-byte data buffer",
+                            dst.len(),
+                            self.header.data_len()
+                        ),
+                    ),
+                )
+            })?;
+        match &self.storage {
+            Storage::Mapped(map) => {
+                let start = self.header.data_start() + offset as usize;
+                dst.copy_from_slice(&map[start..self.header.data_start() + end as usize]);
+            }
+            Storage::Reader(file) => {
+                let at = self.header.data_start() as u64 + offset;
+                file.read_exact_at(dst, at).map_err(|e| {
+                    let e = if e.kind() == io::ErrorKind::UnexpectedEof {
+                        io::Error::new(
+                            e.kind(),
+                            "the file is shorter than its header says; was it truncated or \
+                             replaced while open?",
+                        )
+                    } else {
+                        e
+                    };
+                    Error::io(&self.path, "read", e)
+                })?;
+                self.bytes_read
+                    .fetch_add(dst.len() as u64, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Plans a slice of tensor `name` (see [`SlicePlan`]).
+    pub fn plan_slice(&self, name: &str, indexers: &[Indexer]) -> Result<SlicePlan> {
+        let info = self.info(name)?;
+        SlicePlan::new(&info, indexers).map_err(|e| e.in_file(&self.path))
+    }
+
+    /// Copies the bytes a slice plan selects from tensor `name` into `dst`, which must be
+    /// exactly [`SlicePlan::byte_len`] long. Only the selected bytes are read.
+    pub fn read_slice(&self, name: &str, plan: &SlicePlan, dst: &mut [u8]) -> Result<()> {
+        let info = self.info(name)?;
+        plan.check_fits(&info, dst.len())
+            .map_err(|e| e.in_file(&self.path))?;
+        let base = info.data_offsets.0 as u64;
+        let mut at = 0usize;
+        for (offset, len) in plan.runs() {
+            self.read_data(base + offset as u64, &mut dst[at..at + len])?;
+            at += len;
+        }
+        Ok(())
+    }
+
+    /// Data bytes fetched by the read backend so far (0 for the mapped backend, whose reads the
+    /// kernel does on demand).
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::Relaxed)
+    }
+}
+
+/// Reads and validates the header with positioned reads: first a small block, then, only once
+/// the length prefix has passed its checks, the rest of the header.
+fn read_header(file: &File, path: &Path, len: u64) -> Result<Header> {
+    let first = len.min(FIRST_READ as u64) as usize;
+    let mut head = vec![0u8; first];
+    file.read_exact_at(&mut head, 0)
+        .map_err(|e| Error::io(path, "read", e))?;
+    let header_len = read_header_len(&head, len)?;
+    let needed = N_LEN + header_len;
+    if needed > head.len() {
+        head.resize(needed, 0);
+        file.read_exact_at(&mut head[first..], first as u64)
+            .map_err(|e| Error::io(path, "read", e))?;
+    }
+    Header::parse_prefix(&head, len)
+}

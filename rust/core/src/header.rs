@@ -1,0 +1,711 @@
+//! Parsing and validating the header: the 8-byte length prefix and the JSON that follows it.
+//!
+//! The checks run in the reference implementation's order (see `FORMAT.md`), so that every file
+//! gets the same verdict and the same error kind as with the reference, except where we are
+//! deliberately stricter: duplicate keys are refused, and all arithmetic is checked.
+//!
+//! The JSON is read by a purpose-built visitor over `serde_json` rather than through a generic
+//! map type: tensor names go into one string arena, shapes into one flat vector, and the name
+//! index is a small open-addressing table over those. That removes the per-tensor allocations
+//! and the buffering that dominate the reference's parse time on large headers.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::hash::BuildHasher;
+
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+use crate::dtype::Dtype;
+use crate::error::{Error, Result};
+
+/// Largest header the format allows, in bytes (exactly this many is allowed).
+pub const MAX_HEADER_SIZE: usize = 100_000_000;
+
+/// Size of the little-endian `u64` length prefix.
+pub const N_LEN: usize = 8;
+
+/// What a git-lfs pointer file starts with: a common "model" that is not one.
+const LFS_POINTER_PREFIX: &[u8] = b"version https://git-lfs";
+
+/// Reserved key for the free-form string map.
+pub const METADATA_KEY: &str = "__metadata__";
+
+/// One tensor's entry, as stored in [`Header`].
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    name_start: u32,
+    name_len: u32,
+    shape_start: u32,
+    shape_len: u32,
+    dtype: Dtype,
+    begin: usize,
+    end: usize,
+}
+
+/// A tensor's description from the header: no data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TensorInfo<'a> {
+    /// The tensor's name.
+    pub name: &'a str,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Dimensions, outermost first; empty for a scalar.
+    pub shape: &'a [usize],
+    /// `[begin, end)` byte offsets relative to the start of the data buffer.
+    pub data_offsets: (usize, usize),
+}
+
+impl TensorInfo<'_> {
+    /// Number of elements (1 for a scalar). Cannot overflow: the header was validated.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Number of data bytes.
+    pub fn byte_len(&self) -> usize {
+        self.data_offsets.1 - self.data_offsets.0
+    }
+}
+
+/// A parsed, validated header. Owns its strings; borrows nothing.
+#[derive(Clone)]
+pub struct Header {
+    /// All tensor names, back to back.
+    names: String,
+    /// Dimensions of all tensors, back to back.
+    shapes: Vec<usize>,
+    /// Entries in offset order (ties keep header order).
+    entries: Vec<Entry>,
+    index: NameIndex,
+    metadata: Option<BTreeMap<String, String>>,
+    header_len: usize,
+    data_len: usize,
+}
+
+impl fmt::Debug for Header {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Header")
+            .field("header_len", &self.header_len)
+            .field("data_len", &self.data_len)
+            .field("metadata", &self.metadata)
+            .field("tensors", &self.iter().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// Reads the length prefix and runs the checks that need no JSON: too small, too large,
+/// past the end. `head` holds at least the first bytes of the input (all of it, or a prefix);
+/// `total_len` is the length of the whole input. Returns the header length `N`.
+pub fn read_header_len(head: &[u8], total_len: u64) -> Result<usize> {
+    if total_len < N_LEN as u64 || head.len() < N_LEN {
+        return Err(Error::HeaderTooSmall { len: total_len });
+    }
+    let mut prefix = [0u8; N_LEN];
+    prefix.copy_from_slice(&head[..N_LEN]);
+    let header_len = u64::from_le_bytes(prefix);
+    if header_len > MAX_HEADER_SIZE as u64 {
+        return Err(Error::HeaderTooLarge {
+            header_len,
+            lfs_pointer: head.starts_with(LFS_POINTER_PREFIX),
+        });
+    }
+    // header_len <= 1e8, so the addition cannot overflow.
+    if header_len + N_LEN as u64 > total_len {
+        return Err(Error::InvalidHeaderLength {
+            header_len,
+            len: total_len,
+        });
+    }
+    Ok(header_len as usize)
+}
+
+impl Header {
+    /// Parses and validates the header of a complete in-memory file.
+    ///
+    /// ```
+    /// let file = safetensors_core::serialize(Vec::<(&str, safetensors_core::TensorView)>::new(), None).unwrap();
+    /// let header = safetensors_core::Header::parse(&file).unwrap();
+    /// assert!(header.is_empty());
+    /// ```
+    pub fn parse(buffer: &[u8]) -> Result<Header> {
+        Header::parse_prefix(buffer, buffer.len() as u64)
+    }
+
+    /// Parses and validates a header when only the start of the file is in memory.
+    ///
+    /// `head` must hold at least the first `8 + N` bytes (or the whole file when shorter);
+    /// `file_len` is the length of the whole file, which the last check compares against.
+    pub fn parse_prefix(head: &[u8], file_len: u64) -> Result<Header> {
+        let header_len = read_header_len(head, file_len)?;
+        let json = head
+            .get(N_LEN..N_LEN + header_len)
+            .ok_or(Error::InvalidHeaderLength {
+                header_len: header_len as u64,
+                len: head.len() as u64,
+            })?;
+        let text = std::str::from_utf8(json).map_err(|e| Error::InvalidHeader {
+            valid_up_to: e.valid_up_to(),
+        })?;
+        let mut header = parse_json(text)?;
+        header.header_len = header_len;
+        header.validate()?;
+        let expected = (header.data_len as u64).saturating_add((N_LEN + header_len) as u64);
+        if expected != file_len {
+            return Err(Error::MetadataIncompleteBuffer {
+                expected,
+                actual: file_len,
+            });
+        }
+        Ok(header)
+    }
+
+    /// Walks the tensors in offset order from offset 0, as the reference does: each must begin
+    /// where the previous one ended, and its byte length must match dtype × shape.
+    fn validate(&mut self) -> Result<()> {
+        let mut start = 0usize;
+        for i in 0..self.entries.len() {
+            let e = self.entries[i];
+            if e.begin != start || e.end < e.begin {
+                return Err(Error::InvalidOffset {
+                    tensor: self.name_of(&e).to_owned(),
+                    data_offsets: (e.begin as u64, e.end as u64),
+                    expected_begin: start as u64,
+                });
+            }
+            start = e.end;
+            let shape = self.shape_of(&e);
+            let overflow = || Error::ValidationOverflow {
+                tensor: self.name_of(&e).to_owned(),
+                shape: shape.to_vec(),
+            };
+            let numel = shape
+                .iter()
+                .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+                .ok_or_else(overflow)?;
+            let bits = numel.checked_mul(e.dtype.bits()).ok_or_else(overflow)?;
+            if bits % 8 != 0 {
+                return Err(Error::MisalignedSlice {
+                    tensor: self.name_of(&e).to_owned(),
+                    reason: format!(
+                        "{numel} elements of {} make {bits} bits, not a whole number of bytes",
+                        e.dtype
+                    ),
+                });
+            }
+            if e.end - e.begin != bits / 8 {
+                return Err(Error::TensorInvalidInfo {
+                    tensor: self.name_of(&e).to_owned(),
+                    expected: (bits / 8) as u64,
+                    actual: (e.end - e.begin) as u64,
+                });
+            }
+        }
+        self.data_len = start;
+        Ok(())
+    }
+
+    fn name_of(&self, e: &Entry) -> &str {
+        let start = e.name_start as usize;
+        &self.names[start..start + e.name_len as usize]
+    }
+
+    fn shape_of(&self, e: &Entry) -> &[usize] {
+        let start = e.shape_start as usize;
+        &self.shapes[start..start + e.shape_len as usize]
+    }
+
+    fn info(&self, e: &Entry) -> TensorInfo<'_> {
+        TensorInfo {
+            name: self.name_of(e),
+            dtype: e.dtype,
+            shape: self.shape_of(e),
+            data_offsets: (e.begin, e.end),
+        }
+    }
+
+    /// Number of tensors.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// `true` when the file holds no tensor.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The header length `N` from the prefix (JSON plus padding).
+    pub fn header_len(&self) -> usize {
+        self.header_len
+    }
+
+    /// Where the data buffer starts in the file: `8 + N`.
+    pub fn data_start(&self) -> usize {
+        N_LEN + self.header_len
+    }
+
+    /// Length of the data buffer: the end offset of the last tensor.
+    pub fn data_len(&self) -> usize {
+        self.data_len
+    }
+
+    /// Length of the whole file: `8 + N + data_len`.
+    pub fn file_len(&self) -> usize {
+        self.data_start() + self.data_len
+    }
+
+    /// The `__metadata__` map, when the header has one (`null` counts as absent).
+    pub fn metadata(&self) -> Option<&BTreeMap<String, String>> {
+        self.metadata.as_ref()
+    }
+
+    /// Position of `name` in offset order.
+    pub fn position(&self, name: &str) -> Option<usize> {
+        self.index
+            .find(name, |i| self.name_of(&self.entries[i as usize]))
+            .map(|i| i as usize)
+    }
+
+    /// The tensor at position `i` in offset order.
+    pub fn at(&self, i: usize) -> Option<TensorInfo<'_>> {
+        self.entries.get(i).map(|e| self.info(e))
+    }
+
+    /// Looks up a tensor by name.
+    pub fn get(&self, name: &str) -> Option<TensorInfo<'_>> {
+        self.position(name).and_then(|i| self.at(i))
+    }
+
+    /// Looks up a tensor by name, failing with [`Error::TensorNotFound`].
+    pub fn tensor(&self, name: &str) -> Result<TensorInfo<'_>> {
+        self.get(name).ok_or_else(|| Error::TensorNotFound {
+            name: name.to_owned(),
+        })
+    }
+
+    /// All tensors in offset (file) order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = TensorInfo<'_>> + '_ {
+        self.entries.iter().map(|e| self.info(e))
+    }
+
+    /// Tensor names in offset (file) order.
+    pub fn offset_names(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
+        self.entries.iter().map(|e| self.name_of(e))
+    }
+
+    /// Positions (in offset order) of the tensors sorted by name, byte-wise.
+    pub fn sorted_positions(&self) -> Vec<u32> {
+        let mut order: Vec<u32> = (0..self.entries.len() as u32).collect();
+        order.sort_unstable_by(|&a, &b| {
+            self.name_of(&self.entries[a as usize])
+                .cmp(self.name_of(&self.entries[b as usize]))
+        });
+        order
+    }
+
+    /// Tensor names sorted byte-wise, like Python's `safe_open(...).keys()`.
+    pub fn sorted_names(&self) -> Vec<&str> {
+        self.sorted_positions()
+            .into_iter()
+            .map(|i| self.name_of(&self.entries[i as usize]))
+            .collect()
+    }
+}
+
+/// Parses the header JSON (check 5), then sorts into offset order and indexes names.
+/// Duplicate keys are reported only once the whole text has parsed, so that malformed JSON
+/// always yields `InvalidHeaderDeserialization`, as with the reference.
+fn parse_json(text: &str) -> Result<Header> {
+    let mut builder = Builder {
+        names: String::with_capacity(text.len() / 3),
+        shapes: Vec::with_capacity(text.len() / 48),
+        entries: Vec::with_capacity(text.len() / 96),
+        metadata: None,
+        metadata_seen: false,
+        duplicate: None,
+    };
+    let mut de = serde_json::Deserializer::from_str(text);
+    let json_error = |e: serde_json::Error| Error::InvalidHeaderDeserialization {
+        message: e.to_string(),
+    };
+    (&mut de)
+        .deserialize_map(TopVisitor(&mut builder))
+        .map_err(json_error)?;
+    de.end().map_err(json_error)?;
+
+    let Builder {
+        names,
+        shapes,
+        mut entries,
+        metadata,
+        duplicate,
+        ..
+    } = builder;
+    // Stable: tensors with equal offsets (zero-size ones) keep header order.
+    if !entries
+        .windows(2)
+        .all(|w| (w[0].begin, w[0].end) <= (w[1].begin, w[1].end))
+    {
+        entries.sort_by_key(|e| (e.begin, e.end));
+    }
+    let mut header = Header {
+        names,
+        shapes,
+        entries,
+        index: NameIndex::default(),
+        metadata,
+        header_len: 0,
+        data_len: 0,
+    };
+    let index = NameIndex::build(header.entries.len(), |i| {
+        header.name_of(&header.entries[i as usize])
+    });
+    header.index = match (index, duplicate) {
+        (_, Some(dup)) => return Err(dup),
+        (Err(name), None) => {
+            return Err(Error::DuplicateKey {
+                key: name,
+                in_metadata: false,
+            })
+        }
+        (Ok(index), None) => index,
+    };
+    Ok(header)
+}
+
+struct Builder {
+    names: String,
+    shapes: Vec<usize>,
+    entries: Vec<Entry>,
+    metadata: Option<BTreeMap<String, String>>,
+    metadata_seen: bool,
+    /// First duplicate found inside `__metadata__`, or `__metadata__` itself repeated.
+    duplicate: Option<Error>,
+}
+
+impl Builder {
+    fn note_duplicate(&mut self, key: String, in_metadata: bool) {
+        if self.duplicate.is_none() {
+            self.duplicate = Some(Error::DuplicateKey { key, in_metadata });
+        }
+    }
+}
+
+/// Arena offsets are stored as `u32`: the header is at most 1e8 bytes, so every name and
+/// every dimension count fits.
+fn arena_u32<E: de::Error>(n: usize) -> std::result::Result<u32, E> {
+    u32::try_from(n).map_err(|_| E::custom("header too large to index"))
+}
+
+/// The root object: `__metadata__` plus one entry per tensor.
+struct TopVisitor<'b>(&'b mut Builder);
+
+impl<'de> Visitor<'de> for TopVisitor<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object mapping tensor names to {dtype, shape, data_offsets}")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<(), A::Error> {
+        let b = self.0;
+        while let Some(key) = map.next_key_seed(KeySeed(&mut b.names))? {
+            match key {
+                Key::Metadata => {
+                    if b.metadata_seen {
+                        b.note_duplicate(METADATA_KEY.to_owned(), false);
+                    }
+                    b.metadata_seen = true;
+                    let mut dup = None;
+                    b.metadata = map.next_value_seed(MetadataSeed(&mut dup))?;
+                    if let Some(key) = dup {
+                        b.note_duplicate(key, true);
+                    }
+                }
+                Key::Tensor { start, len } => {
+                    let (dtype, (shape_start, shape_len), (begin, end)) =
+                        map.next_value_seed(EntrySeed(&mut b.shapes))?;
+                    b.entries.push(Entry {
+                        name_start: start,
+                        name_len: len,
+                        shape_start,
+                        shape_len,
+                        dtype,
+                        begin,
+                        end,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+enum Key {
+    Metadata,
+    Tensor { start: u32, len: u32 },
+}
+
+/// Reads a top-level key; tensor names are appended to the name arena.
+struct KeySeed<'b>(&'b mut String);
+
+impl<'de> DeserializeSeed<'de> for KeySeed<'_> {
+    type Value = Key;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Key, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeySeed<'_> {
+    type Value = Key;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a tensor name")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Key, E> {
+        if v == METADATA_KEY {
+            return Ok(Key::Metadata);
+        }
+        let start = arena_u32(self.0.len())?;
+        let len = arena_u32(v.len())?;
+        self.0.push_str(v);
+        Ok(Key::Tensor { start, len })
+    }
+}
+
+/// `__metadata__`: `null`, or an object of string values. Records the first repeated key.
+struct MetadataSeed<'b>(&'b mut Option<String>);
+
+impl<'de> DeserializeSeed<'de> for MetadataSeed<'_> {
+    type Value = Option<BTreeMap<String, String>>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        d.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MetadataSeed<'_> {
+    type Value = Option<BTreeMap<String, String>>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("null or an object of string values")
+    }
+
+    fn visit_none<E: de::Error>(self) -> std::result::Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> std::result::Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        d.deserialize_map(MetadataMap(self.0)).map(Some)
+    }
+}
+
+struct MetadataMap<'b>(&'b mut Option<String>);
+
+impl<'de> Visitor<'de> for MetadataMap<'_> {
+    type Value = BTreeMap<String, String>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object of string values")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<Self::Value, A::Error> {
+        let mut out = BTreeMap::new();
+        while let Some((k, v)) = map.next_entry::<String, String>()? {
+            if out.contains_key(&k) {
+                if self.0.is_none() {
+                    *self.0 = Some(k.clone());
+                }
+                continue;
+            }
+            out.insert(k, v);
+        }
+        Ok(out)
+    }
+}
+
+type ParsedEntry = (Dtype, (u32, u32), (usize, usize));
+
+/// One tensor entry. Like a derived struct deserializer, it takes the object form (unknown
+/// fields ignored, repeated or missing fields refused) and the 3-element array form.
+struct EntrySeed<'b>(&'b mut Vec<usize>);
+
+const ENTRY_FIELDS: &[&str] = &["dtype", "shape", "data_offsets"];
+
+impl<'de> DeserializeSeed<'de> for EntrySeed<'_> {
+    type Value = ParsedEntry;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<ParsedEntry, D::Error> {
+        d.deserialize_struct("TensorInfo", ENTRY_FIELDS, self)
+    }
+}
+
+impl<'de> Visitor<'de> for EntrySeed<'_> {
+    type Value = ParsedEntry;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("struct TensorInfo")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<ParsedEntry, A::Error> {
+        let mut dtype = None;
+        let mut shape = None;
+        let mut offsets = None;
+        while let Some(field) = map.next_key::<Field>()? {
+            match field {
+                Field::Dtype if dtype.is_some() => return Err(de::Error::duplicate_field("dtype")),
+                Field::Dtype => dtype = Some(map.next_value::<Dtype>()?),
+                Field::Shape if shape.is_some() => return Err(de::Error::duplicate_field("shape")),
+                Field::Shape => shape = Some(map.next_value_seed(ShapeSeed(&mut *self.0))?),
+                Field::DataOffsets if offsets.is_some() => {
+                    return Err(de::Error::duplicate_field("data_offsets"))
+                }
+                Field::DataOffsets => offsets = Some(map.next_value::<(usize, usize)>()?),
+                Field::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        let dtype = dtype.ok_or_else(|| de::Error::missing_field("dtype"))?;
+        let shape = shape.ok_or_else(|| de::Error::missing_field("shape"))?;
+        let offsets = offsets.ok_or_else(|| de::Error::missing_field("data_offsets"))?;
+        Ok((dtype, shape, offsets))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<ParsedEntry, A::Error> {
+        let expected = &"struct TensorInfo with 3 elements";
+        let dtype = seq
+            .next_element::<Dtype>()?
+            .ok_or_else(|| de::Error::invalid_length(0, expected))?;
+        let shape = seq
+            .next_element_seed(ShapeSeed(&mut *self.0))?
+            .ok_or_else(|| de::Error::invalid_length(1, expected))?;
+        let offsets = seq
+            .next_element::<(usize, usize)>()?
+            .ok_or_else(|| de::Error::invalid_length(2, expected))?;
+        Ok((dtype, shape, offsets))
+    }
+}
+
+enum Field {
+    Dtype,
+    Shape,
+    DataOffsets,
+    Other,
+}
+
+impl<'de> de::Deserialize<'de> for Field {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Field, D::Error> {
+        struct FieldVisitor;
+        impl Visitor<'_> for FieldVisitor {
+            type Value = Field;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Field, E> {
+                Ok(match v {
+                    "dtype" => Field::Dtype,
+                    "shape" => Field::Shape,
+                    "data_offsets" => Field::DataOffsets,
+                    _ => Field::Other,
+                })
+            }
+        }
+        d.deserialize_identifier(FieldVisitor)
+    }
+}
+
+/// A shape: an array of non-negative integers, appended to the shared dimension arena.
+struct ShapeSeed<'b>(&'b mut Vec<usize>);
+
+impl<'de> DeserializeSeed<'de> for ShapeSeed<'_> {
+    type Value = (u32, u32);
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<(u32, u32), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ShapeSeed<'_> {
+    type Value = (u32, u32);
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a sequence")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(u32, u32), A::Error> {
+        let start = self.0.len();
+        while let Some(dim) = seq.next_element::<usize>()? {
+            self.0.push(dim);
+        }
+        Ok((arena_u32(start)?, arena_u32(self.0.len() - start)?))
+    }
+}
+
+/// Name → position table: open addressing with linear probing, keyed SipHash (std's
+/// `RandomState`) so that a hostile header cannot force collisions.
+#[derive(Clone, Default)]
+struct NameIndex {
+    /// Positions plus one; 0 marks an empty slot.
+    slots: Vec<u32>,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl NameIndex {
+    /// Indexes `count` names; on a repeated name returns it as the error.
+    fn build<'a>(
+        count: usize,
+        name: impl Fn(u32) -> &'a str,
+    ) -> std::result::Result<NameIndex, String> {
+        let capacity = (count.max(4) * 2).next_power_of_two();
+        let mut index = NameIndex {
+            slots: vec![0; capacity],
+            hasher: Default::default(),
+        };
+        let mask = capacity - 1;
+        for i in 0..count as u32 {
+            let n = name(i);
+            let mut slot = index.hasher.hash_one(n) as usize & mask;
+            loop {
+                match index.slots[slot] {
+                    0 => {
+                        index.slots[slot] = i + 1;
+                        break;
+                    }
+                    other if name(other - 1) == n => return Err(n.to_owned()),
+                    _ => slot = (slot + 1) & mask,
+                }
+            }
+        }
+        Ok(index)
+    }
+
+    fn find<'a>(&self, n: &str, name: impl Fn(u32) -> &'a str) -> Option<u32> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        let mask = self.slots.len() - 1;
+        let mut slot = self.hasher.hash_one(n) as usize & mask;
+        loop {
+            match self.slots[slot] {
+                0 => return None,
+                other if name(other - 1) == n => return Some(other - 1),
+                _ => slot = (slot + 1) & mask,
+            }
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! The safetensors format: parse, validate, write and slice, exactly as the reference
+//! implementation (HF safetensors 0.8.0) does, with checked arithmetic throughout and duplicate
+//! keys refused.
+//!
+//! Pure Rust, no FFI: the C++ bridge (`rust/cxx`) is a thin layer over this crate.
+//!
+//! ```
+//! use safetensors_core::{serialize, Dtype, SafeTensors, TensorView};
+//!
+//! let weights: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0].iter().flat_map(|f| f.to_le_bytes()).collect();
+//! let bytes = serialize([("w", TensorView::new(Dtype::F32, &[2, 2], &weights))], None)?;
+//! let file = SafeTensors::deserialize(&bytes)?;
+//! assert_eq!(file.tensor("w")?.data, &weights[..]);
+//! # Ok::<(), safetensors_core::Error>(())
+//! ```
+#![deny(missing_docs)]
+
+mod dtype;
+mod error;
+mod file;
+mod header;
+mod slice;
+mod view;
+mod writer;
+
+pub use dtype::{Dtype, UnknownDtype};
+pub use error::{Error, ErrorKind, Result};
+pub use file::{Backend, SafeFile};
+pub use header::{read_header_len, Header, TensorInfo, MAX_HEADER_SIZE, METADATA_KEY, N_LEN};
+pub use slice::{Indexer, Runs, SlicePlan};
+pub use view::{SafeTensors, TensorView};
+pub use writer::{serialize, serialize_to_file, write_atomically};

@@ -1,0 +1,545 @@
+//! Slice planning: which bytes of a tensor a NumPy-style selection needs, without reading any.
+//!
+//! A plan is the new shape plus the contiguous byte runs, in row-major order, that make up the
+//! result. Runs are produced lazily (a strided slice of a large tensor can have millions): the
+//! contiguous inner block is found once, the outer dimensions are walked like an odometer, and
+//! runs that touch (the end of one row meeting the start of the next) are merged as they go.
+
+use crate::dtype::Dtype;
+use crate::error::{Error, Result};
+use crate::header::TensorInfo;
+
+/// How to select along one dimension. Negative positions count from the end, as in Python.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Indexer {
+    /// One position; the dimension disappears from the result (like `a[3]`).
+    Select(i64),
+    /// `start:stop:step` with `step >= 1`; `None` means the dimension's start or end.
+    Range {
+        /// First position (inclusive); `None` is 0.
+        start: Option<i64>,
+        /// End position (exclusive); `None` is the dimension's size.
+        stop: Option<i64>,
+        /// Stride, at least 1.
+        step: i64,
+    },
+}
+
+impl Indexer {
+    /// The whole dimension, `:`.
+    pub const FULL: Indexer = Indexer::Range {
+        start: None,
+        stop: None,
+        step: 1,
+    };
+
+    /// `start:stop`.
+    pub fn range(start: i64, stop: i64) -> Indexer {
+        Indexer::Range {
+            start: Some(start),
+            stop: Some(stop),
+            step: 1,
+        }
+    }
+}
+
+/// One dimension after resolving its indexer.
+#[derive(Debug, Clone, Copy)]
+struct Resolved {
+    start: usize,
+    count: usize,
+    step: usize,
+    keep: bool,
+}
+
+/// One dimension the run iterator walks: how many positions and the byte distance between them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Walk {
+    count: usize,
+    stride: usize,
+}
+
+/// The bytes a slice selects from one tensor, in row-major order of the result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlicePlan {
+    shape: Vec<usize>,
+    dtype: Dtype,
+    tensor_len: usize,
+    base: usize,
+    run_len: usize,
+    walks: Vec<Walk>,
+    runs: usize,
+}
+
+impl SlicePlan {
+    /// Plans `indexers` (at most one per dimension; missing trailing ones mean `:`) over the
+    /// tensor `info`. Out-of-range positions are errors, not clamped; `start >= stop` is empty.
+    ///
+    /// ```
+    /// use safetensors_core::{Dtype, Indexer, SlicePlan, TensorInfo};
+    /// let info = TensorInfo { name: "w", dtype: Dtype::F32, shape: &[4, 6], data_offsets: (0, 96) };
+    /// let plan = SlicePlan::new(&info, &[Indexer::FULL, Indexer::range(0, 3)]).unwrap();
+    /// assert_eq!(plan.shape(), &[4, 3]);
+    /// assert_eq!(plan.runs().collect::<Vec<_>>(), [(0, 12), (24, 12), (48, 12), (72, 12)]);
+    /// ```
+    pub fn new(info: &TensorInfo<'_>, indexers: &[Indexer]) -> Result<SlicePlan> {
+        let shape = info.shape;
+        let invalid = |reason: String| Error::InvalidSlice {
+            tensor: info.name.to_owned(),
+            reason,
+        };
+        if indexers.len() > shape.len() {
+            return Err(invalid(format!(
+                "{} indexers for a tensor of rank {} (shape {shape:?})",
+                indexers.len(),
+                shape.len()
+            )));
+        }
+        let mut dims = Vec::with_capacity(shape.len());
+        for (axis, &size) in shape.iter().enumerate() {
+            let indexer = indexers.get(axis).copied().unwrap_or(Indexer::FULL);
+            dims.push(
+                resolve(indexer, size).map_err(|r| invalid(format!("dimension {axis}: {r}")))?,
+            );
+        }
+        let new_shape: Vec<usize> = dims.iter().filter(|d| d.keep).map(|d| d.count).collect();
+        let overflow = || Error::ValidationOverflow {
+            tensor: info.name.to_owned(),
+            shape: shape.to_vec(),
+        };
+        let bits = info.dtype.bits();
+        let numel = shape
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .ok_or_else(overflow)?;
+        let tensor_bits = numel.checked_mul(bits).ok_or_else(overflow)?;
+        let mut plan = SlicePlan {
+            shape: new_shape,
+            dtype: info.dtype,
+            tensor_len: tensor_bits / 8,
+            base: 0,
+            run_len: 0,
+            walks: Vec::new(),
+            runs: 0,
+        };
+        if dims.iter().any(|d| d.count == 0) || numel == 0 {
+            return Ok(plan);
+        }
+        // Element strides; products of suffixes of a shape whose full product fits.
+        let mut strides = vec![1usize; shape.len()];
+        for axis in (0..shape.len().saturating_sub(1)).rev() {
+            strides[axis] = strides[axis + 1] * shape[axis + 1];
+        }
+        let full = |axis: usize| {
+            let d = dims[axis];
+            d.start == 0 && d.count == shape[axis] && (d.step == 1 || d.count == 1)
+        };
+        // The last dimension that is not taken whole: everything after it is one contiguous block.
+        let Some(last) = (0..shape.len()).rev().find(|&a| !full(a)) else {
+            if tensor_bits % 8 != 0 {
+                return Err(misaligned(
+                    info,
+                    "the tensor does not end on a byte boundary".into(),
+                ));
+            }
+            plan.run_len = tensor_bits / 8;
+            plan.runs = 1;
+            return Ok(plan);
+        };
+        // Positions are in elements until the byte check at the end; all are below numel.
+        let mut base = 0usize;
+        let mut walks = Vec::new();
+        for (axis, d) in dims.iter().enumerate().take(last + 1) {
+            base += d.start * strides[axis];
+            let iterates = if axis == last {
+                d.step != 1 && d.count > 1
+            } else {
+                d.count > 1
+            };
+            if iterates {
+                walks.push(Walk {
+                    count: d.count,
+                    stride: d.step * strides[axis],
+                });
+            }
+        }
+        let last_dim = dims[last];
+        let run = if last_dim.step == 1 || last_dim.count == 1 {
+            last_dim.count * strides[last]
+        } else {
+            strides[last]
+        };
+        let to_bytes = |elems: usize, what: &str| -> Result<usize> {
+            let b = elems * bits;
+            if b % 8 == 0 {
+                Ok(b / 8)
+            } else {
+                Err(misaligned(
+                    info,
+                    format!("{what} falls inside a byte ({b} bits of {}); choose bounds on byte boundaries", info.dtype),
+                ))
+            }
+        };
+        plan.base = to_bytes(base, "the slice start")?;
+        plan.run_len = to_bytes(run, "a contiguous run")?;
+        for w in &mut walks {
+            w.stride = to_bytes(w.stride, "a stride")?;
+        }
+        plan.runs = walks.iter().map(|w| w.count).product();
+        plan.walks = walks;
+        Ok(plan)
+    }
+
+    /// The shape of the result.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The element type (unchanged by slicing).
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// Bytes in the result.
+    pub fn byte_len(&self) -> usize {
+        self.runs * self.run_len
+    }
+
+    /// `(offset, len)` byte runs relative to the tensor's first byte, in result order; runs
+    /// that touch are merged, so consecutive runs always leave a gap.
+    pub fn runs(&self) -> Runs<'_> {
+        Runs {
+            plan: self,
+            counters: vec![0; self.walks.len()],
+            offset: self.base,
+            left: self.runs,
+        }
+    }
+
+    /// Checks that `info` is a tensor this plan was made for and `dst_len` fits the result.
+    pub fn check_fits(&self, info: &TensorInfo<'_>, dst_len: usize) -> Result<()> {
+        if info.dtype != self.dtype || info.byte_len() != self.tensor_len {
+            return Err(Error::InvalidSlice {
+                tensor: info.name.to_owned(),
+                reason: "the slice plan was made for a different tensor".into(),
+            });
+        }
+        if dst_len != self.byte_len() {
+            return Err(Error::InvalidSlice {
+                tensor: info.name.to_owned(),
+                reason: format!(
+                    "destination holds {dst_len} bytes but the slice has {}",
+                    self.byte_len()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies the selected bytes of `tensor` (all of the tensor's bytes) into `dst`.
+    pub fn gather(&self, tensor: &[u8], dst: &mut [u8]) -> Result<()> {
+        if tensor.len() != self.tensor_len || dst.len() != self.byte_len() {
+            return Err(Error::InvalidSlice {
+                tensor: String::new(),
+                reason: format!(
+                    "gather got {} source and {} destination bytes; the plan needs {} and {}",
+                    tensor.len(),
+                    dst.len(),
+                    self.tensor_len,
+                    self.byte_len()
+                ),
+            });
+        }
+        let mut at = 0;
+        for (offset, len) in self.runs() {
+            dst[at..at + len].copy_from_slice(&tensor[offset..offset + len]);
+            at += len;
+        }
+        Ok(())
+    }
+}
+
+fn misaligned(info: &TensorInfo<'_>, reason: String) -> Error {
+    Error::MisalignedSlice {
+        tensor: info.name.to_owned(),
+        reason,
+    }
+}
+
+/// Resolves one indexer against a dimension of `size`, Python-style for negatives.
+fn resolve(indexer: Indexer, size: usize) -> std::result::Result<Resolved, String> {
+    let size_i = i128::from(size as u64);
+    let position = |p: i64, allow_end: bool| -> std::result::Result<usize, String> {
+        let p = i128::from(p);
+        let q = if p < 0 { p + size_i } else { p };
+        let limit = if allow_end { size_i } else { size_i - 1 };
+        if q < 0 || q > limit {
+            Err(if allow_end {
+                format!("bound {p} is out of range for size {size}")
+            } else {
+                format!("index {p} is out of range for size {size}")
+            })
+        } else {
+            Ok(q as usize)
+        }
+    };
+    match indexer {
+        Indexer::Select(i) => Ok(Resolved {
+            start: position(i, false)?,
+            count: 1,
+            step: 1,
+            keep: false,
+        }),
+        Indexer::Range { start, stop, step } => {
+            if step < 1 {
+                return Err(format!(
+                    "step {step} is not supported; steps must be at least 1"
+                ));
+            }
+            let start = start.map_or(Ok(0), |s| position(s, true))?;
+            let stop = stop.map_or(Ok(size), |s| position(s, true))?;
+            let count = if start >= stop {
+                0
+            } else {
+                (stop - start).div_ceil(step as usize)
+            };
+            Ok(Resolved {
+                start,
+                count,
+                step: step as usize,
+                keep: true,
+            })
+        }
+    }
+}
+
+/// Iterator over a plan's `(offset, len)` runs.
+pub struct Runs<'p> {
+    plan: &'p SlicePlan,
+    counters: Vec<usize>,
+    offset: usize,
+    left: usize,
+}
+
+impl Runs<'_> {
+    /// The next fixed-size piece before merging.
+    fn piece(&mut self) -> Option<usize> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let at = self.offset;
+        // Odometer step: advance the innermost walk, carrying outwards.
+        for (i, w) in self.plan.walks.iter().enumerate().rev() {
+            self.counters[i] += 1;
+            if self.counters[i] < w.count {
+                self.offset += w.stride;
+                break;
+            }
+            self.counters[i] = 0;
+            self.offset -= w.stride * (w.count - 1);
+        }
+        Some(at)
+    }
+}
+
+impl Iterator for Runs<'_> {
+    type Item = (usize, usize);
+
+    fn next(&mut self) -> Option<(usize, usize)> {
+        let start = self.piece()?;
+        let mut len = self.plan.run_len;
+        while self.left > 0 && self.offset == start + len {
+            self.piece();
+            len += self.plan.run_len;
+        }
+        Some((start, len))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (usize::from(self.left > 0), Some(self.left))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info<'a>(dtype: Dtype, shape: &'a [usize]) -> TensorInfo<'a> {
+        let numel: usize = shape.iter().product();
+        TensorInfo {
+            name: "t",
+            dtype,
+            shape,
+            data_offsets: (0, numel * dtype.bits() / 8),
+        }
+    }
+
+    /// Reference semantics: enumerate every selected element's byte offset in row-major order.
+    fn naive(shape: &[usize], idx: &[Indexer], elem: usize) -> (Vec<usize>, Vec<usize>) {
+        let dims: Vec<Resolved> = shape
+            .iter()
+            .enumerate()
+            .map(|(a, &s)| resolve(idx.get(a).copied().unwrap_or(Indexer::FULL), s).unwrap())
+            .collect();
+        let mut strides = vec![1usize; shape.len()];
+        for a in (0..shape.len().saturating_sub(1)).rev() {
+            strides[a] = strides[a + 1] * shape[a + 1];
+        }
+        let mut out = vec![];
+        let total: usize = dims.iter().map(|d| d.count).product();
+        for mut flat in 0..total {
+            let mut off = 0;
+            for a in (0..shape.len()).rev() {
+                let i = flat % dims[a].count;
+                flat /= dims[a].count;
+                off += (dims[a].start + i * dims[a].step) * strides[a];
+            }
+            out.push(off * elem);
+        }
+        out.sort_unstable();
+        let new_shape = dims.iter().filter(|d| d.keep).map(|d| d.count).collect();
+        (out, new_shape)
+    }
+
+    fn expand(plan: &SlicePlan, elem: usize) -> Vec<usize> {
+        plan.runs()
+            .flat_map(|(o, l)| (0..l / elem).map(move |k| o + k * elem))
+            .collect()
+    }
+
+    #[test]
+    fn matches_elementwise_enumeration() {
+        let shape = [3usize, 4, 5];
+        let choices = [
+            Indexer::FULL,
+            Indexer::Select(1),
+            Indexer::Select(-1),
+            Indexer::range(1, 3),
+            Indexer::range(0, 0),
+            Indexer::Range {
+                start: Some(0),
+                stop: None,
+                step: 2,
+            },
+            Indexer::Range {
+                start: Some(-2),
+                stop: None,
+                step: 1,
+            },
+            Indexer::Range {
+                start: Some(1),
+                stop: Some(3),
+                step: 3,
+            },
+        ];
+        for a in choices {
+            for b in choices {
+                for c in choices {
+                    let idx = [a, b, c];
+                    let i = info(Dtype::F32, &shape);
+                    let plan = SlicePlan::new(&i, &idx).unwrap();
+                    let (want, want_shape) = naive(&shape, &idx, 4);
+                    assert_eq!(expand(&plan, 4), want, "{idx:?}");
+                    assert_eq!(plan.shape(), want_shape.as_slice(), "{idx:?}");
+                    let runs: Vec<_> = plan.runs().collect();
+                    for w in runs.windows(2) {
+                        assert!(
+                            w[0].0 + w[0].1 < w[1].0,
+                            "runs not maximal for {idx:?}: {runs:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn too_many_indexers_is_invalid_slice() {
+        let e =
+            SlicePlan::new(&info(Dtype::F32, &[2]), &[Indexer::FULL, Indexer::FULL]).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidSlice);
+    }
+
+    #[test]
+    fn out_of_range_is_an_error_not_clamped() {
+        let i = info(Dtype::F32, &[4]);
+        for bad in [
+            Indexer::Select(4),
+            Indexer::Select(-5),
+            Indexer::range(0, 5),
+            Indexer::range(-5, 2),
+        ] {
+            assert_eq!(
+                SlicePlan::new(&i, &[bad]).unwrap_err().kind(),
+                crate::ErrorKind::InvalidSlice
+            );
+        }
+        assert_eq!(
+            SlicePlan::new(&i, &[Indexer::range(4, 4)]).unwrap().shape(),
+            &[0]
+        );
+    }
+
+    #[test]
+    fn start_after_stop_is_empty() {
+        let plan = SlicePlan::new(&info(Dtype::F32, &[4, 2]), &[Indexer::range(3, 1)]).unwrap();
+        assert_eq!(plan.shape(), &[0, 2]);
+        assert_eq!(plan.byte_len(), 0);
+        assert_eq!(plan.runs().count(), 0);
+    }
+
+    #[test]
+    fn sub_byte_slices_must_stay_on_byte_boundaries() {
+        let i = info(Dtype::F4, &[4, 4]);
+        assert!(SlicePlan::new(&i, &[Indexer::range(1, 3)]).is_ok());
+        assert_eq!(
+            SlicePlan::new(&i, &[Indexer::FULL, Indexer::range(1, 3)])
+                .unwrap_err()
+                .kind(),
+            crate::ErrorKind::MisalignedSlice
+        );
+        let ok = SlicePlan::new(&i, &[Indexer::FULL, Indexer::range(2, 4)]).unwrap();
+        assert_eq!(
+            ok.runs().collect::<Vec<_>>(),
+            [(1, 1), (3, 1), (5, 1), (7, 1)]
+        );
+    }
+
+    #[test]
+    fn non_positive_step_is_refused() {
+        let i = info(Dtype::U8, &[4]);
+        for step in [0, -1] {
+            let r = Indexer::Range {
+                start: None,
+                stop: None,
+                step,
+            };
+            assert_eq!(
+                SlicePlan::new(&i, &[r]).unwrap_err().kind(),
+                crate::ErrorKind::InvalidSlice
+            );
+        }
+    }
+
+    #[test]
+    fn gather_copies_the_runs() {
+        let bytes: Vec<u8> = (0..24).collect();
+        let i = info(Dtype::U8, &[4, 6]);
+        let plan = SlicePlan::new(
+            &i,
+            &[
+                Indexer::range(1, 3),
+                Indexer::Range {
+                    start: Some(0),
+                    stop: None,
+                    step: 2,
+                },
+            ],
+        )
+        .unwrap();
+        let mut out = vec![0; plan.byte_len()];
+        plan.gather(&bytes, &mut out).unwrap();
+        assert_eq!(out, [6, 8, 10, 12, 14, 16]);
+    }
+}

@@ -1,0 +1,267 @@
+//! Writing files laid out exactly as the reference writes them.
+//!
+//! Tensors are sorted by dtype, descending (so that large elements come first and stay aligned),
+//! then by name; the header is compact JSON with `__metadata__` first and its keys sorted; the
+//! header is padded with spaces to a multiple of 8. The reference keeps metadata in a hash map,
+//! so with two or more keys its output order varies; ours does not.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::{Error, Result};
+use crate::header::{MAX_HEADER_SIZE, METADATA_KEY, N_LEN};
+use crate::view::TensorView;
+
+/// The planned file: its first `8 + N` bytes, and the tensors in write order.
+struct Layout<'a> {
+    head: Vec<u8>,
+    tensors: Vec<&'a [u8]>,
+    data_len: usize,
+}
+
+/// Checks every tensor and lays out the header.
+fn layout<'a, S: AsRef<str>>(
+    tensors: impl IntoIterator<Item = (S, TensorView<'a>)>,
+    metadata: Option<&BTreeMap<String, String>>,
+) -> Result<Layout<'a>> {
+    let mut items: Vec<(S, TensorView<'a>)> = tensors.into_iter().collect();
+    let mut seen = HashSet::with_capacity(items.len());
+    for (name, t) in &items {
+        check_tensor(name.as_ref(), t)?;
+        if !seen.insert(name.as_ref()) {
+            return Err(Error::DuplicateKey {
+                key: name.as_ref().to_owned(),
+                in_metadata: false,
+            });
+        }
+    }
+    drop(seen);
+    items.sort_by(|(ln, lt), (rn, rt)| {
+        rt.dtype
+            .cmp(&lt.dtype)
+            .then_with(|| ln.as_ref().cmp(rn.as_ref()))
+    });
+
+    let mut json = Vec::with_capacity(64 + items.len() * 96);
+    json.push(b'{');
+    let mut first = true;
+    // An empty map is written as the reference writes it, except in the one case where the
+    // reference's own output is invalid JSON (no tensors): there we write `{}`.
+    if let Some(meta) = metadata.filter(|m| !m.is_empty() || !items.is_empty()) {
+        json.extend_from_slice(b"\"__metadata__\":{");
+        for (i, (k, v)) in meta.iter().enumerate() {
+            if i > 0 {
+                json.push(b',');
+            }
+            write_json_str(&mut json, k);
+            json.push(b':');
+            write_json_str(&mut json, v);
+        }
+        json.push(b'}');
+        first = false;
+    }
+    let mut offset = 0usize;
+    let mut data = Vec::with_capacity(items.len());
+    for (name, t) in &items {
+        if !first {
+            json.push(b',');
+        }
+        first = false;
+        let end = offset
+            .checked_add(t.data.len())
+            .ok_or_else(|| Error::ValidationOverflow {
+                tensor: name.as_ref().to_owned(),
+                shape: t.shape.to_vec(),
+            })?;
+        write_json_str(&mut json, name.as_ref());
+        json.extend_from_slice(b":{\"dtype\":\"");
+        json.extend_from_slice(t.dtype.name().as_bytes());
+        json.extend_from_slice(b"\",\"shape\":[");
+        for (i, d) in t.shape.iter().enumerate() {
+            if i > 0 {
+                json.push(b',');
+            }
+            write_usize(&mut json, *d);
+        }
+        json.extend_from_slice(b"],\"data_offsets\":[");
+        write_usize(&mut json, offset);
+        json.push(b',');
+        write_usize(&mut json, end);
+        json.extend_from_slice(b"]}");
+        offset = end;
+        data.push(t.data);
+    }
+    json.push(b'}');
+    let padded = json.len().next_multiple_of(N_LEN);
+    if padded > MAX_HEADER_SIZE {
+        return Err(Error::HeaderTooLarge {
+            header_len: padded as u64,
+            lfs_pointer: false,
+        });
+    }
+    let mut head = Vec::with_capacity(N_LEN + padded);
+    head.extend_from_slice(&(padded as u64).to_le_bytes());
+    head.extend_from_slice(&json);
+    head.resize(N_LEN + padded, b' ');
+    Ok(Layout {
+        head,
+        tensors: data,
+        data_len: offset,
+    })
+}
+
+/// Refuses a reserved name and data whose length disagrees with dtype × shape.
+fn check_tensor(name: &str, t: &TensorView<'_>) -> Result<()> {
+    if name == METADATA_KEY {
+        return Err(Error::InvalidTensorName {
+            name: name.to_owned(),
+        });
+    }
+    let numel = t.numel().ok_or_else(|| Error::ValidationOverflow {
+        tensor: name.to_owned(),
+        shape: t.shape.to_vec(),
+    })?;
+    let bits = numel
+        .checked_mul(t.dtype.bits())
+        .ok_or_else(|| Error::ValidationOverflow {
+            tensor: name.to_owned(),
+            shape: t.shape.to_vec(),
+        })?;
+    if bits % 8 != 0 {
+        return Err(Error::MisalignedSlice {
+            tensor: name.to_owned(),
+            reason: format!(
+                "{numel} elements of {} make {bits} bits, not a whole number of bytes",
+                t.dtype
+            ),
+        });
+    }
+    if bits / 8 != t.data.len() {
+        return Err(Error::TensorInvalidInfo {
+            tensor: name.to_owned(),
+            expected: (bits / 8) as u64,
+            actual: t.data.len() as u64,
+        });
+    }
+    Ok(())
+}
+
+/// serde_json's string escaping: `"`, `\` and control characters escaped, the rest verbatim.
+fn write_json_str(out: &mut Vec<u8>, s: &str) {
+    // Writing into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+fn write_usize(out: &mut Vec<u8>, n: usize) {
+    let _ = write!(out, "{n}");
+}
+
+/// Serializes tensors and optional metadata into the bytes of a safetensors file.
+///
+/// ```
+/// use safetensors_core::{serialize, Dtype, TensorView};
+/// let data = [0u8; 16];
+/// let bytes = serialize([("test", TensorView::new(Dtype::I32, &[2, 2], &data))], None).unwrap();
+/// assert_eq!(&bytes[8..72], br#"{"test":{"dtype":"I32","shape":[2,2],"data_offsets":[0,16]}}    "#);
+/// ```
+pub fn serialize<'a, S: AsRef<str>>(
+    tensors: impl IntoIterator<Item = (S, TensorView<'a>)>,
+    metadata: Option<&BTreeMap<String, String>>,
+) -> Result<Vec<u8>> {
+    let layout = layout(tensors, metadata)?;
+    let mut out = Vec::with_capacity(layout.head.len() + layout.data_len);
+    out.extend_from_slice(&layout.head);
+    for t in layout.tensors {
+        out.extend_from_slice(t);
+    }
+    Ok(out)
+}
+
+/// Writes a safetensors file atomically: the bytes go to a temporary file in the target's
+/// directory, which is synced and then renamed over `path`. A crash or an error never leaves a
+/// partial file under `path`, an existing file there is untouched on error, and a process that
+/// has the old file mapped keeps reading the old bytes. An existing file's permissions are kept.
+pub fn serialize_to_file<'a, S: AsRef<str>>(
+    tensors: impl IntoIterator<Item = (S, TensorView<'a>)>,
+    metadata: Option<&BTreeMap<String, String>>,
+    path: impl AsRef<Path>,
+) -> Result<()> {
+    let path = path.as_ref();
+    let layout = layout(tensors, metadata).map_err(|e| e.in_file(path))?;
+    write_atomically(path, |out| {
+        out.write_all(&layout.head)?;
+        for t in &layout.tensors {
+            out.write_all(t)?;
+        }
+        Ok(())
+    })
+}
+
+/// Runs `fill` on a fresh temporary file beside `path`, syncs it, and renames it over `path`.
+/// On any failure the temporary file is removed and `path` is left as it was.
+pub fn write_atomically(
+    path: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let file_name = path.file_name().ok_or_else(|| {
+        Error::io(
+            path,
+            "write",
+            io::Error::new(io::ErrorKind::InvalidInput, "the path names no file"),
+        )
+    })?;
+    let (temp_path, file) = create_temp(&dir, &file_name.to_string_lossy())
+        .map_err(|e| Error::io(path, "create a temporary file in the target directory", e))?;
+    let result = (|| -> io::Result<()> {
+        if let Ok(meta) = std::fs::metadata(path) {
+            file.set_permissions(std::fs::Permissions::from_mode(meta.permissions().mode()))?;
+        }
+        // Large writes pass straight through; small tensors are batched.
+        let mut out = io::BufWriter::with_capacity(1 << 20, &file);
+        fill(&mut out)?;
+        out.flush()?;
+        drop(out);
+        file.sync_all()
+    })();
+    let result = result
+        .map_err(|e| Error::io(path, "write", e))
+        .and_then(|()| std::fs::rename(&temp_path, path).map_err(|e| Error::io(path, "rename", e)));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&temp_path);
+        return result;
+    }
+    // Make the rename itself durable. Some filesystems refuse fsync on directories; the data is
+    // already safe, so that is not an error.
+    if let Ok(d) = File::open(&dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// Creates `.<name>.tmp-<pid>-<n>` exclusively in `dir`; hidden, so tools that list models skip
+/// it, and never the target's own name.
+fn create_temp(dir: &Path, name: &str) -> io::Result<(PathBuf, File)> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    loop {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let candidate = dir.join(format!(".{name}.tmp-{}-{n}", std::process::id()));
+        match File::options()
+            .write(true)
+            .create_new(true)
+            .mode(0o666)
+            .open(&candidate)
+        {
+            Ok(f) => return Ok((candidate, f)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
