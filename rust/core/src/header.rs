@@ -15,6 +15,7 @@ use std::hash::BuildHasher;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
+use crate::canonical;
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 
@@ -32,14 +33,14 @@ pub const METADATA_KEY: &str = "__metadata__";
 
 /// One tensor's entry, as stored in [`Header`].
 #[derive(Debug, Clone, Copy)]
-struct Entry {
-    name_start: u32,
-    name_len: u32,
-    shape_start: u32,
-    shape_len: u32,
-    dtype: Dtype,
-    begin: usize,
-    end: usize,
+pub(crate) struct Entry {
+    pub(crate) name_start: u32,
+    pub(crate) name_len: u32,
+    pub(crate) shape_start: u32,
+    pub(crate) shape_len: u32,
+    pub(crate) dtype: Dtype,
+    pub(crate) begin: usize,
+    pub(crate) end: usize,
 }
 
 /// A tensor's description from the header: no data.
@@ -136,27 +137,7 @@ impl Header {
     /// `head` must hold at least the first `8 + N` bytes (or the whole file when shorter);
     /// `file_len` is the length of the whole file, which the last check compares against.
     pub fn parse_prefix(head: &[u8], file_len: u64) -> Result<Header> {
-        let header_len = read_header_len(head, file_len)?;
-        let json = head
-            .get(N_LEN..N_LEN + header_len)
-            .ok_or(Error::InvalidHeaderLength {
-                header_len: header_len as u64,
-                len: head.len() as u64,
-            })?;
-        let text = std::str::from_utf8(json).map_err(|e| Error::InvalidHeader {
-            valid_up_to: e.valid_up_to(),
-        })?;
-        let mut header = parse_json(text)?;
-        header.header_len = header_len;
-        header.validate()?;
-        let expected = (header.data_len as u64).saturating_add((N_LEN + header_len) as u64);
-        if expected != file_len {
-            return Err(Error::MetadataIncompleteBuffer {
-                expected,
-                actual: file_len,
-            });
-        }
-        Ok(header)
+        parse_prefix_with(head, file_len, parse_json)
     }
 
     /// Walks the tensors in offset order from offset 0, as the reference does: each must begin
@@ -311,27 +292,67 @@ impl Header {
     }
 }
 
+/// Checks 1 to 4 and 6 to 7 around `json`, which does check 5 (the JSON itself).
+fn parse_prefix_with(
+    head: &[u8],
+    file_len: u64,
+    json: impl FnOnce(&str) -> Result<Header>,
+) -> Result<Header> {
+    let header_len = read_header_len(head, file_len)?;
+    let bytes = head
+        .get(N_LEN..N_LEN + header_len)
+        .ok_or(Error::InvalidHeaderLength {
+            header_len: header_len as u64,
+            len: head.len() as u64,
+        })?;
+    let text = std::str::from_utf8(bytes).map_err(|e| Error::InvalidHeader {
+        valid_up_to: e.valid_up_to(),
+    })?;
+    let mut header = json(text)?;
+    header.header_len = header_len;
+    header.validate()?;
+    let expected = (header.data_len as u64).saturating_add((N_LEN + header_len) as u64);
+    if expected != file_len {
+        return Err(Error::MetadataIncompleteBuffer {
+            expected,
+            actual: file_len,
+        });
+    }
+    Ok(header)
+}
+
+fn parse_with(buffer: &[u8], json: impl FnOnce(&str) -> Result<Header>) -> Result<Header> {
+    parse_prefix_with(buffer, buffer.len() as u64, json)
+}
+
 /// Parses the header JSON (check 5), then sorts into offset order and indexes names.
-/// Duplicate keys are reported only once the whole text has parsed, so that malformed JSON
-/// always yields `InvalidHeaderDeserialization`, as with the reference.
+/// Canonical headers take the fast scanner; anything else, and every error, goes through the
+/// general serde visitor.
 fn parse_json(text: &str) -> Result<Header> {
-    let mut builder = Builder {
-        names: String::with_capacity(text.len() / 3),
-        shapes: Vec::with_capacity(text.len() / 48),
-        entries: Vec::with_capacity(text.len() / 96),
-        metadata: None,
-        metadata_seen: false,
-        duplicate: None,
-    };
+    let mut builder = Builder::for_text(text);
+    if canonical::parse(text, &mut builder).is_err() {
+        builder = Builder::for_text(text);
+        parse_general(text, &mut builder)?;
+    }
+    finish(builder)
+}
+
+/// The general path: serde_json's streaming deserializer driving our visitors.
+fn parse_general(text: &str, builder: &mut Builder) -> Result<()> {
     let mut de = serde_json::Deserializer::from_str(text);
     let json_error = |e: serde_json::Error| Error::InvalidHeaderDeserialization {
         message: e.to_string(),
     };
     (&mut de)
-        .deserialize_map(TopVisitor(&mut builder))
+        .deserialize_map(TopVisitor(builder))
         .map_err(json_error)?;
-    de.end().map_err(json_error)?;
+    de.end().map_err(json_error)
+}
 
+/// Sorts entries into offset order and indexes names. Duplicate keys are reported only here,
+/// once the whole text has parsed, so that malformed JSON always yields
+/// `InvalidHeaderDeserialization`, as with the reference.
+fn finish(builder: Builder) -> Result<Header> {
     let Builder {
         names,
         shapes,
@@ -372,17 +393,52 @@ fn parse_json(text: &str) -> Result<Header> {
     Ok(header)
 }
 
-struct Builder {
-    names: String,
-    shapes: Vec<usize>,
-    entries: Vec<Entry>,
-    metadata: Option<BTreeMap<String, String>>,
-    metadata_seen: bool,
+/// Test hooks: each JSON path on its own, so tests and fuzzers can check that they agree.
+#[doc(hidden)]
+pub mod paths {
+    use super::*;
+
+    /// The general serde path, validated, for a complete in-memory file.
+    pub fn parse_general_only(buffer: &[u8]) -> Result<Header> {
+        parse_with(buffer, |text| {
+            let mut b = Builder::for_text(text);
+            parse_general(text, &mut b)?;
+            finish(b)
+        })
+    }
+
+    /// The canonical scanner alone; `None` when it gives up.
+    pub fn parse_canonical_only(buffer: &[u8]) -> Option<Result<Header>> {
+        let n = read_header_len(buffer, buffer.len() as u64).ok()?;
+        let text = std::str::from_utf8(&buffer[N_LEN..N_LEN + n]).ok()?;
+        let mut b = Builder::for_text(text);
+        canonical::parse(text, &mut b).ok()?;
+        Some(parse_with(buffer, |_| finish(b)))
+    }
+}
+
+pub(crate) struct Builder {
+    pub(crate) names: String,
+    pub(crate) shapes: Vec<usize>,
+    pub(crate) entries: Vec<Entry>,
+    pub(crate) metadata: Option<BTreeMap<String, String>>,
+    pub(crate) metadata_seen: bool,
     /// First duplicate found inside `__metadata__`, or `__metadata__` itself repeated.
-    duplicate: Option<Error>,
+    pub(crate) duplicate: Option<Error>,
 }
 
 impl Builder {
+    fn for_text(text: &str) -> Builder {
+        Builder {
+            names: String::with_capacity(text.len() / 3),
+            shapes: Vec::with_capacity(text.len() / 48),
+            entries: Vec::with_capacity(text.len() / 96),
+            metadata: None,
+            metadata_seen: false,
+            duplicate: None,
+        }
+    }
+
     fn note_duplicate(&mut self, key: String, in_metadata: bool) {
         if self.duplicate.is_none() {
             self.duplicate = Some(Error::DuplicateKey { key, in_metadata });

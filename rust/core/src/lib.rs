@@ -15,6 +15,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod canonical;
 mod dtype;
 mod error;
 mod file;
@@ -26,7 +27,9 @@ mod writer;
 pub use dtype::{Dtype, UnknownDtype};
 pub use error::{Error, ErrorKind, Result};
 pub use file::{Backend, SafeFile};
-pub use header::{read_header_len, Header, TensorInfo, MAX_HEADER_SIZE, METADATA_KEY, N_LEN};
+pub use header::{
+    paths, read_header_len, Header, TensorInfo, MAX_HEADER_SIZE, METADATA_KEY, N_LEN,
+};
 pub use slice::{Indexer, Runs, SlicePlan};
 pub use view::{SafeTensors, TensorView};
 pub use writer::{serialize, serialize_to_file, write_atomically};

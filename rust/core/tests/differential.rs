@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Once;
 
-use safetensors_core::{serialize, Dtype, ErrorKind, Header, TensorView};
+use safetensors_core::{paths, serialize, Dtype, ErrorKind, Header, TensorView};
 
 // ---- a small deterministic generator -------------------------------------------------------
 
@@ -460,14 +460,60 @@ fn has_tied_offsets(bytes: &[u8]) -> bool {
 #[derive(Default, Debug)]
 struct Tally {
     accepted: usize,
+    canonical: usize,
     rejected: BTreeMap<&'static str, usize>,
     stricter_duplicates: usize,
     reference_panics: usize,
     tie_differences: usize,
 }
 
+type Summary = (
+    usize,
+    Vec<(String, Dtype, Vec<usize>, (usize, usize))>,
+    Option<BTreeMap<String, String>>,
+);
+
+fn summary(h: &Header) -> Summary {
+    let tensors = h
+        .iter()
+        .map(|t| (t.name.to_owned(), t.dtype, t.shape.to_vec(), t.data_offsets))
+        .collect();
+    (h.header_len(), tensors, h.metadata().cloned())
+}
+
+fn same_verdict(
+    a: &safetensors_core::Result<Header>,
+    b: &safetensors_core::Result<Header>,
+) -> bool {
+    match (a, b) {
+        (Ok(a), Ok(b)) => summary(a) == summary(b),
+        (Err(a), Err(b)) => a.kind() == b.kind(),
+        _ => false,
+    }
+}
+
+/// Our two JSON paths must agree with each other on every input.
+fn check_paths(bytes: &[u8], ours: &safetensors_core::Result<Header>, tally: &mut Tally) {
+    let show = || String::from_utf8_lossy(&bytes[..bytes.len().min(600)]).to_string();
+    let general = paths::parse_general_only(bytes);
+    assert!(
+        same_verdict(ours, &general),
+        "paths disagree: {ours:?} vs {general:?}: {}",
+        show()
+    );
+    if let Some(fast) = paths::parse_canonical_only(bytes) {
+        tally.canonical += 1;
+        assert!(
+            same_verdict(&fast, &general),
+            "canonical {fast:?} vs general {general:?}: {}",
+            show()
+        );
+    }
+}
+
 fn check(bytes: &[u8], tally: &mut Tally) {
     let ours = Header::parse(bytes);
+    check_paths(bytes, &ours, tally);
     let theirs = reference(bytes);
     let show = || String::from_utf8_lossy(&bytes[..bytes.len().min(600)]).to_string();
     match (ours, theirs) {
@@ -542,6 +588,10 @@ fn accepts_and_rejects_exactly_what_the_reference_does() {
     println!("{tally:#?}");
     // The generator must exercise both verdicts and most error kinds, or this test proves little.
     assert!(tally.accepted > 5_000, "{tally:?}");
+    assert!(
+        tally.canonical > 5_000,
+        "the canonical scanner is rarely exercised: {tally:?}"
+    );
     assert!(tally.stricter_duplicates > 50, "{tally:?}");
     for kind in [
         "HeaderTooSmall",

@@ -1,0 +1,309 @@
+//! A fast path for headers in the canonical layout that writers produce.
+//!
+//! Nearly every real header is compact JSON where each entry reads
+//! `"name":{"dtype":"F32","shape":[..],"data_offsets":[b,e]}`, with plain strings (no escapes)
+//! and plain integers. This scanner accepts exactly that subset (plus JSON whitespace between
+//! tokens, and a `__metadata__` of plain strings or `null`) and gives up on anything else:
+//! escapes, control characters, leading zeros, signs, fractions, exponents, other field orders,
+//! unknown fields, the array form, repeated metadata. On giving up, the caller reparses with the
+//! general serde visitor, which alone decides errors. So for any input this path accepts, the
+//! result is the one the general path gives (a differential test and a fuzz target check it),
+//! and it never reports an error of its own.
+//!
+//! Why bother: on a 20,000-tensor header the general path spends most of its time in serde's
+//! generic plumbing; this scanner does the same work in about half the time.
+
+use std::collections::BTreeMap;
+
+use crate::dtype::Dtype;
+use crate::header::{Builder, Entry, METADATA_KEY};
+
+/// Not canonical: fall back to the general parser.
+pub(crate) struct GiveUp;
+
+type Scan<T> = Result<T, GiveUp>;
+
+/// Parses `text` into `b`, or gives up leaving `b` in an unspecified state.
+pub(crate) fn parse(text: &str, b: &mut Builder) -> Scan<()> {
+    let mut s = Scanner {
+        text,
+        bytes: text.as_bytes(),
+        pos: 0,
+    };
+    s.ws();
+    s.eat(b'{')?;
+    s.ws();
+    if s.peek() == Some(b'}') {
+        s.pos += 1;
+    } else {
+        loop {
+            let key = s.string()?;
+            s.ws();
+            s.eat(b':')?;
+            s.ws();
+            if key == METADATA_KEY {
+                if b.metadata_seen {
+                    return Err(GiveUp);
+                }
+                b.metadata_seen = true;
+                b.metadata = s.metadata()?;
+            } else {
+                s.entry(key, b)?;
+            }
+            s.ws();
+            match s.next()? {
+                b',' => s.ws(),
+                b'}' => break,
+                _ => return Err(GiveUp),
+            }
+        }
+    }
+    s.ws();
+    if s.pos == s.bytes.len() {
+        Ok(())
+    } else {
+        Err(GiveUp)
+    }
+}
+
+/// Length of the run of bytes before the first `"`, `\\` or control character, or `None` when
+/// there is none. Tests eight bytes at a time: names are most of a header's bytes.
+fn string_len(bytes: &[u8]) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // High bit of each byte of the result is set where the byte of `x` is zero / below `n`
+    // (exact for the first such byte, which is all that is needed).
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
+    let mut at = 0;
+    for chunk in bytes.chunks_exact(8) {
+        let x = u64::from_le_bytes(chunk.try_into().unwrap_or_default());
+        let hits = zero(x ^ (ONES * u64::from(b'"')))
+            | zero(x ^ (ONES * u64::from(b'\\')))
+            | (x.wrapping_sub(ONES * 0x20) & !x & HIGH);
+        if hits != 0 {
+            return Some(at + (hits.trailing_zeros() / 8) as usize);
+        }
+        at += 8;
+    }
+    bytes[at..]
+        .iter()
+        .position(|&c| c == b'"' || c == b'\\' || c < 0x20)
+        .map(|i| at + i)
+}
+
+struct Scanner<'a> {
+    text: &'a str,
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Scanner<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.bytes.get(self.pos).copied()
+    }
+
+    fn next(&mut self) -> Scan<u8> {
+        let c = self.peek().ok_or(GiveUp)?;
+        self.pos += 1;
+        Ok(c)
+    }
+
+    fn eat(&mut self, c: u8) -> Scan<()> {
+        if self.next()? == c {
+            Ok(())
+        } else {
+            Err(GiveUp)
+        }
+    }
+
+    fn eat_literal(&mut self, lit: &[u8]) -> Scan<()> {
+        if self.bytes[self.pos..].starts_with(lit) {
+            self.pos += lit.len();
+            Ok(())
+        } else {
+            Err(GiveUp)
+        }
+    }
+
+    /// JSON whitespace, exactly as serde_json skips it.
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    /// A string without escapes or control characters. The header is already known to be UTF-8
+    /// and `"` is ASCII, so the text between the quotes is a valid `str` slice.
+    fn string(&mut self) -> Scan<&'a str> {
+        self.eat(b'"')?;
+        let start = self.pos;
+        let len = string_len(&self.bytes[start..]).ok_or(GiveUp)?;
+        if self.bytes[start + len] != b'"' {
+            return Err(GiveUp);
+        }
+        self.pos = start + len + 1;
+        self.text.get(start..start + len).ok_or(GiveUp)
+    }
+
+    /// A non-negative integer without sign, fraction, exponent or leading zero, that fits.
+    fn integer(&mut self) -> Scan<usize> {
+        let first = self.next()?;
+        if !first.is_ascii_digit() {
+            return Err(GiveUp);
+        }
+        let mut value = usize::from(first - b'0');
+        if first == b'0' {
+            return match self.peek() {
+                Some(c) if c.is_ascii_digit() => Err(GiveUp),
+                _ => Ok(0),
+            };
+        }
+        while let Some(c @ b'0'..=b'9') = self.peek() {
+            value = value
+                .checked_mul(10)
+                .and_then(|v| v.checked_add(usize::from(c - b'0')))
+                .ok_or(GiveUp)?;
+            self.pos += 1;
+        }
+        Ok(value)
+    }
+
+    /// `"key"` then `:` with optional whitespace around the colon.
+    fn field(&mut self, quoted: &[u8]) -> Scan<()> {
+        self.eat_literal(quoted)?;
+        self.ws();
+        self.eat(b':')?;
+        self.ws();
+        Ok(())
+    }
+
+    /// `,` with optional whitespace around it.
+    fn comma(&mut self) -> Scan<()> {
+        self.ws();
+        self.eat(b',')?;
+        self.ws();
+        Ok(())
+    }
+
+    /// `{"dtype":..,"shape":[..],"data_offsets":[b,e]}`, appended to the builder.
+    fn entry(&mut self, name: &str, b: &mut Builder) -> Scan<()> {
+        self.eat(b'{')?;
+        self.ws();
+        self.field(b"\"dtype\"")?;
+        let dtype = Dtype::from_name(self.string()?).ok_or(GiveUp)?;
+        self.comma()?;
+        self.field(b"\"shape\"")?;
+        self.eat(b'[')?;
+        self.ws();
+        let shape_start = b.shapes.len();
+        if self.peek() == Some(b']') {
+            self.pos += 1;
+        } else {
+            loop {
+                b.shapes.push(self.integer()?);
+                self.ws();
+                match self.next()? {
+                    b',' => self.ws(),
+                    b']' => break,
+                    _ => return Err(GiveUp),
+                }
+            }
+        }
+        self.comma()?;
+        self.field(b"\"data_offsets\"")?;
+        self.eat(b'[')?;
+        self.ws();
+        let begin = self.integer()?;
+        self.comma()?;
+        let end = self.integer()?;
+        self.ws();
+        self.eat(b']')?;
+        self.ws();
+        self.eat(b'}')?;
+        let as_u32 = |n: usize| u32::try_from(n).map_err(|_| GiveUp);
+        b.entries.push(Entry {
+            name_start: as_u32(b.names.len())?,
+            name_len: as_u32(name.len())?,
+            shape_start: as_u32(shape_start)?,
+            shape_len: as_u32(b.shapes.len() - shape_start)?,
+            dtype,
+            begin,
+            end,
+        });
+        b.names.push_str(name);
+        Ok(())
+    }
+
+    /// `null` or an object of plain string values without repeated keys.
+    fn metadata(&mut self) -> Scan<Option<BTreeMap<String, String>>> {
+        if self.peek() == Some(b'n') {
+            self.eat_literal(b"null")?;
+            return Ok(None);
+        }
+        self.eat(b'{')?;
+        self.ws();
+        let mut map = BTreeMap::new();
+        if self.peek() == Some(b'}') {
+            self.pos += 1;
+            return Ok(Some(map));
+        }
+        loop {
+            let k = self.string()?;
+            self.ws();
+            self.eat(b':')?;
+            self.ws();
+            let v = self.string()?;
+            if map.insert(k.to_owned(), v.to_owned()).is_some() {
+                return Err(GiveUp);
+            }
+            self.ws();
+            match self.next()? {
+                b',' => self.ws(),
+                b'}' => return Ok(Some(map)),
+                _ => return Err(GiveUp),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::string_len;
+
+    fn naive(b: &[u8]) -> Option<usize> {
+        b.iter().position(|&c| c == b'"' || c == b'\\' || c < 0x20)
+    }
+
+    #[test]
+    fn word_scan_finds_the_first_stop_byte() {
+        let mut buf = vec![b'a'; 40];
+        assert_eq!(string_len(&buf), None);
+        for stop in [b'"', b'\\', 0x00, 0x1f, 0x0a] {
+            for at in 0..buf.len() {
+                buf[at] = stop;
+                assert_eq!(string_len(&buf), Some(at), "{stop:#x} at {at}");
+                // A second stop after the first must not matter.
+                if at + 3 < buf.len() {
+                    buf[at + 3] = b'"';
+                    assert_eq!(string_len(&buf), Some(at));
+                    buf[at + 3] = b'a';
+                }
+                buf[at] = b'a';
+            }
+        }
+        // Bytes that are close to stop bytes, and every byte value, agree with the naive scan.
+        let all: Vec<u8> = (0..=255u8).chain(0..=255u8).rev().collect();
+        for start in 0..all.len() {
+            assert_eq!(
+                string_len(&all[start..]),
+                naive(&all[start..]),
+                "from {start}"
+            );
+        }
+        let high: Vec<u8> = "é中\u{7f}\u{80}ab\u{ff}"
+            .bytes()
+            .chain([0x21, 0x7e, 0xff, 0x80, 0x20, b'"'])
+            .collect();
+        assert_eq!(string_len(&high), naive(&high));
+    }
+}
