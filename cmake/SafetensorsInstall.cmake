@@ -1,0 +1,30 @@
+# Install rules: headers (ours, the generated bridge header and cxx.h, all under
+# include/safetensors/), the Rust archive, the CMake package, and the command-line tool.
+include(CMakePackageConfigHelpers)
+
+set(SAFETENSORS_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/safetensors"
+    CACHE STRING "Where safetensorsConfig.cmake is installed")
+
+install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/safetensors" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
+install(FILES "${SAFETENSORS_GENERATED_INCLUDE_DIR}/safetensors/ffi/lib.rs.h"
+        DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/safetensors/ffi")
+install(FILES "${SAFETENSORS_GENERATED_INCLUDE_DIR}/safetensors/ffi/rust/cxx.h"
+        DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/safetensors/ffi/rust")
+install(FILES "${SAFETENSORS_RUST_STATICLIB}" DESTINATION "${CMAKE_INSTALL_LIBDIR}"
+        RENAME "libsafetensors_rust.a")
+
+install(TARGETS safetensors EXPORT safetensorsTargets)
+install(EXPORT safetensorsTargets NAMESPACE safetensors:: DESTINATION "${SAFETENSORS_INSTALL_CMAKEDIR}")
+
+configure_package_config_file(
+  "${PROJECT_SOURCE_DIR}/cmake/safetensorsConfig.cmake.in" "${PROJECT_BINARY_DIR}/safetensorsConfig.cmake"
+  INSTALL_DESTINATION "${SAFETENSORS_INSTALL_CMAKEDIR}"
+  PATH_VARS CMAKE_INSTALL_LIBDIR)
+write_basic_package_version_file("${PROJECT_BINARY_DIR}/safetensorsConfigVersion.cmake"
+                                 COMPATIBILITY SameMinorVersion)
+install(FILES "${PROJECT_BINARY_DIR}/safetensorsConfig.cmake" "${PROJECT_BINARY_DIR}/safetensorsConfigVersion.cmake"
+        DESTINATION "${SAFETENSORS_INSTALL_CMAKEDIR}")
+
+if(TARGET safetensors_cli)
+  install(TARGETS safetensors_cli RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}")
+endif()

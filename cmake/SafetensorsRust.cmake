@@ -1,0 +1,96 @@
+# Builds the Rust staticlib (rust/cxx) and provides:
+#   safetensors_rust                    INTERFACE target linking it, with its system libraries
+#   SAFETENSORS_GENERATED_INCLUDE_DIR   where the generated bridge header and cxx.h land
+#   SAFETENSORS_RUST_STATICLIB          the built archive (for install)
+#
+# Corrosion is used when find_package(Corrosion) finds it, when FETCHCONTENT_SOURCE_DIR_CORROSION
+# points to a checkout, or when SAFETENSORS_FETCH_CORROSION=ON (pinned tag); otherwise a plain
+# cargo step builds the same archive. Both paths give the same targets.
+
+set(SAFETENSORS_CORROSION_TAG "v0.6.1" CACHE STRING "Corrosion tag fetched when SAFETENSORS_FETCH_CORROSION=ON")
+set(SAFETENSORS_CARGO_PROFILE "" CACHE STRING "Cargo profile for the Rust core (default: dev for Debug builds, release otherwise)")
+set(SAFETENSORS_CARGO_TARGET_DIR "${PROJECT_BINARY_DIR}/cargo" CACHE PATH "Cargo target directory for the plain cargo step (presets share one)")
+
+if(SAFETENSORS_CARGO_PROFILE)
+  set(_st_profile "${SAFETENSORS_CARGO_PROFILE}")
+elseif(CMAKE_BUILD_TYPE STREQUAL "Debug")
+  set(_st_profile dev)
+else()
+  set(_st_profile release)
+endif()
+
+set(_st_features "")
+if(SAFETENSORS_CUDA)
+  set(_st_features cuda)
+endif()
+
+find_package(Threads REQUIRED)
+set(_st_system_libs Threads::Threads ${CMAKE_DL_LIBS} m rt)
+
+set(_st_use_corrosion OFF)
+if(SAFETENSORS_FETCH_CORROSION OR FETCHCONTENT_SOURCE_DIR_CORROSION)
+  include(FetchContent)
+  FetchContent_Declare(
+    Corrosion
+    GIT_REPOSITORY https://github.com/corrosion-rs/corrosion.git
+    GIT_TAG ${SAFETENSORS_CORROSION_TAG})
+  FetchContent_MakeAvailable(Corrosion)
+  set(_st_use_corrosion ON)
+else()
+  find_package(Corrosion QUIET)
+  if(Corrosion_FOUND)
+    set(_st_use_corrosion ON)
+  endif()
+endif()
+
+if(_st_use_corrosion)
+  message(STATUS "safetensors: building the Rust core with Corrosion (cargo profile ${_st_profile})")
+  set(SAFETENSORS_GENERATED_INCLUDE_DIR "${PROJECT_BINARY_DIR}/generated/include")
+  corrosion_import_crate(
+    MANIFEST_PATH "${PROJECT_SOURCE_DIR}/Cargo.toml"
+    CRATES safetensors-cxx
+    CRATE_TYPES staticlib
+    PROFILE ${_st_profile}
+    FEATURES ${_st_features}
+    LOCKED)
+  corrosion_set_env_vars(safetensors_cxx "SAFETENSORS_CXX_INCLUDE_DIR=${SAFETENSORS_GENERATED_INCLUDE_DIR}"
+                         "CXX=${CMAKE_CXX_COMPILER}")
+  set(SAFETENSORS_RUST_STATICLIB "$<TARGET_PROPERTY:safetensors_cxx-static,IMPORTED_LOCATION>")
+  add_library(safetensors_rust INTERFACE)
+  target_link_libraries(safetensors_rust INTERFACE safetensors_cxx ${_st_system_libs})
+else()
+  find_program(
+    SAFETENSORS_CARGO cargo
+    HINTS "$ENV{CARGO_HOME}/bin" "$ENV{HOME}/.cargo/bin"
+    REQUIRED)
+  message(STATUS "safetensors: building the Rust core with cargo (${SAFETENSORS_CARGO}, profile ${_st_profile}); "
+                 "Corrosion not found")
+  if(_st_profile STREQUAL "dev")
+    set(_st_profile_dir debug)
+  else()
+    set(_st_profile_dir ${_st_profile})
+  endif()
+  set(SAFETENSORS_GENERATED_INCLUDE_DIR "${SAFETENSORS_CARGO_TARGET_DIR}/include")
+  set(SAFETENSORS_RUST_STATICLIB "${SAFETENSORS_CARGO_TARGET_DIR}/${_st_profile_dir}/libsafetensors_cxx.a")
+  set(_st_feature_args "")
+  if(_st_features)
+    set(_st_feature_args --features ${_st_features})
+  endif()
+  # Always runs: cargo decides what is stale. The byproducts let Ninja know who makes them.
+  add_custom_target(
+    safetensors_cargo_build ALL
+    COMMAND
+      ${CMAKE_COMMAND} -E env "SAFETENSORS_CXX_INCLUDE_DIR=${SAFETENSORS_GENERATED_INCLUDE_DIR}"
+      "CXX=${CMAKE_CXX_COMPILER}" ${SAFETENSORS_CARGO} build --locked --lib -p safetensors-cxx --profile
+      ${_st_profile} --target-dir ${SAFETENSORS_CARGO_TARGET_DIR} --manifest-path
+      ${PROJECT_SOURCE_DIR}/Cargo.toml ${_st_feature_args}
+    BYPRODUCTS "${SAFETENSORS_RUST_STATICLIB}" "${SAFETENSORS_GENERATED_INCLUDE_DIR}/safetensors/ffi/lib.rs.h"
+               "${SAFETENSORS_GENERATED_INCLUDE_DIR}/safetensors/ffi/rust/cxx.h"
+    WORKING_DIRECTORY "${PROJECT_SOURCE_DIR}"
+    USES_TERMINAL
+    COMMENT "Building the safetensors Rust core with cargo"
+    VERBATIM)
+  add_library(safetensors_rust INTERFACE)
+  target_link_libraries(safetensors_rust INTERFACE "${SAFETENSORS_RUST_STATICLIB}" ${_st_system_libs})
+  add_dependencies(safetensors_rust safetensors_cargo_build)
+endif()

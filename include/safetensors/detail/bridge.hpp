@@ -1,0 +1,68 @@
+// Private: the generated bridge and the helpers that keep its types out of the public API.
+#pragma once
+
+#include <charconv>
+#include <cstddef>
+#include <cstdint>
+#include <new>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "safetensors/error.hpp"
+// cxx.h first: it defines rust::Error, which the generated header leaves out.
+#include "safetensors/ffi/rust/cxx.h"
+#include "safetensors/ffi/lib.rs.h"
+
+namespace safetensors::detail {
+
+/// Rebuilds a typed `Error` from a bridge error, whose text is `"<kind>:<message>"`.
+[[noreturn]] inline void rethrow(const ::rust::Error& e) {
+  std::string_view text = e.what();
+  unsigned kind = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), kind);
+  if (ec != std::errc{} || end == text.data() + text.size() || *end != ':' ||
+      kind >= error_kind_count) {
+    throw Error(ErrorKind::Internal, "unexpected error from the safetensors core: " + std::string(text));
+  }
+  throw Error(static_cast<ErrorKind>(kind), std::string(end + 1, text.data() + text.size()));
+}
+
+/// Calls into the bridge, translating its errors into `safetensors::Error`.
+template <class F>
+decltype(auto) call(F&& f) {
+  try {
+    return std::forward<F>(f)();
+  } catch (const ::rust::Error& e) {
+    rethrow(e);
+  }
+}
+
+/// Bytes of a string, as the bridge takes them (no UTF-8 check: invalid names simply match
+/// nothing).
+inline ::rust::Slice<const std::uint8_t> bytes(std::string_view s) {
+  return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
+}
+
+inline std::string_view view(::rust::Str s) { return {s.data(), s.size()}; }
+
+/// An open file, shared by every copy of a `SafeOpen` and every view taken from it.
+struct FileHandle {
+  ::rust::Box<ffi::File> file;
+  std::string path;
+  /// The mapped data buffer; null with the read backend.
+  const std::byte* data = nullptr;
+  std::size_t data_len = 0;
+};
+
+/// A zero-initialised-on-demand buffer with 64-byte alignment, owned by a `shared_ptr`, for
+/// tensors the read backend copies out of the file.
+inline std::shared_ptr<std::byte[]> allocate_bytes(std::size_t n) {
+  constexpr std::align_val_t align{64};
+  auto* p = static_cast<std::byte*>(::operator new[](n == 0 ? 1 : n, align));
+  return std::shared_ptr<std::byte[]>(p, [](std::byte* q) { ::operator delete[](q, align); });
+}
+
+}  // namespace safetensors::detail

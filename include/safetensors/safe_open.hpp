@@ -1,0 +1,163 @@
+// Opening a safetensors file and reading tensors from it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "safetensors/detail/bridge.hpp"
+#include "safetensors/dtype.hpp"
+#include "safetensors/error.hpp"
+#include "safetensors/tensor.hpp"
+
+namespace safetensors {
+
+/// How tensor bytes are reached.
+enum class Backend : std::uint8_t {
+  /// Map the file read-only; views point into the mapping (zero copy). The default.
+  Mmap = 0,
+  /// Read the header at open, and each tensor's bytes with `pread` when asked. For network
+  /// filesystems, unified-memory machines, and files another process may truncate.
+  Read = 1,
+};
+
+struct OpenOptions {
+  Backend backend = Backend::Mmap;
+};
+
+/// An open, validated safetensors file.
+///
+///   safetensors::SafeOpen f("model.safetensors");
+///   for (const auto& name : f.keys()) auto w = f.get_tensor(name).as<float>();
+///
+/// Opening reads and validates the whole header (every check of the format) and nothing else.
+/// Copies share one open file. Views returned by `get_tensor` keep it alive on their own.
+/// All methods are safe to call from several threads at once.
+class SafeOpen {
+ public:
+  explicit SafeOpen(const std::filesystem::path& path, OpenOptions options = {})
+      : state_(open(path, options)) {}
+
+  /// Tensor names sorted byte-wise, like Python's `safe_open(...).keys()`.
+  [[nodiscard]] std::vector<std::string> keys() const {
+    const auto& f = *state_->file;
+    auto order = f.sorted_positions();
+    std::vector<std::string> out;
+    out.reserve(order.size());
+    for (auto i : order) out.emplace_back(detail::view(f.name_at(i)));
+    return out;
+  }
+
+  /// Tensor names in file (offset) order.
+  [[nodiscard]] std::vector<std::string> offset_keys() const {
+    const auto& f = *state_->file;
+    std::vector<std::string> out;
+    out.reserve(f.tensor_count());
+    for (std::size_t i = 0; i < f.tensor_count(); ++i) out.emplace_back(detail::view(f.name_at(i)));
+    return out;
+  }
+
+  /// The `__metadata__` map (empty when the file has none).
+  [[nodiscard]] std::map<std::string, std::string> metadata() const {
+    const auto& f = *state_->file;
+    std::map<std::string, std::string> out;
+    for (std::size_t i = 0; i < f.metadata_len(); ++i) {
+      out.emplace(detail::view(f.metadata_key(i)), detail::view(f.metadata_value(i)));
+    }
+    return out;
+  }
+
+  /// Whether the header has a `__metadata__` map at all.
+  [[nodiscard]] bool has_metadata() const { return state_->file->has_metadata(); }
+
+  [[nodiscard]] bool contains(std::string_view name) const {
+    return state_->file->position(detail::bytes(name)) >= 0;
+  }
+
+  /// Number of tensors.
+  [[nodiscard]] std::size_t size() const { return state_->file->tensor_count(); }
+
+  /// A tensor's dtype, shape and offsets; touches no tensor data. Throws `TensorNotFound`.
+  [[nodiscard]] TensorInfo info(std::string_view name) const {
+    auto m = find(name);
+    return {static_cast<Dtype>(m.dtype), shape_at(m.index), {m.begin, m.end}};
+  }
+
+  /// A view of a tensor: into the mapping (no copy), or with the read backend into a buffer
+  /// read for this call. Throws `TensorNotFound`, or `Io` when a read fails.
+  [[nodiscard]] TensorView get_tensor(std::string_view name) const {
+    auto m = find(name);
+    TensorView v{static_cast<Dtype>(m.dtype), shape_at(m.index), {}, {}};
+    std::size_t len = m.end - m.begin;
+    if (len == 0) return v;
+    if (state_->data != nullptr) {
+      v.data = {state_->data + m.begin, len};
+      v.owner = state_;
+    } else {
+      auto buffer = detail::allocate_bytes(len);
+      read_data(m.begin, {buffer.get(), len});
+      v.data = {buffer.get(), len};
+      v.owner = std::move(buffer);
+    }
+    return v;
+  }
+
+  /// Copies bytes `[offset, offset + dst.size())` of the data buffer into `dst`.
+  void read_data(std::size_t offset, std::span<std::byte> dst) const {
+    ::rust::Slice<std::uint8_t> out{reinterpret_cast<std::uint8_t*>(dst.data()), dst.size()};
+    detail::call([&] { state_->file->read_data(offset, out); });
+  }
+
+  /// The path this file was opened with.
+  [[nodiscard]] std::filesystem::path path() const { return state_->path; }
+
+  [[nodiscard]] Backend backend() const {
+    return state_->data != nullptr || state_->file->is_mapped() ? Backend::Mmap : Backend::Read;
+  }
+
+  /// The header length `N` from the file's first 8 bytes.
+  [[nodiscard]] std::size_t header_size() const { return state_->file->header_len(); }
+
+  /// Where the data buffer starts in the file: `8 + N`.
+  [[nodiscard]] std::size_t data_offset() const { return 8 + header_size(); }
+
+  /// Length of the data buffer in bytes.
+  [[nodiscard]] std::size_t data_size() const { return state_->file->data_len(); }
+
+  /// Data bytes the read backend has fetched so far (0 with the mapped backend).
+  [[nodiscard]] std::uint64_t bytes_read() const { return state_->file->bytes_read(); }
+
+ private:
+  static std::shared_ptr<const detail::FileHandle> open(const std::filesystem::path& path,
+                                                        OpenOptions options) {
+    const auto& native = path.native();
+    auto file = detail::call([&] {
+      return ffi::open_file(detail::bytes(native), static_cast<std::uint8_t>(options.backend));
+    });
+    auto mapped = file->mapped_data();
+    auto handle = std::make_shared<detail::FileHandle>(detail::FileHandle{std::move(file), native});
+    if (handle->file->is_mapped() && mapped.size() > 0) {
+      handle->data = reinterpret_cast<const std::byte*>(mapped.data());
+      handle->data_len = mapped.size();
+    }
+    return handle;
+  }
+
+  [[nodiscard]] ffi::TensorMeta find(std::string_view name) const {
+    return detail::call([&] { return state_->file->find(detail::bytes(name)); });
+  }
+
+  [[nodiscard]] std::vector<std::size_t> shape_at(std::size_t index) const {
+    auto s = state_->file->shape_at(index);
+    return {s.begin(), s.end()};
+  }
+
+  std::shared_ptr<const detail::FileHandle> state_;
+};
+
+}  // namespace safetensors

@@ -1,0 +1,12 @@
+// The safetensors C++20 API: one include for everything.
+//
+//   #include <safetensors/safetensors.hpp>
+//   safetensors::SafeOpen f("model.safetensors");
+//   auto w = f.get_tensor("wte.weight");          // zero-copy view into the mapped file
+//   std::span<const float> values = w.as<float>();
+#pragma once
+
+#include "safetensors/dtype.hpp"
+#include "safetensors/error.hpp"
+#include "safetensors/safe_open.hpp"
+#include "safetensors/tensor.hpp"

@@ -1,0 +1,122 @@
+// Tensor descriptions and views.
+#pragma once
+
+#include <complex>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "safetensors/dtype.hpp"
+#include "safetensors/error.hpp"
+
+namespace safetensors {
+
+/// A tensor's description from the header; reading it touches no tensor data.
+struct TensorInfo {
+  Dtype dtype{};
+  std::vector<std::size_t> shape;
+  /// `[begin, end)` byte offsets relative to the start of the data buffer.
+  std::pair<std::size_t, std::size_t> data_offsets{};
+
+  /// Number of elements (1 for a scalar).
+  [[nodiscard]] std::size_t numel() const {
+    std::size_t n = 1;
+    for (auto d : shape) n *= d;
+    return n;
+  }
+  /// Number of data bytes.
+  [[nodiscard]] std::size_t byte_size() const { return data_offsets.second - data_offsets.first; }
+};
+
+namespace detail {
+/// Whether elements of type `T` may be read from a tensor of `dtype`: the exact C++ type of the
+/// dtype, raw storage of the same width for types C++ lacks (fp8 as `uint8_t`, fp16/bf16 as
+/// `uint16_t`), or any other trivially copyable type of exactly the element's width.
+template <class T>
+constexpr bool dtype_accepts(Dtype d) {
+  using enum Dtype;
+  if constexpr (std::is_same_v<T, bool>) return d == BOOL;
+  else if constexpr (std::is_same_v<T, std::int8_t>) return d == I8;
+  else if constexpr (std::is_same_v<T, std::uint8_t>)
+    return d == U8 || d == F8_E5M2 || d == F8_E4M3 || d == F8_E8M0 || d == F8_E4M3FNUZ ||
+           d == F8_E5M2FNUZ;
+  else if constexpr (std::is_same_v<T, std::int16_t>) return d == I16;
+  else if constexpr (std::is_same_v<T, std::uint16_t>) return d == U16 || d == F16 || d == BF16;
+  else if constexpr (std::is_same_v<T, std::int32_t>) return d == I32;
+  else if constexpr (std::is_same_v<T, std::uint32_t>) return d == U32;
+  else if constexpr (std::is_same_v<T, std::int64_t>) return d == I64;
+  else if constexpr (std::is_same_v<T, std::uint64_t>) return d == U64;
+  else if constexpr (std::is_same_v<T, float>) return d == F32;
+  else if constexpr (std::is_same_v<T, double>) return d == F64;
+  else if constexpr (std::is_same_v<T, std::complex<float>>) return d == C64;
+  else return bit_size(d) == sizeof(T) * 8;
+}
+
+template <class T>
+inline constexpr bool is_raw_byte = std::is_same_v<T, std::byte> || std::is_same_v<T, char>;
+}  // namespace detail
+
+/// A tensor's dtype, shape and bytes.
+///
+/// Views from `SafeOpen::get_tensor` point into the file's mapping (or, with the read backend,
+/// into a buffer of their own), and `owner` keeps that memory alive: a view stays valid after
+/// the `SafeOpen` that made it is gone. A view you build over your own memory (for example to
+/// pass to `save_file`) leaves `owner` empty and borrows your bytes.
+struct TensorView {
+  Dtype dtype{};
+  std::vector<std::size_t> shape;
+  /// Little-endian, row-major element bytes.
+  std::span<const std::byte> data;
+  /// Keeps `data` alive; empty when the view borrows memory the caller owns.
+  std::shared_ptr<const void> owner{};
+
+  /// Number of elements (1 for a scalar).
+  [[nodiscard]] std::size_t numel() const {
+    std::size_t n = 1;
+    for (auto d : shape) n *= d;
+    return n;
+  }
+
+  /// The elements as `T`: `view.as<float>()` for an F32 tensor, `as<std::byte>()` for the raw
+  /// bytes of any dtype. Throws `Error` (`TypeMismatch`) when `T` does not fit the dtype, the
+  /// byte count, or the data's alignment (files written with an unpadded header can leave data
+  /// unaligned; copy the bytes then).
+  ///
+  /// Only on a view held in a variable: the span borrows the view's `owner`, so calling it on a
+  /// temporary (`f.get_tensor("w").as<float>()`) would dangle with the read backend and does not
+  /// compile.
+  template <class T>
+  [[nodiscard]] std::span<const T> as() const& {
+    static_assert(std::is_trivially_copyable_v<T>, "as<T>() needs a trivially copyable T");
+    if constexpr (detail::is_raw_byte<T>) {
+      return {reinterpret_cast<const T*>(data.data()), data.size()};
+    } else {
+      if (!detail::dtype_accepts<T>(dtype)) {
+        throw Error(ErrorKind::TypeMismatch,
+                    "cannot view a " + std::string(to_string(dtype)) + " tensor as elements of " +
+                        std::to_string(sizeof(T)) + " bytes of a different type");
+      }
+      if (data.size() != numel() * sizeof(T)) {
+        throw Error(ErrorKind::TypeMismatch,
+                    "the view holds " + std::to_string(data.size()) + " bytes but its shape needs " +
+                        std::to_string(numel() * sizeof(T)));
+      }
+      if (data.empty()) return {};
+      if (reinterpret_cast<std::uintptr_t>(data.data()) % alignof(T) != 0) {
+        throw Error(ErrorKind::TypeMismatch,
+                    "the tensor's data is not aligned to " + std::to_string(alignof(T)) +
+                        " bytes (its file has an unpadded header); copy the bytes first");
+      }
+      return {reinterpret_cast<const T*>(data.data()), data.size() / sizeof(T)};
+    }
+  }
+  template <class T>
+  std::span<const T> as() const&& = delete;
+};
+
+}  // namespace safetensors

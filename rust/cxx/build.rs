@@ -1,0 +1,60 @@
+//! Generates and compiles the C++ side of the bridge, then copies the generated header and
+//! `cxx.h` to `$SAFETENSORS_CXX_INCLUDE_DIR/safetensors/ffi/` when CMake asks for them.
+//!
+//! The generated header includes `"rust/cxx.h"`; placing `cxx.h` at `ffi/rust/cxx.h` beside it
+//! resolves that include relative to the header itself, so installs never need a global
+//! `include/rust/` directory.
+
+use std::path::{Path, PathBuf};
+
+fn main() {
+    cxx_build::CFG.include_prefix = "safetensors/ffi";
+    cxx_build::bridge("src/lib.rs")
+        .std("c++17")
+        .flag_if_supported("-fvisibility=hidden")
+        .compile("safetensors_cxx_bridge");
+    println!("cargo:rerun-if-changed=src/lib.rs");
+    println!("cargo:rerun-if-env-changed=SAFETENSORS_CXX_INCLUDE_DIR");
+
+    let Some(dest) = std::env::var_os("SAFETENSORS_CXX_INCLUDE_DIR") else {
+        return;
+    };
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR"));
+    let generated = out.join("cxxbridge/include");
+    let ffi = Path::new(&dest).join("safetensors/ffi");
+    for (from, to) in [
+        (
+            generated.join("safetensors/ffi/src/lib.rs.h"),
+            ffi.join("lib.rs.h"),
+        ),
+        (generated.join("rust/cxx.h"), ffi.join("rust/cxx.h")),
+    ] {
+        copy_if_changed(&from, &to);
+        // If a copy is deleted (a `clean` that removes byproducts), run again to restore it.
+        println!("cargo:rerun-if-changed={}", to.display());
+    }
+}
+
+/// Rewrites `to` only when its content differs, so that builds stay incremental, and stamps it
+/// with the newest modification time of the inputs that determine it. That time is older than
+/// this build, so cargo's `rerun-if-changed` check stays quiet on the next build, yet newer than
+/// any C++ object compiled against an older header, so Ninja still rebuilds those.
+fn copy_if_changed(from: &Path, to: &Path) {
+    let content = std::fs::read(from).unwrap_or_else(|e| panic!("read {}: {e}", from.display()));
+    if std::fs::read(to).ok().as_deref() == Some(content.as_slice()) {
+        return;
+    }
+    std::fs::create_dir_all(to.parent().expect("parent")).expect("create include dir");
+    std::fs::write(to, content).unwrap_or_else(|e| panic!("write {}: {e}", to.display()));
+    let inputs = ["src/lib.rs", "build.rs", "../../Cargo.lock"];
+    let newest = inputs
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .max();
+    if let Some(time) = newest {
+        let _ = std::fs::File::options()
+            .write(true)
+            .open(to)
+            .and_then(|f| f.set_modified(time));
+    }
+}

@@ -1,0 +1,142 @@
+//! Glue for `File`: an open safetensors file as C++ sees it.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::OnceLock;
+
+use safetensors_core::{Backend, Error, SafeFile, TensorInfo};
+
+use crate::{guard, BridgeError, TensorMeta};
+
+/// An open file plus what C++ asks for repeatedly, prepared once.
+pub struct File {
+    inner: SafeFile,
+    metadata: Vec<(String, String)>,
+    sorted: OnceLock<Vec<u32>>,
+}
+
+/// Opens `path` with backend 0 (mmap) or 1 (read).
+pub fn open_file(path: &[u8], backend: u8) -> Result<Box<File>, BridgeError> {
+    guard(|| {
+        let backend = match backend {
+            0 => Backend::Mmap,
+            _ => Backend::Read,
+        };
+        let inner = SafeFile::open(Path::new(OsStr::from_bytes(path)), backend)?;
+        let metadata = inner
+            .header()
+            .metadata()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        Ok(Box::new(File {
+            inner,
+            metadata,
+            sorted: OnceLock::new(),
+        }))
+    })
+}
+
+fn meta(index: usize, info: &TensorInfo<'_>) -> TensorMeta {
+    TensorMeta {
+        index,
+        dtype: info.dtype as u8,
+        begin: info.data_offsets.0,
+        end: info.data_offsets.1,
+    }
+}
+
+impl File {
+    /// The core file, for the other glue modules.
+    pub fn core(&self) -> &SafeFile {
+        &self.inner
+    }
+
+    pub fn tensor_count(&self) -> usize {
+        self.inner.header().len()
+    }
+
+    pub fn find(&self, name: &[u8]) -> Result<TensorMeta, BridgeError> {
+        guard(|| {
+            let index = usize::try_from(self.position(name)).map_err(|_| {
+                Error::TensorNotFound {
+                    name: String::from_utf8_lossy(name).into_owned(),
+                }
+                .in_file(self.inner.path())
+            })?;
+            Ok(self.meta_at(index))
+        })
+    }
+
+    pub fn position(&self, name: &[u8]) -> isize {
+        std::str::from_utf8(name)
+            .ok()
+            .and_then(|n| self.inner.header().position(n))
+            .map_or(-1, |i| i as isize)
+    }
+
+    pub fn meta_at(&self, index: usize) -> TensorMeta {
+        self.inner.header().at(index).map_or(
+            TensorMeta {
+                index,
+                dtype: 0,
+                begin: 0,
+                end: 0,
+            },
+            |info| meta(index, &info),
+        )
+    }
+
+    pub fn name_at(&self, index: usize) -> &str {
+        self.inner.header().at(index).map_or("", |t| t.name)
+    }
+
+    pub fn shape_at(&self, index: usize) -> &[usize] {
+        self.inner.header().at(index).map_or(&[], |t| t.shape)
+    }
+
+    pub fn sorted_positions(&self) -> &[u32] {
+        self.sorted
+            .get_or_init(|| self.inner.header().sorted_positions())
+    }
+
+    pub fn has_metadata(&self) -> bool {
+        self.inner.header().metadata().is_some()
+    }
+
+    pub fn metadata_len(&self) -> usize {
+        self.metadata.len()
+    }
+
+    pub fn metadata_key(&self, i: usize) -> &str {
+        self.metadata.get(i).map_or("", |(k, _)| k)
+    }
+
+    pub fn metadata_value(&self, i: usize) -> &str {
+        self.metadata.get(i).map_or("", |(_, v)| v)
+    }
+
+    pub fn mapped_data(&self) -> &[u8] {
+        self.inner.mapped_data().unwrap_or(&[])
+    }
+
+    pub fn is_mapped(&self) -> bool {
+        self.inner.mapped_data().is_some()
+    }
+
+    pub fn header_len(&self) -> usize {
+        self.inner.header().header_len()
+    }
+
+    pub fn data_len(&self) -> usize {
+        self.inner.header().data_len()
+    }
+
+    pub fn read_data(&self, offset: u64, dst: &mut [u8]) -> Result<(), BridgeError> {
+        guard(|| self.inner.read_data(offset, dst))
+    }
+
+    pub fn bytes_read(&self) -> u64 {
+        self.inner.bytes_read()
+    }
+}

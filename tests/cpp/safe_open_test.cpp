@@ -1,0 +1,267 @@
+// SafeOpen and TensorView through the public header only.
+#include <safetensors/safetensors.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "support.hpp"
+
+using safetensors::Backend;
+using safetensors::Dtype;
+using safetensors::ErrorKind;
+using safetensors::OpenOptions;
+using safetensors::SafeOpen;
+
+namespace {
+
+constexpr Backend kBackends[] = {Backend::Mmap, Backend::Read};
+
+template <class F>
+ErrorKind kind_of(F&& f) {
+  try {
+    f();
+  } catch (const safetensors::Error& e) {
+    return e.kind();
+  }
+  ADD_FAILURE() << "no safetensors::Error thrown";
+  return ErrorKind::Internal;
+}
+
+// Three F32 tensors whose JSON order, file order and name order all differ, plus metadata.
+constexpr std::string_view kThree =
+    R"({"__metadata__":{"format":"pt","b":"2"},)"
+    R"("zeta":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+    R"("alpha":{"dtype":"F32","shape":[2,2],"data_offsets":[24,40]},)"
+    R"("mid":{"dtype":"I16","shape":[8],"data_offsets":[8,24]}})";
+
+std::vector<std::uint8_t> three_tensor_file() {
+  std::vector<std::uint8_t> f = test::raw_file(kThree, 0);
+  auto push_f32 = [&](float v) {
+    std::uint8_t b[4];
+    std::memcpy(b, &v, 4);
+    f.insert(f.end(), b, b + 4);
+  };
+  push_f32(1.5f);
+  push_f32(-2.0f);
+  for (std::int16_t i = 0; i < 8; ++i) {
+    auto v = static_cast<std::uint16_t>(i * 1000 - 3000);
+    f.push_back(static_cast<std::uint8_t>(v & 0xff));
+    f.push_back(static_cast<std::uint8_t>(v >> 8));
+  }
+  for (float v : {10.f, 20.f, 30.f, 40.f}) push_f32(v);
+  return f;
+}
+
+class SafeOpenTest : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override { test::write_bytes(path_, three_tensor_file()); }
+  SafeOpen open() const { return SafeOpen(path_, OpenOptions{GetParam()}); }
+  test::TempDir dir_;
+  std::filesystem::path path_ = dir_ / "three.safetensors";
+};
+
+TEST_P(SafeOpenTest, KeysAreSortedAndOffsetKeysFollowTheFile) {
+  auto f = open();
+  EXPECT_EQ(f.keys(), (std::vector<std::string>{"alpha", "mid", "zeta"}));
+  EXPECT_EQ(f.offset_keys(), (std::vector<std::string>{"zeta", "mid", "alpha"}));
+  EXPECT_EQ(f.size(), 3u);
+  EXPECT_TRUE(f.contains("mid"));
+  EXPECT_FALSE(f.contains("Mid"));
+  EXPECT_FALSE(f.contains(std::string_view("mid\0", 4)));
+  EXPECT_FALSE(f.contains("\xff"));
+}
+
+TEST_P(SafeOpenTest, MetadataIsTheSortedMap) {
+  auto f = open();
+  EXPECT_TRUE(f.has_metadata());
+  EXPECT_EQ(f.metadata(), (std::map<std::string, std::string>{{"b", "2"}, {"format", "pt"}}));
+}
+
+TEST_P(SafeOpenTest, InfoTouchesNoTensorData) {
+  auto f = open();
+  auto info = f.info("alpha");
+  EXPECT_EQ(info.dtype, Dtype::F32);
+  EXPECT_EQ(info.shape, (std::vector<std::size_t>{2, 2}));
+  EXPECT_EQ(info.data_offsets, (std::pair<std::size_t, std::size_t>{24, 40}));
+  EXPECT_EQ(info.numel(), 4u);
+  EXPECT_EQ(info.byte_size(), 16u);
+  EXPECT_EQ(f.bytes_read(), 0u);
+  EXPECT_EQ(f.data_size(), 40u);
+  EXPECT_EQ(f.header_size(), (kThree.size() + 7) / 8 * 8);
+  EXPECT_EQ(f.data_offset(), 8 + f.header_size());
+  EXPECT_EQ(f.backend(), GetParam());
+  EXPECT_EQ(f.path(), path_);
+}
+
+TEST_P(SafeOpenTest, GetTensorReturnsTheBytesAndTypedElements) {
+  auto f = open();
+  auto alpha = f.get_tensor("alpha");
+  EXPECT_EQ(alpha.dtype, Dtype::F32);
+  EXPECT_EQ(alpha.numel(), 4u);
+  auto values = alpha.as<float>();
+  EXPECT_EQ(std::vector<float>(values.begin(), values.end()), (std::vector<float>{10, 20, 30, 40}));
+  auto mid_view = f.get_tensor("mid");
+  auto mid = mid_view.as<std::int16_t>();
+  EXPECT_EQ(mid[0], -3000);
+  EXPECT_EQ(mid[7], 4000);
+  EXPECT_EQ(f.get_tensor("zeta").data.size(), 8u);
+  if (GetParam() == Backend::Read) {
+    EXPECT_EQ(f.bytes_read(), 40u);
+  }
+}
+
+TEST_P(SafeOpenTest, AsRefusesTypesThatDoNotFit) {
+  auto f = open();
+  auto alpha = f.get_tensor("alpha");
+  EXPECT_EQ(kind_of([&] { (void)alpha.as<double>(); }), ErrorKind::TypeMismatch);
+  EXPECT_EQ(kind_of([&] { (void)alpha.as<std::int32_t>(); }), ErrorKind::TypeMismatch);
+  auto mid = f.get_tensor("mid");
+  EXPECT_EQ(kind_of([&] { (void)mid.as<std::uint16_t>(); }), ErrorKind::TypeMismatch);
+  // A type of the right width that C++ does not know (here a struct) is allowed.
+  struct Raw32 { std::uint32_t bits; };
+  EXPECT_EQ(alpha.as<Raw32>().size(), 4u);
+  // A view whose bytes disagree with its shape.
+  auto short_view = alpha;
+  short_view.data = short_view.data.first(12);
+  EXPECT_EQ(kind_of([&] { (void)short_view.as<float>(); }), ErrorKind::TypeMismatch);
+}
+
+TEST_P(SafeOpenTest, MissingTensorsAreTypedErrorsNamingTheFile) {
+  auto f = open();
+  try {
+    (void)f.get_tensor("nope");
+    FAIL() << "expected TensorNotFound";
+  } catch (const safetensors::Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::TensorNotFound);
+    EXPECT_NE(std::string(e.what()).find("three.safetensors"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("`nope`"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(kind_of([&] { (void)f.info("nope"); }), ErrorKind::TensorNotFound);
+}
+
+TEST_P(SafeOpenTest, ViewsOutliveTheSafeOpenThatMadeThem) {
+  safetensors::TensorView view;
+  {
+    auto f = open();
+    view = f.get_tensor("alpha");
+  }
+  // The file object is gone; the view keeps the mapping (or its own buffer) alive.
+  EXPECT_EQ(view.as<float>()[3], 40.0f);
+}
+
+TEST_P(SafeOpenTest, CopiesShareOneOpenFile) {
+  std::optional<SafeOpen> original(open());
+  SafeOpen copy = *original;
+  auto a = original->get_tensor("zeta");
+  original.reset();
+  auto b = copy.get_tensor("zeta");
+  EXPECT_EQ(a.as<float>()[1], -2.0f);
+  EXPECT_EQ(b.as<float>()[1], -2.0f);
+  if (GetParam() == Backend::Mmap) {
+    EXPECT_EQ(a.data.data(), b.data.data()) << "copies must share the mapping";
+  }
+  SafeOpen moved = std::move(copy);
+  EXPECT_EQ(moved.keys().size(), 3u);
+}
+
+TEST_P(SafeOpenTest, ReadsConcurrentlyFromManyThreads) {
+  auto f = open();
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 200; ++i) {
+        auto alpha = f.get_tensor("alpha");
+        if (alpha.as<float>()[2] != 30.0f) ++bad;
+        if (f.keys().size() != 3) ++bad;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, SafeOpenTest, ::testing::ValuesIn(kBackends),
+                         [](const auto& p) { return p.param == Backend::Mmap ? "Mmap" : "Read"; });
+
+TEST(SafeOpen, EveryDtypeCrossesTheBridgeWithItsName) {
+  test::TempDir dir;
+  std::string json = "{";
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < safetensors::dtype_count; ++i) {
+    auto d = static_cast<Dtype>(i);
+    std::size_t bytes = 8 * safetensors::bit_size(d) / 8;
+    if (i) json += ",";
+    json += "\"t" + std::to_string(i) + "\":{\"dtype\":\"" + std::string(safetensors::to_string(d)) +
+            "\",\"shape\":[2,4],\"data_offsets\":[" + std::to_string(at) + "," +
+            std::to_string(at + bytes) + "]}";
+    at += bytes;
+  }
+  json += "}";
+  test::write_bytes(dir / "all.safetensors", test::raw_file(json, at));
+  SafeOpen f(dir / "all.safetensors");
+  const std::size_t expected_bits[] = {8, 4, 6, 6, 8, 8, 8, 8, 8, 8, 8, 16, 16, 16, 16, 32, 32, 32, 64, 64, 64, 64};
+  for (std::size_t i = 0; i < safetensors::dtype_count; ++i) {
+    auto d = static_cast<Dtype>(i);
+    EXPECT_EQ(f.info("t" + std::to_string(i)).dtype, d);
+    EXPECT_EQ(safetensors::dtype_from_string(safetensors::to_string(d)), d);
+    EXPECT_EQ(safetensors::bit_size(d), expected_bits[i]);
+    EXPECT_EQ(f.get_tensor("t" + std::to_string(i)).data.size(), expected_bits[i]);
+  }
+  EXPECT_EQ(safetensors::dtype_from_string("f32"), std::nullopt);
+  EXPECT_EQ(safetensors::to_string(Dtype::F8_E4M3FNUZ), "F8_E4M3FNUZ");
+}
+
+TEST(SafeOpen, ScalarsAndZeroSizeTensors) {
+  test::TempDir dir;
+  auto json = R"({"s":{"dtype":"F64","shape":[],"data_offsets":[0,8]},"e":{"dtype":"F32","shape":[3,0],"data_offsets":[8,8]}})";
+  test::write_bytes(dir / "s.safetensors", test::raw_file(json, 8));
+  for (auto b : kBackends) {
+    SafeOpen f(dir / "s.safetensors", {b});
+    auto s = f.get_tensor("s");
+    EXPECT_TRUE(s.shape.empty());
+    EXPECT_EQ(s.numel(), 1u);
+    EXPECT_EQ(s.as<double>().size(), 1u);
+    auto e = f.get_tensor("e");
+    EXPECT_EQ(e.numel(), 0u);
+    EXPECT_TRUE(e.data.empty());
+    EXPECT_TRUE(e.as<float>().empty());
+    EXPECT_FALSE(f.has_metadata());
+    EXPECT_TRUE(f.metadata().empty());
+  }
+}
+
+TEST(SafeOpen, UnpaddedHeadersGiveUnalignedDataThatAsRefusesButBytesAllow) {
+  test::TempDir dir;
+  // 53-byte header: data starts at offset 61, not 4-byte aligned.
+  std::string json = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  ASSERT_NE((8 + json.size()) % 4, 0u);
+  test::write_bytes(dir / "u.safetensors", test::raw_file(json, 8, /*pad=*/false));
+  SafeOpen f(dir / "u.safetensors");
+  auto w = f.get_tensor("w");
+  EXPECT_EQ(kind_of([&] { (void)w.as<float>(); }), ErrorKind::TypeMismatch);
+  EXPECT_EQ(w.as<std::byte>().size(), 8u);
+  // The read backend copies into an aligned buffer, so typed access works there.
+  SafeOpen r(dir / "u.safetensors", {Backend::Read});
+  auto copied = r.get_tensor("w");
+  EXPECT_EQ(copied.as<float>().size(), 2u);
+}
+
+// as<T>() on a temporary view would dangle (read backend), so it must not compile.
+template <class V>
+concept AsOnRvalueCompiles = requires(V&& v) { std::forward<V>(v).template as<float>(); };
+static_assert(!AsOnRvalueCompiles<safetensors::TensorView&&>);
+static_assert(AsOnRvalueCompiles<safetensors::TensorView&>);
+
+TEST(ErrorKinds, NamesMatchTheEnumerators) {
+  EXPECT_EQ(safetensors::to_string(ErrorKind::HeaderTooSmall), "HeaderTooSmall");
+  EXPECT_EQ(safetensors::to_string(ErrorKind::InvalidOffset), "InvalidOffset");
+  EXPECT_EQ(safetensors::to_string(ErrorKind::Io), "Io");
+  EXPECT_EQ(safetensors::to_string(ErrorKind::TypeMismatch), "TypeMismatch");
+  EXPECT_EQ(safetensors::to_string(static_cast<ErrorKind>(200)), "");
+}
+
+}  // namespace
