@@ -11,24 +11,14 @@
 #include <vector>
 
 #include "safetensors/detail/bridge.hpp"
+#include "safetensors/detail/source.hpp"
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
+#include "safetensors/options.hpp"
+#include "safetensors/slice.hpp"
 #include "safetensors/tensor.hpp"
 
 namespace safetensors {
-
-/// How tensor bytes are reached.
-enum class Backend : std::uint8_t {
-  /// Map the file read-only; views point into the mapping (zero copy). The default.
-  Mmap = 0,
-  /// Read the header at open, and each tensor's bytes with `pread` when asked. For network
-  /// filesystems, unified-memory machines, and files another process may truncate.
-  Read = 1,
-};
-
-struct OpenOptions {
-  Backend backend = Backend::Mmap;
-};
 
 /// An open, validated safetensors file.
 ///
@@ -83,42 +73,24 @@ class SafeOpen {
   [[nodiscard]] std::size_t size() const { return state_->file->tensor_count(); }
 
   /// A tensor's dtype, shape and offsets; touches no tensor data. Throws `TensorNotFound`.
-  [[nodiscard]] TensorInfo info(std::string_view name) const {
-    auto m = find(name);
-    return {static_cast<Dtype>(m.dtype), shape_at(m.index), {m.begin, m.end}};
-  }
+  [[nodiscard]] TensorInfo info(std::string_view name) const { return source().info(name); }
 
   /// A view of a tensor: into the mapping (no copy), or with the read backend into a buffer
   /// read for this call. Throws `TensorNotFound`, or `Io` when a read fails.
-  [[nodiscard]] TensorView get_tensor(std::string_view name) const {
-    auto m = find(name);
-    TensorView v{static_cast<Dtype>(m.dtype), shape_at(m.index), {}, {}};
-    std::size_t len = m.end - m.begin;
-    if (len == 0) return v;
-    if (state_->data != nullptr) {
-      v.data = {state_->data + m.begin, len};
-      v.owner = state_;
-    } else {
-      auto buffer = detail::allocate_bytes(len);
-      read_data(m.begin, {buffer.get(), len});
-      v.data = {buffer.get(), len};
-      v.owner = std::move(buffer);
-    }
-    return v;
-  }
+  [[nodiscard]] TensorView get_tensor(std::string_view name) const { return source().get_tensor(name); }
+
+  /// A lazily read slice of a tensor (see `Slice`); nothing is read until you select.
+  ///
+  ///   auto half = f.get_slice("w").select({Index::all(), Index::range(0, 384)}).read();
+  [[nodiscard]] Slice get_slice(std::string_view name) const { return Slice(source(), name); }
 
   /// Copies bytes `[offset, offset + dst.size())` of the data buffer into `dst`.
-  void read_data(std::size_t offset, std::span<std::byte> dst) const {
-    ::rust::Slice<std::uint8_t> out{reinterpret_cast<std::uint8_t*>(dst.data()), dst.size()};
-    detail::call([&] { state_->file->read_data(offset, out); });
-  }
+  void read_data(std::size_t offset, std::span<std::byte> dst) const { source().read_data(offset, dst); }
 
   /// The path this file was opened with.
   [[nodiscard]] std::filesystem::path path() const { return state_->path; }
 
-  [[nodiscard]] Backend backend() const {
-    return state_->data != nullptr || state_->file->is_mapped() ? Backend::Mmap : Backend::Read;
-  }
+  [[nodiscard]] Backend backend() const { return state_->file->is_mapped() ? Backend::Mmap : Backend::Read; }
 
   /// The header length `N` from the file's first 8 bytes.
   [[nodiscard]] std::size_t header_size() const { return state_->file->header_len(); }
@@ -139,23 +111,10 @@ class SafeOpen {
     auto file = detail::call([&] {
       return ffi::open_file(detail::bytes(native), static_cast<std::uint8_t>(options.backend));
     });
-    auto mapped = file->mapped_data();
-    auto handle = std::make_shared<detail::FileHandle>(detail::FileHandle{std::move(file), native});
-    if (handle->file->is_mapped() && mapped.size() > 0) {
-      handle->data = reinterpret_cast<const std::byte*>(mapped.data());
-      handle->data_len = mapped.size();
-    }
-    return handle;
+    return std::make_shared<const detail::FileHandle>(detail::FileHandle{std::move(file), native});
   }
 
-  [[nodiscard]] ffi::TensorMeta find(std::string_view name) const {
-    return detail::call([&] { return state_->file->find(detail::bytes(name)); });
-  }
-
-  [[nodiscard]] std::vector<std::size_t> shape_at(std::size_t index) const {
-    auto s = state_->file->shape_at(index);
-    return {s.begin(), s.end()};
-  }
+  [[nodiscard]] detail::Source source() const { return detail::Source::of(*state_->file, state_); }
 
   std::shared_ptr<const detail::FileHandle> state_;
 };

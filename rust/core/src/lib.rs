@@ -16,6 +16,7 @@
 #![deny(missing_docs)]
 
 mod canonical;
+mod checkpoint;
 mod dtype;
 mod error;
 mod file;
@@ -24,6 +25,7 @@ mod slice;
 mod view;
 mod writer;
 
+pub use checkpoint::Checkpoint;
 pub use dtype::{Dtype, UnknownDtype};
 pub use error::{Error, ErrorKind, Result};
 pub use file::{Backend, SafeFile};
@@ -32,4 +34,4 @@ pub use header::{
 };
 pub use slice::{Indexer, Runs, SlicePlan};
 pub use view::{SafeTensors, TensorView};
-pub use writer::{serialize, serialize_to_file, write_atomically};
+pub use writer::{serialize, serialize_to_file, write_atomically, Prepared};

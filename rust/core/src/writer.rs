@@ -16,18 +16,80 @@ use crate::error::{Error, Result};
 use crate::header::{MAX_HEADER_SIZE, METADATA_KEY, N_LEN};
 use crate::view::TensorView;
 
-/// The planned file: its first `8 + N` bytes, and the tensors in write order.
-struct Layout<'a> {
+/// A file ready to be written: every tensor checked, the header laid out, the data borrowed.
+///
+/// [`serialize`] and [`serialize_to_file`] are built on it; use it directly to size a buffer
+/// first (`len`) and fill it (`write_into`), as the C++ API does.
+pub struct Prepared<'a> {
     head: Vec<u8>,
     tensors: Vec<&'a [u8]>,
     data_len: usize,
+}
+
+impl<'a> Prepared<'a> {
+    /// Checks every tensor and lays out the header. Errors: `InvalidTensorName`,
+    /// `DuplicateKey`, `ValidationOverflow`, `MisalignedSlice`, `TensorInvalidInfo`,
+    /// `HeaderTooLarge`.
+    pub fn new<S: AsRef<str>>(
+        tensors: impl IntoIterator<Item = (S, TensorView<'a>)>,
+        metadata: Option<&BTreeMap<String, String>>,
+    ) -> Result<Prepared<'a>> {
+        layout(tensors, metadata)
+    }
+
+    /// Length of the whole file in bytes.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.data_len
+    }
+
+    /// Always `false`: even an empty file has a header.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Writes the file into `dst`, which must be exactly [`Prepared::len`] bytes.
+    pub fn write_into(&self, dst: &mut [u8]) -> Result<()> {
+        if dst.len() != self.len() {
+            return Err(Error::io(
+                Path::new("<buffer>"),
+                "serialize",
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "buffer holds {} bytes; the file needs {}",
+                        dst.len(),
+                        self.len()
+                    ),
+                ),
+            ));
+        }
+        let (head, mut rest) = dst.split_at_mut(self.head.len());
+        head.copy_from_slice(&self.head);
+        for t in &self.tensors {
+            let (this, tail) = rest.split_at_mut(t.len());
+            this.copy_from_slice(t);
+            rest = tail;
+        }
+        Ok(())
+    }
+
+    /// Writes the file atomically at `path` (see [`serialize_to_file`]).
+    pub fn write_file(&self, path: &Path) -> Result<()> {
+        write_atomically(path, |out| {
+            out.write_all(&self.head)?;
+            for t in &self.tensors {
+                out.write_all(t)?;
+            }
+            Ok(())
+        })
+    }
 }
 
 /// Checks every tensor and lays out the header.
 fn layout<'a, S: AsRef<str>>(
     tensors: impl IntoIterator<Item = (S, TensorView<'a>)>,
     metadata: Option<&BTreeMap<String, String>>,
-) -> Result<Layout<'a>> {
+) -> Result<Prepared<'a>> {
     let mut items: Vec<(S, TensorView<'a>)> = tensors.into_iter().collect();
     let mut seen = HashSet::with_capacity(items.len());
     for (name, t) in &items {
@@ -107,7 +169,7 @@ fn layout<'a, S: AsRef<str>>(
     head.extend_from_slice(&(padded as u64).to_le_bytes());
     head.extend_from_slice(&json);
     head.resize(N_LEN + padded, b' ');
-    Ok(Layout {
+    Ok(Prepared {
         head,
         tensors: data,
         data_len: offset,
@@ -172,12 +234,9 @@ pub fn serialize<'a, S: AsRef<str>>(
     tensors: impl IntoIterator<Item = (S, TensorView<'a>)>,
     metadata: Option<&BTreeMap<String, String>>,
 ) -> Result<Vec<u8>> {
-    let layout = layout(tensors, metadata)?;
-    let mut out = Vec::with_capacity(layout.head.len() + layout.data_len);
-    out.extend_from_slice(&layout.head);
-    for t in layout.tensors {
-        out.extend_from_slice(t);
-    }
+    let prepared = layout(tensors, metadata)?;
+    let mut out = vec![0u8; prepared.len()];
+    prepared.write_into(&mut out)?;
     Ok(out)
 }
 
@@ -191,14 +250,9 @@ pub fn serialize_to_file<'a, S: AsRef<str>>(
     path: impl AsRef<Path>,
 ) -> Result<()> {
     let path = path.as_ref();
-    let layout = layout(tensors, metadata).map_err(|e| e.in_file(path))?;
-    write_atomically(path, |out| {
-        out.write_all(&layout.head)?;
-        for t in &layout.tensors {
-            out.write_all(t)?;
-        }
-        Ok(())
-    })
+    layout(tensors, metadata)
+        .and_then(|p| p.write_file(path))
+        .map_err(|e| e.in_file(path))
 }
 
 /// Runs `fill` on a fresh temporary file beside `path`, syncs it, and renames it over `path`.

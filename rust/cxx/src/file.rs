@@ -3,37 +3,51 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
-use safetensors_core::{Backend, Error, SafeFile, TensorInfo};
+use safetensors_core::{Backend, Error, Indexer, SafeFile, TensorInfo};
 
-use crate::{guard, BridgeError, TensorMeta};
+use crate::ffi::{ByteRun, SliceIndex};
+use crate::{guard, metadata_pairs, BridgeError, TensorMeta};
 
-/// An open file plus what C++ asks for repeatedly, prepared once.
+/// An open file plus what C++ asks for repeatedly, prepared once. Shared with a checkpoint when
+/// it is one of its shards.
 pub struct File {
-    inner: SafeFile,
+    inner: Arc<SafeFile>,
     metadata: Vec<(String, String)>,
     sorted: OnceLock<Vec<u32>>,
 }
 
-/// Opens `path` with backend 0 (mmap) or 1 (read).
-pub fn open_file(path: &[u8], backend: u8) -> Result<Box<File>, BridgeError> {
-    guard(|| {
-        let backend = match backend {
-            0 => Backend::Mmap,
-            _ => Backend::Read,
-        };
-        let inner = SafeFile::open(Path::new(OsStr::from_bytes(path)), backend)?;
-        let metadata = inner
-            .header()
-            .metadata()
-            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-            .unwrap_or_default();
-        Ok(Box::new(File {
+/// A planned slice of one tensor.
+pub struct SlicePlan {
+    plan: safetensors_core::SlicePlan,
+    index: usize,
+    begin: usize,
+}
+
+pub(crate) fn backend(code: u8) -> Backend {
+    match code {
+        0 => Backend::Mmap,
+        _ => Backend::Read,
+    }
+}
+
+impl File {
+    pub(crate) fn wrap(inner: Arc<SafeFile>) -> File {
+        let metadata = metadata_pairs(inner.header().metadata());
+        File {
             inner,
             metadata,
             sorted: OnceLock::new(),
-        }))
+        }
+    }
+}
+
+/// Opens `path` with backend 0 (mmap) or 1 (read).
+pub fn open_file(path: &[u8], backend_code: u8) -> Result<Box<File>, BridgeError> {
+    guard(|| {
+        let inner = SafeFile::open(Path::new(OsStr::from_bytes(path)), backend(backend_code))?;
+        Ok(Box::new(File::wrap(Arc::new(inner))))
     })
 }
 
@@ -138,5 +152,78 @@ impl File {
 
     pub fn bytes_read(&self) -> u64 {
         self.inner.bytes_read()
+    }
+
+    pub fn plan_slice(
+        &self,
+        index: usize,
+        indexers: &[SliceIndex],
+    ) -> Result<Box<SlicePlan>, BridgeError> {
+        guard(|| {
+            let info = self.tensor_at(index)?;
+            let indexers: Vec<Indexer> = indexers.iter().map(indexer).collect();
+            let plan = safetensors_core::SlicePlan::new(&info, &indexers)
+                .map_err(|e| e.in_file(self.inner.path()))?;
+            Ok(Box::new(SlicePlan {
+                plan,
+                index,
+                begin: info.data_offsets.0,
+            }))
+        })
+    }
+
+    pub fn read_slice(&self, plan: &SlicePlan, dst: &mut [u8]) -> Result<(), BridgeError> {
+        guard(|| {
+            let info = self.tensor_at(plan.index)?;
+            self.inner.read_slice_of(&info, &plan.plan, dst)
+        })
+    }
+
+    fn tensor_at(&self, index: usize) -> Result<TensorInfo<'_>, Error> {
+        self.inner
+            .header()
+            .at(index)
+            .ok_or_else(|| Error::TensorNotFound {
+                name: format!("#{index}"),
+            })
+    }
+}
+
+fn indexer(i: &SliceIndex) -> Indexer {
+    match i.kind {
+        0 => Indexer::Select(i.start),
+        _ => Indexer::Range {
+            start: i.has_start.then_some(i.start),
+            stop: i.has_stop.then_some(i.stop),
+            step: i.step,
+        },
+    }
+}
+
+impl SlicePlan {
+    pub fn shape(&self) -> &[usize] {
+        self.plan.shape()
+    }
+
+    pub fn byte_len(&self) -> usize {
+        self.plan.byte_len()
+    }
+
+    /// Runs relative to the start of the data buffer.
+    pub fn runs(&self) -> Vec<ByteRun> {
+        self.plan
+            .runs()
+            .map(|(offset, len)| ByteRun {
+                offset: (self.begin + offset) as u64,
+                length: len as u64,
+            })
+            .collect()
+    }
+
+    /// Whether the slice is at most one contiguous run (so a view into the mapping can serve it).
+    pub fn contiguous(&self) -> bool {
+        let mut runs = self.plan.runs();
+        runs.next();
+        runs.next().is_none()
     }
 }

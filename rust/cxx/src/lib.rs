@@ -10,15 +10,22 @@
 //! - every infallible accessor is total: an index out of range gives an empty value, never a
 //!   panic (the C++ wrappers only pass valid indices anyway).
 
+mod checkpoint;
 mod file;
+mod writer;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use safetensors_core::{Dtype, Error, ErrorKind};
 
-pub use file::{open_file, File};
+pub use checkpoint::{open_checkpoint, Checkpoint};
+pub use file::{open_file, File, SlicePlan};
+pub use writer::{new_writer, Writer};
 
+// cxx needs the explicit lifetime on `shard_file`, which clippy would have us elide.
+#[allow(clippy::needless_lifetimes)]
 #[cxx::bridge(namespace = "safetensors::ffi")]
 mod ffi {
     // ---- shared structs ------------------------------------------------------------------
@@ -31,6 +38,25 @@ mod ffi {
         dtype: u8,
         begin: usize,
         end: usize,
+    }
+
+    /// One dimension of a slice request: `kind` 0 selects `start`; 1 is the range
+    /// `start:stop:step`, with `has_start`/`has_stop` false for an omitted bound.
+    #[derive(Debug, Clone, Copy)]
+    struct SliceIndex {
+        kind: u8,
+        start: i64,
+        stop: i64,
+        step: i64,
+        has_start: bool,
+        has_stop: bool,
+    }
+
+    /// A contiguous byte run, relative to the start of the file's data buffer.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    struct ByteRun {
+        offset: u64,
+        length: u64,
     }
 
     // ---- Rust functions C++ calls --------------------------------------------------------
@@ -76,6 +102,75 @@ mod ffi {
         fn read_data(self: &File, offset: u64, dst: &mut [u8]) -> Result<()>;
         /// Data bytes fetched by the read backend so far.
         fn bytes_read(self: &File) -> u64;
+        /// Plans a slice of the tensor at `index` in file order.
+        fn plan_slice(self: &File, index: usize, indexers: &[SliceIndex])
+            -> Result<Box<SlicePlan>>;
+        /// Copies the bytes `plan` selects into `dst` (exactly `plan.byte_len()` bytes).
+        fn read_slice(self: &File, plan: &SlicePlan, dst: &mut [u8]) -> Result<()>;
+
+        /// A planned slice: the new shape and the byte runs, no data.
+        type SlicePlan;
+        /// Shape of the slice.
+        fn shape(self: &SlicePlan) -> &[usize];
+        /// Bytes in the slice.
+        fn byte_len(self: &SlicePlan) -> usize;
+        /// The runs, in order, relative to the data buffer; touching runs already merged.
+        fn runs(self: &SlicePlan) -> Vec<ByteRun>;
+        /// Whether the slice is at most one contiguous run.
+        fn contiguous(self: &SlicePlan) -> bool;
+
+        /// Tensors collected for one write; see `rust/cxx/src/writer.rs` for the lifetime rule.
+        type Writer;
+        /// An empty writer.
+        fn new_writer() -> Box<Writer>;
+        /// Adds a tensor; `data` must stay alive until the writer is dropped.
+        fn add_tensor(
+            self: &mut Writer,
+            name: &[u8],
+            dtype: u8,
+            shape: &[usize],
+            data: &[u8],
+        ) -> Result<()>;
+        /// Adds a metadata entry (refuses a repeated key).
+        fn add_metadata(self: &mut Writer, key: &[u8], value: &[u8]) -> Result<()>;
+        /// Checks everything and returns the length of the file.
+        unsafe fn file_len(self: &Writer) -> Result<usize>;
+        /// Writes the file into `dst` (exactly `file_len()` bytes).
+        unsafe fn write_into(self: &Writer, dst: &mut [u8]) -> Result<()>;
+        /// Writes the file atomically at `path`.
+        unsafe fn write_file(self: &Writer, path: &[u8]) -> Result<()>;
+
+        /// A sharded checkpoint (an index and its shards) or a single file.
+        type Checkpoint;
+        /// Opens an index (`.json`) or a single safetensors file.
+        fn open_checkpoint(path: &[u8], backend: u8) -> Result<Box<Checkpoint>>;
+        /// Number of tensors the index lists.
+        fn tensor_count(self: &Checkpoint) -> usize;
+        /// Tensor name `i` in sorted order.
+        fn name_at(self: &Checkpoint, i: usize) -> &str;
+        /// Sorted position of `name`, or -1.
+        fn position(self: &Checkpoint, name: &[u8]) -> isize;
+        /// The shard holding `name`, or `TensorNotFound`.
+        fn shard_of(self: &Checkpoint, name: &[u8]) -> Result<usize>;
+        /// Shard `shard`, opened (once) and checked against the index on first use.
+        // `unsafe` only because cxx requires it to spell the lifetime; nothing unsafe happens.
+        unsafe fn shard_file<'a>(self: &'a Checkpoint, shard: usize) -> Result<&'a File>;
+        /// Number of shard files.
+        fn shard_count(self: &Checkpoint) -> usize;
+        /// Path of shard `shard` (raw bytes).
+        fn shard_path(self: &Checkpoint, shard: usize) -> &[u8];
+        /// Whether shard `shard` has been opened.
+        fn shard_is_open(self: &Checkpoint, shard: usize) -> bool;
+        /// Shard files opened so far.
+        fn shards_opened(self: &Checkpoint) -> usize;
+        /// Whether the index (or single file) has metadata.
+        fn has_metadata(self: &Checkpoint) -> bool;
+        /// Number of metadata entries.
+        fn metadata_len(self: &Checkpoint) -> usize;
+        /// Metadata key `i`, sorted.
+        fn metadata_key(self: &Checkpoint, i: usize) -> &str;
+        /// Metadata value `i`, in sorted key order.
+        fn metadata_value(self: &Checkpoint, i: usize) -> &str;
 
         /// Header spelling of dtype index `dtype` ("" when out of range).
         fn dtype_name(dtype: u8) -> &'static str;
@@ -86,7 +181,13 @@ mod ffi {
     }
 }
 
-pub use ffi::TensorMeta;
+pub use ffi::{ByteRun, SliceIndex, TensorMeta};
+
+/// A metadata map as the sorted pairs C++ walks by index.
+pub(crate) fn metadata_pairs(map: Option<&BTreeMap<String, String>>) -> Vec<(String, String)> {
+    map.map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+        .unwrap_or_default()
+}
 
 /// An error on its way to C++: the text is `"<kind>:<message>"`.
 #[derive(Debug)]

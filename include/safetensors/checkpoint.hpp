@@ -1,0 +1,104 @@
+// Sharded checkpoints: `model.safetensors.index.json` and its shards, read as one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "safetensors/detail/bridge.hpp"
+#include "safetensors/detail/source.hpp"
+#include "safetensors/options.hpp"
+#include "safetensors/slice.hpp"
+#include "safetensors/tensor.hpp"
+
+namespace safetensors {
+
+/// A checkpoint split over several files by a Hugging Face index (`{"metadata": {...},
+/// "weight_map": {"tensor": "model-00001-of-00003.safetensors", ...}}`), or a single file:
+/// the same reading interface as `SafeOpen`.
+///
+///   safetensors::Checkpoint ckpt("model.safetensors.index.json");
+///   auto w = ckpt.get_tensor("model.layers.0.mlp.up_proj.weight");
+///
+/// The `weight_map` is the authority. Opening checks the index, that every shard path stays in
+/// the index's directory (`InvalidShardPath`), and that every shard file exists
+/// (`ShardMissing`). Shards are opened lazily, each once, and checked against the index when
+/// opened: a listed tensor absent from its shard is `ShardMissing`, a tensor a shard holds but
+/// the index assigns to another shard is `ShardMismatch`. Tensors a shard holds but the index
+/// does not list are ignored. Copies share the open shards; views keep them alive.
+class Checkpoint {
+ public:
+  explicit Checkpoint(const std::filesystem::path& path, OpenOptions options = {})
+      : state_(std::make_shared<const Handle>(Handle{detail::call([&] {
+          return ffi::open_checkpoint(detail::bytes(path.native()), static_cast<std::uint8_t>(options.backend));
+        })})) {}
+
+  /// Tensor names, sorted byte-wise.
+  [[nodiscard]] std::vector<std::string> keys() const {
+    const auto& c = *state_->ckpt;
+    std::vector<std::string> out;
+    out.reserve(c.tensor_count());
+    for (std::size_t i = 0; i < c.tensor_count(); ++i) out.emplace_back(detail::view(c.name_at(i)));
+    return out;
+  }
+
+  /// The index's `metadata` (non-string values, like `total_size`, as their JSON text), or the
+  /// single file's `__metadata__`.
+  [[nodiscard]] std::map<std::string, std::string> metadata() const {
+    const auto& c = *state_->ckpt;
+    std::map<std::string, std::string> out;
+    for (std::size_t i = 0; i < c.metadata_len(); ++i) {
+      out.emplace(detail::view(c.metadata_key(i)), detail::view(c.metadata_value(i)));
+    }
+    return out;
+  }
+  [[nodiscard]] bool has_metadata() const { return state_->ckpt->has_metadata(); }
+
+  [[nodiscard]] bool contains(std::string_view name) const { return state_->ckpt->position(detail::bytes(name)) >= 0; }
+  [[nodiscard]] std::size_t size() const { return state_->ckpt->tensor_count(); }
+
+  [[nodiscard]] TensorInfo info(std::string_view name) const { return source_for(name).info(name); }
+  [[nodiscard]] TensorView get_tensor(std::string_view name) const { return source_for(name).get_tensor(name); }
+  [[nodiscard]] Slice get_slice(std::string_view name) const { return Slice(source_for(name), name); }
+
+  /// Number of shard files.
+  [[nodiscard]] std::size_t shard_count() const { return state_->ckpt->shard_count(); }
+  /// The shard files, in the order the index first names them.
+  [[nodiscard]] std::vector<std::filesystem::path> shard_paths() const {
+    std::vector<std::filesystem::path> out;
+    for (std::size_t i = 0; i < shard_count(); ++i) out.emplace_back(shard_path(i));
+    return out;
+  }
+  /// The file holding `name` (throws `TensorNotFound`). Opens nothing.
+  [[nodiscard]] std::filesystem::path shard_of(std::string_view name) const {
+    return shard_path(detail::call([&] { return state_->ckpt->shard_of(detail::bytes(name)); }));
+  }
+  /// How many shard files have been opened so far.
+  [[nodiscard]] std::size_t shards_opened() const { return state_->ckpt->shards_opened(); }
+
+ private:
+  struct Handle {
+    ::rust::Box<ffi::Checkpoint> ckpt;
+  };
+
+  [[nodiscard]] std::filesystem::path shard_path(std::size_t i) const {
+    auto p = state_->ckpt->shard_path(i);
+    return std::string(reinterpret_cast<const char*>(p.data()), p.size());
+  }
+
+  [[nodiscard]] detail::Source source_for(std::string_view name) const {
+    const auto& c = *state_->ckpt;
+    std::size_t shard = detail::call([&] { return c.shard_of(detail::bytes(name)); });
+    const ffi::File& file = detail::call([&]() -> const ffi::File& { return c.shard_file(shard); });
+    return detail::Source::of(file, state_);
+  }
+
+  std::shared_ptr<const Handle> state_;
+};
+
+}  // namespace safetensors

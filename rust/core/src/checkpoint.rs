@@ -1,0 +1,403 @@
+//! Sharded checkpoints: a `model.safetensors.index.json` and its shards, read as one.
+//!
+//! The index's `weight_map` is the authority. At open, the index is parsed (repeated names are
+//! refused), every shard path is checked to stay inside the index's directory, and every shard
+//! file must exist. Shards are opened lazily, each at most once, on first use of one of their
+//! tensors; opening one checks it against the index: every tensor the index assigns to it must
+//! be there, and none of its tensors may be assigned to another shard. Tensors a shard holds
+//! but the index does not list are not part of the checkpoint and stay invisible.
+//!
+//! A plain `.safetensors` file opens as a checkpoint of one shard.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
+
+use crate::error::{Error, Result};
+use crate::file::{Backend, SafeFile};
+use crate::header::TensorInfo;
+
+/// Index files are small (a name and a file name per tensor); refuse absurd ones before reading.
+const MAX_INDEX_SIZE: u64 = 256 * 1024 * 1024;
+
+struct Shard {
+    /// The file name as the index spells it.
+    name: String,
+    path: PathBuf,
+    file: OnceLock<Arc<SafeFile>>,
+    opening: Mutex<()>,
+}
+
+/// A checkpoint of one or more safetensors files.
+///
+/// ```no_run
+/// use safetensors_core::{Backend, Checkpoint};
+/// let ckpt = Checkpoint::open("model.safetensors.index.json", Backend::Mmap)?;
+/// let (file, info) = ckpt.locate("model.embed_tokens.weight")?;
+/// # Ok::<(), safetensors_core::Error>(())
+/// ```
+pub struct Checkpoint {
+    path: PathBuf,
+    /// Tensor names, sorted, with the shard each one is in.
+    names: Vec<String>,
+    shard_of: Vec<u32>,
+    shards: Vec<Shard>,
+    metadata: Option<BTreeMap<String, String>>,
+    backend: Backend,
+    opens: AtomicUsize,
+}
+
+impl Checkpoint {
+    /// Opens an index (a path ending in `.json`) or a single safetensors file.
+    pub fn open(path: impl AsRef<Path>, backend: Backend) -> Result<Checkpoint> {
+        let path = path.as_ref();
+        if path.extension().is_some_and(|e| e == "json") {
+            Checkpoint::from_index(path, backend)
+        } else {
+            Checkpoint::from_file(path, backend)
+        }
+    }
+
+    /// A single file as a checkpoint of one shard (opened now).
+    pub fn from_file(path: impl AsRef<Path>, backend: Backend) -> Result<Checkpoint> {
+        let path = path.as_ref();
+        let file = SafeFile::open(path, backend)?;
+        let names: Vec<String> = file
+            .header()
+            .sorted_names()
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        let shard = Shard {
+            name: path
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+            path: path.to_path_buf(),
+            file: OnceLock::new(),
+            opening: Mutex::new(()),
+        };
+        let metadata = file.header().metadata().cloned();
+        let _ = shard.file.set(Arc::new(file));
+        Ok(Checkpoint {
+            path: path.to_path_buf(),
+            shard_of: vec![0; names.len()],
+            names,
+            shards: vec![shard],
+            metadata,
+            backend,
+            opens: AtomicUsize::new(1),
+        })
+    }
+
+    /// Parses a Hugging Face index: `{"metadata": {...}, "weight_map": {"tensor": "shard", ...}}`.
+    pub fn from_index(path: impl AsRef<Path>, backend: Backend) -> Result<Checkpoint> {
+        let path = path.as_ref();
+        Self::from_index_inner(path, backend).map_err(|e| e.in_file(path))
+    }
+
+    fn from_index_inner(path: &Path, backend: Backend) -> Result<Checkpoint> {
+        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, "open", e))?;
+        if meta.len() > MAX_INDEX_SIZE {
+            return Err(Error::InvalidIndex {
+                reason: format!(
+                    "the index is {} bytes, more than an index can sensibly be",
+                    meta.len()
+                ),
+            });
+        }
+        let text = std::fs::read(path).map_err(|e| Error::io(path, "read", e))?;
+        let index: IndexFile = serde_json::from_slice(&text).map_err(|e| Error::InvalidIndex {
+            reason: e.to_string(),
+        })?;
+        let weight_map = index.weight_map.ok_or_else(|| Error::InvalidIndex {
+            reason: "no `weight_map` object".into(),
+        })?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let mut shard_ids: BTreeMap<&str, u32> = BTreeMap::new();
+        let mut shards = Vec::new();
+        let mut entries: Vec<(String, u32)> = Vec::with_capacity(weight_map.len());
+        for (tensor, shard) in &weight_map {
+            let id = match shard_ids.get(shard.as_str()) {
+                Some(&id) => id,
+                None => {
+                    let relative = confined(shard)?;
+                    let full = dir.join(relative);
+                    if std::fs::metadata(&full).is_err() {
+                        return Err(Error::ShardMissing {
+                            shard: shard.clone(),
+                            tensor: None,
+                        });
+                    }
+                    let id = shards.len() as u32;
+                    shards.push(Shard {
+                        name: shard.clone(),
+                        path: full,
+                        file: OnceLock::new(),
+                        opening: Mutex::new(()),
+                    });
+                    shard_ids.insert(shard, id);
+                    id
+                }
+            };
+            entries.push((tensor.clone(), id));
+        }
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        if let Some(w) = entries.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(Error::DuplicateKey {
+                key: w[0].0.clone(),
+                in_metadata: false,
+            });
+        }
+        let (names, shard_of) = entries.into_iter().unzip();
+        Ok(Checkpoint {
+            path: path.to_path_buf(),
+            names,
+            shard_of,
+            shards,
+            metadata: index.metadata,
+            backend,
+            opens: AtomicUsize::new(0),
+        })
+    }
+
+    /// The path given to [`Checkpoint::open`].
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Number of tensors.
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// `true` when the checkpoint lists no tensor.
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    /// Tensor names, sorted byte-wise.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The index's `metadata` (values that are not strings are given as their JSON text, e.g.
+    /// `total_size`), or the single file's `__metadata__`.
+    pub fn metadata(&self) -> Option<&BTreeMap<String, String>> {
+        self.metadata.as_ref()
+    }
+
+    /// Position of `name` in [`Checkpoint::names`].
+    pub fn position(&self, name: &str) -> Option<usize> {
+        self.names.binary_search_by(|n| n.as_str().cmp(name)).ok()
+    }
+
+    /// Which shard holds `name`, or `TensorNotFound`.
+    pub fn shard_of(&self, name: &str) -> Result<usize> {
+        self.position(name)
+            .map(|i| self.shard_of[i] as usize)
+            .ok_or_else(|| {
+                Error::TensorNotFound {
+                    name: name.to_owned(),
+                }
+                .in_file(&self.path)
+            })
+    }
+
+    /// Number of shard files.
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Path of shard `i`.
+    pub fn shard_path(&self, i: usize) -> Option<&Path> {
+        self.shards.get(i).map(|s| s.path.as_path())
+    }
+
+    /// Whether shard `i` has been opened.
+    pub fn shard_is_open(&self, i: usize) -> bool {
+        self.shards.get(i).is_some_and(|s| s.file.get().is_some())
+    }
+
+    /// How many shard files have been opened so far (each is opened at most once).
+    pub fn shards_opened(&self) -> usize {
+        self.opens.load(Ordering::Relaxed)
+    }
+
+    /// Shard `i`, opened and checked against the index on first use.
+    pub fn shard(&self, i: usize) -> Result<&Arc<SafeFile>> {
+        let shard = self.shards.get(i).ok_or_else(|| Error::InvalidIndex {
+            reason: format!("no shard {i}; the index names {}", self.shards.len()),
+        })?;
+        if let Some(file) = shard.file.get() {
+            return Ok(file);
+        }
+        let _guard = shard.opening.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(file) = shard.file.get() {
+            return Ok(file);
+        }
+        let file = SafeFile::open(&shard.path, self.backend)?;
+        self.check_shard(i as u32, &file)
+            .map_err(|e| e.in_file(&self.path))?;
+        self.opens.fetch_add(1, Ordering::Relaxed);
+        Ok(shard.file.get_or_init(|| Arc::new(file)))
+    }
+
+    /// The file holding `name` and the tensor's description.
+    pub fn locate(&self, name: &str) -> Result<(&SafeFile, TensorInfo<'_>)> {
+        let file = self.shard(self.shard_of(name)?)?;
+        let info = file.info(name)?;
+        Ok((file, info))
+    }
+
+    /// The index is the authority: the shard must hold what it is assigned, and nothing that
+    /// is assigned elsewhere.
+    fn check_shard(&self, id: u32, file: &SafeFile) -> Result<()> {
+        let shard = &self.shards[id as usize];
+        for (name, _) in self
+            .names
+            .iter()
+            .zip(&self.shard_of)
+            .filter(|(_, &s)| s == id)
+        {
+            if file.header().position(name).is_none() {
+                return Err(Error::ShardMissing {
+                    shard: shard.name.clone(),
+                    tensor: Some(name.clone()),
+                });
+            }
+        }
+        for info in file.header().iter() {
+            if let Some(pos) = self.position(info.name) {
+                let owner = self.shard_of[pos];
+                if owner != id {
+                    return Err(Error::ShardMismatch {
+                        tensor: info.name.to_owned(),
+                        found_in: shard.name.clone(),
+                        claimed_by: Some(self.shards[owner as usize].name.clone()),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The shard path as a relative path that cannot leave the index's directory.
+fn confined(shard: &str) -> Result<&Path> {
+    let p = Path::new(shard);
+    let escapes = shard.is_empty()
+        || p.components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir));
+    if escapes {
+        Err(Error::InvalidShardPath {
+            shard: shard.to_owned(),
+        })
+    } else {
+        Ok(p)
+    }
+}
+
+/// The parts of an index file we use.
+struct IndexFile {
+    metadata: Option<BTreeMap<String, String>>,
+    weight_map: Option<Vec<(String, String)>>,
+}
+
+impl<'de> serde::Deserialize<'de> for IndexFile {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        d.deserialize_map(IndexVisitor)
+    }
+}
+
+struct IndexVisitor;
+
+impl<'de> Visitor<'de> for IndexVisitor {
+    type Value = IndexFile;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object with `weight_map`")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<IndexFile, A::Error> {
+        let mut out = IndexFile {
+            metadata: None,
+            weight_map: None,
+        };
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "metadata" if out.metadata.is_some() => {
+                    return Err(de::Error::duplicate_field("metadata"))
+                }
+                "metadata" => {
+                    let raw: Option<BTreeMap<String, serde_json::Value>> = map.next_value()?;
+                    out.metadata = Some(
+                        raw.unwrap_or_default()
+                            .into_iter()
+                            .map(|(k, v)| match v {
+                                serde_json::Value::String(s) => (k, s),
+                                other => (k, other.to_string()),
+                            })
+                            .collect(),
+                    );
+                }
+                "weight_map" if out.weight_map.is_some() => {
+                    return Err(de::Error::duplicate_field("weight_map"))
+                }
+                "weight_map" => out.weight_map = Some(map.next_value::<Pairs>()?.0),
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A JSON object of strings as a list of pairs, repeats kept (so they can be refused).
+struct Pairs(Vec<(String, String)>);
+
+impl<'de> serde::Deserialize<'de> for Pairs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Pairs;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object mapping tensor names to shard file names")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Pairs, A::Error> {
+                let mut out = Vec::new();
+                while let Some(pair) = map.next_entry::<String, String>()? {
+                    out.push(pair);
+                }
+                Ok(Pairs(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::confined;
+
+    #[test]
+    fn shard_paths_must_stay_inside_the_directory() {
+        for ok in [
+            "model-00001-of-00002.safetensors",
+            "sub/a.safetensors",
+            "./a.safetensors",
+        ] {
+            assert!(confined(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "../a.safetensors", "/etc/passwd", "sub/../../a", "a/.."] {
+            assert!(confined(bad).is_err(), "{bad}");
+        }
+    }
+}

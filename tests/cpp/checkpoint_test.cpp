@@ -1,0 +1,155 @@
+// Sharded checkpoints: a Python-written Hugging Face layout read through Checkpoint, lazily,
+// and every inconsistency as a typed error.
+#include <safetensors/safetensors.hpp>
+
+#include <gtest/gtest.h>
+
+#include "support.hpp"
+
+using safetensors::Checkpoint;
+using safetensors::Dtype;
+using safetensors::ErrorKind;
+using safetensors::Index;
+using safetensors::TensorView;
+
+namespace {
+
+template <class F>
+ErrorKind kind_of(F&& f) {
+  try {
+    f();
+  } catch (const safetensors::Error& e) {
+    return e.kind();
+  }
+  ADD_FAILURE() << "no safetensors::Error thrown";
+  return ErrorKind::Internal;
+}
+
+TEST(Checkpoint, ReadsAPythonWrittenShardedCheckpoint) {
+  auto dir = test::fixture("shards", "manifest.tsv");
+  if (!dir) return;
+  auto manifest = test::read_manifest(*dir / "manifest.tsv");
+  for (auto backend : {safetensors::Backend::Mmap, safetensors::Backend::Read}) {
+    Checkpoint ckpt(*dir / "model.safetensors.index.json", {backend});
+    EXPECT_EQ(ckpt.shard_count(), 3u);
+    EXPECT_EQ(ckpt.shards_opened(), 0u);
+    std::vector<std::string> all;
+    std::size_t total = 0;
+    for (const auto& [fname, file] : manifest) {
+      for (const auto& [name, t] : file.tensors) {
+        all.push_back(name);
+        total += t.end - t.begin;
+        EXPECT_EQ(ckpt.shard_of(name).filename(), fname);
+        auto view = ckpt.get_tensor(name);
+        EXPECT_EQ(test::sha256_hex(view.data), t.sha256) << name;
+        EXPECT_EQ(safetensors::to_string(ckpt.info(name).dtype), t.dtype);
+      }
+    }
+    std::sort(all.begin(), all.end());
+    EXPECT_EQ(ckpt.keys(), all);
+    EXPECT_EQ(ckpt.size(), all.size());
+    EXPECT_EQ(ckpt.metadata().at("total_size"), std::to_string(total));
+    EXPECT_EQ(ckpt.shards_opened(), 3u);
+    auto part = ckpt.get_slice("model.embed_tokens.weight").select({Index::range(0, 4)}).read();
+    EXPECT_EQ(part.shape, (std::vector<std::size_t>{4, 8}));
+  }
+}
+
+TEST(Checkpoint, OpensEachShardLazilyAndOnce) {
+  auto dir = test::fixture("shards", "manifest.tsv");
+  if (!dir) return;
+  Checkpoint ckpt(*dir / "model.safetensors.index.json");
+  EXPECT_EQ(ckpt.shards_opened(), 0u);
+  EXPECT_TRUE(ckpt.contains("model.layers.0.mlp.up_proj.weight"));
+  EXPECT_EQ(ckpt.shards_opened(), 0u) << "contains() reads only the index";
+  for (int i = 0; i < 5; ++i) (void)ckpt.get_tensor("model.layers.0.mlp.up_proj.weight");
+  EXPECT_EQ(ckpt.shards_opened(), 1u);
+  Checkpoint copy = ckpt;
+  (void)copy.info("model.layers.0.mlp.up_proj.weight");
+  EXPECT_EQ(ckpt.shards_opened(), 1u) << "copies share the open shards";
+}
+
+/// Writes shards with our writer (U8 [4] each) and an index with the given weight_map body.
+struct Built {
+  test::TempDir dir;
+  std::filesystem::path index() const { return dir / "model.safetensors.index.json"; }
+};
+
+void build(Built& b, const std::vector<std::pair<std::string, std::vector<std::string>>>& shards,
+           const std::string& weight_map_json) {
+  std::vector<std::uint8_t> data(4, 1);
+  for (const auto& [file, names] : shards) {
+    std::vector<std::pair<std::string, TensorView>> tensors;
+    for (const auto& n : names) tensors.emplace_back(n, TensorView{Dtype::U8, {4}, std::as_bytes(std::span(data)), {}});
+    safetensors::save_file(b.dir / file, tensors);
+  }
+  std::ofstream(b.index()) << R"({"metadata":{"total_size":8},"weight_map":)" << weight_map_json << "}";
+}
+
+TEST(Checkpoint, AMissingShardFileIsReportedAtOpen) {
+  Built b;
+  build(b, {{"a.safetensors", {"w0"}}}, R"({"w0":"a.safetensors","w1":"gone.safetensors"})");
+  try {
+    Checkpoint ckpt(b.index());
+    ADD_FAILURE() << "opened";
+  } catch (const safetensors::Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::ShardMissing);
+    EXPECT_NE(std::string(e.what()).find("gone.safetensors"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Checkpoint, ATensorListedButAbsentFromItsShardIsReported) {
+  Built b;
+  build(b, {{"a.safetensors", {"w0"}}}, R"({"w0":"a.safetensors","ghost":"a.safetensors"})");
+  Checkpoint ckpt(b.index());
+  EXPECT_EQ(kind_of([&] { (void)ckpt.get_tensor("w0"); }), ErrorKind::ShardMissing);
+}
+
+TEST(Checkpoint, ATensorClaimedByAnotherShardIsReported) {
+  Built b;
+  build(b, {{"a.safetensors", {"w0", "w1"}}, {"b.safetensors", {"w2"}}},
+        R"({"w0":"a.safetensors","w1":"b.safetensors","w2":"b.safetensors"})");
+  Checkpoint ckpt(b.index());
+  EXPECT_EQ(kind_of([&] { (void)ckpt.get_tensor("w0"); }), ErrorKind::ShardMismatch);
+  // The other shard is fine on its own... until w1 is looked up where the index says it is.
+  EXPECT_EQ(kind_of([&] { (void)ckpt.get_tensor("w1"); }), ErrorKind::ShardMissing);
+}
+
+TEST(Checkpoint, ShardPathsMayNotLeaveTheIndexDirectory) {
+  for (const char* bad : {"../a.safetensors", "/etc/hosts", "x/../../a.safetensors"}) {
+    Built b;
+    build(b, {{"a.safetensors", {"w0"}}}, std::string(R"({"w0":")") + bad + R"("})");
+    EXPECT_EQ(kind_of([&] { Checkpoint c(b.index()); }), ErrorKind::InvalidShardPath) << bad;
+  }
+}
+
+TEST(Checkpoint, MalformedIndexesAreRefused) {
+  Built b;
+  build(b, {{"a.safetensors", {"w0"}}}, R"({"w0":3})");
+  EXPECT_EQ(kind_of([&] { Checkpoint c(b.index()); }), ErrorKind::InvalidIndex);
+  std::ofstream(b.index()) << R"({"metadata":{}})";
+  EXPECT_EQ(kind_of([&] { Checkpoint c(b.index()); }), ErrorKind::InvalidIndex);
+}
+
+TEST(Checkpoint, ASingleFileOpensAsACheckpointOfOneShard) {
+  Built b;
+  build(b, {{"a.safetensors", {"w0", "w1"}}}, R"({})");
+  Checkpoint ckpt(b.dir / "a.safetensors");
+  EXPECT_EQ(ckpt.keys(), (std::vector<std::string>{"w0", "w1"}));
+  EXPECT_EQ(ckpt.shard_count(), 1u);
+  EXPECT_EQ(ckpt.get_tensor("w1").data.size(), 4u);
+  EXPECT_EQ(kind_of([&] { (void)ckpt.get_tensor("w9"); }), ErrorKind::TensorNotFound);
+}
+
+TEST(Checkpoint, ViewsOutliveTheCheckpoint) {
+  Built b;
+  build(b, {{"a.safetensors", {"w0"}}}, R"({"w0":"a.safetensors"})");
+  TensorView v;
+  {
+    Checkpoint ckpt(b.index());
+    v = ckpt.get_tensor("w0");
+  }
+  EXPECT_EQ(v.as<std::uint8_t>()[3], 1);
+}
+
+}  // namespace

@@ -1,0 +1,245 @@
+// save_file and serialize: layout, round trips, byte identity with Python, bad input, and
+// crash safety (a writer killed mid-write never damages the existing file).
+#include <safetensors/safetensors.hpp>
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "support.hpp"
+
+using safetensors::Dtype;
+using safetensors::ErrorKind;
+using safetensors::SafeOpen;
+using safetensors::TensorView;
+
+namespace {
+
+template <class F>
+ErrorKind kind_of(F&& f) {
+  try {
+    f();
+  } catch (const safetensors::Error& e) {
+    return e.kind();
+  }
+  ADD_FAILURE() << "no safetensors::Error thrown";
+  return ErrorKind::Internal;
+}
+
+std::string header_of(const std::vector<std::byte>& file) {
+  std::uint64_t n = 0;
+  std::memcpy(&n, file.data(), 8);
+  return {reinterpret_cast<const char*>(file.data()) + 8, n};
+}
+
+std::vector<std::string> listing(const std::filesystem::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(Writer, SerializesTheDocumentedExample) {
+  std::vector<std::int32_t> values{1, 2, 3, 4};
+  TensorView t{Dtype::I32, {2, 2}, std::as_bytes(std::span(values)), {}};
+  auto bytes = safetensors::serialize({{"test", t}});
+  EXPECT_EQ(header_of(bytes), R"({"test":{"dtype":"I32","shape":[2,2],"data_offsets":[0,16]}})" + std::string(4, ' '));
+  EXPECT_EQ(bytes.size(), 8u + 64 + 16);
+  EXPECT_EQ(std::memcmp(bytes.data() + 72, values.data(), 16), 0);
+  auto empty = safetensors::serialize(std::map<std::string, TensorView>{});
+  EXPECT_EQ(header_of(empty), "{}      ");
+}
+
+TEST(Writer, OrdersByDtypeDescendingThenNameWithMetadataFirst) {
+  std::vector<std::uint8_t> b(8, 1);
+  std::map<std::string, TensorView> tensors{
+      {"z", {Dtype::U8, {8}, std::as_bytes(std::span(b)), {}}},
+      {"a", {Dtype::U8, {8}, std::as_bytes(std::span(b)), {}}},
+      {"big", {Dtype::F64, {1}, std::as_bytes(std::span(b)), {}}},
+  };
+  auto bytes = safetensors::serialize(tensors, {{"format", "pt"}});
+  std::string want = R"({"__metadata__":{"format":"pt"},"big":{"dtype":"F64","shape":[1],"data_offsets":[0,8]},)"
+                     R"("a":{"dtype":"U8","shape":[8],"data_offsets":[8,16]},)"
+                     R"("z":{"dtype":"U8","shape":[8],"data_offsets":[16,24]}})";
+  EXPECT_EQ(header_of(bytes), want + std::string(want.size() % 8 ? 8 - want.size() % 8 : 0, ' '));
+}
+
+struct MyTensor {  // a user's own tensor type
+  Dtype dtype;
+  std::vector<std::int64_t> shape;
+  std::vector<float> data;
+};
+
+TEST(Writer, AcceptsAnyRangeOfNamedTensorLikes) {
+  test::TempDir dir;
+  std::vector<std::pair<std::string, MyTensor>> mine{{"w", {Dtype::F32, {2, 3}, {1, 2, 3, 4, 5, 6}}},
+                                                     {"b", {Dtype::F32, {3}, {7, 8, 9}}}};
+  safetensors::save_file(dir / "mine.safetensors", mine, {{"source", "c++"}});
+  SafeOpen f(dir / "mine.safetensors");
+  auto w = f.get_tensor("w");
+  EXPECT_EQ(w.shape, (std::vector<std::size_t>{2, 3}));
+  EXPECT_EQ(w.as<float>()[5], 6.0f);
+  EXPECT_EQ(f.metadata().at("source"), "c++");
+  std::vector<std::pair<std::string, MyTensor>> negative{{"n", {Dtype::F32, {-1}, {}}}};
+  EXPECT_EQ(kind_of([&] { (void)safetensors::serialize(negative); }), ErrorKind::TensorInvalidInfo);
+}
+
+TEST(Writer, RoundTripsEveryDtypeAndWritesViewsFromAnotherFileStraightBack) {
+  test::TempDir dir;
+  std::vector<std::vector<std::uint8_t>> storage;
+  std::map<std::string, TensorView> tensors;
+  for (std::size_t i = 0; i < safetensors::dtype_count; ++i) {
+    auto d = static_cast<Dtype>(i);
+    auto& bytes = storage.emplace_back(24 * safetensors::bit_size(d) / 8);
+    for (std::size_t j = 0; j < bytes.size(); ++j) bytes[j] = static_cast<std::uint8_t>(j * 7 + i);
+    tensors["t." + std::string(safetensors::to_string(d))] = {d, {4, 6}, std::as_bytes(std::span(bytes)), {}};
+  }
+  safetensors::save_file(dir / "a.safetensors", tensors, {{"format", "pt"}});
+  for (auto backend : {safetensors::Backend::Mmap, safetensors::Backend::Read}) {
+    SafeOpen a(dir / "a.safetensors", {backend});
+    std::map<std::string, TensorView> views;
+    for (const auto& k : a.keys()) views.emplace(k, a.get_tensor(k));
+    safetensors::save_file(dir / "b.safetensors", views, a.metadata());
+    EXPECT_EQ(test::read_bytes(dir / "a.safetensors"), test::read_bytes(dir / "b.safetensors"));
+  }
+  EXPECT_EQ(listing(dir.path()), (std::vector<std::string>{"a.safetensors", "b.safetensors"}));
+}
+
+TEST(Writer, ByteIdenticalToPythonWithAtMostOneMetadataKey) {
+  auto dir = test::fixture("python", "manifest.tsv");
+  if (!dir) return;
+  int compared = 0;
+  for (const auto& [fname, want] : test::read_manifest(*dir / "manifest.tsv")) {
+    if (want.metadata.size() > 1) continue;  // Python orders several keys at random
+    SafeOpen f(*dir / fname);
+    std::map<std::string, TensorView> views;
+    for (const auto& k : f.keys()) views.emplace(k, f.get_tensor(k));
+    auto ours = safetensors::serialize(views, f.metadata());
+    auto theirs = test::read_bytes(*dir / fname);
+    ASSERT_EQ(ours.size(), theirs.size()) << fname;
+    EXPECT_EQ(std::memcmp(ours.data(), theirs.data(), ours.size()), 0) << fname;
+    ++compared;
+  }
+  EXPECT_GE(compared, 3);
+}
+
+TEST(Writer, BadInputIsATypedErrorAndLeavesTheTargetUntouched) {
+  test::TempDir dir;
+  auto target = dir / "keep.safetensors";
+  std::vector<float> good{1, 2, 3, 4};
+  safetensors::save_file(target, {{"w", TensorView{Dtype::F32, {4}, std::as_bytes(std::span(good)), {}}}});
+  const auto before = test::read_bytes(target);
+  auto expect = [&](ErrorKind kind, auto&& write) {
+    EXPECT_EQ(kind_of(write), kind);
+    EXPECT_EQ(test::read_bytes(target), before) << safetensors::to_string(kind);
+    EXPECT_EQ(listing(dir.path()), std::vector<std::string>{"keep.safetensors"});
+  };
+  auto bytes = std::as_bytes(std::span(good));
+  expect(ErrorKind::TensorInvalidInfo, [&] {
+    safetensors::save_file(target, {{"w", TensorView{Dtype::F32, {3}, bytes, {}}}});
+  });
+  expect(ErrorKind::MisalignedSlice, [&] {
+    safetensors::save_file(target, {{"w", TensorView{Dtype::F4, {3}, bytes.first(2), {}}}});
+  });
+  expect(ErrorKind::InvalidTensorName, [&] {
+    safetensors::save_file(target, {{"__metadata__", TensorView{Dtype::F32, {4}, bytes, {}}}});
+  });
+  expect(ErrorKind::DuplicateKey, [&] {
+    TensorView v{Dtype::F32, {4}, bytes, {}};
+    std::vector<std::pair<std::string, TensorView>> twice{{"w", v}, {"w", v}};
+    safetensors::save_file(target, twice);
+  });
+  expect(ErrorKind::HeaderTooLarge, [&] {
+    std::string huge(100'000'001, 'n');
+    safetensors::save_file(target, {{huge, TensorView{Dtype::F32, {4}, bytes, {}}}});
+  });
+  // A directory that cannot exist: its parent is a regular file.
+  try {
+    safetensors::save_file(target / "x.safetensors", {{"w", TensorView{Dtype::F32, {4}, bytes, {}}}});
+    ADD_FAILURE() << "wrote under a regular file";
+  } catch (const safetensors::Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Io);
+    EXPECT_NE(std::string(e.what()).find("keep.safetensors/x.safetensors"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(test::read_bytes(target), before);
+}
+
+TEST(Writer, SavingOverAMappedFileLeavesTheMappingsBytesUnchanged) {
+  test::TempDir dir;
+  auto path = dir / "m.safetensors";
+  std::vector<float> old_values(1024, 1.5f), new_values(2048, -3.0f);
+  safetensors::save_file(path, {{"w", TensorView{Dtype::F32, {1024}, std::as_bytes(std::span(old_values)), {}}}});
+  SafeOpen mapped(path);
+  auto view = mapped.get_tensor("w");
+  safetensors::save_file(path, {{"w", TensorView{Dtype::F32, {2048}, std::as_bytes(std::span(new_values)), {}}}});
+  auto old_span = view.as<float>();
+  EXPECT_TRUE(std::all_of(old_span.begin(), old_span.end(), [](float v) { return v == 1.5f; }));
+  auto fresh = SafeOpen(path).get_tensor("w");
+  EXPECT_EQ(fresh.as<float>().size(), 2048u);
+}
+
+/// Bytes of a temporary file being written beside `target`, or 0.
+std::uintmax_t temp_bytes(const std::filesystem::path& dir) {
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    auto name = e.path().filename().string();
+    if (name.rfind(".big.safetensors.tmp-", 0) == 0) {
+      std::error_code ec;
+      auto size = std::filesystem::file_size(e.path(), ec);
+      return ec ? 0 : size;
+    }
+  }
+  return 0;
+}
+
+TEST(Writer, AWriterKilledMidWriteLeavesTheOldFileIntact) {
+  test::TempDir dir;
+  auto target = dir / "big.safetensors";
+  std::vector<std::uint8_t> old_bytes(1 << 20, 7);
+  safetensors::save_file(target, {{"old", TensorView{Dtype::U8, {old_bytes.size()}, std::as_bytes(std::span(old_bytes)), {}}}});
+  const auto before = test::read_bytes(target);
+  // 384 MiB of new data: long enough to catch the writer in the middle.
+  std::vector<std::uint8_t> big(384u << 20, 9);
+  for (std::uintmax_t threshold : {std::uintmax_t{1} << 20, std::uintmax_t{64} << 20, std::uintmax_t{200} << 20}) {
+    pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      try {
+        safetensors::save_file(target, {{"new", TensorView{Dtype::U8, {big.size()}, std::as_bytes(std::span(big)), {}}}});
+      } catch (...) {
+        _exit(2);
+      }
+      _exit(0);
+    }
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (temp_bytes(dir.path()) < threshold && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    std::uintmax_t written = temp_bytes(dir.path());
+    ::kill(child, SIGKILL);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    if (WIFEXITED(status)) {
+      // The writer finished before the kill: the target must then be the complete new file.
+      EXPECT_EQ(WEXITSTATUS(status), 0);
+      EXPECT_EQ(std::filesystem::file_size(target), big.size() + 8 + 72);
+      GTEST_SKIP() << "the writer finished before it could be killed at " << threshold << " bytes";
+    }
+    ASSERT_TRUE(WIFSIGNALED(status));
+    EXPECT_GE(written, threshold);
+    EXPECT_EQ(test::read_bytes(target), before) << "killed after " << written << " bytes";
+    // What is left is a hidden temporary file, never something under the target's name.
+    for (const auto& name : listing(dir.path())) {
+      if (name == "big.safetensors") continue;
+      EXPECT_EQ(name.rfind(".big.safetensors.tmp-", 0), 0u) << name;
+      std::filesystem::remove(dir / name);
+    }
+    EXPECT_NO_THROW(SafeOpen reopened(target));
+  }
+}
+
+}  // namespace
