@@ -82,6 +82,8 @@ class Checkpoint {
   [[nodiscard]] std::size_t shards_opened() const { return state_->ckpt->shards_opened(); }
 
  private:
+  friend struct detail::Access;
+
   struct Handle {
     ::rust::Box<ffi::Checkpoint> ckpt;
   };

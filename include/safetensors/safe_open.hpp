@@ -31,7 +31,7 @@ namespace safetensors {
 class SafeOpen {
  public:
   explicit SafeOpen(const std::filesystem::path& path, OpenOptions options = {})
-      : state_(open(path, options)) {}
+      : state_(open(path, options)), source_(detail::Source::of(*state_->file, state_)) {}
 
   /// Tensor names sorted byte-wise, like Python's `safe_open(...).keys()`.
   [[nodiscard]] std::vector<std::string> keys() const {
@@ -105,6 +105,8 @@ class SafeOpen {
   [[nodiscard]] std::uint64_t bytes_read() const { return state_->file->bytes_read(); }
 
  private:
+  friend struct detail::Access;
+
   static std::shared_ptr<const detail::FileHandle> open(const std::filesystem::path& path,
                                                         OpenOptions options) {
     const auto& native = path.native();
@@ -114,9 +116,10 @@ class SafeOpen {
     return std::make_shared<const detail::FileHandle>(detail::FileHandle{std::move(file), native});
   }
 
-  [[nodiscard]] detail::Source source() const { return detail::Source::of(*state_->file, state_); }
+  [[nodiscard]] const detail::Source& source() const { return source_; }
 
   std::shared_ptr<const detail::FileHandle> state_;
+  detail::Source source_;
 };
 
 }  // namespace safetensors

@@ -46,6 +46,7 @@ class Index {
 
  private:
   friend class Slice;
+  friend struct detail::Access;
   [[nodiscard]] ffi::SliceIndex raw() const { return {kind_, start_, stop_, step_, has_start_, has_stop_}; }
 
   std::uint8_t kind_ = 0;
@@ -157,7 +158,7 @@ class Slice {
     auto m = src_.find(name);
     index_ = m.index;
     dtype_ = static_cast<Dtype>(m.dtype);
-    shape_ = src_.shape_at(m.index);
+    shape_ = src_.shape_of(m);
   }
 
   detail::Source src_;

@@ -24,6 +24,13 @@ namespace safetensors {
 /// Metadata written as `__metadata__`: string keys to string values. Empty means none.
 using Metadata = std::map<std::string, std::string>;
 
+struct SaveOptions {
+  /// Wait for the disk (fsync the file before the rename, and the directory after), so the file
+  /// survives a power loss once `save_file` returns. Without it the write is still atomic for
+  /// readers and against a crash of the process; Python's `save_file` does not sync.
+  bool sync = true;
+};
+
 /// Anything with a `dtype`, a `shape` (integers) and contiguous `data` (bytes, or elements of
 /// any trivially copyable type): a `TensorView`, or your own struct.
 template <class T>
@@ -101,12 +108,14 @@ template <NamedTensorRange R>
 ///
 ///   safetensors::save_file("out.safetensors", std::map<std::string, TensorView>{{"w", view}});
 template <NamedTensorRange R>
-void save_file(const std::filesystem::path& path, const R& tensors, const Metadata& metadata = {}) {
+void save_file(const std::filesystem::path& path, const R& tensors, const Metadata& metadata = {},
+               SaveOptions options = {}) {
   auto writer = detail::make_writer(tensors, metadata);
-  detail::call([&] { writer->write_file(detail::bytes(path.native())); });
+  detail::call([&] { writer->write_file(detail::bytes(path.native()), options.sync); });
 }
-inline void save_file(const std::filesystem::path& path, detail::TensorList tensors, const Metadata& metadata = {}) {
-  save_file<detail::TensorList>(path, tensors, metadata);
+inline void save_file(const std::filesystem::path& path, detail::TensorList tensors, const Metadata& metadata = {},
+                      SaveOptions options = {}) {
+  save_file<detail::TensorList>(path, tensors, metadata, options);
 }
 
 }  // namespace safetensors

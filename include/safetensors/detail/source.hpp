@@ -13,31 +13,36 @@
 
 namespace safetensors::detail {
 
-/// One open file: the bridge object, its mapped data (null with the read backend), and the
-/// shared owner that keeps both alive (a SafeOpen's handle, or a checkpoint's).
+/// Lets other parts of the API (the CUDA uploader) reach the private state of `SafeOpen`,
+/// `Checkpoint` and `Index`; defined where it is used.
+struct Access;
+
+/// One open file: the bridge object, its mapped data (null with the read backend), every
+/// tensor's dimensions, and the shared owner that keeps them alive (a SafeOpen's handle, or a
+/// checkpoint's). Built once per file, so that a lookup costs one call into the bridge.
 struct Source {
   const ffi::File* file = nullptr;
   const std::byte* data = nullptr;
+  const std::size_t* dims = nullptr;
   std::shared_ptr<const void> owner;
 
   static Source of(const ffi::File& f, std::shared_ptr<const void> owner) {
     auto mapped = f.mapped_data();
     const std::byte* data = f.is_mapped() && mapped.size() > 0 ? reinterpret_cast<const std::byte*>(mapped.data()) : nullptr;
-    return {&f, data, std::move(owner)};
+    return {&f, data, f.dims().data(), std::move(owner)};
   }
 
   [[nodiscard]] ffi::TensorMeta find(std::string_view name) const {
     return call([&] { return file->find(bytes(name)); });
   }
 
-  [[nodiscard]] std::vector<std::size_t> shape_at(std::size_t index) const {
-    auto s = file->shape_at(index);
-    return {s.begin(), s.end()};
+  [[nodiscard]] std::vector<std::size_t> shape_of(const ffi::TensorMeta& m) const {
+    return {dims + m.shape_start, dims + m.shape_start + m.shape_len};
   }
 
   [[nodiscard]] TensorInfo info(std::string_view name) const {
     auto m = find(name);
-    return {static_cast<Dtype>(m.dtype), shape_at(m.index), {m.begin, m.end}};
+    return {static_cast<Dtype>(m.dtype), shape_of(m), {m.begin, m.end}};
   }
 
   void read_data(std::size_t offset, std::span<std::byte> dst) const {
@@ -59,7 +64,7 @@ struct Source {
   [[nodiscard]] TensorView get_tensor(std::string_view name) const {
     auto m = find(name);
     auto [bytes_span, keep] = bytes_at(m.begin, m.end - m.begin);
-    return {static_cast<Dtype>(m.dtype), shape_at(m.index), bytes_span, std::move(keep)};
+    return {static_cast<Dtype>(m.dtype), shape_of(m), bytes_span, std::move(keep)};
   }
 };
 

@@ -147,25 +147,26 @@ impl<'a> Scanner<'a> {
 
     /// A non-negative integer without sign, fraction, exponent or leading zero, that fits.
     fn integer(&mut self) -> Scan<usize> {
-        let first = self.next()?;
-        if !first.is_ascii_digit() {
+        let rest = &self.bytes[self.pos..];
+        let digits = rest.iter().take_while(|c| c.is_ascii_digit()).count();
+        if digits == 0 || (digits > 1 && rest[0] == b'0') {
             return Err(GiveUp);
         }
-        let mut value = usize::from(first - b'0');
-        if first == b'0' {
-            return match self.peek() {
-                Some(c) if c.is_ascii_digit() => Err(GiveUp),
-                _ => Ok(0),
-            };
-        }
-        while let Some(c @ b'0'..=b'9') = self.peek() {
-            value = value
-                .checked_mul(10)
-                .and_then(|v| v.checked_add(usize::from(c - b'0')))
-                .ok_or(GiveUp)?;
-            self.pos += 1;
-        }
-        Ok(value)
+        let value = if digits <= 19 {
+            // Up to 19 digits cannot overflow a u64: no checks in the common case.
+            rest[..digits]
+                .iter()
+                .fold(0u64, |v, &c| v * 10 + u64::from(c - b'0'))
+        } else {
+            rest[..digits]
+                .iter()
+                .try_fold(0u64, |v, &c| {
+                    v.checked_mul(10)?.checked_add(u64::from(c - b'0'))
+                })
+                .ok_or(GiveUp)?
+        };
+        self.pos += digits;
+        usize::try_from(value).map_err(|_| GiveUp)
     }
 
     /// `"key"` then `:` with optional whitespace around the colon.

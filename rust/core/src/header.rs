@@ -241,8 +241,14 @@ impl Header {
 
     /// Position of `name` in offset order.
     pub fn position(&self, name: &str) -> Option<usize> {
+        self.position_bytes(name.as_bytes())
+    }
+
+    /// [`Header::position`] for a name given as bytes (no UTF-8 check needed: bytes that are
+    /// not UTF-8 match no tensor).
+    pub fn position_bytes(&self, name: &[u8]) -> Option<usize> {
         self.index
-            .find(name, |i| self.name_of(&self.entries[i as usize]))
+            .find(name, |i| self.name_of(&self.entries[i as usize]).as_bytes())
             .map(|i| i as usize)
     }
 
@@ -268,6 +274,19 @@ impl Header {
         self.entries.iter().map(|e| self.info(e))
     }
 
+    /// Every tensor's dimensions, back to back; [`Header::shape_span`] locates one tensor's.
+    /// For FFI, where one shared slice beats one call per shape.
+    pub fn dims(&self) -> &[usize] {
+        &self.shapes
+    }
+
+    /// `(start, len)` of the shape of the tensor at position `i` within [`Header::dims`].
+    pub fn shape_span(&self, i: usize) -> Option<(usize, usize)> {
+        self.entries
+            .get(i)
+            .map(|e| (e.shape_start as usize, e.shape_len as usize))
+    }
+
     /// Tensor names in offset (file) order.
     pub fn offset_names(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
         self.entries.iter().map(|e| self.name_of(e))
@@ -276,7 +295,9 @@ impl Header {
     /// Positions (in offset order) of the tensors sorted by name, byte-wise.
     pub fn sorted_positions(&self) -> Vec<u32> {
         let mut order: Vec<u32> = (0..self.entries.len() as u32).collect();
-        order.sort_unstable_by(|&a, &b| {
+        // Stable sort on purpose: it finds existing sorted runs, and writers lay tensors out in
+        // a few runs (name order within each dtype), so this is close to linear.
+        order.sort_by(|&a, &b| {
             self.name_of(&self.entries[a as usize])
                 .cmp(self.name_of(&self.entries[b as usize]))
         });
@@ -292,11 +313,11 @@ impl Header {
     }
 }
 
-/// Checks 1 to 4 and 6 to 7 around `json`, which does check 5 (the JSON itself).
+/// Checks 1 to 3 and 6 to 7 around `json`, which does checks 4 and 5 (UTF-8, then the JSON).
 fn parse_prefix_with(
     head: &[u8],
     file_len: u64,
-    json: impl FnOnce(&str) -> Result<Header>,
+    json: impl FnOnce(&[u8]) -> Result<Header>,
 ) -> Result<Header> {
     let header_len = read_header_len(head, file_len)?;
     let bytes = head
@@ -305,10 +326,7 @@ fn parse_prefix_with(
             header_len: header_len as u64,
             len: head.len() as u64,
         })?;
-    let text = std::str::from_utf8(bytes).map_err(|e| Error::InvalidHeader {
-        valid_up_to: e.valid_up_to(),
-    })?;
-    let mut header = json(text)?;
+    let mut header = json(bytes)?;
     header.header_len = header_len;
     header.validate()?;
     let expected = (header.data_len as u64).saturating_add((N_LEN + header_len) as u64);
@@ -321,17 +339,26 @@ fn parse_prefix_with(
     Ok(header)
 }
 
-fn parse_with(buffer: &[u8], json: impl FnOnce(&str) -> Result<Header>) -> Result<Header> {
+fn parse_with(buffer: &[u8], json: impl FnOnce(&[u8]) -> Result<Header>) -> Result<Header> {
     parse_prefix_with(buffer, buffer.len() as u64, json)
 }
 
-/// Parses the header JSON (check 5), then sorts into offset order and indexes names.
-/// Canonical headers take the fast scanner; anything else, and every error, goes through the
-/// general serde visitor.
-fn parse_json(text: &str) -> Result<Header> {
-    let mut builder = Builder::for_text(text);
+/// Check 4: the header must be UTF-8.
+fn utf8(bytes: &[u8]) -> Result<&str> {
+    std::str::from_utf8(bytes).map_err(|e| Error::InvalidHeader {
+        valid_up_to: e.valid_up_to(),
+    })
+}
+
+/// Checks the header is UTF-8 and parses its JSON (checks 4 and 5), then sorts into offset
+/// order and indexes names. Canonical headers take the fast scanner; anything else, and every
+/// JSON error, goes through the general serde visitor. (Validating UTF-8 in one pass over the
+/// whole header measured faster than validating each string inside the scanner.)
+fn parse_json(bytes: &[u8]) -> Result<Header> {
+    let text = utf8(bytes)?;
+    let mut builder = Builder::for_len(bytes.len());
     if canonical::parse(text, &mut builder).is_err() {
-        builder = Builder::for_text(text);
+        builder = Builder::for_len(bytes.len());
         parse_general(text, &mut builder)?;
     }
     finish(builder)
@@ -400,8 +427,9 @@ pub mod paths {
 
     /// The general serde path, validated, for a complete in-memory file.
     pub fn parse_general_only(buffer: &[u8]) -> Result<Header> {
-        parse_with(buffer, |text| {
-            let mut b = Builder::for_text(text);
+        parse_with(buffer, |bytes| {
+            let text = utf8(bytes)?;
+            let mut b = Builder::for_len(bytes.len());
             parse_general(text, &mut b)?;
             finish(b)
         })
@@ -410,8 +438,8 @@ pub mod paths {
     /// The canonical scanner alone; `None` when it gives up.
     pub fn parse_canonical_only(buffer: &[u8]) -> Option<Result<Header>> {
         let n = read_header_len(buffer, buffer.len() as u64).ok()?;
-        let text = std::str::from_utf8(&buffer[N_LEN..N_LEN + n]).ok()?;
-        let mut b = Builder::for_text(text);
+        let text = std::str::from_utf8(buffer.get(N_LEN..N_LEN + n)?).ok()?;
+        let mut b = Builder::for_len(text.len());
         canonical::parse(text, &mut b).ok()?;
         Some(parse_with(buffer, |_| finish(b)))
     }
@@ -428,11 +456,11 @@ pub(crate) struct Builder {
 }
 
 impl Builder {
-    fn for_text(text: &str) -> Builder {
+    fn for_len(len: usize) -> Builder {
         Builder {
-            names: String::with_capacity(text.len() / 3),
-            shapes: Vec::with_capacity(text.len() / 48),
-            entries: Vec::with_capacity(text.len() / 96),
+            names: String::with_capacity(len / 3),
+            shapes: Vec::with_capacity(len / 48),
+            entries: Vec::with_capacity(len / 96),
             metadata: None,
             metadata_seen: false,
             duplicate: None,
@@ -712,13 +740,71 @@ impl<'de> Visitor<'de> for ShapeSeed<'_> {
     }
 }
 
-/// Name → position table: open addressing with linear probing, keyed SipHash (std's
-/// `RandomState`) so that a hostile header cannot force collisions.
+/// Name → position table: open addressing with linear probing.
+///
+/// Names are hashed with a fast keyed multiply-fold hash. Keys are random per table, but such a
+/// hash is not proven collision-resistant, so the table watches itself: if any probe sequence
+/// grows long while building (a crafted header, or plain bad luck), it is rebuilt with keyed
+/// SipHash (std's `RandomState`), which a hostile header cannot steer. Lookups stay O(1) either
+/// way; ordinary headers never pay for SipHash, which cost ~10% of opening a large header.
 #[derive(Clone, Default)]
 struct NameIndex {
     /// Positions plus one; 0 marks an empty slot.
     slots: Vec<u32>,
-    hasher: std::collections::hash_map::RandomState,
+    hasher: NameHasher,
+}
+
+#[derive(Clone)]
+enum NameHasher {
+    Fast(u64, u64),
+    Sip(std::collections::hash_map::RandomState),
+}
+
+impl Default for NameHasher {
+    fn default() -> Self {
+        NameHasher::fresh_fast()
+    }
+}
+
+/// Longest probe sequence tolerated with the fast hash before switching to SipHash.
+const MAX_FAST_PROBE: usize = 48;
+
+impl NameHasher {
+    fn fresh_fast() -> NameHasher {
+        // Two random keys from std's per-process randomness.
+        let rs = std::collections::hash_map::RandomState::new();
+        NameHasher::Fast(rs.hash_one(0x5afe_u64) | 1, rs.hash_one(0x7e45_u64))
+    }
+
+    fn hash(&self, name: &[u8]) -> u64 {
+        match self {
+            NameHasher::Fast(k0, k1) => fold_hash(*k0, *k1, name),
+            NameHasher::Sip(rs) => rs.hash_one(name),
+        }
+    }
+}
+
+/// Multiplies as 128 bits and folds the halves together: a fast, well-mixing step.
+fn fold_mul(a: u64, b: u64) -> u64 {
+    let p = u128::from(a) * u128::from(b);
+    (p as u64) ^ ((p >> 64) as u64)
+}
+
+fn fold_hash(k0: u64, k1: u64, bytes: &[u8]) -> u64 {
+    const M: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut h = k0 ^ (bytes.len() as u64).wrapping_mul(M);
+    let mut chunks = bytes.chunks_exact(8);
+    for c in &mut chunks {
+        let w = u64::from_le_bytes(c.try_into().unwrap_or_default());
+        h = fold_mul(h ^ w, k1 ^ M);
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut tail = [0u8; 8];
+        tail[..rest.len()].copy_from_slice(rest);
+        h = fold_mul(h ^ u64::from_le_bytes(tail), k1.rotate_left(29) ^ M);
+    }
+    fold_mul(h, k0 ^ M)
 }
 
 impl NameIndex {
@@ -727,35 +813,55 @@ impl NameIndex {
         count: usize,
         name: impl Fn(u32) -> &'a str,
     ) -> std::result::Result<NameIndex, String> {
+        match Self::build_with(count, &name, NameHasher::fresh_fast(), Some(MAX_FAST_PROBE))? {
+            Some(index) => Ok(index),
+            None => {
+                let sip = NameHasher::Sip(Default::default());
+                Ok(Self::build_with(count, &name, sip, None)?.unwrap_or_default())
+            }
+        }
+    }
+
+    /// `Ok(None)` when a probe sequence exceeds `max_probe`.
+    fn build_with<'a>(
+        count: usize,
+        name: &impl Fn(u32) -> &'a str,
+        hasher: NameHasher,
+        max_probe: Option<usize>,
+    ) -> std::result::Result<Option<NameIndex>, String> {
         let capacity = (count.max(4) * 2).next_power_of_two();
-        let mut index = NameIndex {
-            slots: vec![0; capacity],
-            hasher: Default::default(),
-        };
+        let mut slots = vec![0u32; capacity];
         let mask = capacity - 1;
         for i in 0..count as u32 {
             let n = name(i);
-            let mut slot = index.hasher.hash_one(n) as usize & mask;
+            let mut slot = hasher.hash(n.as_bytes()) as usize & mask;
+            let mut probes = 0;
             loop {
-                match index.slots[slot] {
+                match slots[slot] {
                     0 => {
-                        index.slots[slot] = i + 1;
+                        slots[slot] = i + 1;
                         break;
                     }
                     other if name(other - 1) == n => return Err(n.to_owned()),
-                    _ => slot = (slot + 1) & mask,
+                    _ => {
+                        probes += 1;
+                        if max_probe.is_some_and(|m| probes > m) {
+                            return Ok(None);
+                        }
+                        slot = (slot + 1) & mask;
+                    }
                 }
             }
         }
-        Ok(index)
+        Ok(Some(NameIndex { slots, hasher }))
     }
 
-    fn find<'a>(&self, n: &str, name: impl Fn(u32) -> &'a str) -> Option<u32> {
+    fn find<'a>(&self, n: &[u8], name: impl Fn(u32) -> &'a [u8]) -> Option<u32> {
         if self.slots.is_empty() {
             return None;
         }
         let mask = self.slots.len() - 1;
-        let mut slot = self.hasher.hash_one(n) as usize & mask;
+        let mut slot = self.hasher.hash(n) as usize & mask;
         loop {
             match self.slots[slot] {
                 0 => return None,
@@ -763,5 +869,67 @@ impl NameIndex {
                 _ => slot = (slot + 1) & mask,
             }
         }
+    }
+
+    /// Whether the index fell back to SipHash (for tests).
+    #[cfg(test)]
+    fn uses_siphash(&self) -> bool {
+        matches!(self.hasher, NameHasher::Sip(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_finds_every_name_and_reports_repeats() {
+        let names: Vec<String> = (0..5000)
+            .map(|i| format!("model.layers.{i}.weight"))
+            .collect();
+        let index = NameIndex::build(names.len(), |i| names[i as usize].as_str()).unwrap();
+        assert!(!index.uses_siphash());
+        for (i, n) in names.iter().enumerate() {
+            assert_eq!(
+                index.find(n.as_bytes(), |j| names[j as usize].as_bytes()),
+                Some(i as u32)
+            );
+        }
+        assert_eq!(
+            index.find(b"absent", |j| names[j as usize].as_bytes()),
+            None
+        );
+        let mut dup = names.clone();
+        dup.push(names[17].clone());
+        assert_eq!(
+            NameIndex::build(dup.len(), |i| dup[i as usize].as_str()).err(),
+            Some(names[17].clone())
+        );
+    }
+
+    #[test]
+    fn long_probe_sequences_switch_to_siphash() {
+        // Force the fallback by building with a probe limit of zero, as a flood would.
+        let names: Vec<String> = (0..64).map(|i| format!("t{i}")).collect();
+        let name = |i: u32| names[i as usize].as_str();
+        assert!(
+            NameIndex::build_with(64, &name, NameHasher::fresh_fast(), Some(0))
+                .unwrap()
+                .is_none()
+        );
+        let sip = NameIndex::build_with(64, &name, NameHasher::Sip(Default::default()), None)
+            .unwrap()
+            .unwrap();
+        assert!(sip.uses_siphash());
+        assert_eq!(sip.find(b"t63", |i| names[i as usize].as_bytes()), Some(63));
+    }
+
+    #[test]
+    fn fold_hash_depends_on_every_byte_and_the_keys() {
+        let base = fold_hash(1, 2, b"model.layers.0.mlp.up_proj.weight");
+        assert_ne!(base, fold_hash(1, 2, b"model.layers.0.mlp.up_proj.weighu"));
+        assert_ne!(base, fold_hash(1, 2, b"model.layers.1.mlp.up_proj.weight"));
+        assert_ne!(base, fold_hash(3, 2, b"model.layers.0.mlp.up_proj.weight"));
+        assert_ne!(fold_hash(1, 2, b""), fold_hash(1, 2, b"\0"));
     }
 }

@@ -22,6 +22,7 @@ mod error;
 mod file;
 mod header;
 mod slice;
+pub mod upload;
 mod view;
 mod writer;
 
@@ -34,4 +35,6 @@ pub use header::{
 };
 pub use slice::{Indexer, Runs, SlicePlan};
 pub use view::{SafeTensors, TensorView};
-pub use writer::{serialize, serialize_to_file, write_atomically, Prepared};
+pub use writer::{
+    serialize, serialize_to_file, write_atomically, write_atomically_with, Durability, Prepared,
+};

@@ -73,9 +73,14 @@ impl<'a> Prepared<'a> {
         Ok(())
     }
 
-    /// Writes the file atomically at `path` (see [`serialize_to_file`]).
+    /// Writes the file atomically at `path` (see [`serialize_to_file`]), synced to disk.
     pub fn write_file(&self, path: &Path) -> Result<()> {
-        write_atomically(path, |out| {
+        self.write_file_with(path, Durability::Synced)
+    }
+
+    /// [`Prepared::write_file`] with a choice of durability.
+    pub fn write_file_with(&self, path: &Path, durability: Durability) -> Result<()> {
+        write_atomically_with(path, durability, |out| {
             out.write_all(&self.head)?;
             for t in &self.tensors {
                 out.write_all(t)?;
@@ -255,12 +260,35 @@ pub fn serialize_to_file<'a, S: AsRef<str>>(
         .map_err(|e| e.in_file(path))
 }
 
+/// Whether a write waits for the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// `fsync` the new file before renaming it, and the directory after: the file survives a
+    /// power loss once the call returns. The default.
+    #[default]
+    Synced,
+    /// Rename without waiting for the disk. Still atomic for readers and against a crash of the
+    /// process; a power loss soon after may leave the old file, or an empty one, under the name.
+    /// (Python's `save_file` behaves like this.)
+    Unsynced,
+}
+
 /// Runs `fill` on a fresh temporary file beside `path`, syncs it, and renames it over `path`.
 /// On any failure the temporary file is removed and `path` is left as it was.
 pub fn write_atomically(
     path: &Path,
     fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> Result<()> {
+    write_atomically_with(path, Durability::Synced, fill)
+}
+
+/// [`write_atomically`] with a choice of durability.
+pub fn write_atomically_with(
+    path: &Path,
+    durability: Durability,
+    fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> Result<()> {
+    let synced = durability == Durability::Synced;
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -283,7 +311,10 @@ pub fn write_atomically(
         fill(&mut out)?;
         out.flush()?;
         drop(out);
-        file.sync_all()
+        if synced {
+            file.sync_all()?;
+        }
+        Ok(())
     })();
     let result = result
         .map_err(|e| Error::io(path, "write", e))
@@ -294,8 +325,10 @@ pub fn write_atomically(
     }
     // Make the rename itself durable. Some filesystems refuse fsync on directories; the data is
     // already safe, so that is not an error.
-    if let Ok(d) = File::open(&dir) {
-        let _ = d.sync_all();
+    if synced {
+        if let Ok(d) = File::open(&dir) {
+            let _ = d.sync_all();
+        }
     }
     Ok(())
 }

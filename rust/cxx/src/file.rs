@@ -51,19 +51,25 @@ pub fn open_file(path: &[u8], backend_code: u8) -> Result<Box<File>, BridgeError
     })
 }
 
-fn meta(index: usize, info: &TensorInfo<'_>) -> TensorMeta {
+fn meta(
+    index: usize,
+    info: &TensorInfo<'_>,
+    (shape_start, shape_len): (usize, usize),
+) -> TensorMeta {
     TensorMeta {
         index,
         dtype: info.dtype as u8,
         begin: info.data_offsets.0,
         end: info.data_offsets.1,
+        shape_start,
+        shape_len,
     }
 }
 
 impl File {
-    /// The core file, for the other glue modules.
-    pub fn core(&self) -> &SafeFile {
-        &self.inner
+    /// The core file, shared, for the other glue modules.
+    pub fn shared(&self) -> Arc<SafeFile> {
+        self.inner.clone()
     }
 
     pub fn tensor_count(&self) -> usize {
@@ -83,30 +89,33 @@ impl File {
     }
 
     pub fn position(&self, name: &[u8]) -> isize {
-        std::str::from_utf8(name)
-            .ok()
-            .and_then(|n| self.inner.header().position(n))
+        self.inner
+            .header()
+            .position_bytes(name)
             .map_or(-1, |i| i as isize)
     }
 
     pub fn meta_at(&self, index: usize) -> TensorMeta {
-        self.inner.header().at(index).map_or(
-            TensorMeta {
+        let header = self.inner.header();
+        match (header.at(index), header.shape_span(index)) {
+            (Some(info), Some(span)) => meta(index, &info, span),
+            _ => TensorMeta {
                 index,
                 dtype: 0,
                 begin: 0,
                 end: 0,
+                shape_start: 0,
+                shape_len: 0,
             },
-            |info| meta(index, &info),
-        )
+        }
+    }
+
+    pub fn dims(&self) -> &[usize] {
+        self.inner.header().dims()
     }
 
     pub fn name_at(&self, index: usize) -> &str {
         self.inner.header().at(index).map_or("", |t| t.name)
-    }
-
-    pub fn shape_at(&self, index: usize) -> &[usize] {
-        self.inner.header().at(index).map_or(&[], |t| t.shape)
     }
 
     pub fn sorted_positions(&self) -> &[u32] {
@@ -189,7 +198,7 @@ impl File {
     }
 }
 
-fn indexer(i: &SliceIndex) -> Indexer {
+pub(crate) fn indexer(i: &SliceIndex) -> Indexer {
     match i.kind {
         0 => Indexer::Select(i.start),
         _ => Indexer::Range {

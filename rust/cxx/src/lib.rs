@@ -11,6 +11,7 @@
 //!   panic (the C++ wrappers only pass valid indices anyway).
 
 mod checkpoint;
+mod cuda;
 mod file;
 mod writer;
 
@@ -21,6 +22,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use safetensors_core::{Dtype, Error, ErrorKind};
 
 pub use checkpoint::{open_checkpoint, Checkpoint};
+pub use cuda::{
+    cuda_built, cuda_device_count, cuda_device_name, cuda_download, cuda_free,
+    cuda_pinned_copy_seconds, new_upload_job, new_uploader, UploadJob, Uploader,
+};
 pub use file::{open_file, File, SlicePlan};
 pub use writer::{new_writer, Writer};
 
@@ -30,14 +35,16 @@ pub use writer::{new_writer, Writer};
 mod ffi {
     // ---- shared structs ------------------------------------------------------------------
 
-    /// One tensor: position in file order, dtype index, and data offsets. The shape is
-    /// fetched separately with `File::shape_at` (a borrowed slice, no copy).
+    /// One tensor: position in file order, dtype index, data offsets, and where its shape is in
+    /// `File::dims` (so that C++ reads it without another call).
     #[derive(Debug, Clone, Copy)]
     struct TensorMeta {
         index: usize,
         dtype: u8,
         begin: usize,
         end: usize,
+        shape_start: usize,
+        shape_len: usize,
     }
 
     /// One dimension of a slice request: `kind` 0 selects `start`; 1 is the range
@@ -50,6 +57,14 @@ mod ffi {
         step: i64,
         has_start: bool,
         has_stop: bool,
+    }
+
+    /// Where one uploaded tensor lives in the destination; name and shape come separately.
+    #[derive(Debug, Clone, Copy)]
+    struct UploadTensor {
+        offset: u64,
+        len: u64,
+        dtype: u8,
     }
 
     /// A contiguous byte run, relative to the start of the file's data buffer.
@@ -78,8 +93,8 @@ mod ffi {
         fn meta_at(self: &File, index: usize) -> TensorMeta;
         /// Name of the tensor at `index` in file order.
         fn name_at(self: &File, index: usize) -> &str;
-        /// Shape of the tensor at `index` in file order.
-        fn shape_at(self: &File, index: usize) -> &[usize];
+        /// Every tensor's dimensions back to back; `TensorMeta::shape_start/len` index it.
+        fn dims(self: &File) -> &[usize];
         /// File-order positions sorted by name, computed once.
         fn sorted_positions(self: &File) -> &[u32];
         /// Whether the header has a `__metadata__` map (`null` counts as absent).
@@ -137,8 +152,8 @@ mod ffi {
         unsafe fn file_len(self: &Writer) -> Result<usize>;
         /// Writes the file into `dst` (exactly `file_len()` bytes).
         unsafe fn write_into(self: &Writer, dst: &mut [u8]) -> Result<()>;
-        /// Writes the file atomically at `path`.
-        unsafe fn write_file(self: &Writer, path: &[u8]) -> Result<()>;
+        /// Writes the file atomically at `path`, fsynced when `sync`.
+        unsafe fn write_file(self: &Writer, path: &[u8], sync: bool) -> Result<()>;
 
         /// A sharded checkpoint (an index and its shards) or a single file.
         type Checkpoint;
@@ -172,6 +187,67 @@ mod ffi {
         /// Metadata value `i`, in sorted key order.
         fn metadata_value(self: &Checkpoint, i: usize) -> &str;
 
+        /// Tensors and slices to upload, from any files and shards.
+        type UploadJob;
+        /// An empty job; every tensor will start on a multiple of `alignment` bytes.
+        fn new_upload_job(alignment: usize) -> Box<UploadJob>;
+        /// Adds a whole tensor of `file`.
+        fn add_tensor(self: &mut UploadJob, file: &File, name: &[u8]) -> Result<()>;
+        /// Adds a slice of a tensor of `file`.
+        fn add_slice(
+            self: &mut UploadJob,
+            file: &File,
+            name: &[u8],
+            indices: &[SliceIndex],
+        ) -> Result<()>;
+        /// Bytes the destination needs.
+        fn total_bytes(self: &UploadJob) -> usize;
+        /// Number of tensors placed.
+        fn placement_count(self: &UploadJob) -> usize;
+        /// Where tensor `i` goes.
+        fn placement(self: &UploadJob, i: usize) -> UploadTensor;
+        /// Name of placed tensor `i`.
+        fn placement_name(self: &UploadJob, i: usize) -> &str;
+        /// Shape of placed tensor `i` (the slice's shape for a slice).
+        fn placement_shape(self: &UploadJob, i: usize) -> &[usize];
+
+        /// Uploads jobs to one GPU through a pinned staging ring.
+        type Uploader;
+        /// An uploader for `device` (0 for a default slots, slot_bytes or readers).
+        fn new_uploader(
+            device: usize,
+            slots: usize,
+            slot_bytes: usize,
+            readers: usize,
+        ) -> Result<Box<Uploader>>;
+        /// Uploads into a new allocation (complete on return); the caller owns the address.
+        fn upload(self: &Uploader, job: &UploadJob) -> Result<u64>;
+        /// Enqueues the upload into `dst` on `stream` and returns.
+        fn upload_into(
+            self: &Uploader,
+            job: &UploadJob,
+            dst: u64,
+            capacity: usize,
+            stream: u64,
+        ) -> Result<()>;
+        /// Waits for every copy this uploader enqueued.
+        fn synchronize(self: &Uploader) -> Result<()>;
+        /// Pinned host memory held by the staging ring.
+        fn staging_bytes(self: &Uploader) -> usize;
+
+        /// Whether this build has the CUDA path.
+        fn cuda_built() -> bool;
+        /// Number of CUDA devices, or why there are none.
+        fn cuda_device_count() -> Result<usize>;
+        /// A device's name.
+        fn cuda_device_name(device: usize) -> Result<String>;
+        /// Frees device memory returned by `upload`.
+        fn cuda_free(device: usize, ptr: u64) -> Result<()>;
+        /// Copies device memory to the host (synchronous).
+        fn cuda_download(device: usize, src: u64, dst: &mut [u8]) -> Result<()>;
+        /// Seconds for one copy of `bytes` from pinned memory to the device.
+        fn cuda_pinned_copy_seconds(device: usize, bytes: usize) -> Result<f64>;
+
         /// Header spelling of dtype index `dtype` ("" when out of range).
         fn dtype_name(dtype: u8) -> &'static str;
         /// Bits per element of dtype index `dtype` (0 when out of range).
@@ -181,7 +257,7 @@ mod ffi {
     }
 }
 
-pub use ffi::{ByteRun, SliceIndex, TensorMeta};
+pub use ffi::{ByteRun, SliceIndex, TensorMeta, UploadTensor};
 
 /// A metadata map as the sorted pairs C++ walks by index.
 pub(crate) fn metadata_pairs(map: Option<&BTreeMap<String, String>>) -> Vec<(String, String)> {

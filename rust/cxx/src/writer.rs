@@ -5,7 +5,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use safetensors_core::{Dtype, Error, Prepared, TensorView};
+use safetensors_core::{Dtype, Durability, Error, Prepared, TensorView};
 
 use crate::{guard, BridgeError};
 
@@ -114,11 +114,16 @@ impl Writer {
 
     /// # Safety
     /// Every span passed to `add_tensor` must still be alive.
-    pub unsafe fn write_file(&self, path: &[u8]) -> Result<(), BridgeError> {
+    pub unsafe fn write_file(&self, path: &[u8], sync: bool) -> Result<(), BridgeError> {
         guard(|| {
             let path = Path::new(OsStr::from_bytes(path));
+            let durability = if sync {
+                Durability::Synced
+            } else {
+                Durability::Unsynced
+            };
             unsafe { self.prepared() }
-                .and_then(|p| p.write_file(path))
+                .and_then(|p| p.write_file_with(path, durability))
                 .map_err(|e| e.in_file(path))
         })
     }

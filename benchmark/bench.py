@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""bench.py: the same work items as bench_cpp, with Python's safetensors 0.8.0 and NumPy.
+
+    bench.py [--runs N] [--items open,load,load_copy,slice,save,gpu] [--json OUT] FILE...
+
+    open       safe_open(path, "np"), keys(), get_slice(k).get_shape() for every key
+    load       safetensors.numpy.load_file(path): every tensor into NumPy arrays
+    load_copy  the same work as load (Python has one way to load); kept so the rows line up
+    slice      get_slice(k)[:, :cols // 2] for every 2-D tensor
+    save_nosync  safetensors.numpy.save_file of the file's tensors to a new file (it does not
+               fsync, so it compares with bench_cpp's save_nosync)
+    gpu        safetensors.torch.load_file(path, device="cuda:0"), synchronized (torch + CUDA)
+    gpu_naive  a naive torch baseline: load_file on the CPU, then .to("cuda:0") per tensor
+
+Files with dtypes NumPy lacks (bf16, fp8) go through safetensors.torch when torch is installed,
+else those items are reported as skipped. Writes the same JSON schema as bench_cpp (tool
+"bench.py"). Medians of --runs runs after one warm-up; the page cache is warm.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+import safetensors
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
+
+
+def timed(runs, body, setup=lambda: None):
+    """Timings of `runs` calls of `body` after one untimed warm-up call, as bench_cpp does."""
+    setup()
+    body()
+    out = []
+    for _ in range(runs):
+        setup()
+        t = time.perf_counter()
+        body()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def result(item, runs, nbytes=0, skipped=None):
+    if skipped:
+        return {"item": item, "skipped": skipped}
+    return {"item": item, "median_s": statistics.median(runs), "bytes": nbytes, "runs_s": runs}
+
+
+def machine():
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    mem = 0.0
+    try:
+        with open("/proc/meminfo") as f:
+            mem = next(int(l.split()[1]) for l in f if l.startswith("MemTotal")) / 1024 / 1024
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu} ({os.cpu_count()} cores), {mem:.1f} GiB"
+
+
+NUMPY_DTYPES = {"BOOL", "U8", "I8", "I16", "U16", "F16", "I32", "U32", "F32", "F64", "I64", "U64", "C64"}
+
+
+def header_dtypes(path):
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    return {v["dtype"] for k, v in header.items() if k != "__metadata__"}
+
+
+def frameworks(path):
+    """(load_file, save_file, framework) able to hold every dtype of the file, or a reason."""
+    if header_dtypes(path) <= NUMPY_DTYPES:
+        return load_file, save_file, "np"
+    try:
+        import safetensors.torch as st_torch
+    except ImportError:
+        return "NumPy has no bfloat16/fp8 and torch is not installed"
+    return st_torch.load_file, st_torch.save_file, "pt"
+
+
+def bench_file(path, runs, items):
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:  # warm the page cache
+        while f.read(1 << 24):
+            pass
+    with safe_open(path, framework="np") as f:
+        keys = list(f.keys())
+    out = []
+    fw = frameworks(path)
+    if isinstance(fw, str):
+        for item in ("load", "load_copy", "slice", "save_nosync"):
+            if item in items:
+                out.append(result(item, None, skipped=fw))
+        items = items & {"open", "gpu"}
+    else:
+        load_file_fw, save_file_fw, framework = fw
+
+    def open_all():
+        with safe_open(path, framework="np") as f:
+            for k in f.keys():
+                f.get_slice(k).get_shape()
+
+    if "open" in items:
+        out.append(result("open", timed(max(runs, 21), open_all)))
+    if "load" in items or "load_copy" in items:
+        held = []
+        t = timed(runs, lambda: held.append(load_file_fw(path)), held.clear)
+        held.clear()
+        for item in ("load", "load_copy"):
+            if item in items:
+                out.append(result(item, t, size))
+    if "slice" in items:
+        shapes = {}
+        with safe_open(path, framework="np") as f:
+            for k in keys:
+                shapes[k] = f.get_slice(k).get_shape()
+        two_d = [k for k in keys if len(shapes[k]) == 2]
+        nbytes = 0
+
+        def slice_all():
+            held = []
+            with safe_open(path, framework=framework) as f:
+                for k in two_d:
+                    held.append(f.get_slice(k)[:, : shapes[k][1] // 2])
+            return held
+
+        out.append(result("slice", timed(runs, slice_all), nbytes))
+    if "save_nosync" in items and size < (2 << 30):
+        tensors = load_file_fw(path)
+        with safe_open(path, framework="np") as f:
+            meta = f.metadata()
+        target = os.path.join(os.path.dirname(path), ".bench-save-py.safetensors")
+        remove = lambda: os.path.exists(target) and os.remove(target)
+        # Python's save_file does not fsync: it is the like-for-like figure for save_nosync.
+        t = timed(runs, lambda: save_file_fw(tensors, target, metadata=meta), remove)
+        out.append(result("save_nosync", t, size))
+        remove()
+    if "gpu" in items:
+        out.extend(gpu_items(path, runs, size))
+    return {"name": os.path.basename(path), "bytes": size, "tensors": len(keys), "items": out, "limits": []}
+
+
+def gpu_items(path, runs, size):
+    try:
+        import torch
+        from safetensors.torch import load_file as torch_load
+    except ImportError:
+        return [result("gpu", None, skipped="torch is not installed")]
+    if not torch.cuda.is_available():
+        return [result("gpu", None, skipped="no CUDA device")]
+
+    def load():
+        tensors = torch_load(path, device="cuda:0")
+        torch.cuda.synchronize()
+        return tensors
+
+    def naive():
+        tensors = {k: t.to("cuda:0") for k, t in torch_load(path).items()}
+        torch.cuda.synchronize()
+        return tensors
+
+    return [result("gpu", timed(runs, load), size), result("gpu_naive", timed(runs, naive), size)]
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("files", nargs="+")
+    p.add_argument("--runs", type=int, default=0)
+    p.add_argument("--items", default="open,load,load_copy,slice,save_nosync,gpu")
+    p.add_argument("--json")
+    a = p.parse_args(argv)
+    items = set(a.items.split(","))
+    report = {"tool": "bench.py", "safetensors": safetensors.__version__, "numpy": np.__version__,
+              "date": datetime.date.today().isoformat(), "machine": machine(), "cache": "warm", "files": []}
+    print(f"bench.py | safetensors {safetensors.__version__} | {report['machine']} | page cache warm")
+    for path in a.files:
+        runs = a.runs or (3 if os.path.getsize(path) > (2 << 30) else 7)
+        entry = bench_file(path, runs, items)
+        report["files"].append(entry)
+        print(f"{entry['name']} ({entry['bytes']} bytes, {entry['tensors']} tensors, {runs} runs)")
+        for r in entry["items"]:
+            if "skipped" in r:
+                print(f"  {r['item']:<10} skipped: {r['skipped']}")
+            else:
+                print(f"  {r['item']:<10} {r['median_s'] * 1e3:10.3f} ms")
+    text = json.dumps(report)
+    if a.json:
+        with open(a.json, "w") as f:
+            f.write(text + "\n")
+    else:
+        print("JSON", text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

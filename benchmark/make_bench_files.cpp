@@ -1,0 +1,152 @@
+// Generates the benchmark files with the library's own writer, into a cache folder, on demand.
+//
+//   make_bench_files DIR [gpt2] [1b] [20k]      (no names: gpt2 and 20k)
+//
+//   gpt2.safetensors      gpt2's 160 tensors with their real names and shapes, F32, metadata
+//                         {"format": "pt"}: 548,105,232 bytes, like the published checkpoint.
+//   1b-mixed.safetensors  ~1.2 B parameters, F32 with BF16 MLP down-projections: ~4.7 GB.
+//   20k.safetensors       20,000 small tensors: a header of ~2 MB, for parse-bound work.
+//
+// Existing files of the right size are kept. Data is a fixed pseudo-random stream, so the files
+// are the same on every machine.
+#include <safetensors/safetensors.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Spec {
+  std::string name;
+  safetensors::Dtype dtype;
+  std::vector<std::size_t> shape;
+};
+
+std::vector<Spec> gpt2() {
+  using safetensors::Dtype;
+  std::vector<Spec> t = {{"wte.weight", Dtype::F32, {50257, 768}},
+                         {"wpe.weight", Dtype::F32, {1024, 768}},
+                         {"ln_f.weight", Dtype::F32, {768}},
+                         {"ln_f.bias", Dtype::F32, {768}}};
+  const std::vector<std::pair<std::string, std::vector<std::size_t>>> layer = {
+      {"ln_1.weight", {768}},          {"ln_1.bias", {768}},         {"attn.bias", {1, 1, 1024, 1024}},
+      {"attn.c_attn.weight", {768, 2304}}, {"attn.c_attn.bias", {2304}}, {"attn.c_proj.weight", {768, 768}},
+      {"attn.c_proj.bias", {768}},     {"ln_2.weight", {768}},       {"ln_2.bias", {768}},
+      {"mlp.c_fc.weight", {768, 3072}}, {"mlp.c_fc.bias", {3072}},   {"mlp.c_proj.weight", {3072, 768}},
+      {"mlp.c_proj.bias", {768}}};
+  for (int l = 0; l < 12; ++l) {
+    for (const auto& [name, shape] : layer) t.push_back({"h." + std::to_string(l) + "." + name, Dtype::F32, shape});
+  }
+  return t;
+}
+
+/// A ~1.2 B-parameter transformer: 25 layers of width 2048, F32 except the BF16 MLP
+/// down-projections, plus F32 embeddings and head.
+std::vector<Spec> one_b() {
+  using safetensors::Dtype;
+  std::vector<Spec> t = {{"model.embed_tokens.weight", Dtype::F32, {32000, 2048}},
+                         {"lm_head.weight", Dtype::F32, {32000, 2048}},
+                         {"model.norm.weight", Dtype::F32, {2048}}};
+  for (int l = 0; l < 25; ++l) {
+    std::string p = "model.layers." + std::to_string(l) + ".";
+    t.push_back({p + "self_attn.qkv_proj.weight", Dtype::F32, {6144, 2048}});
+    t.push_back({p + "self_attn.o_proj.weight", Dtype::F32, {2048, 2048}});
+    t.push_back({p + "mlp.up_proj.weight", Dtype::F32, {8192, 2048}});
+    t.push_back({p + "mlp.down_proj.weight", Dtype::BF16, {2048, 8192}});
+    t.push_back({p + "input_layernorm.weight", Dtype::F32, {2048}});
+    t.push_back({p + "post_attention_layernorm.weight", Dtype::F32, {2048}});
+  }
+  return t;
+}
+
+/// 20,000 small tensors with the long names of a mixture-of-experts model (F16 and F32, types
+/// NumPy has, so that bench.py can load the same file).
+std::vector<Spec> many() {
+  using safetensors::Dtype;
+  std::vector<Spec> t;
+  const char* proj[] = {"gate_proj", "up_proj", "down_proj", "w_scale"};
+  for (int i = 0; i < 20000; ++i) {
+    int layer = i / 400, expert = (i / 4) % 100;
+    t.push_back({"model.layers." + std::to_string(layer) + ".mlp.experts." + std::to_string(expert) + "." +
+                     proj[i % 4] + ".weight",
+                 i % 4 == 3 ? Dtype::F32 : Dtype::F16, {4, 8}});
+  }
+  return t;
+}
+
+/// A deterministic pseudo-random byte stream (xorshift64*), written 8 bytes at a time.
+void fill(std::vector<std::byte>& out, std::uint64_t seed) {
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  std::size_t i = 0;
+  for (; i + 8 <= out.size(); i += 8) {
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    std::uint64_t v = x * 0x2545F4914F6CDD1Dull;
+    std::memcpy(out.data() + i, &v, 8);
+  }
+  for (; i < out.size(); ++i) out[i] = static_cast<std::byte>(i);
+}
+
+/// Whether `path` already holds exactly these tensors.
+bool present(const std::filesystem::path& path, const std::vector<Spec>& specs) {
+  try {
+    safetensors::SafeOpen f(path, {safetensors::Backend::Read});
+    if (f.size() != specs.size()) return false;
+    for (const auto& s : specs) {
+      auto info = f.info(s.name);
+      if (info.dtype != s.dtype || info.shape != s.shape) return false;
+    }
+    return true;
+  } catch (const safetensors::Error&) {
+    return false;
+  }
+}
+
+void make(const std::filesystem::path& path, const std::vector<Spec>& specs) {
+  if (present(path, specs)) {
+    std::printf("%s: present\n", path.c_str());
+    return;
+  }
+  std::vector<std::vector<std::byte>> storage;
+  storage.reserve(specs.size());
+  std::vector<std::pair<std::string, safetensors::TensorView>> tensors;
+  std::uint64_t seed = 1;
+  for (const auto& s : specs) {
+    std::size_t numel = 1;
+    for (auto d : s.shape) numel *= d;
+    auto& bytes = storage.emplace_back(numel * safetensors::bit_size(s.dtype) / 8);
+    fill(bytes, seed++);
+    tensors.emplace_back(s.name, safetensors::TensorView{s.dtype, s.shape, bytes, {}});
+  }
+  safetensors::save_file(path, tensors, {{"format", "pt"}});
+  std::printf("%s: %ju bytes, %zu tensors\n", path.c_str(), static_cast<std::uintmax_t>(std::filesystem::file_size(path)),
+              specs.size());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help") {
+    std::puts("usage: make_bench_files DIR [gpt2] [1b] [20k]   (default: gpt2 20k)");
+    return argc < 2 ? 2 : 0;
+  }
+  std::filesystem::path dir = argv[1];
+  std::set<std::string> which(argv + 2, argv + argc);
+  if (which.empty()) which = {"gpt2", "20k"};
+  try {
+    std::filesystem::create_directories(dir);
+    if (which.count("gpt2")) make(dir / "gpt2.safetensors", gpt2());
+    if (which.count("20k")) make(dir / "20k.safetensors", many());
+    if (which.count("1b")) make(dir / "1b-mixed.safetensors", one_b());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "make_bench_files: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""Turns bench_cpp and bench.py JSON into a Markdown table and a chart.
+
+    report.py --out DIR RESULT.json...
+
+Several rounds of each tool may be given (benchmark/run alternates them, since this kind of
+machine is noisy): each figure is the median over rounds of the per-round medians. Writes
+DIR/results.md and DIR/chart.png (matplotlib), and prints the table.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+from collections import defaultdict
+
+# The goals the issues set, checked in the table: (file, item) -> list of (kind, factor).
+#   ("python", f): ours at least f times faster than Python; ("limit", f): ours at least f times
+#   the speed of the limit (limit time / our time >= f).
+GOALS = {
+    ("gpt2.safetensors", "open"): [("python", 5)],
+    ("20k.safetensors", "open"): [("python", 5)],
+    ("gpt2.safetensors", "load"): [("limit", 0.9), ("python", 3)],
+    ("gpt2.safetensors", "save"): [("limit", 0.8)],
+    ("1b-mixed.safetensors", "gpu"): [("limit", 0.85), ("python", 10)],
+}
+# Which limit each item is compared with.
+LIMIT_OF = {"load": "read()", "load_copy": "read()", "save": "write()+fsync", "save_nosync": "write()",
+            "gpu": "pinned H2D"}
+# Which Python item each of ours is compared with (our synced save has no Python counterpart:
+# Python's save_file does not sync, so it is compared with save_nosync only).
+PYTHON_OF = {"load_copy": "load", "save": None}
+ITEMS = ["open", "load", "load_copy", "slice", "save", "save_nosync", "gpu"]
+
+
+DISPLAY = {"model.safetensors": "all-MiniLM-L6-v2"}
+
+
+def load(paths):
+    """{tool: {file: {"items": {item: [medians]}, "limits": {...}, "bytes": n}}}, meta"""
+    data = defaultdict(lambda: defaultdict(lambda: {"items": defaultdict(list), "limits": defaultdict(list),
+                                                    "skipped": {}, "bytes": 0, "tensors": 0, "host_extra": []}))
+    meta = {}
+    for p in paths:
+        with open(p) as f:
+            r = json.load(f)
+        tool = r["tool"]
+        meta.setdefault(tool, r)
+        for fe in r["files"]:
+            d = data[tool][fe["name"]]
+            d["bytes"], d["tensors"] = fe["bytes"], fe["tensors"]
+            if fe.get("gpu_host_extra_bytes"):
+                d["host_extra"].append(fe["gpu_host_extra_bytes"])
+            for group in ("items", "limits"):
+                for it in fe.get(group, []):
+                    if "skipped" in it:
+                        d["skipped"][it["item"]] = it["skipped"]
+                    else:
+                        d[group][it["item"]].append(it["median_s"])
+    return data, meta
+
+
+def med(v):
+    return statistics.median(v) if v else None
+
+
+def fmt_time(s):
+    if s is None:
+        return "—"
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} µs"
+    if s < 1:
+        return f"{s * 1e3:.1f} ms"
+    return f"{s:.2f} s"
+
+
+def table(data, meta):
+    cpp, py = data.get("bench_cpp", {}), data.get("bench.py", {})
+    lines = []
+    m = meta.get("bench_cpp") or meta.get("bench.py")
+    lines.append(f"Measured {m['date']} on {m['machine']}, page cache {m['cache']}; medians over runs and "
+                 f"over interleaved rounds of both programs. Python: safetensors "
+                 f"{meta.get('bench.py', {}).get('safetensors', '?')} with NumPy "
+                 f"{meta.get('bench.py', {}).get('numpy', '?')}.")
+    lines.append("")
+    lines.append("| file | work | ours (C++) | Python | limit | limit ÷ ours | Python ÷ ours | goal |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    verdicts = []
+    for name in sorted(cpp, key=lambda n: cpp[n]["bytes"]):
+        c = cpp[name]
+        p = py.get(name, {"items": {}, "skipped": {}})
+        for item in ITEMS:
+            if item in c["skipped"]:
+                lines.append(f"| {DISPLAY.get(name, name)} | {item} | skipped: {c['skipped'][item]} | | | | | |")
+                continue
+            ours = med(c["items"].get(item, []))
+            if ours is None:
+                continue
+            py_item = PYTHON_OF.get(item, item)
+            theirs = med(p["items"].get(py_item, [])) if py_item else None
+            py_cell = fmt_time(theirs) if theirs else (f"skipped: {p['skipped'][py_item]}" if py_item in p["skipped"] else "—")
+            if item == "gpu" and p["items"].get("gpu_naive"):
+                py_cell += f" (naive torch {fmt_time(med(p['items']['gpu_naive']))})"
+            limit_name = LIMIT_OF.get(item)
+            limit = med(c["limits"].get(limit_name, [])) if limit_name else None
+            ratio_limit = limit / ours if limit else None
+            ratio_py = theirs / ours if theirs else None
+            goal_cells = []
+            for kind, factor in GOALS.get((name, item), []):
+                value = ratio_py if kind == "python" else ratio_limit
+                ok = value is not None and value >= factor
+                what = "Python" if kind == "python" else "limit"
+                goal_cells.append(f"≥ {factor}× {what}: {'met' if ok else 'MISSED'}")
+                verdicts.append((name, item, kind, factor, value, ok))
+            gbps = c["bytes"] / ours / 1e9 if item in ("load", "load_copy", "save", "save_nosync", "gpu") else None
+            ours_cell = fmt_time(ours) + (f" ({gbps:.1f} GB/s)" if gbps else "")
+            if item == "gpu" and c["host_extra"]:
+                ours_cell += f", +{med(c['host_extra']) / 2**20:.0f} MiB host memory"
+            lines.append(f"| {DISPLAY.get(name, name)} | {item} | {ours_cell} | {py_cell} | "
+                         f"{(limit_name + ' ' + fmt_time(limit)) if limit else '—'} | "
+                         f"{f'{ratio_limit:.2f}×' if ratio_limit else '—'} | {f'{ratio_py:.1f}×' if ratio_py else '—'} | "
+                         f"{'; '.join(goal_cells)} |")
+        limits = ", ".join(f"{k} {fmt_time(med(v))}" for k, v in c["limits"].items())
+        lines.append(f"| {DISPLAY.get(name, name)} | *limits* | {limits} | | | | | |")
+    return "\n".join(lines), verdicts
+
+
+def chart(data, meta, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cpp, py = data.get("bench_cpp", {}), data.get("bench.py", {})
+    files = sorted(cpp, key=lambda n: cpp[n]["bytes"])
+    fig, axes = plt.subplots(len(files), 1, figsize=(9, 2.8 * len(files)), squeeze=False)
+    for ax, name in zip(axes[:, 0], files):
+        c, p = cpp[name], py.get(name, {"items": {}})
+        items = [i for i in ITEMS if c["items"].get(i)]
+        ours = [med(c["items"][i]) for i in items]
+        theirs = [med(p["items"].get(PYTHON_OF.get(i, i) or "", [])) or 0 for i in items]
+        limits = [med(c["limits"].get(LIMIT_OF.get(i, ""), [])) or 0 for i in items]
+        ys = range(len(items))
+        h = 0.27
+        ax.barh([y - h for y in ys], ours, h, label="ours (C++)", color="#2a7ab9")
+        ax.barh(list(ys), theirs, h, label="Python safetensors 0.8.0", color="#e39b3a")
+        ax.barh([y + h for y in ys], limits, h, label="machine limit", color="#9a9a9a")
+        ax.set_yticks(list(ys))
+        ax.set_yticklabels(items)
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.set_xlabel("seconds (log scale, shorter is better)")
+        ax.set_title(f"{DISPLAY.get(name, name)} ({c['bytes'] / 1e6:,.0f} MB, {c['tensors']:,} tensors)", fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=3, fontsize=9, bbox_to_anchor=(0.5, 0.985))
+    m = meta.get("bench_cpp") or meta.get("bench.py")
+    fig.suptitle(f"{m['machine']}, page cache {m['cache']}, {m['date']}", y=0.995, fontsize=9, color="#555")
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(out, dpi=110)
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("results", nargs="+")
+    a = ap.parse_args(argv)
+    data, meta = load(a.results)
+    text, verdicts = table(data, meta)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "results.md"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+    try:
+        chart(data, meta, os.path.join(a.out, "chart.png"))
+    except ImportError:
+        print("(no chart: matplotlib is not installed)")
+    missed = [v for v in verdicts if not v[-1]]
+    for name, item, kind, factor, value, _ in missed:
+        print(f"goal missed: {name} {item}: {value and round(value, 2)}x vs >= {factor}x {kind}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,274 @@
+//! Glue for uploads to the GPU: `UploadJob` collects what to upload (from files and shards),
+//! `Uploader` runs it. Without the `cuda` feature every CUDA entry point returns a `Cuda` error
+//! saying so, so the C++ API is the same in every build.
+
+use std::sync::Arc;
+
+#[cfg(feature = "cuda")]
+use safetensors_core::upload::RingOptions;
+use safetensors_core::upload::UploadPlan;
+use safetensors_core::{Error, Indexer, SafeFile};
+
+use crate::ffi::{SliceIndex, UploadTensor};
+use crate::file::{indexer, File};
+use crate::{guard, BridgeError};
+
+/// Tensors and slices to upload, with the files they come from.
+pub struct UploadJob {
+    plan: UploadPlan,
+    files: Vec<Arc<SafeFile>>,
+}
+
+pub fn new_upload_job(alignment: usize) -> Box<UploadJob> {
+    Box::new(UploadJob {
+        plan: UploadPlan::new(alignment),
+        files: Vec::new(),
+    })
+}
+
+impl UploadJob {
+    /// The source number of `file`, adding it on first use.
+    fn source(&mut self, file: &File) -> usize {
+        let shared = file.shared();
+        match self.files.iter().position(|f| Arc::ptr_eq(f, &shared)) {
+            Some(i) => i,
+            None => {
+                self.files.push(shared);
+                self.files.len() - 1
+            }
+        }
+    }
+
+    pub fn add_tensor(&mut self, file: &File, name: &[u8]) -> Result<(), BridgeError> {
+        guard(|| {
+            let source = self.source(file);
+            let f = self.files[source].clone();
+            self.plan
+                .add_tensor(source, &f, &utf8_name(name)?)
+                .map(drop)
+        })
+    }
+
+    pub fn add_slice(
+        &mut self,
+        file: &File,
+        name: &[u8],
+        indices: &[SliceIndex],
+    ) -> Result<(), BridgeError> {
+        guard(|| {
+            let source = self.source(file);
+            let f = self.files[source].clone();
+            let indexers: Vec<Indexer> = indices.iter().map(indexer).collect();
+            self.plan
+                .add_slice(source, &f, &utf8_name(name)?, &indexers)
+                .map(drop)
+        })
+    }
+
+    pub fn total_bytes(&self) -> usize {
+        self.plan.total() as usize
+    }
+
+    pub fn placement_count(&self) -> usize {
+        self.plan.placements().len()
+    }
+
+    pub fn placement(&self, i: usize) -> UploadTensor {
+        self.plan.placements().get(i).map_or(
+            UploadTensor {
+                offset: 0,
+                len: 0,
+                dtype: 0,
+            },
+            |p| UploadTensor {
+                offset: p.offset,
+                len: p.len,
+                dtype: p.dtype as u8,
+            },
+        )
+    }
+
+    pub fn placement_name(&self, i: usize) -> &str {
+        self.plan
+            .placements()
+            .get(i)
+            .map_or("", |p| p.name.as_str())
+    }
+
+    pub fn placement_shape(&self, i: usize) -> &[usize] {
+        self.plan
+            .placements()
+            .get(i)
+            .map_or(&[], |p| p.shape.as_slice())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn file_refs(&self) -> Vec<&SafeFile> {
+        self.files.iter().map(|f| f.as_ref()).collect()
+    }
+}
+
+fn utf8_name(name: &[u8]) -> Result<String, Error> {
+    String::from_utf8(name.to_vec()).map_err(|_| Error::TensorNotFound {
+        name: String::from_utf8_lossy(name).into_owned(),
+    })
+}
+
+#[cfg(feature = "cuda")]
+fn ring_options(slots: usize, slot_bytes: usize, readers: usize) -> RingOptions {
+    let d = RingOptions::default();
+    RingOptions {
+        slots: if slots == 0 { d.slots } else { slots },
+        slot_bytes: if slot_bytes == 0 {
+            d.slot_bytes
+        } else {
+            slot_bytes
+        },
+        readers: if readers == 0 { d.readers } else { readers },
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod enabled {
+    use super::*;
+
+    pub struct Uploader(safetensors_cuda::Uploader);
+
+    pub fn new_uploader(
+        device: usize,
+        slots: usize,
+        slot_bytes: usize,
+        readers: usize,
+    ) -> Result<Box<Uploader>, BridgeError> {
+        guard(|| {
+            safetensors_cuda::Uploader::new(device, ring_options(slots, slot_bytes, readers))
+                .map(|u| Box::new(Uploader(u)))
+        })
+    }
+
+    impl Uploader {
+        pub fn upload(&self, job: &UploadJob) -> Result<u64, BridgeError> {
+            guard(|| {
+                self.0
+                    .upload(&job.file_refs(), &job.plan)
+                    .map(|b| b.release())
+            })
+        }
+
+        pub fn upload_into(
+            &self,
+            job: &UploadJob,
+            dst: u64,
+            capacity: usize,
+            stream: u64,
+        ) -> Result<(), BridgeError> {
+            guard(|| {
+                self.0
+                    .upload_into(&job.file_refs(), &job.plan, dst, capacity, stream)
+                    .map(drop)
+            })
+        }
+
+        pub fn synchronize(&self) -> Result<(), BridgeError> {
+            guard(|| self.0.synchronize())
+        }
+
+        pub fn staging_bytes(&self) -> usize {
+            self.0.staging_bytes()
+        }
+    }
+
+    pub fn cuda_built() -> bool {
+        true
+    }
+
+    pub fn cuda_device_count() -> Result<usize, BridgeError> {
+        guard(safetensors_cuda::device_count)
+    }
+
+    pub fn cuda_device_name(device: usize) -> Result<String, BridgeError> {
+        guard(|| safetensors_cuda::Gpu::open(device)?.name())
+    }
+
+    pub fn cuda_free(device: usize, ptr: u64) -> Result<(), BridgeError> {
+        guard(|| safetensors_cuda::free(device, ptr))
+    }
+
+    pub fn cuda_download(device: usize, src: u64, dst: &mut [u8]) -> Result<(), BridgeError> {
+        guard(|| safetensors_cuda::Gpu::open(device)?.download(src, dst))
+    }
+
+    pub fn cuda_pinned_copy_seconds(device: usize, bytes: usize) -> Result<f64, BridgeError> {
+        guard(|| safetensors_cuda::Gpu::open(device)?.pinned_copy_seconds(bytes))
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+mod enabled {
+    use super::*;
+
+    /// Never constructed in a build without CUDA.
+    pub struct Uploader(());
+
+    fn unavailable<T>() -> Result<T, BridgeError> {
+        guard(|| {
+            Err(Error::Cuda {
+                message:
+                    "this build of the safetensors library has no CUDA support (configure with \
+                          -DSAFETENSORS_CUDA=ON)"
+                        .into(),
+            })
+        })
+    }
+
+    pub fn new_uploader(
+        _: usize,
+        _: usize,
+        _: usize,
+        _: usize,
+    ) -> Result<Box<Uploader>, BridgeError> {
+        unavailable()
+    }
+
+    impl Uploader {
+        pub fn upload(&self, _: &UploadJob) -> Result<u64, BridgeError> {
+            unavailable()
+        }
+        pub fn upload_into(
+            &self,
+            _: &UploadJob,
+            _: u64,
+            _: usize,
+            _: u64,
+        ) -> Result<(), BridgeError> {
+            unavailable()
+        }
+        pub fn synchronize(&self) -> Result<(), BridgeError> {
+            unavailable()
+        }
+        pub fn staging_bytes(&self) -> usize {
+            0
+        }
+    }
+
+    pub fn cuda_built() -> bool {
+        false
+    }
+    pub fn cuda_device_count() -> Result<usize, BridgeError> {
+        unavailable()
+    }
+    pub fn cuda_device_name(_: usize) -> Result<String, BridgeError> {
+        unavailable()
+    }
+    pub fn cuda_free(_: usize, _: u64) -> Result<(), BridgeError> {
+        unavailable()
+    }
+    pub fn cuda_download(_: usize, _: u64, _: &mut [u8]) -> Result<(), BridgeError> {
+        unavailable()
+    }
+    pub fn cuda_pinned_copy_seconds(_: usize, _: usize) -> Result<f64, BridgeError> {
+        unavailable()
+    }
+}
+
+pub use enabled::*;

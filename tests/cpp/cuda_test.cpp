@@ -1,0 +1,271 @@
+// The CUDA upload path. Without a GPU (CI) this checks the planner and the errors; with one, that
+// device bytes equal file bytes after copying them back, through every entry point.
+#include <safetensors/safetensors.hpp>
+
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+
+#include "support.hpp"
+
+using safetensors::Dtype;
+using safetensors::ErrorKind;
+using safetensors::Index;
+using safetensors::SafeOpen;
+using safetensors::TensorView;
+namespace cuda = safetensors::cuda;
+
+namespace {
+
+template <class F>
+ErrorKind kind_of(F&& f) {
+  try {
+    f();
+  } catch (const safetensors::Error& e) {
+    return e.kind();
+  }
+  ADD_FAILURE() << "no safetensors::Error thrown";
+  return ErrorKind::Internal;
+}
+
+/// A file of assorted tensors: odd sizes (so alignment padding shows), several dtypes, and one
+/// larger than a staging slot so uploads span several chunks.
+std::filesystem::path make_file(const test::TempDir& dir) {
+  std::vector<std::vector<std::uint8_t>> storage;
+  std::vector<std::pair<std::string, TensorView>> tensors;
+  const std::vector<std::pair<Dtype, std::vector<std::size_t>>> specs = {
+      {Dtype::F32, {3, 5}}, {Dtype::BF16, {7}}, {Dtype::U8, {5, 3}}, {Dtype::F64, {2, 2}}, {Dtype::F32, {1024, 3072}}};
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    auto& [d, shape] = specs[i];
+    std::size_t n = 1;
+    for (auto s : shape) n *= s;
+    auto& b = storage.emplace_back(n * safetensors::bit_size(d) / 8);
+    for (std::size_t j = 0; j < b.size(); ++j) b[j] = static_cast<std::uint8_t>(j * 13 + i * 7);
+    tensors.emplace_back("t" + std::to_string(i), TensorView{d, shape, std::as_bytes(std::span(b)), {}});
+  }
+  auto path = dir / "cuda.safetensors";
+  safetensors::save_file(path, tensors);
+  return path;
+}
+
+TEST(CudaPlan, PlacesEveryTensorAlignedWithoutAGpu) {
+  test::TempDir dir;
+  SafeOpen f(make_file(dir));
+  auto [total, placements] = cuda::plan(f);
+  ASSERT_EQ(placements.size(), f.size());
+  std::size_t end = 0;
+  for (const auto& p : placements) {
+    EXPECT_EQ(p.offset % 256, 0u) << p.name;
+    EXPECT_GE(p.offset, end) << p.name;
+    EXPECT_EQ(p.byte_size, f.info(p.name).byte_size());
+    EXPECT_EQ(p.shape, f.info(p.name).shape);
+    end = p.offset + p.byte_size;
+  }
+  EXPECT_EQ(total, end);
+  std::vector<cuda::Request> some{{"t4", {Index::all(), Index::range(0, 1536)}}, {"t0", {}}};
+  auto [sub_total, sub] = cuda::plan(f, some, {.alignment = 512});
+  ASSERT_EQ(sub.size(), 2u);
+  EXPECT_EQ(sub[0].shape, (std::vector<std::size_t>{1024, 1536}));
+  EXPECT_EQ(sub[0].byte_size, 1024u * 1536 * 4);
+  EXPECT_EQ(sub[1].offset % 512, 0u);
+  EXPECT_EQ(sub_total, sub[1].offset + sub[1].byte_size);
+  EXPECT_EQ(kind_of([&] { (void)cuda::plan(f, std::vector<cuda::Request>{{"nope", {}}}); }), ErrorKind::TensorNotFound);
+}
+
+/// Reports, once, why the GPU tests skip.
+bool gpu_or_skip() {
+  if (cuda::available()) return true;
+  std::cout << "[  SKIPPED ] no usable GPU: " << cuda::why_unavailable() << "\n";
+  return false;
+}
+
+TEST(Cuda, WithoutAGpuEveryEntryPointIsACudaError) {
+  if (cuda::available()) GTEST_SKIP() << "a GPU is present; the no-GPU path is not reachable here";
+  if (std::getenv("SAFETENSORS_FAKE_LIBCUDA")) GTEST_SKIP() << "covered by CudaNoDevice under the fake driver";
+  auto why = cuda::why_unavailable();
+  if (cuda::built()) {
+    EXPECT_NE(why.find("libcuda"), std::string::npos) << why;
+  } else {
+    EXPECT_NE(why.find("no CUDA support"), std::string::npos) << why;
+  }
+  test::TempDir dir;
+  SafeOpen f(make_file(dir));
+  EXPECT_EQ(kind_of([] { (void)cuda::device_count(); }), ErrorKind::Cuda);
+  EXPECT_EQ(kind_of([] { cuda::Uploader u(0); }), ErrorKind::Cuda);
+  EXPECT_EQ(kind_of([&] { (void)cuda::load(f); }), ErrorKind::Cuda);
+  EXPECT_EQ(kind_of([&] { (void)cuda::to_device(f, "t0"); }), ErrorKind::Cuda);
+  std::cout << "GPU tests will skip: " << why << "\n";
+}
+
+TEST(CudaNoDevice, ADriverWithoutAGpuIsACudaErrorSayingSo) {
+  if (!std::getenv("SAFETENSORS_FAKE_LIBCUDA")) GTEST_SKIP() << "runs under the fake driver (ctest cuda_no_device)";
+  if (!cuda::built()) GTEST_SKIP() << "this build has no CUDA support";
+  try {
+    (void)cuda::device_count();
+    FAIL() << "expected an error";
+  } catch (const safetensors::Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Cuda);
+    EXPECT_NE(std::string(e.what()).find("no CUDA device"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(cuda::available());
+  EXPECT_EQ(kind_of([] { cuda::Uploader u(0); }), ErrorKind::Cuda);
+}
+
+std::vector<std::byte> download(const void* ptr, std::size_t n, int device = 0) {
+  std::vector<std::byte> out(n);
+  cuda::copy_to_host(ptr, out, device);
+  return out;
+}
+
+void expect_same(const std::vector<std::byte>& device_bytes, std::span<const std::byte> file_bytes, const std::string& what) {
+  ASSERT_EQ(device_bytes.size(), file_bytes.size()) << what;
+  EXPECT_EQ(std::memcmp(device_bytes.data(), file_bytes.data(), file_bytes.size()), 0) << what;
+}
+
+/// Files to check on a GPU: $SAFETENSORS_GPU_TEST_FILES (colon-separated), plus a small one.
+std::vector<std::filesystem::path> gpu_files(const test::TempDir& dir) {
+  std::vector<std::filesystem::path> files{make_file(dir)};
+  if (const char* env = std::getenv("SAFETENSORS_GPU_TEST_FILES")) {
+    std::istringstream list(env);
+    for (std::string p; std::getline(list, p, ':');) {
+      if (!p.empty()) files.emplace_back(p);
+    }
+  }
+  return files;
+}
+
+/// Compares every placed tensor with the file, hashing large ones piece by piece.
+void check_upload(const SafeOpen& f, const cuda::DeviceTensors& up) {
+  for (const auto& p : up.placements()) {
+    auto view = f.get_tensor(p.name);
+    ASSERT_EQ(p.byte_size, view.data.size()) << p.name;
+    auto got = download(up.data(p.name), p.byte_size, up.buffer().device());
+    expect_same(got, view.data, p.name);
+  }
+}
+
+TEST(CudaGpu, WholeFilesLandByteForByte) {
+  if (!gpu_or_skip()) return;
+  test::TempDir dir;
+  for (const auto& path : gpu_files(dir)) {
+    for (auto backend : {safetensors::Backend::Mmap, safetensors::Backend::Read}) {
+      SafeOpen f(path, {backend});
+      cuda::Uploader up(0, {.slot_bytes = 8u << 20});
+      EXPECT_EQ(up.staging_bytes(), 4u * (8u << 20));
+      auto loaded = up.load(f);
+      EXPECT_EQ(loaded.placements().size(), f.size());
+      check_upload(f, loaded);
+      std::cout << path.filename() << ": " << loaded.buffer().size() << " bytes checked\n";
+    }
+  }
+}
+
+TEST(CudaGpu, SubsetsSlicesAndSingleTensors) {
+  if (!gpu_or_skip()) return;
+  test::TempDir dir;
+  SafeOpen f(make_file(dir));
+  std::vector<cuda::Request> req{{"t4", {Index::all(), Index::range(1024, 2048)}}, {"t2", {}}, {"t0", {1}}};
+  auto loaded = cuda::Uploader(0).load(f, req);
+  auto cols = f.get_slice("t4").select({Index::all(), Index::range(1024, 2048)}).read();
+  expect_same(download(loaded.data("t4"), cols.data.size()), cols.data, "column slice");
+  auto row = f.get_slice("t0").select({1}).read();
+  expect_same(download(loaded.data("t0"), row.data.size()), row.data, "row");
+  auto one = cuda::to_device(f, "t3");
+  EXPECT_EQ(one.shape, (std::vector<std::size_t>{2, 2}));
+  expect_same(download(one.data(), one.byte_size()), f.get_tensor("t3").data, "to_device");
+}
+
+TEST(CudaGpu, ShardedCheckpointsLoadIntoOneAllocation) {
+  if (!gpu_or_skip()) return;
+  auto dir = test::fixture("shards", "manifest.tsv");
+  if (!dir) return;
+  safetensors::Checkpoint ckpt(*dir / "model.safetensors.index.json");
+  auto loaded = cuda::load(ckpt);
+  EXPECT_EQ(loaded.placements().size(), ckpt.size());
+  for (const auto& p : loaded.placements()) {
+    expect_same(download(loaded.data(p.name), p.byte_size), ckpt.get_tensor(p.name).data, p.name);
+  }
+}
+
+/// The driver entry points a test needs to make its own buffer and stream, as an engine would.
+struct Driver {
+  Driver() : lib(::dlopen("libcuda.so.1", RTLD_NOW)) {
+    if (!lib) lib = ::dlopen("libcuda.so", RTLD_NOW);
+  }
+  template <class F>
+  F get(const char* name) const {
+    return reinterpret_cast<F>(::dlsym(lib, name));
+  }
+  void* lib;
+};
+
+TEST(CudaGpu, CallerBufferAndStream) {
+  if (!gpu_or_skip()) return;
+  test::TempDir dir;
+  SafeOpen f(make_file(dir));
+  cuda::Uploader up(0, {.slot_bytes = 1u << 20});  // also makes the device's context current here
+  Driver drv;
+  ASSERT_NE(drv.lib, nullptr);
+  auto mem_alloc = drv.get<int (*)(std::uint64_t*, std::size_t)>("cuMemAlloc_v2");
+  auto mem_free = drv.get<int (*)(std::uint64_t)>("cuMemFree_v2");
+  auto stream_create = drv.get<int (*)(void**, unsigned)>("cuStreamCreate");
+  auto stream_sync = drv.get<int (*)(void*)>("cuStreamSynchronize");
+  auto stream_destroy = drv.get<int (*)(void*)>("cuStreamDestroy_v2");
+  auto [bytes, placements] = cuda::plan(f);
+  std::uint64_t dst = 0;
+  void* stream = nullptr;
+  ASSERT_EQ(mem_alloc(&dst, bytes), 0);
+  ASSERT_EQ(stream_create(&stream, 1 /* non-blocking */), 0);
+  auto placed = up.load_into(f, {}, reinterpret_cast<void*>(dst), bytes, reinterpret_cast<std::uintptr_t>(stream));
+  EXPECT_EQ(placed.size(), placements.size());
+  ASSERT_EQ(stream_sync(stream), 0);  // completion is visible on the caller's stream
+  for (const auto& p : placed) {
+    expect_same(download(reinterpret_cast<void*>(dst + p.offset), p.byte_size), f.get_tensor(p.name).data, p.name);
+  }
+  EXPECT_EQ(kind_of([&] {
+              (void)up.load_into(f, {}, reinterpret_cast<void*>(dst), bytes - 1, reinterpret_cast<std::uintptr_t>(stream));
+            }),
+            ErrorKind::Cuda);
+  up.synchronize();
+  stream_destroy(stream);
+  mem_free(dst);
+}
+
+TEST(CudaGpu, ManyThreadsLoadAtOnce) {
+  if (!gpu_or_skip()) return;
+  test::TempDir dir;
+  auto path = make_file(dir);
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      SafeOpen f(path, {t % 2 ? safetensors::Backend::Read : safetensors::Backend::Mmap});
+      auto loaded = cuda::load(f, 0, {.slot_bytes = 1u << 20, .readers = 2});
+      for (const auto& p : loaded.placements()) {
+        auto got = download(loaded.data(p.name), p.byte_size);
+        auto want = f.get_tensor(p.name);
+        if (got.size() != want.data.size() || std::memcmp(got.data(), want.data.data(), got.size()) != 0) ++bad;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
+TEST(CudaGpu, ReleasedBuffersBelongToTheCaller) {
+  if (!gpu_or_skip()) return;
+  test::TempDir dir;
+  SafeOpen f(make_file(dir));
+  auto loaded = cuda::load(f);
+  auto buffer = loaded.release_buffer();
+  void* raw = buffer.release();
+  EXPECT_EQ(buffer.data(), nullptr);
+  auto want = f.get_tensor("t0");
+  expect_same(download(raw, want.data.size()), want.data, "after release");
+  Driver drv;
+  EXPECT_EQ(drv.get<int (*)(std::uint64_t)>("cuMemFree_v2")(reinterpret_cast<std::uintptr_t>(raw)), 0);
+}
+
+}  // namespace
