@@ -10,6 +10,8 @@
 set(SAFETENSORS_CORROSION_TAG "v0.6.1" CACHE STRING "Corrosion tag fetched when SAFETENSORS_FETCH_CORROSION=ON")
 set(SAFETENSORS_CARGO_PROFILE "" CACHE STRING "Cargo profile for the Rust core (default: dev for Debug builds, release otherwise)")
 set(SAFETENSORS_CARGO_TARGET_DIR "${PROJECT_BINARY_DIR}/cargo" CACHE PATH "Cargo target directory for the plain cargo step (presets share one)")
+set(SAFETENSORS_CARGO_RUSTFLAGS "" CACHE STRING "RUSTFLAGS for the cargo step (the fuzz preset adds coverage instrumentation)")
+set(SAFETENSORS_CARGO_TARGET "" CACHE STRING "Cargo --target triple (needed with RUSTFLAGS, so they do not reach build scripts)")
 
 if(SAFETENSORS_CARGO_PROFILE)
   set(_st_profile "${SAFETENSORS_CARGO_PROFILE}")
@@ -70,8 +72,14 @@ else()
   else()
     set(_st_profile_dir ${_st_profile})
   endif()
+  set(_st_out_dir "${SAFETENSORS_CARGO_TARGET_DIR}")
+  set(_st_target_args "")
+  if(SAFETENSORS_CARGO_TARGET)
+    set(_st_out_dir "${SAFETENSORS_CARGO_TARGET_DIR}/${SAFETENSORS_CARGO_TARGET}")
+    set(_st_target_args --target ${SAFETENSORS_CARGO_TARGET})
+  endif()
   set(SAFETENSORS_GENERATED_INCLUDE_DIR "${SAFETENSORS_CARGO_TARGET_DIR}/include")
-  set(SAFETENSORS_RUST_STATICLIB "${SAFETENSORS_CARGO_TARGET_DIR}/${_st_profile_dir}/libsafetensors_cxx.a")
+  set(SAFETENSORS_RUST_STATICLIB "${_st_out_dir}/${_st_profile_dir}/libsafetensors_cxx.a")
   set(_st_feature_args "")
   if(_st_features)
     set(_st_feature_args --features ${_st_features})
@@ -81,9 +89,9 @@ else()
     safetensors_cargo_build ALL
     COMMAND
       ${CMAKE_COMMAND} -E env "SAFETENSORS_CXX_INCLUDE_DIR=${SAFETENSORS_GENERATED_INCLUDE_DIR}"
-      "CXX=${CMAKE_CXX_COMPILER}" ${SAFETENSORS_CARGO} build --locked --lib -p safetensors-cxx --profile
-      ${_st_profile} --target-dir ${SAFETENSORS_CARGO_TARGET_DIR} --manifest-path
-      ${PROJECT_SOURCE_DIR}/Cargo.toml ${_st_feature_args}
+      "CXX=${CMAKE_CXX_COMPILER}" "RUSTFLAGS=${SAFETENSORS_CARGO_RUSTFLAGS}" ${SAFETENSORS_CARGO} build --locked --lib
+      -p safetensors-cxx --profile ${_st_profile} --target-dir ${SAFETENSORS_CARGO_TARGET_DIR} ${_st_target_args}
+      --manifest-path ${PROJECT_SOURCE_DIR}/Cargo.toml ${_st_feature_args}
     BYPRODUCTS "${SAFETENSORS_RUST_STATICLIB}" "${SAFETENSORS_GENERATED_INCLUDE_DIR}/safetensors/ffi/lib.rs.h"
                "${SAFETENSORS_GENERATED_INCLUDE_DIR}/safetensors/ffi/rust/cxx.h"
     WORKING_DIRECTORY "${PROJECT_SOURCE_DIR}"

@@ -73,7 +73,8 @@ std::string shape_text(const std::vector<std::size_t>& shape) {
 
 std::string json_string(std::string_view v) {
   std::string out = "\"";
-  for (unsigned char c : v) {
+  for (char ch : v) {
+    auto c = static_cast<unsigned char>(ch);
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;

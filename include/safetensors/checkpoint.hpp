@@ -49,14 +49,7 @@ class Checkpoint {
 
   /// The index's `metadata` (non-string values, like `total_size`, as their JSON text), or the
   /// single file's `__metadata__`.
-  [[nodiscard]] std::map<std::string, std::string> metadata() const {
-    const auto& c = *state_->ckpt;
-    std::map<std::string, std::string> out;
-    for (std::size_t i = 0; i < c.metadata_len(); ++i) {
-      out.emplace(detail::view(c.metadata_key(i)), detail::view(c.metadata_value(i)));
-    }
-    return out;
-  }
+  [[nodiscard]] std::map<std::string, std::string> metadata() const { return detail::metadata_of(*state_->ckpt); }
   [[nodiscard]] bool has_metadata() const { return state_->ckpt->has_metadata(); }
 
   [[nodiscard]] bool contains(std::string_view name) const { return state_->ckpt->position(detail::bytes(name)) >= 0; }

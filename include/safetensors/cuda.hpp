@@ -103,7 +103,8 @@ inline std::vector<Placement> placements(const ffi::UploadJob& job) {
     auto p = job.placement(i);
     auto shape = job.placement_shape(i);
     out.push_back({std::string(safetensors::detail::view(job.placement_name(i))), static_cast<Dtype>(p.dtype),
-                   {shape.begin(), shape.end()}, static_cast<std::size_t>(p.offset), static_cast<std::size_t>(p.len)});
+                   {shape.data(), shape.data() + shape.size()}, static_cast<std::size_t>(p.offset),
+                   static_cast<std::size_t>(p.len)});
   }
   return out;
 }

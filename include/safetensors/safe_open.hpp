@@ -39,7 +39,7 @@ class SafeOpen {
     auto order = f.sorted_positions();
     std::vector<std::string> out;
     out.reserve(order.size());
-    for (auto i : order) out.emplace_back(detail::view(f.name_at(i)));
+    for (std::size_t k = 0; k < order.size(); ++k) out.emplace_back(detail::view(f.name_at(order.data()[k])));
     return out;
   }
 
@@ -53,14 +53,7 @@ class SafeOpen {
   }
 
   /// The `__metadata__` map (empty when the file has none).
-  [[nodiscard]] std::map<std::string, std::string> metadata() const {
-    const auto& f = *state_->file;
-    std::map<std::string, std::string> out;
-    for (std::size_t i = 0; i < f.metadata_len(); ++i) {
-      out.emplace(detail::view(f.metadata_key(i)), detail::view(f.metadata_value(i)));
-    }
-    return out;
-  }
+  [[nodiscard]] std::map<std::string, std::string> metadata() const { return detail::metadata_of(*state_->file); }
 
   /// Whether the header has a `__metadata__` map at all.
   [[nodiscard]] bool has_metadata() const { return state_->file->has_metadata(); }

@@ -115,7 +115,7 @@ class Selection {
   Selection(detail::Source src, Dtype dtype, ::rust::Box<ffi::SlicePlan> plan)
       : src_(std::move(src)), dtype_(dtype), plan_(detail::share(std::move(plan))) {
     auto s = plan_->shape();
-    shape_.assign(s.begin(), s.end());
+    shape_.assign(s.data(), s.data() + s.size());  // not rust::Slice iterators: see detail/bridge.hpp
   }
 
   detail::Source src_;

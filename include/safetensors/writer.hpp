@@ -75,7 +75,8 @@ template <NamedTensorRange R>
     ::rust::Slice<const std::size_t> dims{shape.data(), shape.size()};
     call([&] { writer->add_tensor(bytes(name), static_cast<std::uint8_t>(Dtype{tensor.dtype}), dims, raw); });
   }
-  for (const auto& [k, v] : metadata) call([&] { writer->add_metadata(bytes(k), bytes(v)); });
+  // Not a structured binding: clang before 16 cannot capture one in a lambda.
+  for (const auto& entry : metadata) call([&] { writer->add_metadata(bytes(entry.first), bytes(entry.second)); });
   return writer;
 }
 

@@ -14,16 +14,7 @@ using safetensors::TensorView;
 
 namespace {
 
-template <class F>
-ErrorKind kind_of(F&& f) {
-  try {
-    f();
-  } catch (const safetensors::Error& e) {
-    return e.kind();
-  }
-  ADD_FAILURE() << "no safetensors::Error thrown";
-  return ErrorKind::Internal;
-}
+using test::kind_of;
 
 TEST(Checkpoint, ReadsAPythonWrittenShardedCheckpoint) {
   auto dir = test::fixture("shards", "manifest.tsv");

@@ -19,16 +19,7 @@ namespace cuda = safetensors::cuda;
 
 namespace {
 
-template <class F>
-ErrorKind kind_of(F&& f) {
-  try {
-    f();
-  } catch (const safetensors::Error& e) {
-    return e.kind();
-  }
-  ADD_FAILURE() << "no safetensors::Error thrown";
-  return ErrorKind::Internal;
-}
+using test::kind_of;
 
 /// A file of assorted tensors: odd sizes (so alignment padding shows), several dtypes, and one
 /// larger than a staging slot so uploads span several chunks.
@@ -213,7 +204,9 @@ TEST(CudaGpu, CallerBufferAndStream) {
   auto stream_create = drv.get<int (*)(void**, unsigned)>("cuStreamCreate");
   auto stream_sync = drv.get<int (*)(void*)>("cuStreamSynchronize");
   auto stream_destroy = drv.get<int (*)(void*)>("cuStreamDestroy_v2");
-  auto [bytes, placements] = cuda::plan(f);
+  auto planned = cuda::plan(f);  // not a structured binding: clang 14 cannot capture those
+  std::size_t bytes = planned.first;
+  const auto& placements = planned.second;
   std::uint64_t dst = 0;
   void* stream = nullptr;
   ASSERT_EQ(mem_alloc(&dst, bytes), 0);

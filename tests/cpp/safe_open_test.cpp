@@ -17,18 +17,9 @@ using safetensors::SafeOpen;
 
 namespace {
 
-constexpr Backend kBackends[] = {Backend::Mmap, Backend::Read};
+using test::kind_of;
 
-template <class F>
-ErrorKind kind_of(F&& f) {
-  try {
-    f();
-  } catch (const safetensors::Error& e) {
-    return e.kind();
-  }
-  ADD_FAILURE() << "no safetensors::Error thrown";
-  return ErrorKind::Internal;
-}
+constexpr Backend kBackends[] = {Backend::Mmap, Backend::Read};
 
 // Three F32 tensors whose JSON order, file order and name order all differ, plus metadata.
 constexpr std::string_view kThree =

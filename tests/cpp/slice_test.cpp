@@ -17,16 +17,7 @@ using safetensors::TensorView;
 
 namespace {
 
-template <class F>
-ErrorKind kind_of(F&& f) {
-  try {
-    f();
-  } catch (const safetensors::Error& e) {
-    return e.kind();
-  }
-  ADD_FAILURE() << "no safetensors::Error thrown";
-  return ErrorKind::Internal;
-}
+using test::kind_of;
 
 /// "i:3,r:1::2" -> {3, Index::range(1, {}, 2)}
 std::vector<Index> parse_spec(const std::string& spec) {

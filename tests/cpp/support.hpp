@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <safetensors/error.hpp>
 
 #include <array>
 #include <cstdint>
@@ -23,6 +24,18 @@
 namespace test {
 
 namespace fs = std::filesystem;
+
+/// The kind of the `safetensors::Error` that `f` throws (a test failure if it throws none).
+template <class F>
+safetensors::ErrorKind kind_of(F&& f) {
+  try {
+    f();
+  } catch (const safetensors::Error& e) {
+    return e.kind();
+  }
+  ADD_FAILURE() << "no safetensors::Error thrown";
+  return safetensors::ErrorKind::Internal;
+}
 
 /// A fresh directory removed at scope exit.
 class TempDir {

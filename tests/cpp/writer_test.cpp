@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <random>
 #include <thread>
 
 #include "support.hpp"
@@ -20,16 +21,7 @@ using safetensors::TensorView;
 
 namespace {
 
-template <class F>
-ErrorKind kind_of(F&& f) {
-  try {
-    f();
-  } catch (const safetensors::Error& e) {
-    return e.kind();
-  }
-  ADD_FAILURE() << "no safetensors::Error thrown";
-  return ErrorKind::Internal;
-}
+using test::kind_of;
 
 std::string header_of(const std::vector<std::byte>& file) {
   std::uint64_t n = 0;
@@ -202,9 +194,16 @@ TEST(Writer, AWriterKilledMidWriteLeavesTheOldFileIntact) {
   std::vector<std::uint8_t> old_bytes(1 << 20, 7);
   safetensors::save_file(target, {{"old", TensorView{Dtype::U8, {old_bytes.size()}, std::as_bytes(std::span(old_bytes)), {}}}});
   const auto before = test::read_bytes(target);
-  // 384 MiB of new data: long enough to catch the writer in the middle.
+  // 384 MiB of new data: long enough to catch the writer in the middle. Kill points: right
+  // after the start, then at random amounts written (the seed is printed to replay a failure).
   std::vector<std::uint8_t> big(384u << 20, 9);
-  for (std::uintmax_t threshold : {std::uintmax_t{1} << 20, std::uintmax_t{64} << 20, std::uintmax_t{200} << 20}) {
+  std::random_device rd;
+  auto seed = rd();
+  std::mt19937_64 rng(seed);
+  std::cout << "kill points seed " << seed << "\n";
+  std::vector<std::uintmax_t> thresholds{0};
+  for (int i = 0; i < 5; ++i) thresholds.push_back(rng() % (std::uintmax_t{360} << 20));
+  for (std::uintmax_t threshold : thresholds) {
     pid_t child = fork();
     ASSERT_GE(child, 0);
     if (child == 0) {
@@ -231,6 +230,7 @@ TEST(Writer, AWriterKilledMidWriteLeavesTheOldFileIntact) {
     }
     ASSERT_TRUE(WIFSIGNALED(status));
     EXPECT_GE(written, threshold);
+    std::cout << "killed the writer after " << written << " bytes\n";
     EXPECT_EQ(test::read_bytes(target), before) << "killed after " << written << " bytes";
     // What is left is a hidden temporary file, never something under the target's name.
     for (const auto& name : listing(dir.path())) {

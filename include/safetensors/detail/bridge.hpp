@@ -2,6 +2,7 @@
 #pragma once
 
 #include <charconv>
+#include <map>
 #include <cstddef>
 #include <cstdint>
 #include <new>
@@ -51,6 +52,18 @@ inline ::rust::Slice<const std::uint8_t> bytes(std::string_view s) {
 }
 
 inline std::string_view view(::rust::Str s) { return {s.data(), s.size()}; }
+
+// Copy out of `rust::Slice` through data() and size(), never its iterators: instantiating their
+// arithmetic trips -Wsign-conversion inside cxx.h, which would break users building with
+// -Wconversion -Werror.
+
+/// The metadata map of a bridge object with `metadata_len/key/value` (a file or a checkpoint).
+template <class Bridged>
+std::map<std::string, std::string> metadata_of(const Bridged& b) {
+  std::map<std::string, std::string> out;
+  for (std::size_t i = 0; i < b.metadata_len(); ++i) out.emplace(view(b.metadata_key(i)), view(b.metadata_value(i)));
+  return out;
+}
 
 /// An open file, shared by every copy of a `SafeOpen` and every view taken from it.
 struct FileHandle {

@@ -6,13 +6,13 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use crate::file::{backend, File};
-use crate::{guard, metadata_pairs, BridgeError};
+use crate::{guard, BridgeError, MetadataPairs};
 
 pub struct Checkpoint {
     inner: safetensors_core::Checkpoint,
     /// Bridge wrappers of the shards, made when a shard is first opened.
     files: Vec<OnceLock<File>>,
-    metadata: Vec<(String, String)>,
+    metadata: MetadataPairs,
 }
 
 pub fn open_checkpoint(path: &[u8], backend_code: u8) -> Result<Box<Checkpoint>, BridgeError> {
@@ -22,7 +22,7 @@ pub fn open_checkpoint(path: &[u8], backend_code: u8) -> Result<Box<Checkpoint>,
             backend(backend_code),
         )?;
         let files = (0..inner.shard_count()).map(|_| OnceLock::new()).collect();
-        let metadata = metadata_pairs(inner.metadata());
+        let metadata = MetadataPairs::new(inner.metadata());
         Ok(Box::new(Checkpoint {
             inner,
             files,
@@ -88,10 +88,10 @@ impl Checkpoint {
     }
 
     pub fn metadata_key(&self, i: usize) -> &str {
-        self.metadata.get(i).map_or("", |(k, _)| k)
+        self.metadata.key(i)
     }
 
     pub fn metadata_value(&self, i: usize) -> &str {
-        self.metadata.get(i).map_or("", |(_, v)| v)
+        self.metadata.value(i)
     }
 }

@@ -8,13 +8,13 @@ use std::sync::{Arc, OnceLock};
 use safetensors_core::{Backend, Error, Indexer, SafeFile, TensorInfo};
 
 use crate::ffi::{ByteRun, SliceIndex};
-use crate::{guard, metadata_pairs, BridgeError, TensorMeta};
+use crate::{guard, BridgeError, MetadataPairs, TensorMeta};
 
 /// An open file plus what C++ asks for repeatedly, prepared once. Shared with a checkpoint when
 /// it is one of its shards.
 pub struct File {
     inner: Arc<SafeFile>,
-    metadata: Vec<(String, String)>,
+    metadata: MetadataPairs,
     sorted: OnceLock<Vec<u32>>,
 }
 
@@ -34,7 +34,7 @@ pub(crate) fn backend(code: u8) -> Backend {
 
 impl File {
     pub(crate) fn wrap(inner: Arc<SafeFile>) -> File {
-        let metadata = metadata_pairs(inner.header().metadata());
+        let metadata = MetadataPairs::new(inner.header().metadata());
         File {
             inner,
             metadata,
@@ -132,11 +132,11 @@ impl File {
     }
 
     pub fn metadata_key(&self, i: usize) -> &str {
-        self.metadata.get(i).map_or("", |(k, _)| k)
+        self.metadata.key(i)
     }
 
     pub fn metadata_value(&self, i: usize) -> &str {
-        self.metadata.get(i).map_or("", |(_, v)| v)
+        self.metadata.value(i)
     }
 
     pub fn mapped_data(&self) -> &[u8] {

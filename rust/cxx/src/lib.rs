@@ -259,10 +259,25 @@ mod ffi {
 
 pub use ffi::{ByteRun, SliceIndex, TensorMeta, UploadTensor};
 
-/// A metadata map as the sorted pairs C++ walks by index.
-pub(crate) fn metadata_pairs(map: Option<&BTreeMap<String, String>>) -> Vec<(String, String)> {
-    map.map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-        .unwrap_or_default()
+/// A metadata map as the sorted pairs C++ walks by index (out of range: "").
+pub(crate) struct MetadataPairs(Vec<(String, String)>);
+
+impl MetadataPairs {
+    pub(crate) fn new(map: Option<&BTreeMap<String, String>>) -> MetadataPairs {
+        MetadataPairs(
+            map.map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+                .unwrap_or_default(),
+        )
+    }
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+    pub(crate) fn key(&self, i: usize) -> &str {
+        self.0.get(i).map_or("", |(k, _)| k)
+    }
+    pub(crate) fn value(&self, i: usize) -> &str {
+        self.0.get(i).map_or("", |(_, v)| v)
+    }
 }
 
 /// An error on its way to C++: the text is `"<kind>:<message>"`.

@@ -1,0 +1,64 @@
+//! The hostile-file corpus (tests/hostile/make_corpus.py): every case gets exactly its expected
+//! error kind, with both backends, and the look-alikes open.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use safetensors_core::{Backend, SafeFile};
+
+/// Builds the corpus with any python3 (it needs only the standard library).
+fn corpus() -> PathBuf {
+    let dir = common::scratch_dir("hostile_corpus");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/hostile/make_corpus.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(&dir)
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
+
+#[test]
+fn every_hostile_file_gets_its_expected_error_kind() {
+    let dir = corpus();
+    let manifest = std::fs::read_to_string(dir.join("manifest.tsv")).unwrap();
+    let mut checked = 0;
+    for line in manifest.lines() {
+        let mut cols = line.split('\t');
+        let (name, want, what) = (
+            cols.next().unwrap(),
+            cols.next().unwrap(),
+            cols.next().unwrap(),
+        );
+        for backend in [Backend::Mmap, Backend::Read] {
+            let got = match SafeFile::open(dir.join(name), backend) {
+                Ok(f) => {
+                    // Opened files must also read back every tensor without error.
+                    for info in f.header().iter() {
+                        let bytes = f.tensor_bytes(info.name).unwrap();
+                        assert_eq!(bytes.len(), info.byte_len(), "{name}");
+                    }
+                    "OK".to_string()
+                }
+                Err(e) => {
+                    assert!(
+                        e.to_string()
+                            .contains(name.trim_end_matches(".safetensors")),
+                        "{name}: {e}"
+                    );
+                    e.kind().name().to_string()
+                }
+            };
+            assert_eq!(got, want, "{name} ({what}) with {backend:?}");
+            checked += 1;
+        }
+    }
+    assert!(checked > 200, "{checked}");
+}

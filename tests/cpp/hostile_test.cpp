@@ -1,0 +1,82 @@
+// The hostile-file corpus (tests/hostile/make_corpus.py) through the public API: every case is a
+// safetensors::Error of its expected kind naming the file, with both backends; never a crash
+// (the asan preset runs this under ASan + UBSan). Look-alikes that must open do, and read back.
+#include <safetensors/safetensors.hpp>
+
+#include <gtest/gtest.h>
+
+#include "support.hpp"
+
+using safetensors::Backend;
+using safetensors::SafeOpen;
+
+namespace {
+
+struct Case {
+  std::string file, kind, what;
+};
+
+std::optional<std::pair<std::filesystem::path, std::vector<Case>>> corpus() {
+  auto dir = test::fixture("hostile", "manifest.tsv");
+  if (!dir) return std::nullopt;
+  std::vector<Case> cases;
+  std::ifstream in(*dir / "manifest.tsv");
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream cols(line);
+    Case c;
+    std::getline(cols, c.file, '\t');
+    std::getline(cols, c.kind, '\t');
+    std::getline(cols, c.what, '\t');
+    cases.push_back(c);
+  }
+  return std::make_pair(*dir, cases);
+}
+
+class Hostile : public ::testing::TestWithParam<Backend> {};
+
+TEST_P(Hostile, EveryCaseIsItsExpectedErrorKindNamingTheFile) {
+  auto c = corpus();
+  if (!c) return;
+  auto& [dir, cases] = *c;
+  ASSERT_GT(cases.size(), 100u);
+  for (const auto& k : cases) {
+    auto path = dir / k.file;
+    std::string got = "OK";
+    try {
+      SafeOpen f(path, {GetParam()});
+      for (const auto& name : f.keys()) {
+        auto view = f.get_tensor(name);
+        EXPECT_EQ(view.data.size(), f.info(name).byte_size()) << k.file;
+      }
+    } catch (const safetensors::Error& e) {
+      got = std::string(safetensors::to_string(e.kind()));
+      EXPECT_NE(std::string(e.what()).find(k.file.substr(0, k.file.size() - 12)), std::string::npos)
+          << k.file << ": " << e.what();
+    }
+    EXPECT_EQ(got, k.kind) << k.file << " (" << k.what << ")";
+  }
+}
+
+TEST_P(Hostile, HintsNameTheLikelyCause) {
+  auto c = corpus();
+  if (!c) return;
+  auto& dir = c->first;
+  auto message = [&](const char* file) -> std::string {
+    try {
+      SafeOpen f(dir / file, {GetParam()});
+    } catch (const safetensors::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(message("git_lfs_pointer.safetensors").find("git-lfs pointer"), std::string::npos);
+  EXPECT_NE(message("data_truncated.safetensors").find("interrupted download"), std::string::npos);
+  EXPECT_NE(message("data_trailing.safetensors").find("1 extra byte"), std::string::npos);
+  EXPECT_NE(message("a_directory.safetensors").find("directory"), std::string::npos);
+  EXPECT_NE(message("a_fifo.safetensors").find("not a regular file"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Hostile, ::testing::Values(Backend::Mmap, Backend::Read),
+                         [](const auto& p) { return p.param == Backend::Mmap ? "Mmap" : "Read"; });
+
+}  // namespace
