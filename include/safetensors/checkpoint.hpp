@@ -1,11 +1,13 @@
 // Sharded checkpoints: `model.safetensors.index.json` and its shards, read as one.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,9 +36,9 @@ namespace safetensors {
 class Checkpoint {
  public:
   explicit Checkpoint(const std::filesystem::path& path, OpenOptions options = {})
-      : state_(std::make_shared<const Handle>(Handle{detail::call([&] {
+      : state_(std::make_shared<const Handle>(detail::call([&] {
           return ffi::open_checkpoint(detail::bytes(path.native()), static_cast<std::uint8_t>(options.backend));
-        })})) {}
+        }))) {}
 
   /// Tensor names, sorted byte-wise.
   [[nodiscard]] std::vector<std::string> keys() const {
@@ -77,8 +79,19 @@ class Checkpoint {
  private:
   friend struct detail::Access;
 
+  // The Rust side already opens each shard once, under its own lock. That lock lives in code
+  // the user's ThreadSanitizer build does not instrument, so the order between one thread
+  // opening a shard and another reading it would be invisible there and reported as a race.
+  // Each shard is therefore published again here, through a C++ atomic (one acquire load per
+  // lookup) and a per-shard mutex for the first open.
   struct Handle {
+    explicit Handle(::rust::Box<ffi::Checkpoint> c)
+        : ckpt(std::move(c)),
+          files(std::make_unique<std::atomic<const ffi::File*>[]>(ckpt->shard_count())),
+          opening(std::make_unique<std::mutex[]>(ckpt->shard_count())) {}
     ::rust::Box<ffi::Checkpoint> ckpt;
+    std::unique_ptr<std::atomic<const ffi::File*>[]> files;
+    std::unique_ptr<std::mutex[]> opening;
   };
 
   [[nodiscard]] std::filesystem::path shard_path(std::size_t i) const {
@@ -89,8 +102,17 @@ class Checkpoint {
   [[nodiscard]] detail::Source source_for(std::string_view name) const {
     const auto& c = *state_->ckpt;
     std::size_t shard = detail::call([&] { return c.shard_of(detail::bytes(name)); });
-    const ffi::File& file = detail::call([&]() -> const ffi::File& { return c.shard_file(shard); });
-    return detail::Source::of(file, state_);
+    auto& slot = state_->files[shard];
+    const ffi::File* file = slot.load(std::memory_order_acquire);
+    if (file == nullptr) {
+      std::lock_guard lock(state_->opening[shard]);
+      file = slot.load(std::memory_order_relaxed);
+      if (file == nullptr) {
+        file = &detail::call([&]() -> const ffi::File& { return c.shard_file(shard); });
+        slot.store(file, std::memory_order_release);
+      }
+    }
+    return detail::Source::of(*file, state_);
   }
 
   std::shared_ptr<const Handle> state_;

@@ -36,10 +36,10 @@ class SafeOpen {
   /// Tensor names sorted byte-wise, like Python's `safe_open(...).keys()`.
   [[nodiscard]] std::vector<std::string> keys() const {
     const auto& f = *state_->file;
-    auto order = f.sorted_positions();
+    const std::size_t n = f.tensor_count();
     std::vector<std::string> out;
-    out.reserve(order.size());
-    for (std::size_t k = 0; k < order.size(); ++k) out.emplace_back(detail::view(f.name_at(order.data()[k])));
+    out.reserve(n);
+    for (std::size_t k = 0; k < n; ++k) out.emplace_back(detail::view(f.sorted_name(k)));
     return out;
   }
 

@@ -95,8 +95,10 @@ mod ffi {
         fn name_at(self: &File, index: usize) -> &str;
         /// Every tensor's dimensions back to back; `TensorMeta::shape_start/len` index it.
         fn dims(self: &File) -> &[usize];
-        /// File-order positions sorted by name, computed once.
-        fn sorted_positions(self: &File) -> &[u32];
+        /// Name of the `k`-th tensor in byte-wise name order ("" out of range). The order is
+        /// computed once and read only on the Rust side, so C++ never reads memory whose
+        /// publication it cannot see (see `File::sorted`).
+        fn sorted_name(self: &File, k: usize) -> &str;
         /// Whether the header has a `__metadata__` map (`null` counts as absent).
         fn has_metadata(self: &File) -> bool;
         /// Number of metadata entries.
