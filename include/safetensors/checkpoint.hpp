@@ -51,7 +51,7 @@ class Checkpoint {
 
   /// The index's `metadata` (non-string values, like `total_size`, as their JSON text), or the
   /// single file's `__metadata__`.
-  [[nodiscard]] std::map<std::string, std::string> metadata() const { return detail::metadata_of(*state_->ckpt); }
+  [[nodiscard]] std::map<std::string, std::string> metadata() const { return detail::metadata_of(state_->ckpt->metadata()); }
   [[nodiscard]] bool has_metadata() const { return state_->ckpt->has_metadata(); }
 
   [[nodiscard]] bool contains(std::string_view name) const { return state_->ckpt->position(detail::bytes(name)) >= 0; }

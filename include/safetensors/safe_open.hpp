@@ -53,7 +53,7 @@ class SafeOpen {
   }
 
   /// The `__metadata__` map (empty when the file has none).
-  [[nodiscard]] std::map<std::string, std::string> metadata() const { return detail::metadata_of(*state_->file); }
+  [[nodiscard]] std::map<std::string, std::string> metadata() const { return detail::metadata_of(state_->file->metadata()); }
 
   /// Whether the header has a `__metadata__` map at all.
   [[nodiscard]] bool has_metadata() const { return state_->file->has_metadata(); }

@@ -57,11 +57,10 @@ inline std::string_view view(::rust::Str s) { return {s.data(), s.size()}; }
 // arithmetic trips -Wsign-conversion inside cxx.h, which would break users building with
 // -Wconversion -Werror.
 
-/// The metadata map of a bridge object with `metadata_len/key/value` (a file or a checkpoint).
-template <class Bridged>
-std::map<std::string, std::string> metadata_of(const Bridged& b) {
+/// A bridge metadata map (of a file or a checkpoint) as a `std::map`.
+inline std::map<std::string, std::string> metadata_of(const ffi::Metadata& m) {
   std::map<std::string, std::string> out;
-  for (std::size_t i = 0; i < b.metadata_len(); ++i) out.emplace(view(b.metadata_key(i)), view(b.metadata_value(i)));
+  for (std::size_t i = 0; i < m.len(); ++i) out.emplace(view(m.key(i)), view(m.value(i)));
   return out;
 }
 

@@ -6,13 +6,13 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use crate::file::{backend, File};
-use crate::{guard, BridgeError, MetadataPairs};
+use crate::{guard, BridgeError, Metadata};
 
 pub struct Checkpoint {
     inner: safetensors_core::Checkpoint,
     /// Bridge wrappers of the shards, made when a shard is first opened.
     files: Vec<OnceLock<File>>,
-    metadata: MetadataPairs,
+    metadata: Metadata,
 }
 
 pub fn open_checkpoint(path: &[u8], backend_code: u8) -> Result<Box<Checkpoint>, BridgeError> {
@@ -22,7 +22,7 @@ pub fn open_checkpoint(path: &[u8], backend_code: u8) -> Result<Box<Checkpoint>,
             backend(backend_code),
         )?;
         let files = (0..inner.shard_count()).map(|_| OnceLock::new()).collect();
-        let metadata = MetadataPairs::new(inner.metadata());
+        let metadata = Metadata::new(inner.metadata());
         Ok(Box::new(Checkpoint {
             inner,
             files,
@@ -83,15 +83,7 @@ impl Checkpoint {
         self.inner.metadata().is_some()
     }
 
-    pub fn metadata_len(&self) -> usize {
-        self.metadata.len()
-    }
-
-    pub fn metadata_key(&self, i: usize) -> &str {
-        self.metadata.key(i)
-    }
-
-    pub fn metadata_value(&self, i: usize) -> &str {
-        self.metadata.value(i)
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
     }
 }

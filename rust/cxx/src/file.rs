@@ -8,13 +8,13 @@ use std::sync::{Arc, OnceLock};
 use safetensors_core::{Backend, Error, Indexer, SafeFile, TensorInfo};
 
 use crate::ffi::{ByteRun, SliceIndex};
-use crate::{guard, BridgeError, MetadataPairs, TensorMeta};
+use crate::{guard, BridgeError, Metadata, TensorMeta};
 
 /// An open file plus what C++ asks for repeatedly, prepared once. Shared with a checkpoint when
 /// it is one of its shards.
 pub struct File {
     inner: Arc<SafeFile>,
-    metadata: MetadataPairs,
+    metadata: Metadata,
     sorted: OnceLock<Vec<u32>>,
 }
 
@@ -34,7 +34,7 @@ pub(crate) fn backend(code: u8) -> Backend {
 
 impl File {
     pub(crate) fn wrap(inner: Arc<SafeFile>) -> File {
-        let metadata = MetadataPairs::new(inner.header().metadata());
+        let metadata = Metadata::new(inner.header().metadata());
         File {
             inner,
             metadata,
@@ -132,16 +132,8 @@ impl File {
         self.inner.header().metadata().is_some()
     }
 
-    pub fn metadata_len(&self) -> usize {
-        self.metadata.len()
-    }
-
-    pub fn metadata_key(&self, i: usize) -> &str {
-        self.metadata.key(i)
-    }
-
-    pub fn metadata_value(&self, i: usize) -> &str {
-        self.metadata.value(i)
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
     }
 
     pub fn mapped_data(&self) -> &[u8] {

@@ -78,6 +78,15 @@ mod ffi {
 
     extern "Rust" {
         /// An open safetensors file (mapped, or read on demand).
+        /// A metadata map as sorted (key, value) pairs, walked by index.
+        type Metadata;
+        /// Number of entries.
+        fn len(self: &Metadata) -> usize;
+        /// Key `i` in sorted order ("" out of range).
+        fn key(self: &Metadata, i: usize) -> &str;
+        /// Value of key `i` ("" out of range).
+        fn value(self: &Metadata, i: usize) -> &str;
+
         type File;
 
         /// Opens and validates `path` (raw bytes of a native path). `backend`: 0 mmap, 1 read.
@@ -101,12 +110,8 @@ mod ffi {
         fn sorted_name(self: &File, k: usize) -> &str;
         /// Whether the header has a `__metadata__` map (`null` counts as absent).
         fn has_metadata(self: &File) -> bool;
-        /// Number of metadata entries.
-        fn metadata_len(self: &File) -> usize;
-        /// Metadata key `i`, in sorted order.
-        fn metadata_key(self: &File, i: usize) -> &str;
-        /// Metadata value `i`, in sorted key order.
-        fn metadata_value(self: &File, i: usize) -> &str;
+        /// The `__metadata__` entries (none when absent).
+        fn metadata(self: &File) -> &Metadata;
         /// The data buffer when mapped; empty with the read backend.
         fn mapped_data(self: &File) -> &[u8];
         /// Whether the file is mapped.
@@ -182,12 +187,8 @@ mod ffi {
         fn shards_opened(self: &Checkpoint) -> usize;
         /// Whether the index (or single file) has metadata.
         fn has_metadata(self: &Checkpoint) -> bool;
-        /// Number of metadata entries.
-        fn metadata_len(self: &Checkpoint) -> usize;
-        /// Metadata key `i`, sorted.
-        fn metadata_key(self: &Checkpoint, i: usize) -> &str;
-        /// Metadata value `i`, in sorted key order.
-        fn metadata_value(self: &Checkpoint, i: usize) -> &str;
+        /// The index's metadata (or the single file's `__metadata__`).
+        fn metadata(self: &Checkpoint) -> &Metadata;
 
         /// Tensors and slices to upload, from any files and shards.
         type UploadJob;
@@ -262,22 +263,25 @@ mod ffi {
 pub use ffi::{ByteRun, SliceIndex, TensorMeta, UploadTensor};
 
 /// A metadata map as the sorted pairs C++ walks by index (out of range: "").
-pub(crate) struct MetadataPairs(Vec<(String, String)>);
+pub struct Metadata(Vec<(String, String)>);
 
-impl MetadataPairs {
-    pub(crate) fn new(map: Option<&BTreeMap<String, String>>) -> MetadataPairs {
-        MetadataPairs(
+impl Metadata {
+    pub(crate) fn new(map: Option<&BTreeMap<String, String>>) -> Metadata {
+        Metadata(
             map.map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
                 .unwrap_or_default(),
         )
     }
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.0.len()
     }
-    pub(crate) fn key(&self, i: usize) -> &str {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    pub fn key(&self, i: usize) -> &str {
         self.0.get(i).map_or("", |(k, _)| k)
     }
-    pub(crate) fn value(&self, i: usize) -> &str {
+    pub fn value(&self, i: usize) -> &str {
         self.0.get(i).map_or("", |(_, v)| v)
     }
 }
