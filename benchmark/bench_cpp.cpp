@@ -188,8 +188,10 @@ Limits limits(const std::filesystem::path& path, int runs, bool want_write, cons
   if (want_write) {
     std::vector<std::byte> bytes(size, std::byte{3});
     auto dir = path.parent_path();
-    l.write_sync = {"write()+fsync", measure::repeat(runs, [&] { measure::write_file(dir, bytes, true); }), size, {}};
-    l.write_nosync = {"write()", measure::repeat(runs, [&] { measure::write_file(dir, bytes, false); }), size, {}};
+    auto remove = [&] { std::filesystem::remove(measure::raw_write_path(dir)); };
+    l.write_sync = {"write()+fsync", measure::repeat(runs, [&] { measure::write_file(dir, bytes, true); }, remove), size, {}};
+    l.write_nosync = {"write()", measure::repeat(runs, [&] { measure::write_file(dir, bytes, false); }, remove), size, {}};
+    remove();
   }
   return l;
 }

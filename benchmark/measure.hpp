@@ -94,10 +94,15 @@ struct MemcpyLimit {
   std::vector<std::byte> src, dst;
 };
 
+/// Where `write_file` writes in `dir`.
+inline std::filesystem::path raw_write_path(const std::filesystem::path& dir) { return dir / ".bench-raw-write.tmp"; }
+
 /// The limit for saving `n` bytes: one sequential write() of a new file in `dir`, optionally
-/// fsynced (our writer syncs, so that is the like-for-like figure).
+/// fsynced (our writer syncs, so that is the like-for-like figure). The file is left in place:
+/// remove it outside the timed region (unlinking a file whose pages are cached costs time that
+/// no save pays, since every save item writes to a path that does not exist yet).
 inline void write_file(const std::filesystem::path& dir, const std::vector<std::byte>& bytes, bool sync) {
-  auto path = dir / ".bench-raw-write.tmp";
+  auto path = raw_write_path(dir);
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw std::runtime_error("create " + path.string() + ": " + std::strerror(errno));
   std::size_t done = 0;
@@ -111,7 +116,6 @@ inline void write_file(const std::filesystem::path& dir, const std::vector<std::
   }
   if (sync) ::fsync(fd);
   ::close(fd);
-  std::filesystem::remove(path);
 }
 
 /// Drops the page cache (cold runs); needs root and a writable /proc/sys.

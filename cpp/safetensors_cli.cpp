@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -47,7 +48,7 @@ usage:
   safetensors bench FILE [--runs N]
       Quick figures: open (keys and every view), load (every byte), load into owned memory,
       and a plain read() of the file for comparison.
-  safetensors --help | --version
+  safetensors [COMMAND] --help | --version
 
 exit codes:
   0  success (validate: every file is valid)
@@ -58,6 +59,14 @@ exit codes:
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+/// An argument that looks like an option but is none of the command's: a usage error rather
+/// than a file name (a file whose name starts with "-" can be given as ./-name).
+[[noreturn]] void unknown_option(const std::string& command, const std::string& arg) {
+  throw UsageError(command + ": unknown option '" + arg + "'");
+}
+
+bool is_option(const std::string& a) { return a.size() > 1 && a[0] == '-'; }
 
 std::string with_commas(std::uint64_t n) {
   std::string s = std::to_string(n);
@@ -113,6 +122,7 @@ int inspect(const std::vector<std::string>& args) {
   std::optional<fs::path> path;
   for (const auto& a : args) {
     if (a == "--json") json = true;
+    else if (is_option(a)) unknown_option("inspect", a);
     else if (!path) path = a;
     else throw UsageError("inspect takes one file");
   }
@@ -260,6 +270,7 @@ int validate(const std::vector<std::string>& args) {
   std::vector<fs::path> paths;
   for (const auto& a : args) {
     if (a == "--header-only") header_only = true;
+    else if (is_option(a)) unknown_option("validate", a);
     else paths.emplace_back(a);
   }
   if (paths.empty()) throw UsageError("validate needs at least one file");
@@ -315,6 +326,8 @@ int metadata(const std::vector<std::string>& args) {
       auto eq = v.find('=');
       if (eq == std::string::npos || eq == 0) throw UsageError("--set takes KEY=VALUE, got '" + v + "'");
       sets[v.substr(0, eq)] = v.substr(eq + 1);
+    } else if (is_option(a)) {
+      unknown_option("metadata", a);
     } else if (!path) {
       path = a;
     } else {
@@ -369,12 +382,27 @@ int bench(const std::vector<std::string>& args) {
   std::optional<fs::path> path;
   int runs = 5;
   for (std::size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--runs" && i + 1 < args.size()) runs = std::max(1, std::stoi(args[++i]));
-    else if (!path) path = args[i];
-    else throw UsageError("bench takes one file");
+    if (args[i] == "--runs") {
+      if (i + 1 >= args.size()) throw UsageError("--runs needs a number");
+      const std::string& v = args[++i];
+      auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), runs);
+      if (ec != std::errc{} || end != v.data() + v.size() || runs < 1 || runs > 100000) {
+        throw UsageError("--runs takes a number from 1 to 100000, got '" + v + "'");
+      }
+    } else if (is_option(args[i])) {
+      unknown_option("bench", args[i]);
+    } else if (!path) {
+      path = args[i];
+    } else {
+      throw UsageError("bench takes one file");
+    }
   }
   if (!path) throw UsageError("bench needs a file");
-  std::uint64_t size = fs::file_size(*path);
+  std::uint64_t size = 0;
+  {
+    SafeOpen probe(*path);  // a missing or malformed file fails here, with its error kind
+    size = fs::file_size(*path);
+  }
   measure::warm(*path);
   std::uint64_t sink = 0;
   auto open = measure::median(measure::repeat(std::max(runs, 11), [&] {
@@ -417,6 +445,14 @@ int main(int argc, char** argv) {
   }
   std::string command = args[0];
   args.erase(args.begin());
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--set" || args[i] == "--delete" || args[i] == "--runs") {
+      ++i;  // the next argument is a value, even if it reads "--help"
+    } else if (args[i] == "--help" || args[i] == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+  }
   try {
     if (command == "inspect") return inspect(args);
     if (command == "validate") return validate(args);

@@ -77,6 +77,21 @@ TEST_F(Cli, HelpVersionAndUsageErrors) {
   EXPECT_TRUE(has(version.out, "safetensors ")) << version.out;
 }
 
+TEST_F(Cli, EveryCommandTakesHelpAndRefusesUnknownOptions) {
+  for (const char* command : {"inspect", "validate", "metadata", "bench"}) {
+    auto help = cli({command, "--help"});
+    EXPECT_EQ(help.code, 0) << command;
+    EXPECT_TRUE(has(help.out, "usage:")) << command << ": " << help.out;
+    auto unknown = cli({command, good_.string(), "--frobnicate"});
+    EXPECT_EQ(unknown.code, 2) << command;
+    EXPECT_TRUE(has(unknown.err, std::string(command) + ": unknown option '--frobnicate'")) << unknown.err;
+  }
+  // After --set, "--help" is a value, not a request for help.
+  auto set = cli({"metadata", good_.string(), "--set", "--help"});
+  EXPECT_EQ(set.code, 2);
+  EXPECT_TRUE(has(set.err, "--set takes KEY=VALUE")) << set.err;
+}
+
 TEST_F(Cli, InspectShowsMetadataTensorsAndTotals) {
   auto r = cli({"inspect", good_.string()});
   EXPECT_EQ(r.code, 0) << r.err;
@@ -152,6 +167,21 @@ TEST_F(Cli, BenchPrintsFigures) {
   auto r = cli({"bench", good_.string(), "--runs", "2"});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(has(r.out, "open (keys + every view)") && has(r.out, "plain read() of the file")) << r.out;
+}
+
+TEST_F(Cli, BenchOfABadFileOrBadRunsIsAnErrorNotACrash) {
+  auto bad = cli({"bench", bad_.string()});
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_TRUE(has(bad.err, "InvalidOffset")) << bad.err;
+  auto missing = cli({"bench", (dir_ / "missing.safetensors").string()});
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_TRUE(has(missing.err, "Io")) << missing.err;
+  for (const char* runs : {"abc", "0", "-3", "7x"}) {
+    auto r = cli({"bench", good_.string(), "--runs", runs});
+    EXPECT_EQ(r.code, 2) << runs;
+    EXPECT_TRUE(has(r.err, "--runs takes a number")) << r.err;
+  }
+  EXPECT_EQ(cli({"bench", good_.string(), "--runs"}).code, 2);
 }
 
 }  // namespace
