@@ -1,9 +1,10 @@
-//! Opening files: a read-only memory map, or positioned reads on demand.
+//! Opening files: a read-only memory map, or positioned reads on demand; and the one safe way
+//! this crate opens any file for reading ([`open_regular`], [`read_regular`]).
 
 use std::borrow::Cow;
 use std::fs::File;
-use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::io::{self, Read};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -28,7 +29,33 @@ pub enum Backend {
 
 enum Storage {
     Mapped(Mmap),
-    Reader(File),
+    Reader(Reader),
+}
+
+/// How the read backend reaches the file.
+enum Reader {
+    /// One descriptor, held for the life of the [`SafeFile`].
+    Held(File),
+    /// No descriptor between reads: each read operation opens the path again and checks that it
+    /// is still the file whose header was validated (same device and inode). Checkpoint shards
+    /// use this, so that a checkpoint of thousands of shards does not hold thousands of
+    /// descriptors; a shard replaced since it was opened is an `Io` error, never other data.
+    Reopen { path: PathBuf, dev: u64, ino: u64 },
+}
+
+/// A descriptor for one read operation: borrowed when held, opened for the operation otherwise.
+enum Handle<'a> {
+    Borrowed(&'a File),
+    Owned(File),
+}
+
+impl Handle<'_> {
+    fn file(&self) -> &File {
+        match self {
+            Handle::Borrowed(f) => f,
+            Handle::Owned(f) => f,
+        }
+    }
 }
 
 /// An open safetensors file: its validated header, plus the mapping or file handle.
@@ -59,48 +86,39 @@ impl SafeFile {
     /// Opens and validates `path`. Errors name the file.
     pub fn open(path: impl AsRef<Path>, backend: Backend) -> Result<SafeFile> {
         let path = path.as_ref();
-        Self::open_inner(path, backend).map_err(|e| e.in_file(path))
+        Self::open_inner(path, backend, true).map_err(|e| e.in_file(path))
     }
 
-    fn open_inner(path: &Path, backend: Backend) -> Result<SafeFile> {
-        // O_NONBLOCK so that opening a FIFO by mistake fails below instead of blocking forever;
-        // it has no effect on regular files.
-        let file = File::options()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(path)
-            .map_err(|e| Error::io(path, "open", e))?;
-        let meta = file.metadata().map_err(|e| Error::io(path, "stat", e))?;
-        if !meta.is_file() {
-            let what = if meta.is_dir() {
-                "a directory"
-            } else {
-                "not a regular file"
-            };
-            return Err(Error::io(
-                path,
-                "open",
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("{what}, not a safetensors file"),
-                ),
-            ));
-        }
-        let len = meta.len();
+    /// [`SafeFile::open`] for a checkpoint shard: with the read backend, no descriptor is kept
+    /// between reads (see [`Reader::Reopen`]). `path` should be absolute, since it is opened
+    /// again later.
+    pub(crate) fn open_unheld(path: &Path, backend: Backend) -> Result<SafeFile> {
+        Self::open_inner(path, backend, false).map_err(|e| e.in_file(path))
+    }
+
+    fn open_inner(path: &Path, backend: Backend, hold: bool) -> Result<SafeFile> {
+        let (file, meta) = open_regular(path, "a safetensors file")?;
         let (header, storage) = match backend {
             Backend::Mmap => {
-                if len < N_LEN as u64 {
-                    return Err(Error::HeaderTooSmall { len });
+                if meta.len() < N_LEN as u64 {
+                    return Err(Error::HeaderTooSmall { len: meta.len() });
                 }
-                // Small headers are read with pread and parsed from that copy; larger ones are
-                // parsed straight from the mapping (see HEADER_COPY_LIMIT).
-                let mut head = read_head(&file, path, len)?;
+                #[cfg(test)]
+                tests::before_map(path);
+                // Map first, then validate against the mapping's own length: the file may change
+                // size between any two measurements, and only the mapping's length bounds what a
+                // view may touch. A header checked against an earlier `fstat` could describe
+                // bytes past the end of the mapping.
                 // SAFETY: the mapping is read-only. Another process truncating the file while it
                 // is mapped makes later accesses fault; that is documented, and the read backend
                 // exists for files that may change.
                 let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, "mmap", e))?;
-                let header = match read_header_len(&head, len) {
-                    Ok(n) if N_LEN + n <= HEADER_COPY_LIMIT => {
+                let len = map.len() as u64;
+                // Small headers are read with pread and parsed from that copy; larger ones are
+                // parsed straight from the mapping (see HEADER_COPY_LIMIT).
+                let header = match map.get(..N_LEN).map(|prefix| read_header_len(prefix, len)) {
+                    Some(Ok(n)) if N_LEN + n <= HEADER_COPY_LIMIT => {
+                        let mut head = read_head(&file, path, len)?;
                         read_rest(&file, path, &mut head, N_LEN + n)?;
                         Header::parse_prefix(&head, len)?
                     }
@@ -108,7 +126,19 @@ impl SafeFile {
                 };
                 (header, Storage::Mapped(map))
             }
-            Backend::Read => (read_header(&file, path, len)?, Storage::Reader(file)),
+            Backend::Read => {
+                let header = read_header(&file, path, meta.len())?;
+                let reader = if hold {
+                    Reader::Held(file)
+                } else {
+                    Reader::Reopen {
+                        path: path.to_path_buf(),
+                        dev: meta.dev(),
+                        ino: meta.ino(),
+                    }
+                };
+                (header, Storage::Reader(reader))
+            }
         };
         Ok(SafeFile {
             path: path.to_path_buf(),
@@ -139,7 +169,12 @@ impl SafeFile {
     /// The whole data buffer, when the file is mapped.
     pub fn mapped_data(&self) -> Option<&[u8]> {
         match &self.storage {
-            Storage::Mapped(map) => Some(&map[self.header.data_start()..]),
+            // The header was validated against this mapping's length, so the range is inside it;
+            // `get` keeps that a checked fact rather than an assumption.
+            Storage::Mapped(map) => Some(
+                map.get(self.header.data_start()..self.header.file_len())
+                    .unwrap_or(&[]),
+            ),
             Storage::Reader(_) => None,
         }
     }
@@ -152,50 +187,91 @@ impl SafeFile {
     /// A zero-copy view of a tensor when mapped; `None` with the read backend.
     pub fn view(&self, name: &str) -> Result<Option<TensorView<'_>>> {
         let info = self.info(name)?;
-        Ok(self.mapped_data().map(|data| view_of(info, data)))
+        let Some(data) = self.mapped_data() else {
+            return Ok(None);
+        };
+        let (begin, end) = info.data_offsets;
+        if data.get(begin..end).is_none() {
+            return Err(self.outside(begin as u64, end - begin));
+        }
+        Ok(Some(view_of(info, data)))
     }
 
     /// A tensor's bytes: borrowed from the mapping, or read into a new buffer.
     pub fn tensor_bytes(&self, name: &str) -> Result<Cow<'_, [u8]>> {
         let info = self.info(name)?;
         let (begin, end) = info.data_offsets;
-        match &self.storage {
-            Storage::Mapped(_) => Ok(Cow::Borrowed(
-                &self.mapped_data().unwrap_or(&[])[begin..end],
-            )),
-            Storage::Reader(_) => {
-                let mut out = vec![0u8; end - begin];
+        match self.mapped_data() {
+            Some(data) => data
+                .get(begin..end)
+                .map(Cow::Borrowed)
+                .ok_or_else(|| self.outside(begin as u64, end - begin)),
+            None => {
+                let mut out = zeroed(end - begin).map_err(|e| Error::io(&self.path, "read", e))?;
                 self.read_data(begin as u64, &mut out)?;
                 Ok(Cow::Owned(out))
             }
         }
     }
 
+    fn outside(&self, offset: u64, len: usize) -> Error {
+        Error::io(
+            &self.path,
+            "read",
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "range {offset}+{len} is outside the {}-byte data buffer",
+                    self.header.data_len()
+                ),
+            ),
+        )
+    }
+
+    /// A descriptor for one read operation (read backend only).
+    fn handle(&self) -> Result<Option<Handle<'_>>> {
+        match &self.storage {
+            Storage::Mapped(_) => Ok(None),
+            Storage::Reader(Reader::Held(file)) => Ok(Some(Handle::Borrowed(file))),
+            Storage::Reader(Reader::Reopen { path, dev, ino }) => {
+                let (file, meta) = open_regular(path, "a safetensors file")?;
+                if (meta.dev(), meta.ino()) != (*dev, *ino) {
+                    return Err(Error::io(
+                        path,
+                        "open",
+                        io::Error::other(
+                            "the file was replaced since it was opened; open it again to read \
+                             the new file",
+                        ),
+                    ));
+                }
+                Ok(Some(Handle::Owned(file)))
+            }
+        }
+    }
+
     /// Copies `dst.len()` bytes of the data buffer, starting at `offset`, into `dst`.
     pub fn read_data(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        let handle = self.handle()?;
+        self.read_with(handle.as_ref(), offset, dst)
+    }
+
+    /// [`SafeFile::read_data`] with the descriptor of the current operation.
+    fn read_with(&self, handle: Option<&Handle<'_>>, offset: u64, dst: &mut [u8]) -> Result<()> {
         let end = offset
             .checked_add(dst.len() as u64)
             .filter(|&end| end <= self.header.data_len() as u64)
-            .ok_or_else(|| {
-                Error::io(
-                    &self.path,
-                    "read",
-                    io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        format!(
-                            "range {offset}+{} is outside the {}-byte data buffer",
-                            dst.len(),
-                            self.header.data_len()
-                        ),
-                    ),
-                )
-            })?;
-        match &self.storage {
-            Storage::Mapped(map) => {
-                let start = self.header.data_start() + offset as usize;
-                dst.copy_from_slice(&map[start..self.header.data_start() + end as usize]);
+            .ok_or_else(|| self.outside(offset, dst.len()))?;
+        match handle {
+            None => {
+                let data = self.mapped_data().unwrap_or(&[]);
+                let src = data
+                    .get(offset as usize..end as usize)
+                    .ok_or_else(|| self.outside(offset, dst.len()))?;
+                dst.copy_from_slice(src);
             }
-            Storage::Reader(file) => {
+            Some(handle) => {
+                let file = handle.file();
                 let at = self.header.data_start() as u64 + offset;
                 file.read_exact_at(dst, at).map_err(|e| {
                     let e = if e.kind() == io::ErrorKind::UnexpectedEof {
@@ -238,10 +314,16 @@ impl SafeFile {
     ) -> Result<()> {
         plan.check_fits(info, dst.len())
             .map_err(|e| e.in_file(&self.path))?;
+        // One descriptor for the whole slice, however many runs it has.
+        let handle = self.handle()?;
         let base = info.data_offsets.0 as u64;
         let mut at = 0usize;
         for (offset, len) in plan.runs() {
-            self.read_data(base + offset as u64, &mut dst[at..at + len])?;
+            self.read_with(
+                handle.as_ref(),
+                base + offset as u64,
+                &mut dst[at..at + len],
+            )?;
             at += len;
         }
         Ok(())
@@ -252,6 +334,78 @@ impl SafeFile {
     pub fn bytes_read(&self) -> u64 {
         self.bytes_read.load(Ordering::Relaxed)
     }
+}
+
+/// Opens `path` for reading the one safe way: `O_NONBLOCK`, so that a FIFO cannot block the
+/// open forever (it has no effect on regular files), then `fstat` on the descriptor, refusing
+/// anything but a regular file (directories, FIFOs, devices such as `/dev/zero`, sockets) with
+/// an `Io` error. `what` says what the file should have been, for the message.
+pub(crate) fn open_regular(path: &Path, what: &str) -> Result<(File, std::fs::Metadata)> {
+    let file = File::options()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| Error::io(path, "open", e))?;
+    let meta = file.metadata().map_err(|e| Error::io(path, "stat", e))?;
+    if !meta.is_file() {
+        let kind = if meta.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file"
+        };
+        return Err(Error::io(
+            path,
+            "open",
+            io::Error::new(io::ErrorKind::InvalidInput, format!("{kind}, not {what}")),
+        ));
+    }
+    Ok((file, meta))
+}
+
+/// Reads a whole regular file of at most `cap` bytes (see [`open_regular`]). The cap holds even
+/// when the file grows while it is read: at most `cap + 1` bytes are ever taken.
+pub(crate) fn read_regular(path: &Path, what: &str, cap: u64) -> Result<Vec<u8>> {
+    let (file, meta) = open_regular(path, what)?;
+    let too_large = |len: u64| {
+        Error::io(
+            path,
+            "read",
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{len} bytes or more, over the {cap}-byte limit for {what}"),
+            ),
+        )
+    };
+    if meta.len() > cap {
+        return Err(too_large(meta.len()));
+    }
+    let mut out = Vec::new();
+    out.try_reserve_exact(meta.len() as usize)
+        .map_err(|_| Error::io(path, "read", out_of_memory(meta.len())))?;
+    file.take(cap + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| Error::io(path, "read", e))?;
+    if out.len() as u64 > cap {
+        return Err(too_large(out.len() as u64));
+    }
+    Ok(out)
+}
+
+fn out_of_memory(len: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::OutOfMemory,
+        format!("cannot allocate {len} bytes to read into"),
+    )
+}
+
+/// A zeroed buffer of `len` bytes, or an error when memory is short (a plain `vec!` aborts the
+/// process instead, and a hostile file can name a tensor of any size up to the file's length).
+pub(crate) fn zeroed(len: usize) -> io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(len)
+        .map_err(|_| out_of_memory(len as u64))?;
+    out.resize(len, 0);
+    Ok(out)
 }
 
 /// The first block of the file (up to 64 KiB).
@@ -281,4 +435,104 @@ fn read_header(file: &File, path: &Path, len: u64) -> Result<Header> {
     let header_len = read_header_len(&head, len)?;
     read_rest(file, path, &mut head, N_LEN + header_len)?;
     Header::parse_prefix(&head, len)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::path::Path;
+
+    use super::{Backend, SafeFile};
+    use crate::{serialize, Dtype, ErrorKind, TensorView};
+
+    type Hook = Box<dyn Fn(&Path)>;
+
+    thread_local! {
+        /// Runs between the `fstat` of an mmap open and the mapping: the window in which
+        /// another process may change the file's length.
+        static BEFORE_MAP: RefCell<Option<Hook>> = const { RefCell::new(None) };
+    }
+
+    pub(super) fn before_map(path: &Path) {
+        BEFORE_MAP.with(|h| {
+            if let Some(hook) = h.borrow().as_ref() {
+                hook(path);
+            }
+        });
+    }
+
+    fn with_hook<T>(hook: impl Fn(&Path) + 'static, f: impl FnOnce() -> T) -> T {
+        BEFORE_MAP.with(|h| *h.borrow_mut() = Some(Box::new(hook)));
+        let out = f();
+        BEFORE_MAP.with(|h| *h.borrow_mut() = None);
+        out
+    }
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("st-core-file-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn mapped_open_validates_against_the_mapping_not_an_earlier_fstat() {
+        let dir = scratch("shrink");
+        let path = dir.join("a.safetensors");
+        let data = vec![7u8; 64 * 1024];
+        let bytes = serialize(
+            [("w", TensorView::new(Dtype::U8, &[data.len()], &data))],
+            None,
+        )
+        .unwrap();
+        for keep in [bytes.len() - 1, bytes.len() / 2, 100, 7, 0] {
+            std::fs::write(&path, &bytes).unwrap();
+            // Another process shrinks the file in place after the open measured it.
+            let result = with_hook(
+                move |p| {
+                    let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+                    f.set_len(keep as u64).unwrap();
+                },
+                || SafeFile::open(&path, Backend::Mmap),
+            );
+            let err = match result {
+                Ok(file) => {
+                    // Before the fix the open succeeded and this view ran past the mapping.
+                    let view = file.view("w").map(|v| v.map(|v| v.data.len()));
+                    panic!("opened a file shrunk to {keep} bytes; view: {view:?}");
+                }
+                Err(e) => e,
+            };
+            assert!(
+                matches!(
+                    err.kind(),
+                    ErrorKind::MetadataIncompleteBuffer
+                        | ErrorKind::InvalidHeaderLength
+                        | ErrorKind::HeaderTooSmall
+                ),
+                "shrunk to {keep}: {err}"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn mapped_open_of_a_file_that_grew_sees_the_trailing_bytes() {
+        let dir = scratch("grow");
+        let path = dir.join("a.safetensors");
+        let bytes = serialize([("w", TensorView::new(Dtype::U8, &[16], &[1; 16]))], None).unwrap();
+        std::fs::write(&path, &bytes).unwrap();
+        let err = with_hook(
+            |p| {
+                use std::io::Write;
+                let mut f = std::fs::OpenOptions::new().append(true).open(p).unwrap();
+                f.write_all(&[0; 8]).unwrap();
+            },
+            || SafeFile::open(&path, Backend::Mmap),
+        )
+        .err()
+        .unwrap();
+        assert_eq!(err.kind(), ErrorKind::MetadataIncompleteBuffer, "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
