@@ -1,11 +1,15 @@
 //! Sharded checkpoints: a `model.safetensors.index.json` and its shards, read as one.
 //!
-//! The index's `weight_map` is the authority. At open, the index is parsed (repeated names are
-//! refused), every shard path is checked to stay inside the index's directory, and every shard
-//! file must exist. Shards are opened lazily, each at most once, on first use of one of their
-//! tensors; opening one checks it against the index: every tensor the index assigns to it must
-//! be there, and none of its tensors may be assigned to another shard. Tensors a shard holds
-//! but the index does not list are not part of the checkpoint and stay invisible.
+//! The index's `weight_map` is the authority. At open, the index is read like any other file
+//! (a regular file only, size-capped), parsed (repeated names and metadata keys are refused),
+//! every shard path is checked to name a file inside the index's directory, and every shard file
+//! must exist. Shard paths are resolved against the index's directory made absolute at open, so
+//! a later `chdir` cannot redirect them, and compared after lexical normalisation, so
+//! `./a.safetensors` and `a.safetensors` are one shard. Shards are opened lazily, each at most
+//! once, on first use of one of their tensors; opening one checks it against the index: every
+//! tensor the index assigns to it must be there, and none of its tensors may be assigned to
+//! another shard. Tensors a shard holds but the index does not list stay invisible. With the
+//! read backend a shard keeps no descriptor between reads (see `SafeFile::open_unheld`).
 //!
 //! A plain `.safetensors` file opens as a checkpoint of one shard.
 
@@ -16,9 +20,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde_json::value::RawValue;
 
 use crate::error::{Error, Result};
-use crate::file::{Backend, SafeFile};
+use crate::file::{read_regular, Backend, SafeFile};
 use crate::header::TensorInfo;
 
 /// Index files are small (a name and a file name per tensor); refuse absurd ones before reading.
@@ -52,10 +57,10 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// Opens an index (a path ending in `.json`) or a single safetensors file.
+    /// Opens an index (a path ending in `.json`, in any case) or a single safetensors file.
     pub fn open(path: impl AsRef<Path>, backend: Backend) -> Result<Checkpoint> {
         let path = path.as_ref();
-        if path.extension().is_some_and(|e| e == "json") {
+        if is_index_path(path) {
             Checkpoint::from_index(path, backend)
         } else {
             Checkpoint::from_file(path, backend)
@@ -100,38 +105,25 @@ impl Checkpoint {
     }
 
     fn from_index_inner(path: &Path, backend: Backend) -> Result<Checkpoint> {
-        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, "open", e))?;
-        if meta.len() > MAX_INDEX_SIZE {
-            return Err(Error::InvalidIndex {
-                reason: format!(
-                    "the index is {} bytes, more than an index can sensibly be",
-                    meta.len()
-                ),
-            });
-        }
-        let text = std::fs::read(path).map_err(|e| Error::io(path, "read", e))?;
+        let text = read_regular(path, "a checkpoint index", MAX_INDEX_SIZE)?;
         let index: IndexFile = serde_json::from_slice(&text).map_err(|e| Error::InvalidIndex {
             reason: e.to_string(),
         })?;
         let weight_map = index.weight_map.ok_or_else(|| Error::InvalidIndex {
             reason: "no `weight_map` object".into(),
         })?;
-        let dir = path.parent().unwrap_or(Path::new("."));
-        let mut shard_ids: BTreeMap<&str, u32> = BTreeMap::new();
+        let metadata = index.metadata.map(unique_metadata).transpose()?;
+        let dir = index_dir(path)?;
+        let mut shard_ids: BTreeMap<PathBuf, u32> = BTreeMap::new();
         let mut shards = Vec::new();
         let mut entries: Vec<(String, u32)> = Vec::with_capacity(weight_map.len());
         for (tensor, shard) in &weight_map {
-            let id = match shard_ids.get(shard.as_str()) {
+            let relative = confined(shard)?;
+            let id = match shard_ids.get(&relative) {
                 Some(&id) => id,
                 None => {
-                    let relative = confined(shard)?;
-                    let full = dir.join(relative);
-                    if std::fs::metadata(&full).is_err() {
-                        return Err(Error::ShardMissing {
-                            shard: shard.clone(),
-                            tensor: None,
-                        });
-                    }
+                    let full = dir.join(&relative);
+                    check_shard_file(shard, &full)?;
                     let id = shards.len() as u32;
                     shards.push(Shard {
                         name: shard.clone(),
@@ -139,7 +131,7 @@ impl Checkpoint {
                         file: OnceLock::new(),
                         opening: Mutex::new(()),
                     });
-                    shard_ids.insert(shard, id);
+                    shard_ids.insert(relative, id);
                     id
                 }
             };
@@ -158,7 +150,7 @@ impl Checkpoint {
             names,
             shard_of,
             shards,
-            metadata: index.metadata,
+            metadata,
             backend,
             opens: AtomicUsize::new(0),
         })
@@ -184,8 +176,8 @@ impl Checkpoint {
         &self.names
     }
 
-    /// The index's `metadata` (values that are not strings are given as their JSON text, e.g.
-    /// `total_size`), or the single file's `__metadata__`.
+    /// The index's `metadata` (values that are not strings are given as their exact JSON text,
+    /// e.g. `total_size` written `1e3` stays `1e3`), or the single file's `__metadata__`.
     pub fn metadata(&self) -> Option<&BTreeMap<String, String>> {
         self.metadata.as_ref()
     }
@@ -212,7 +204,8 @@ impl Checkpoint {
         self.shards.len()
     }
 
-    /// Path of shard `i`.
+    /// Path of shard `i`: absolute for an index's shards (resolved at open), as given for a
+    /// single file.
     pub fn shard_path(&self, i: usize) -> Option<&Path> {
         self.shards.get(i).map(|s| s.path.as_path())
     }
@@ -239,7 +232,7 @@ impl Checkpoint {
         if let Some(file) = shard.file.get() {
             return Ok(file);
         }
-        let file = SafeFile::open(&shard.path, self.backend)?;
+        let file = SafeFile::open_unheld(&shard.path, self.backend)?;
         self.check_shard(i as u32, &file)
             .map_err(|e| e.in_file(&self.path))?;
         self.opens.fetch_add(1, Ordering::Relaxed);
@@ -286,24 +279,82 @@ impl Checkpoint {
     }
 }
 
-/// The shard path as a relative path that cannot leave the index's directory.
-fn confined(shard: &str) -> Result<&Path> {
-    let p = Path::new(shard);
-    let escapes = shard.is_empty()
-        || p.components()
-            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir));
-    if escapes {
-        Err(Error::InvalidShardPath {
+/// Whether `path` names an index: its extension is `json` in any case (`*.JSON` included).
+fn is_index_path(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.as_encoded_bytes().eq_ignore_ascii_case(b"json"))
+}
+
+/// The directory the index's shard paths are relative to, made absolute now: resolving them
+/// later against whatever the current directory has become would read another directory's
+/// files. (Symlinks are not resolved, as a shell's `cd` would not.)
+fn index_dir(index: &Path) -> Result<PathBuf> {
+    let dir = match index.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    std::path::absolute(dir).map_err(|e| Error::io(dir, "resolve", e))
+}
+
+/// The shard path, lexically normalised (`.` components and repeated slashes dropped), as a
+/// relative path that names a file inside the index's directory. Refused: empty paths and
+/// paths that name the directory itself (`.`, `./`), paths ending in `/`, `..` anywhere, and
+/// absolute paths.
+fn confined(shard: &str) -> Result<PathBuf> {
+    let refuse = || Error::InvalidShardPath {
+        shard: shard.to_owned(),
+    };
+    let mut out = PathBuf::new();
+    for c in Path::new(shard).components() {
+        match c {
+            Component::Normal(part) => out.push(part),
+            Component::CurDir => {}
+            Component::ParentDir | Component::RootDir | Component::Prefix(_) => {
+                return Err(refuse())
+            }
+        }
+    }
+    if out.as_os_str().is_empty() || shard.ends_with('/') || shard.ends_with("/.") {
+        return Err(refuse());
+    }
+    Ok(out)
+}
+
+/// A shard must exist and be a file. Only "no such file" is `ShardMissing`; any other reason
+/// the process cannot `stat` it (permissions, a symlink loop, a name too long) is `Io` with the
+/// operating system's reason, which a user needs to fix it. A directory is `InvalidShardPath`.
+fn check_shard_file(shard: &str, full: &Path) -> Result<()> {
+    match std::fs::metadata(full) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::ShardMissing {
             shard: shard.to_owned(),
-        })
-    } else {
-        Ok(p)
+            tensor: None,
+        }),
+        Err(e) => Err(Error::io(full, "stat", e)),
+        Ok(m) if m.is_dir() => Err(Error::InvalidShardPath {
+            shard: shard.to_owned(),
+        }),
+        Ok(_) => Ok(()),
     }
 }
 
-/// The parts of an index file we use.
+/// The index's metadata as a map, refusing a repeated key (readers disagree on which copy wins).
+fn unique_metadata(pairs: Vec<(String, String)>) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for (key, value) in pairs {
+        if out.contains_key(&key) {
+            return Err(Error::DuplicateKey {
+                key,
+                in_metadata: true,
+            });
+        }
+        out.insert(key, value);
+    }
+    Ok(out)
+}
+
+/// The parts of an index file we use; both maps keep repeats so they can be refused.
 struct IndexFile {
-    metadata: Option<BTreeMap<String, String>>,
+    metadata: Option<Vec<(String, String)>>,
     weight_map: Option<Vec<(String, String)>>,
 }
 
@@ -333,16 +384,8 @@ impl<'de> Visitor<'de> for IndexVisitor {
                     return Err(de::Error::duplicate_field("metadata"))
                 }
                 "metadata" => {
-                    let raw: Option<BTreeMap<String, serde_json::Value>> = map.next_value()?;
-                    out.metadata = Some(
-                        raw.unwrap_or_default()
-                            .into_iter()
-                            .map(|(k, v)| match v {
-                                serde_json::Value::String(s) => (k, s),
-                                other => (k, other.to_string()),
-                            })
-                            .collect(),
-                    );
+                    let raw: Option<MetadataPairs> = map.next_value()?;
+                    out.metadata = Some(raw.map(|m| m.0).unwrap_or_default());
                 }
                 "weight_map" if out.weight_map.is_some() => {
                     return Err(de::Error::duplicate_field("weight_map"))
@@ -354,6 +397,39 @@ impl<'de> Visitor<'de> for IndexVisitor {
             }
         }
         Ok(out)
+    }
+}
+
+/// The index's `metadata` object as pairs, repeats kept: strings as their value, anything else
+/// as its exact JSON text (`1e3` stays `1e3`, not `1000.0`).
+struct MetadataPairs(Vec<(String, String)>);
+
+impl<'de> serde::Deserialize<'de> for MetadataPairs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = MetadataPairs;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a `metadata` object")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<MetadataPairs, A::Error> {
+                let mut out = Vec::new();
+                while let Some((key, raw)) = map.next_entry::<String, Box<RawValue>>()? {
+                    let text = raw.get();
+                    let value = if text.starts_with('"') {
+                        serde_json::from_str::<String>(text).map_err(de::Error::custom)?
+                    } else {
+                        text.to_owned()
+                    };
+                    out.push((key, value));
+                }
+                Ok(MetadataPairs(out))
+            }
+        }
+        d.deserialize_map(V)
     }
 }
 
@@ -385,10 +461,12 @@ impl<'de> serde::Deserialize<'de> for Pairs {
 
 #[cfg(test)]
 mod tests {
-    use super::confined;
+    use std::path::Path;
+
+    use super::{confined, is_index_path};
 
     #[test]
-    fn shard_paths_must_stay_inside_the_directory() {
+    fn shard_paths_must_name_a_file_inside_the_directory() {
         for ok in [
             "model-00001-of-00002.safetensors",
             "sub/a.safetensors",
@@ -396,8 +474,41 @@ mod tests {
         ] {
             assert!(confined(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "../a.safetensors", "/etc/passwd", "sub/../../a", "a/.."] {
+        for bad in [
+            "",
+            ".",
+            "./",
+            "./.",
+            "sub/",
+            "sub/.",
+            "../a.safetensors",
+            "/etc/passwd",
+            "sub/../../a",
+            "a/..",
+        ] {
             assert!(confined(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn spellings_of_one_shard_normalise_to_one_path() {
+        let want = Path::new("sub/a.safetensors");
+        for spelling in [
+            "sub/a.safetensors",
+            "./sub/a.safetensors",
+            "sub//./a.safetensors",
+        ] {
+            assert_eq!(confined(spelling).unwrap(), want, "{spelling}");
+        }
+    }
+
+    #[test]
+    fn index_extension_is_matched_in_any_case() {
+        for yes in ["m.index.json", "m.index.JSON", "dir/M.Json"] {
+            assert!(is_index_path(Path::new(yes)), "{yes}");
+        }
+        for no in ["m.safetensors", "json", "m.jsonl", "m.json.bak"] {
+            assert!(!is_index_path(Path::new(no)), "{no}");
         }
     }
 }
