@@ -83,6 +83,11 @@ impl SlicePlan {
     /// assert_eq!(plan.runs().collect::<Vec<_>>(), [(0, 12), (24, 12), (48, 12), (72, 12)]);
     /// ```
     pub fn new(info: &TensorInfo<'_>, indexers: &[Indexer]) -> Result<SlicePlan> {
+        // Cost is bounded by the tensor's rank (itself bounded by the header's size) plus the
+        // indexers given: one pass over the shape for the element count, one to copy the result
+        // shape, and per-axis state only for the axes that have an indexer. Axes without one are
+        // taken whole and only ever contribute to one product. (A header of 100 MB can hold a
+        // tensor of rank ~50 million; per-axis records for every axis cost gigabytes.)
         let shape = info.shape;
         let invalid = |reason: String| Error::InvalidSlice {
             tensor: info.name.to_owned(),
@@ -90,19 +95,25 @@ impl SlicePlan {
         };
         if indexers.len() > shape.len() {
             return Err(invalid(format!(
-                "{} indexers for a tensor of rank {} (shape {shape:?})",
+                "{} indexers for a tensor of rank {} (shape {})",
                 indexers.len(),
-                shape.len()
+                shape.len(),
+                short_shape(shape)
             )));
         }
-        let mut dims = Vec::with_capacity(shape.len());
-        for (axis, &size) in shape.iter().enumerate() {
-            let indexer = indexers.get(axis).copied().unwrap_or(Indexer::FULL);
+        let k = indexers.len();
+        let mut dims = Vec::with_capacity(k);
+        for (axis, (&indexer, &size)) in indexers.iter().zip(shape).enumerate() {
             dims.push(
                 resolve(indexer, size).map_err(|r| invalid(format!("dimension {axis}: {r}")))?,
             );
         }
-        let new_shape: Vec<usize> = dims.iter().filter(|d| d.keep).map(|d| d.count).collect();
+        let mut new_shape = Vec::new();
+        new_shape
+            .try_reserve_exact(shape.len())
+            .map_err(|_| invalid(format!("no memory for a result of rank {}", shape.len())))?;
+        new_shape.extend(dims.iter().filter(|d| d.keep).map(|d| d.count));
+        new_shape.extend_from_slice(&shape[k..]);
         let overflow = || Error::ValidationOverflow {
             tensor: info.name.to_owned(),
             shape: shape.to_vec(),
@@ -125,17 +136,21 @@ impl SlicePlan {
         if dims.iter().any(|d| d.count == 0) || numel == 0 {
             return Ok(plan);
         }
-        // Element strides; products of suffixes of a shape whose full product fits.
-        let mut strides = vec![1usize; shape.len()];
-        for axis in (0..shape.len().saturating_sub(1)).rev() {
-            strides[axis] = strides[axis + 1] * shape[axis + 1];
+        // Element strides of the indexed axes: products of suffixes of a shape whose full
+        // product fits. The axes without an indexer make one block of `inner` elements.
+        let inner: usize = shape[k..].iter().product();
+        let mut strides = vec![0usize; k];
+        let mut suffix = inner;
+        for axis in (0..k).rev() {
+            strides[axis] = suffix;
+            suffix *= shape[axis];
         }
         let full = |axis: usize| {
             let d = dims[axis];
             d.start == 0 && d.count == shape[axis] && (d.step == 1 || d.count == 1)
         };
         // The last dimension that is not taken whole: everything after it is one contiguous block.
-        let Some(last) = (0..shape.len()).rev().find(|&a| !full(a)) else {
+        let Some(last) = (0..k).rev().find(|&a| !full(a)) else {
             if tensor_bits % 8 != 0 {
                 return Err(misaligned(
                     info,
@@ -147,6 +162,8 @@ impl SlicePlan {
             return Ok(plan);
         };
         // Positions are in elements until the byte check at the end; all are below numel.
+        // Only axes with more than one position iterate, and the product of their counts is at
+        // most numel, so there are at most 64 walks whatever the rank.
         let mut base = 0usize;
         let mut walks = Vec::new();
         for (axis, d) in dims.iter().enumerate().take(last + 1) {
@@ -256,6 +273,18 @@ impl SlicePlan {
             at += len;
         }
         Ok(())
+    }
+}
+
+/// A shape for a message: whole when short, else its rank and first dimensions, so that a
+/// message about a tensor of rank 50 million is not hundreds of megabytes.
+fn short_shape(shape: &[usize]) -> String {
+    const SHOWN: usize = 8;
+    if shape.len() <= SHOWN {
+        format!("{shape:?}")
+    } else {
+        let head: Vec<String> = shape[..SHOWN].iter().map(usize::to_string).collect();
+        format!("[{}, ... {} more]", head.join(", "), shape.len() - SHOWN)
     }
 }
 
@@ -436,18 +465,21 @@ mod tests {
         for a in choices {
             for b in choices {
                 for c in choices {
-                    let idx = [a, b, c];
-                    let i = info(Dtype::F32, &shape);
-                    let plan = SlicePlan::new(&i, &idx).unwrap();
-                    let (want, want_shape) = naive(&shape, &idx, 4);
-                    assert_eq!(expand(&plan, 4), want, "{idx:?}");
-                    assert_eq!(plan.shape(), want_shape.as_slice(), "{idx:?}");
-                    let runs: Vec<_> = plan.runs().collect();
-                    for w in runs.windows(2) {
-                        assert!(
-                            w[0].0 + w[0].1 < w[1].0,
-                            "runs not maximal for {idx:?}: {runs:?}"
-                        );
+                    for given in 0..=3 {
+                        // Fewer indexers than axes: the rest are taken whole.
+                        let idx = &[a, b, c][..given];
+                        let i = info(Dtype::F32, &shape);
+                        let plan = SlicePlan::new(&i, idx).unwrap();
+                        let (want, want_shape) = naive(&shape, idx, 4);
+                        assert_eq!(expand(&plan, 4), want, "{idx:?}");
+                        assert_eq!(plan.shape(), want_shape.as_slice(), "{idx:?}");
+                        let runs: Vec<_> = plan.runs().collect();
+                        for w in runs.windows(2) {
+                            assert!(
+                                w[0].0 + w[0].1 < w[1].0,
+                                "runs not maximal for {idx:?}: {runs:?}"
+                            );
+                        }
                     }
                 }
             }
