@@ -1,12 +1,12 @@
 //! Glue for `Checkpoint`: a sharded checkpoint (or a single file) as C++ sees it.
 
-use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 use std::sync::OnceLock;
 
+use safetensors_core::Error;
+
 use crate::file::{backend, File};
-use crate::{guard, BridgeError, Metadata};
+use crate::{guard, native_path, BridgeError, Metadata};
 
 pub struct Checkpoint {
     inner: safetensors_core::Checkpoint,
@@ -17,10 +17,7 @@ pub struct Checkpoint {
 
 pub fn open_checkpoint(path: &[u8], backend_code: u8) -> Result<Box<Checkpoint>, BridgeError> {
     guard(|| {
-        let inner = safetensors_core::Checkpoint::open(
-            Path::new(OsStr::from_bytes(path)),
-            backend(backend_code),
-        )?;
+        let inner = safetensors_core::Checkpoint::open(native_path(path), backend(backend_code))?;
         let files = (0..inner.shard_count()).map(|_| OnceLock::new()).collect();
         let metadata = Metadata::new(inner.metadata());
         Ok(Box::new(Checkpoint {
@@ -47,8 +44,16 @@ impl Checkpoint {
             .map_or(-1, |i| i as isize)
     }
 
+    /// Names are compared as bytes: a name that is not UTF-8 matches no tensor (a lossy
+    /// conversion could turn it into the name of another one).
     pub fn shard_of(&self, name: &[u8]) -> Result<usize, BridgeError> {
-        guard(|| self.inner.shard_of(&String::from_utf8_lossy(name)))
+        guard(|| match std::str::from_utf8(name) {
+            Ok(name) => self.inner.shard_of(name),
+            Err(_) => Err(Error::TensorNotFound {
+                name: String::from_utf8_lossy(name).into_owned(),
+            }
+            .in_file(self.inner.path())),
+        })
     }
 
     /// # Safety
@@ -85,5 +90,65 @@ impl Checkpoint {
 
     pub fn metadata(&self) -> &Metadata {
         &self.metadata
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::PathBuf;
+
+    use safetensors_core::{serialize_to_file, Dtype, TensorView};
+
+    use super::open_checkpoint;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("st-cxx-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_name_that_is_not_utf8_matches_no_tensor() {
+        let dir = scratch("lossy_name");
+        let path = dir.join("a.safetensors");
+        // U+FFFD is what a lossy conversion makes of the byte 0xFF.
+        let views = [
+            ("w\u{FFFD}", TensorView::new(Dtype::U8, &[1], &[1])),
+            ("x", TensorView::new(Dtype::U8, &[1], &[2])),
+        ];
+        serialize_to_file(views, None, &path).unwrap();
+        let ckpt = open_checkpoint(path.as_os_str().as_bytes(), 0).unwrap();
+        let err = ckpt.shard_of(b"w\xff").err().unwrap().to_string();
+        assert!(err.starts_with("10:"), "{err}");
+        assert_eq!(ckpt.position(b"w\xff"), -1);
+        assert_eq!(ckpt.shard_of("w\u{FFFD}".as_bytes()).unwrap(), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn latin1_paths_cross_the_bridge_byte_for_byte() {
+        let dir = scratch("latin1_path");
+        let mut raw = dir.as_os_str().as_bytes().to_vec();
+        raw.extend_from_slice(b"/caf\xe9-\xe0\xe8.safetensors");
+        let mut writer = crate::new_writer();
+        writer
+            .add_tensor(b"w", Dtype::U8 as u8, &[2], &[5, 6])
+            .unwrap();
+        // SAFETY: the tensor bytes are a static array that outlives the writer.
+        unsafe { writer.write_file(&raw, false) }.unwrap();
+        let names: Vec<Vec<u8>> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().as_bytes().to_vec())
+            .collect();
+        assert_eq!(names, [b"caf\xe9-\xe0\xe8.safetensors".to_vec()]);
+        let file = crate::open_file(&raw, 1).unwrap();
+        assert_eq!(file.tensor_count(), 1);
+        let ckpt = open_checkpoint(&raw, 0).unwrap();
+        assert_eq!(ckpt.shard_path(0), raw.as_slice());
+        assert_eq!(OsStr::from_bytes(ckpt.shard_path(0)).len(), raw.len());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

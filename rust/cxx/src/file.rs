@@ -1,14 +1,11 @@
 //! Glue for `File`: an open safetensors file as C++ sees it.
 
-use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use safetensors_core::{Backend, Error, Indexer, SafeFile, TensorInfo};
 
 use crate::ffi::{ByteRun, SliceIndex};
-use crate::{guard, BridgeError, Metadata, TensorMeta};
+use crate::{guard, native_path, BridgeError, Metadata, TensorMeta};
 
 /// An open file plus what C++ asks for repeatedly, prepared once. Shared with a checkpoint when
 /// it is one of its shards.
@@ -46,7 +43,7 @@ impl File {
 /// Opens `path` with backend 0 (mmap) or 1 (read).
 pub fn open_file(path: &[u8], backend_code: u8) -> Result<Box<File>, BridgeError> {
     guard(|| {
-        let inner = SafeFile::open(Path::new(OsStr::from_bytes(path)), backend(backend_code))?;
+        let inner = SafeFile::open(native_path(path), backend(backend_code))?;
         Ok(Box::new(File::wrap(Arc::new(inner))))
     })
 }

@@ -308,6 +308,14 @@ impl From<Error> for BridgeError {
     }
 }
 
+/// A native path from the raw bytes C++ passes (`path.native()`), byte for byte. Every bridge
+/// entry that takes a path uses this: a lossy UTF-8 conversion would turn each byte of a
+/// Latin-1 name into three and name another file.
+pub(crate) fn native_path(bytes: &[u8]) -> &std::path::Path {
+    use std::os::unix::ffi::OsStrExt;
+    std::path::Path::new(std::ffi::OsStr::from_bytes(bytes))
+}
+
 /// Runs `f`, converting a panic into an `Internal` error instead of letting it abort the host.
 pub(crate) fn guard<T>(f: impl FnOnce() -> Result<T, Error>) -> Result<T, BridgeError> {
     match catch_unwind(AssertUnwindSafe(f)) {

@@ -1,9 +1,6 @@
 //! Glue for `Writer`: tensors handed over one by one from C++, then written in one go.
 
 use std::collections::BTreeMap;
-use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 
 use safetensors_core::{Dtype, Durability, Error, Prepared, TensorView};
 
@@ -116,7 +113,7 @@ impl Writer {
     /// Every span passed to `add_tensor` must still be alive.
     pub unsafe fn write_file(&self, path: &[u8], sync: bool) -> Result<(), BridgeError> {
         guard(|| {
-            let path = Path::new(OsStr::from_bytes(path));
+            let path = crate::native_path(path);
             let durability = if sync {
                 Durability::Synced
             } else {
