@@ -232,7 +232,19 @@ impl Checkpoint {
         if let Some(file) = shard.file.get() {
             return Ok(file);
         }
-        let file = SafeFile::open_unheld(&shard.path, self.backend)?;
+        let file = SafeFile::open_unheld(&shard.path, self.backend).map_err(|e| {
+            // Deleted since the index was opened: the same `ShardMissing` as at open.
+            match e.innermost() {
+                Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                    Error::ShardMissing {
+                        shard: shard.name.clone(),
+                        tensor: None,
+                    }
+                    .in_file(&self.path)
+                }
+                _ => e,
+            }
+        })?;
         self.check_shard(i as u32, &file)
             .map_err(|e| e.in_file(&self.path))?;
         self.opens.fetch_add(1, Ordering::Relaxed);

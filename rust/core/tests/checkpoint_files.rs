@@ -180,3 +180,22 @@ fn a_repeated_index_metadata_key_is_a_duplicate_key() {
     assert_eq!(err.kind(), ErrorKind::DuplicateKey, "{err}");
     assert!(err.to_string().contains("`format`"), "{err}");
 }
+
+#[test]
+fn a_shard_deleted_after_open_is_missing_at_first_use() {
+    let dir = scratch_dir("deleted_after_open");
+    shard(&dir, "a.safetensors", &["w"], 1);
+    std::fs::write(
+        dir.join("m.index.json"),
+        r#"{"weight_map":{"w":"a.safetensors"}}"#,
+    )
+    .unwrap();
+    for backend in [Backend::Mmap, Backend::Read] {
+        shard(&dir, "a.safetensors", &["w"], 1);
+        let c = Checkpoint::open(dir.join("m.index.json"), backend).unwrap();
+        std::fs::remove_file(dir.join("a.safetensors")).unwrap();
+        let err = c.locate("w").err().unwrap();
+        assert_eq!(err.kind(), ErrorKind::ShardMissing, "{err}");
+        assert!(err.to_string().contains("a.safetensors"), "{err}");
+    }
+}
