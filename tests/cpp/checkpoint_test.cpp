@@ -143,4 +143,28 @@ TEST(Checkpoint, ViewsOutliveTheCheckpoint) {
   EXPECT_EQ(v.as<std::uint8_t>()[3], 1);
 }
 
+// Issue 18: names and paths through the bridge.
+TEST(Checkpoint, ANameThatIsNotUtf8MatchesNoTensor) {
+  Built b;
+  // U+FFFD is what a lossy conversion makes of the byte 0xFF.
+  build(b, {{"a.safetensors", {"w\xEF\xBF\xBD"}}}, R"({"w\ufffd":"a.safetensors"})");
+  Checkpoint ckpt(b.index());
+  EXPECT_EQ(ckpt.shard_of("w\xEF\xBF\xBD").filename(), "a.safetensors");
+  EXPECT_EQ(kind_of([&] { (void)ckpt.shard_of("w\xFF"); }), ErrorKind::TensorNotFound);
+  EXPECT_EQ(kind_of([&] { (void)ckpt.get_tensor("w\xFF"); }), ErrorKind::TensorNotFound);
+}
+
+TEST(Checkpoint, ARelativeIndexPathKeepsItsShardsAfterAChdir) {
+  Built b;
+  build(b, {{"a.safetensors", {"w0"}}}, R"({"w0":"./a.safetensors"})");
+  const auto before = std::filesystem::current_path();
+  std::filesystem::current_path(b.dir.path());
+  Checkpoint ckpt("model.safetensors.index.json", {safetensors::Backend::Read});
+  std::filesystem::current_path(std::filesystem::temp_directory_path());
+  auto v = ckpt.get_tensor("w0");
+  std::filesystem::current_path(before);
+  EXPECT_EQ(v.as<std::uint8_t>()[3], 1);
+  EXPECT_TRUE(ckpt.shard_of("w0").is_absolute());
+}
+
 }  // namespace
