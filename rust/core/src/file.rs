@@ -114,11 +114,15 @@ impl SafeFile {
                 // exists for files that may change.
                 let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, "mmap", e))?;
                 let len = map.len() as u64;
+                if len < N_LEN as u64 {
+                    return Err(Error::HeaderTooSmall { len });
+                }
                 // Small headers are read with pread and parsed from that copy; larger ones are
-                // parsed straight from the mapping (see HEADER_COPY_LIMIT).
-                let header = match map.get(..N_LEN).map(|prefix| read_header_len(prefix, len)) {
-                    Some(Ok(n)) if N_LEN + n <= HEADER_COPY_LIMIT => {
-                        let mut head = read_head(&file, path, len)?;
+                // parsed straight from the mapping (see HEADER_COPY_LIMIT). Either way every
+                // check is against `len`, the mapping's length.
+                let mut head = read_head(&file, path, len)?;
+                let header = match read_header_len(&head, len) {
+                    Ok(n) if N_LEN + n <= HEADER_COPY_LIMIT => {
                         read_rest(&file, path, &mut head, N_LEN + n)?;
                         Header::parse_prefix(&head, len)?
                     }
