@@ -11,8 +11,14 @@ install(FILES "${SAFETENSORS_GENERATED_INCLUDE_DIR}/safetensors/ffi/lib.rs.h"
         DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/safetensors/ffi")
 install(FILES "${SAFETENSORS_GENERATED_INCLUDE_DIR}/safetensors/ffi/rust/cxx.h"
         DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/safetensors/ffi/rust")
-install(FILES "${SAFETENSORS_RUST_STATICLIB}" DESTINATION "${CMAKE_INSTALL_LIBDIR}"
-        RENAME "libsafetensors_rust.a")
+if(SAFETENSORS_SHARED)
+  install(TARGETS safetensors_shared EXPORT safetensorsTargets LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}")
+  set(_st_pc_libs "-lsafetensors")
+else()
+  install(FILES "${SAFETENSORS_RUST_STATICLIB}" DESTINATION "${CMAKE_INSTALL_LIBDIR}"
+          RENAME "libsafetensors_rust.a")
+  set(_st_pc_libs "-lsafetensors_rust -lpthread -ldl -lm -lrt")
+endif()
 
 install(TARGETS safetensors EXPORT safetensorsTargets)
 install(EXPORT safetensorsTargets NAMESPACE safetensors:: DESTINATION "${SAFETENSORS_INSTALL_CMAKEDIR}")

@@ -9,9 +9,11 @@ use std::path::{Path, PathBuf};
 
 fn main() {
     cxx_build::CFG.include_prefix = "safetensors/ffi";
+    // Default visibility: libsafetensors.so (cmake/SafetensorsShared.cmake) exports these C++
+    // functions through its version script, which cannot export hidden symbols. Their names are
+    // ours (namespace safetensors), so they cannot collide with another library's.
     cxx_build::bridge("src/lib.rs")
         .std("c++17")
-        .flag_if_supported("-fvisibility=hidden")
         .compile("safetensors_cxx_bridge");
     println!("cargo:rerun-if-changed=src/lib.rs");
     println!("cargo:rerun-if-env-changed=SAFETENSORS_CXX_INCLUDE_DIR");
