@@ -1,5 +1,6 @@
 # Install rules: headers (ours, the generated bridge header and cxx.h, all under
-# include/safetensors/), the Rust archive, the CMake package, and the command-line tool.
+# include/safetensors/), the Rust archive, the CMake package (with a `cuda` component), a
+# pkg-config file, LICENSE and NOTICE, and the command-line tool.
 include(CMakePackageConfigHelpers)
 
 set(SAFETENSORS_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/safetensors"
@@ -10,8 +11,14 @@ install(FILES "${SAFETENSORS_GENERATED_INCLUDE_DIR}/safetensors/ffi/lib.rs.h"
         DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/safetensors/ffi")
 install(FILES "${SAFETENSORS_GENERATED_INCLUDE_DIR}/safetensors/ffi/rust/cxx.h"
         DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/safetensors/ffi/rust")
-install(FILES "${SAFETENSORS_RUST_STATICLIB}" DESTINATION "${CMAKE_INSTALL_LIBDIR}"
-        RENAME "libsafetensors_rust.a")
+if(SAFETENSORS_SHARED)
+  install(TARGETS safetensors_shared EXPORT safetensorsTargets LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}")
+  set(_st_pc_libs "-lsafetensors")
+else()
+  install(FILES "${SAFETENSORS_RUST_STATICLIB}" DESTINATION "${CMAKE_INSTALL_LIBDIR}"
+          RENAME "libsafetensors_rust.a")
+  set(_st_pc_libs "-lsafetensors_rust -lpthread -ldl -lm -lrt")
+endif()
 
 install(TARGETS safetensors EXPORT safetensorsTargets)
 install(EXPORT safetensorsTargets NAMESPACE safetensors:: DESTINATION "${SAFETENSORS_INSTALL_CMAKEDIR}")
@@ -28,3 +35,13 @@ install(FILES "${PROJECT_BINARY_DIR}/safetensorsConfig.cmake" "${PROJECT_BINARY_
 if(TARGET safetensors_cli)
   install(TARGETS safetensors_cli RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}")
 endif()
+
+# pkg-config, for builds without CMake. Relative to its own directory, so the tree is relocatable.
+set(SAFETENSORS_INSTALL_PKGCONFIGDIR "${CMAKE_INSTALL_LIBDIR}/pkgconfig"
+    CACHE STRING "Where safetensors.pc is installed")
+file(RELATIVE_PATH _st_pc_prefix_from_pcdir "/prefix/${SAFETENSORS_INSTALL_PKGCONFIGDIR}" "/prefix")
+configure_file("${PROJECT_SOURCE_DIR}/cmake/safetensors.pc.in" "${PROJECT_BINARY_DIR}/safetensors.pc" @ONLY)
+install(FILES "${PROJECT_BINARY_DIR}/safetensors.pc" DESTINATION "${SAFETENSORS_INSTALL_PKGCONFIGDIR}")
+
+install(FILES "${PROJECT_SOURCE_DIR}/LICENSE" "${PROJECT_SOURCE_DIR}/NOTICE"
+        DESTINATION "${CMAKE_INSTALL_DATADIR}/doc/safetensors")

@@ -14,4 +14,5 @@
 #include "safetensors/safe_open.hpp"
 #include "safetensors/slice.hpp"
 #include "safetensors/tensor.hpp"
+#include "safetensors/version.hpp"
 #include "safetensors/writer.hpp"

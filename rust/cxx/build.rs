@@ -9,12 +9,15 @@ use std::path::{Path, PathBuf};
 
 fn main() {
     cxx_build::CFG.include_prefix = "safetensors/ffi";
+    // Default visibility: libsafetensors.so (cmake/SafetensorsShared.cmake) exports these C++
+    // functions through its version script, which cannot export hidden symbols. Their names are
+    // ours (namespace safetensors), so they cannot collide with another library's.
     cxx_build::bridge("src/lib.rs")
         .std("c++17")
-        .flag_if_supported("-fvisibility=hidden")
         .compile("safetensors_cxx_bridge");
     println!("cargo:rerun-if-changed=src/lib.rs");
     println!("cargo:rerun-if-env-changed=SAFETENSORS_CXX_INCLUDE_DIR");
+    write_version_symbol();
 
     let Some(dest) = std::env::var_os("SAFETENSORS_CXX_INCLUDE_DIR") else {
         return;
@@ -32,6 +35,42 @@ fn main() {
         copy_if_changed(&from, &to);
         // If a copy is deleted (a `clean` that removes byproducts), run again to restore it.
         println!("cargo:rerun-if-changed={}", to.display());
+    }
+}
+
+/// Checks that Cargo's version is the one `include/safetensors/version.hpp` declares (that header
+/// is where the version is written; CMake reads it too), and generates the function named after
+/// it that every program including the headers references, so that headers and library of
+/// different versions fail to link.
+fn write_version_symbol() {
+    let header = "../../include/safetensors/version.hpp";
+    println!("cargo:rerun-if-changed={header}");
+    let text = std::fs::read_to_string(header).unwrap_or_else(|e| panic!("read {header}: {e}"));
+    let part = |name: &str| -> u32 {
+        let macro_name = format!("#define SAFETENSORS_VERSION_{name} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(macro_name.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{header} lacks `{macro_name}<number>`"))
+    };
+    let (major, minor, patch) = (part("MAJOR"), part("MINOR"), part("PATCH"));
+    let cargo = std::env::var("CARGO_PKG_VERSION").expect("CARGO_PKG_VERSION");
+    assert_eq!(
+        cargo,
+        format!("{major}.{minor}.{patch}"),
+        "Cargo.toml's version differs from {header}: change both together"
+    );
+    let code = format!(
+        "/// The library's version, `major << 16 | minor << 8 | patch`, under a name that only this \
+         version defines (see include/safetensors/version.hpp).\n\
+         #[no_mangle]\n\
+         pub extern \"C\" fn safetensors_library_v{major}_{minor}_{patch}() -> u32 {{\n    \
+         {}\n}}\n",
+        (major << 16) | (minor << 8) | patch
+    );
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR")).join("version.rs");
+    if std::fs::read_to_string(&out).ok().as_deref() != Some(code.as_str()) {
+        std::fs::write(&out, code).unwrap_or_else(|e| panic!("write {}: {e}", out.display()));
     }
 }
 

@@ -17,6 +17,7 @@
 #endif
 
 #include "safetensors/error.hpp"
+#include "safetensors/version.hpp"
 // cxx.h first: it defines rust::Error, which the generated header leaves out.
 #include "safetensors/ffi/rust/cxx.h"
 #include "safetensors/ffi/lib.rs.h"

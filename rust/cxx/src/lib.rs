@@ -13,6 +13,7 @@
 mod checkpoint;
 mod cuda;
 mod file;
+mod version;
 mod writer;
 
 use std::collections::BTreeMap;

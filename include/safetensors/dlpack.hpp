@@ -1,0 +1,189 @@
+// Export tensors as DLPack tensors (the versioned ABI, `DLManagedTensorVersioned`, DLPack >= 1.0),
+// so that NumPy, PyTorch, JAX, CuPy, TVM or any DLPack consumer can borrow them without a copy.
+//
+// Not included by <safetensors/safetensors.hpp>: include this header where you have DLPack's own
+// `dlpack/dlpack.h` on the include path (PyTorch, TVM, CuPy and the `apache-tvm-ffi` Python
+// package ship it; our tests use the last). We use the consumer's header rather than defining the
+// structs ourselves, so that both can be included in one program.
+//
+//   safetensors::DLPackTensor t = safetensors::to_dlpack(view);   // owns one reference
+//   consumer_takes_ownership(t.release());                        // the consumer calls the deleter
+//
+// Facts from the DLPack specification (dlpack.h, v1.3): strides are given in elements and may not
+// be NULL when ndim != 0 from v1.2 on; a zero-size tensor has a NULL data pointer; sub-byte types
+// (fp4, fp6) are packed little bit-endian, element i at bits [i*bits, (i+1)*bits), which is how
+// the format's F4 tensors are laid out in practice (element 0 in the low nibble); the fp8, fp6 and
+// fp4 type codes exist from DLPack v1.1.
+#pragma once
+
+#include <dlpack/dlpack.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "safetensors/dtype.hpp"
+#include "safetensors/error.hpp"
+#include "safetensors/tensor.hpp"
+
+static_assert(DLPACK_MAJOR_VERSION >= 1,
+              "safetensors/dlpack.hpp needs DLPack 1.0 or later (DLManagedTensorVersioned)");
+
+namespace safetensors {
+
+/// Whether the DLPack header in use has type codes for the fp8, fp6 and fp4 formats (v1.1+).
+inline constexpr bool dlpack_has_narrow_floats = DLPACK_MAJOR_VERSION > 1 ||
+                                                 (DLPACK_MAJOR_VERSION == 1 && DLPACK_MINOR_VERSION >= 1);
+
+/// The DLPack type of a dtype. Throws `Error` (`TypeMismatch`) for a dtype the DLPack version in
+/// use cannot express (the fp8/fp6/fp4 types before DLPack 1.1).
+///
+///   DLDataType t = safetensors::dlpack_dtype(Dtype::BF16);   // {kDLBfloat, 16, 1}
+[[nodiscard]] inline DLDataType dlpack_dtype(Dtype dtype) {
+  using enum Dtype;
+  auto type = [](auto code, std::size_t bits) {
+    return DLDataType{static_cast<std::uint8_t>(code), static_cast<std::uint8_t>(bits), 1};
+  };
+  switch (dtype) {
+    case BOOL:
+      return type(kDLBool, 8);
+    case U8:
+    case U16:
+    case U32:
+    case U64:
+      return type(kDLUInt, bit_size(dtype));
+    case I8:
+    case I16:
+    case I32:
+    case I64:
+      return type(kDLInt, bit_size(dtype));
+    case F16:
+    case F32:
+    case F64:
+      return type(kDLFloat, bit_size(dtype));
+    case BF16:
+      return type(kDLBfloat, 16);
+    case C64:
+      return type(kDLComplex, 64);
+    default:
+      break;
+  }
+#if DLPACK_MAJOR_VERSION > 1 || (DLPACK_MAJOR_VERSION == 1 && DLPACK_MINOR_VERSION >= 1)
+  // The format's names follow ml_dtypes/PyTorch: F8_E4M3 is e4m3fn (no infinities), F8_E8M0 is
+  // e8m0fnu (unsigned, no zero), F4 is e2m1fn.
+  switch (dtype) {
+    case F8_E4M3:
+      return type(kDLFloat8_e4m3fn, 8);
+    case F8_E5M2:
+      return type(kDLFloat8_e5m2, 8);
+    case F8_E4M3FNUZ:
+      return type(kDLFloat8_e4m3fnuz, 8);
+    case F8_E5M2FNUZ:
+      return type(kDLFloat8_e5m2fnuz, 8);
+    case F8_E8M0:
+      return type(kDLFloat8_e8m0fnu, 8);
+    case F6_E2M3:
+      return type(kDLFloat6_e2m3fn, 6);
+    case F6_E3M2:
+      return type(kDLFloat6_e3m2fn, 6);
+    case F4:
+      return type(kDLFloat4_e2m1fn, 4);
+    default:
+      break;
+  }
+#endif
+  throw Error(ErrorKind::TypeMismatch, "DLPack " + std::to_string(DLPACK_MAJOR_VERSION) + "." +
+                                           std::to_string(DLPACK_MINOR_VERSION) + " has no type for " +
+                                           std::string(to_string(dtype)) +
+                                           " (its fp8, fp6 and fp4 codes came in DLPack 1.1)");
+}
+
+/// Calls a DLPack tensor's deleter: what a `DLPackTensor` does when it is destroyed.
+struct DLPackDeleter {
+  void operator()(DLManagedTensorVersioned* t) const noexcept {
+    if (t != nullptr && t->deleter != nullptr) t->deleter(t);
+  }
+};
+
+/// A DLPack tensor this program still owns; `release()` hands it to a consumer, which must call
+/// its deleter exactly once.
+using DLPackTensor = std::unique_ptr<DLManagedTensorVersioned, DLPackDeleter>;
+
+namespace detail {
+/// What a DLPack tensor's `manager_ctx` holds: the DLPack struct itself, the arrays it points to,
+/// and whatever keeps the bytes alive.
+struct DLPackExport {
+  DLManagedTensorVersioned managed{};
+  std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> strides;
+  std::shared_ptr<const void> owner;
+};
+
+/// Fills everything but the data pointer, device and flags; `shape` is in elements.
+inline std::unique_ptr<DLPackExport> dlpack_export(Dtype dtype, const std::vector<std::size_t>& shape,
+                                                   std::shared_ptr<const void> owner) {
+  auto out = std::make_unique<DLPackExport>();
+  out->shape.reserve(shape.size());
+  for (auto d : shape) {
+    if (d > static_cast<std::size_t>(INT64_MAX)) {
+      throw Error(ErrorKind::ValidationOverflow,
+                  "a dimension of " + std::to_string(d) + " does not fit DLPack's int64");
+    }
+    out->shape.push_back(static_cast<std::int64_t>(d));
+  }
+  // Compact row-major strides, in elements (DLPack 1.2+ requires them whenever ndim > 0).
+  out->strides.assign(shape.size(), 1);
+  for (std::size_t i = shape.size(); i-- > 1;) out->strides[i - 1] = out->strides[i] * out->shape[i];
+  out->owner = std::move(owner);
+  DLManagedTensorVersioned& m = out->managed;
+  m.version = DLPackVersion{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
+  m.manager_ctx = out.get();
+  m.deleter = [](DLManagedTensorVersioned* self) { delete static_cast<DLPackExport*>(self->manager_ctx); };
+  m.dl_tensor.ndim = static_cast<std::int32_t>(shape.size());
+  m.dl_tensor.dtype = dlpack_dtype(dtype);
+  m.dl_tensor.shape = out->shape.empty() ? nullptr : out->shape.data();
+  m.dl_tensor.strides = out->strides.empty() ? nullptr : out->strides.data();
+  m.dl_tensor.byte_offset = 0;
+  return out;
+}
+}  // namespace detail
+
+/// Exports a view (CPU memory) as a DLPack tensor that keeps the view's bytes alive (its `owner`:
+/// the mapped file or the view's own buffer) until the consumer calls the deleter. The tensor is
+/// marked read-only: views are read-only, and a mapped file's pages must never be written. A view
+/// over your own memory (`owner` empty) borrows it: keep that memory alive as long as the consumer
+/// may use it. Throws `TypeMismatch` for a dtype DLPack cannot express, and `TensorInvalidInfo`
+/// when the view's byte count disagrees with its dtype and shape.
+///
+///   auto t = safetensors::to_dlpack(f.get_tensor("wte.weight"));
+[[nodiscard]] inline DLPackTensor to_dlpack(const TensorView& view) {
+  std::size_t bits = bit_size(view.dtype);
+  if (bits == 0) {
+    throw Error(ErrorKind::TypeMismatch, "dtype value " + std::to_string(static_cast<unsigned>(view.dtype)) +
+                                             " is not a safetensors dtype");
+  }
+  // numel * bits / 8, as the format computes a tensor's size; checked so a bogus view cannot lie.
+  std::size_t numel = 1;
+  for (auto d : view.shape) {
+    if (d != 0 && numel > SIZE_MAX / d) {
+      throw Error(ErrorKind::ValidationOverflow, "the view's shape has more elements than fit in 64 bits");
+    }
+    numel *= d;
+  }
+  if (numel > SIZE_MAX / bits || numel * bits % 8 != 0 || numel * bits / 8 != view.data.size()) {
+    throw Error(ErrorKind::TensorInvalidInfo, "the view holds " + std::to_string(view.data.size()) +
+                                                  " bytes, which is not " + std::to_string(numel) +
+                                                  " elements of " + std::string(to_string(view.dtype)));
+  }
+  auto out = detail::dlpack_export(view.dtype, view.shape, view.owner);
+  DLTensor& t = out->managed.dl_tensor;
+  t.data = view.data.empty() ? nullptr : const_cast<std::byte*>(view.data.data());
+  t.device = DLDevice{kDLCPU, 0};
+  out->managed.flags = DLPACK_FLAG_BITMASK_READ_ONLY;
+  return DLPackTensor(&out.release()->managed);
+}
+
+}  // namespace safetensors

@@ -1,0 +1,120 @@
+# Checks of the installed package that need no GoogleTest, run by ctest as
+#   cmake -DMODE=<mode> -DPREFIX=<install tree> -DWORK=<scratch dir> [-DCUDA=ON|OFF] -DSOURCE=<tests/consumers> -P package_test.cmake
+# MODE:
+#   components  `find_package(... COMPONENTS cuda)` works on a CUDA build and fails cleanly, with
+#               the reason, on one without (the same package with its CUDA flag off), and an
+#               unknown component fails naming it.
+#   pkg-config  a consumer built with plain `g++ $(pkg-config --cflags --libs safetensors)` runs.
+#   version     headers of another version than the library do not link, naming the symbol.
+#   files       LICENSE and NOTICE are installed.
+cmake_minimum_required(VERSION 3.23)
+
+function(fail)
+  string(JOIN "" msg ${ARGN})
+  message(FATAL_ERROR "${msg}")
+endfunction()
+
+# configure(<name> <expect: OK|FAIL> <prefix> <components> <must-contain>)
+function(configure name expect prefix components must_contain)
+  set(build "${WORK}/${name}")
+  file(REMOVE_RECURSE "${build}")
+  execute_process(
+    COMMAND ${CMAKE_COMMAND} -S "${SOURCE}/components" -B "${build}" "-DCMAKE_PREFIX_PATH=${prefix}"
+            "-DSAFETENSORS_COMPONENTS=${components}"
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  set(all "${out}${err}")
+  if(expect STREQUAL "OK" AND NOT rc EQUAL 0)
+    fail("${name}: configuring with COMPONENTS ${components} failed:\n${all}")
+  elseif(expect STREQUAL "FAIL" AND rc EQUAL 0)
+    fail("${name}: configuring with COMPONENTS ${components} succeeded, expected a failure:\n${all}")
+  endif()
+  string(REGEX REPLACE "[ \n]+" " " flat "${all}")  # CMake wraps long messages
+  string(FIND "${flat}" "${must_contain}" at)
+  if(at EQUAL -1)
+    fail("${name}: expected the output to say `${must_contain}`:\n${all}")
+  endif()
+  message(STATUS "${name}: ok")
+endfunction()
+
+# pkg-config's flags for the install tree.
+function(pkg_flags out)
+  find_program(PKG_CONFIG pkg-config REQUIRED)
+  set(ENV{PKG_CONFIG_PATH} "${PREFIX}/${LIBDIR}/pkgconfig")
+  execute_process(COMMAND ${PKG_CONFIG} --cflags --libs safetensors RESULT_VARIABLE rc OUTPUT_VARIABLE flags
+                  ERROR_VARIABLE err OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT rc EQUAL 0)
+    fail("pkg-config --cflags --libs safetensors failed: ${err}")
+  endif()
+  separate_arguments(flags UNIX_COMMAND "${flags}")
+  set(${out} ${flags} PARENT_SCOPE)
+endfunction()
+
+file(MAKE_DIRECTORY "${WORK}")
+if(MODE STREQUAL "components")
+  if(CUDA)
+    configure(cuda_build OK "${PREFIX}" cuda "cuda component: TRUE")
+  else()
+    configure(cuda_build FAIL "${PREFIX}" cuda "was built without CUDA")
+  endif()
+  # The same package as a build without CUDA would install it: only its flag differs.
+  set(nocuda "${WORK}/nocuda-prefix")
+  file(REMOVE_RECURSE "${nocuda}")
+  file(COPY "${PREFIX}/include" "${PREFIX}/${LIBDIR}/cmake" DESTINATION "${nocuda}")
+  file(RENAME "${nocuda}/cmake" "${nocuda}/lib-cmake")
+  file(MAKE_DIRECTORY "${nocuda}/lib")
+  file(RENAME "${nocuda}/lib-cmake" "${nocuda}/lib/cmake")
+  file(CREATE_LINK "${PREFIX}/${LIBDIR}/libsafetensors_rust.a" "${nocuda}/lib/libsafetensors_rust.a" SYMBOLIC)
+  set(config "${nocuda}/lib/cmake/safetensors/safetensorsConfig.cmake")
+  file(READ "${config}" text)
+  string(REGEX REPLACE "set\\(safetensors_CUDA [A-Za-z]+\\)" "set(safetensors_CUDA OFF)" text "${text}")
+  file(WRITE "${config}" "${text}")
+  configure(no_cuda_build FAIL "${nocuda}" cuda "was built without CUDA (SAFETENSORS_CUDA=OFF), so it has no `cuda` component")
+  configure(no_cuda_build_plain OK "${nocuda}" "" "cuda component: FALSE")
+  configure(unknown_component FAIL "${PREFIX}" nonsense "has no component `nonsense`")
+elseif(MODE STREQUAL "pkg-config")
+  pkg_flags(flags)
+  set(exe "${WORK}/pkg-config-consumer")
+  execute_process(COMMAND g++ "${SOURCE}/main.cpp" ${flags} -o "${exe}" RESULT_VARIABLE rc ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    fail("g++ main.cpp $(pkg-config --cflags --libs safetensors) failed:\n${err}")
+  endif()
+  execute_process(COMMAND "${exe}" RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "consumer: ok")
+    fail("the pkg-config consumer failed (${rc}): ${out}")
+  endif()
+  message(STATUS "${out}")
+elseif(MODE STREQUAL "version")
+  # Headers one patch release ahead of the library.
+  set(headers "${WORK}/other-version-include")
+  file(REMOVE_RECURSE "${headers}")
+  file(COPY "${PREFIX}/include/safetensors" DESTINATION "${headers}")
+  file(READ "${headers}/safetensors/version.hpp" text)
+  string(REGEX MATCH "#define SAFETENSORS_VERSION_PATCH ([0-9]+)" _ "${text}")
+  math(EXPR other "${CMAKE_MATCH_1} + 1")
+  string(REGEX REPLACE "#define SAFETENSORS_VERSION_PATCH [0-9]+" "#define SAFETENSORS_VERSION_PATCH ${other}" text
+                       "${text}")
+  file(WRITE "${headers}/safetensors/version.hpp" "${text}")
+  pkg_flags(flags)
+  execute_process(COMMAND g++ -I "${headers}" "${SOURCE}/main.cpp" ${flags} -o "${WORK}/mismatch"
+                  RESULT_VARIABLE rc ERROR_VARIABLE err)
+  if(rc EQUAL 0)
+    fail("headers of another version linked against the library")
+  endif()
+  if(NOT err MATCHES "undefined reference to `safetensors_library_v[0-9]+_[0-9]+_${other}'")
+    fail("the mismatch did not fail on the versioned symbol:\n${err}")
+  endif()
+  message(STATUS "a header/library version mismatch fails to link: ok")
+elseif(MODE STREQUAL "files")
+  foreach(f LICENSE NOTICE)
+    if(NOT EXISTS "${PREFIX}/${DATADIR}/doc/safetensors/${f}")
+      fail("${f} is not installed under ${DATADIR}/doc/safetensors")
+    endif()
+  endforeach()
+  file(READ "${PREFIX}/${DATADIR}/doc/safetensors/NOTICE" notice)
+  if(NOT notice MATCHES "cxx")
+    fail("NOTICE does not credit cxx")
+  endif()
+  message(STATUS "LICENSE and NOTICE installed: ok")
+else()
+  fail("unknown MODE `${MODE}`")
+endif()
