@@ -34,7 +34,9 @@ class Index {
     Bound() = default;
     Bound(std::nullopt_t) {}  // NOLINT: implicit, like std::optional
     template <std::integral I>
-    Bound(I v) : value_(to_i64(v, fits_)), set_(true) {}  // NOLINT
+    Bound(I v) : set_(true) {  // NOLINT
+      value_ = to_i64(v, fits_);  // in the body: `fits_` is initialised after `value_`
+    }
     template <std::integral I>
     Bound(std::optional<I> v) {  // NOLINT
       if (v) *this = Bound(*v);
@@ -50,7 +52,9 @@ class Index {
   /// Select one position (the dimension disappears from the result). Implicit, so that a
   /// plain integer reads like Python: `select({3, Index::all()})`.
   template <std::integral I>
-  Index(I position) : start_(to_i64(position, fits_)) {}  // NOLINT
+  Index(I position) {  // NOLINT
+    start_ = to_i64(position, fits_);  // in the body: `fits_` is initialised after `start_`
+  }
 
   /// The whole dimension, `:`.
   static Index all() { return range({}, {}); }

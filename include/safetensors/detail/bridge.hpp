@@ -104,10 +104,13 @@ inline std::shared_ptr<std::byte[]> allocate_bytes(std::size_t n, std::string_vi
     throw Error(ErrorKind::Io, "cannot allocate " + std::to_string(n) + " bytes for " + std::string(what) +
                                    " (out of memory); read it in pieces, or use the mapped backend");
   };
+  // No object may exceed PTRDIFF_MAX bytes, and libstdc++'s aligned `operator new` rounds the
+  // size up without an overflow check (SIZE_MAX becomes 0 and "succeeds").
+  if (n > static_cast<std::size_t>(PTRDIFF_MAX)) return fail();
   try {
 #if defined(__linux__)
     constexpr std::size_t huge = std::size_t{2} << 20;
-    if (n >= 2 * huge && n <= SIZE_MAX - 2 * huge) {  // at least 4 MiB, so rounding wastes at most a third
+    if (n >= 2 * huge) {  // at least 4 MiB, so rounding wastes at most a third
       std::size_t len = (n + huge - 1) / huge * huge + huge;
       void* base = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (base != MAP_FAILED) {
