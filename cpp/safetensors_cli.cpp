@@ -131,13 +131,16 @@ std::string printable(std::string_view text) {
       ++i;
       continue;
     }
-    if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else if (c == '\r') out += "\\r";
-    else if (c == '\t') out += "\\t";
-    else if (is_control(c) && c < 0x100) std::snprintf(buf, sizeof buf, "\\x%02x", static_cast<unsigned>(c)), out += buf;
-    else if (is_control(c)) std::snprintf(buf, sizeof buf, "\\u{%04x}", static_cast<unsigned>(c)), out += buf;
-    else out.append(text.substr(i, len));
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\n' || c == '\r' || c == '\t') {
+      out += c == '\n' ? "\\n" : c == '\r' ? "\\r" : "\\t";
+    } else if (is_control(c)) {
+      std::snprintf(buf, sizeof buf, c < 0x100 ? "\\x%02x" : "\\u{%04x}", static_cast<unsigned>(c));
+      out += buf;
+    } else {
+      out.append(text.substr(i, len));
+    }
     i += len;
   }
   return out;
@@ -170,13 +173,16 @@ std::string json_string(std::string_view v) {
       ++i;
       continue;
     }
-    if (c == '"') out += "\\\"";
-    else if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else if (c == '\r') out += "\\r";
-    else if (c == '\t') out += "\\t";
-    else if (is_control(c)) std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c)), out += buf;
-    else out.append(v.substr(i, len));
+    if (c == '"' || c == '\\') {
+      out += c == '"' ? "\\\"" : "\\\\";
+    } else if (c == '\n' || c == '\r' || c == '\t') {
+      out += c == '\n' ? "\\n" : c == '\r' ? "\\r" : "\\t";
+    } else if (is_control(c)) {
+      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
+      out += buf;
+    } else {
+      out.append(v.substr(i, len));
+    }
     i += len;
   }
   return out + "\"";
@@ -184,7 +190,7 @@ std::string json_string(std::string_view v) {
 
 [[noreturn]] void throw_io(const std::string& doing, const fs::path& path, int err) {
   throw safetensors::Error(safetensors::ErrorKind::Io,
-                           "cannot " + doing + " " + printable_path(path) + ": " + std::strerror(err));
+                           "cannot " + doing + " " + path.string() + ": " + std::strerror(err));
 }
 
 /// `fs::file_size` as a typed `Io` error (a shard removed meanwhile, a permission change).
@@ -442,8 +448,8 @@ class FileLock {
       }
       ::close(fd);  // replaced while we waited: lock what the path names now
     }
-    throw safetensors::Error(safetensors::ErrorKind::Io, printable_path(path) +
-                                                             " keeps being replaced by other processes; try again");
+    throw safetensors::Error(safetensors::ErrorKind::Io,
+                             path.string() + " keeps being replaced by other processes; try again");
   }
   ~FileLock() { ::close(fd_); }
   FileLock(const FileLock&) = delete;
@@ -557,8 +563,8 @@ int metadata(const std::vector<std::string>& args) {
   FileLock lock(target);
   SafeOpen original(target);
   if (!lock.still_named_by(target)) {
-    throw safetensors::Error(safetensors::ErrorKind::Io, printable_path(target) +
-                                                             " was replaced by a program that does not lock it; try again");
+    throw safetensors::Error(safetensors::ErrorKind::Io,
+                             target.string() + " was replaced by a program that does not lock it; try again");
   }
   auto meta = original.metadata();
   for (const auto& k : deletes) {
@@ -585,19 +591,19 @@ int metadata(const std::vector<std::string>& args) {
         if (w.dtype != view.dtype || w.shape != view.shape || w.data.size() != view.data.size() ||
             !std::equal(w.data.begin(), w.data.end(), view.data.begin())) {
           throw safetensors::Error(safetensors::ErrorKind::Internal,
-                                   "tensor `" + printable(name) + "` differs after rewriting");
+                                   "tensor `" + name + "` differs after rewriting");
         }
       }
       if (written.size() != original.size() || written.metadata() != meta) {
         throw safetensors::Error(safetensors::ErrorKind::Internal, "the rewritten file does not hold what was asked");
       }
       if (held.pending()) {
-        throw safetensors::Error(safetensors::ErrorKind::Io, "interrupted: " + printable_path(target) + " left unchanged");
+        throw safetensors::Error(safetensors::ErrorKind::Io, "interrupted: " + target.string() + " left unchanged");
       }
       if (::rename(staged.c_str(), target.c_str()) != 0) {
         int err = errno;
-        throw safetensors::Error(safetensors::ErrorKind::Io, "cannot replace " + printable_path(target) + " with " +
-                                                                 printable_path(staged) + ": " + std::strerror(err));
+        throw safetensors::Error(safetensors::ErrorKind::Io, "cannot replace " + target.string() + " with " +
+                                                                 staged.string() + ": " + std::strerror(err));
       }
     } catch (...) {
       ::umask(old_mask);
