@@ -12,10 +12,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cinttypes>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -102,7 +102,8 @@ std::pair<char32_t, std::size_t> decode_utf8(std::string_view s, std::size_t i) 
     if ((byte(i + k) & 0xc0) != 0x80) return {0, 0};
     c = (c << 6) | (byte(i + k) & 0x3f);
   }
-  if ((len == 3 && c < 0x800) || (len == 4 && (c < 0x10000 || c > 0x10ffff)) || (c >= 0xd800 && c <= 0xdfff)) {
+  if ((len == 3 && c < 0x800) || (len == 4 && (c < 0x10000 || c > 0x10ffff)) ||
+      (c >= 0xd800 && c <= 0xdfff)) {
     return {0, 0};
   }
   return {c, len};
@@ -145,7 +146,9 @@ std::string printable(std::string_view text) {
   }
   return out;
 }
-std::string printable_path(const fs::path& p) { return printable(std::string_view(p.native())); }
+std::string printable_path(const fs::path& p) {
+  return printable(std::string_view(p.native()));
+}
 
 /// Characters a terminal shows for `printable` text (code points; wide characters count once).
 std::size_t display_width(std::string_view text) {
@@ -204,8 +207,8 @@ std::uint64_t file_size_of(const fs::path& path) {
 bool is_index(const fs::path& p) { return p.extension() == ".json"; }
 
 void print_error(const fs::path& path, const safetensors::Error& e) {
-  std::printf("FAIL %s: %s: %s\n", printable_path(path).c_str(), std::string(safetensors::to_string(e.kind())).c_str(),
-              printable(e.what()).c_str());
+  std::printf("FAIL %s: %s: %s\n", printable_path(path).c_str(),
+              std::string(safetensors::to_string(e.kind())).c_str(), printable(e.what()).c_str());
 }
 
 // ---- inspect -----------------------------------------------------------------------------
@@ -316,13 +319,14 @@ int inspect(const std::vector<std::string>& args) {
     ws = std::max(ws, std::min(kMaxShape, shape_text(r.info.shape).size()));
   }
   std::printf("tensors (%zu):\n", rows.size());
-  std::printf("  %s  %-11s  %s  %15s  %15s%s\n", padded("name", wn).c_str(), "dtype", padded("shape", ws).c_str(),
-              "bytes", "offset", is_index(*path) ? "  shard" : "");
+  std::printf("  %s  %-11s  %s  %15s  %15s%s\n", padded("name", wn).c_str(), "dtype",
+              padded("shape", ws).c_str(), "bytes", "offset", is_index(*path) ? "  shard" : "");
   for (const auto& r : rows) {
     std::printf("  %s  %-11s  %s  %15s  %15s%s%s\n", padded(printable(r.name), wn).c_str(),
-                std::string(safetensors::to_string(r.info.dtype)).c_str(), padded(shape_text(r.info.shape), ws).c_str(),
-                with_commas(r.info.byte_size()).c_str(), with_commas(r.info.data_offsets.first).c_str(),
-                r.shard.empty() ? "" : "  ", printable(r.shard).c_str());
+                std::string(safetensors::to_string(r.info.dtype)).c_str(),
+                padded(shape_text(r.info.shape), ws).c_str(), with_commas(r.info.byte_size()).c_str(),
+                with_commas(r.info.data_offsets.first).c_str(), r.shard.empty() ? "" : "  ",
+                printable(r.shard).c_str());
   }
   std::printf("totals: %s parameters, %s bytes\n", with_commas(params).c_str(), with_commas(bytes).c_str());
   for (const auto& [d, pb] : by_dtype) {
@@ -400,7 +404,8 @@ int validate(const std::vector<std::string>& args) {
         bytes = file_size_of(path);
       }
       progress.clear();
-      std::printf("OK   %s (%zu tensors, %s bytes)\n", printable_path(path).c_str(), tensors, with_commas(bytes).c_str());
+      std::printf("OK   %s (%zu tensors, %s bytes)\n", printable_path(path).c_str(), tensors,
+                  with_commas(bytes).c_str());
     } catch (const safetensors::Error& e) {
       progress.clear();
       print_error(path, e);
@@ -439,7 +444,8 @@ class FileLock {
           }
         }
       }
-      struct stat locked{}, named{};
+      struct stat locked {
+      }, named{};
       if (::fstat(fd, &locked) == 0 && ::stat(path.c_str(), &named) == 0 && locked.st_dev == named.st_dev &&
           locked.st_ino == named.st_ino) {
         fd_ = fd;
@@ -459,13 +465,13 @@ class FileLock {
   [[nodiscard]] const struct stat& status() const { return stat_; }
   /// Whether `path` still names the locked file.
   [[nodiscard]] bool still_named_by(const fs::path& path) const {
-    struct stat now{};
+    struct stat now {};
     return ::stat(path.c_str(), &now) == 0 && now.st_dev == stat_.st_dev && now.st_ino == stat_.st_ino;
   }
 
  private:
   int fd_ = -1;
-  struct stat stat_{};
+  struct stat stat_ {};
 };
 
 /// SIGINT, SIGTERM and SIGHUP held back while a rewrite is staged, so that none can end the
@@ -501,7 +507,8 @@ class HeldSignals {
 void copy_owner_and_mode(const fs::path& staged, const struct stat& original, const fs::path& path) {
   if (::chown(staged.c_str(), original.st_uid, original.st_gid) != 0) {
     // Not permitted (we are not root): keep the group if we may, and say that the owner changes.
-    if (::chown(staged.c_str(), static_cast<uid_t>(-1), original.st_gid) != 0 || ::geteuid() != original.st_uid) {
+    if (::chown(staged.c_str(), static_cast<uid_t>(-1), original.st_gid) != 0 ||
+        ::geteuid() != original.st_uid) {
       std::fprintf(stderr, "note: %s is owned by uid %u gid %u; the rewritten file belongs to you\n",
                    printable_path(path).c_str(), static_cast<unsigned>(original.st_uid),
                    static_cast<unsigned>(original.st_gid));
@@ -533,7 +540,8 @@ int metadata(const std::vector<std::string>& args) {
         continue;
       }
       auto eq = v.find('=');
-      if (eq == std::string::npos || eq == 0) throw UsageError("--set takes KEY=VALUE, got '" + printable(v) + "'");
+      if (eq == std::string::npos || eq == 0)
+        throw UsageError("--set takes KEY=VALUE, got '" + printable(v) + "'");
       sets[v.substr(0, eq)] = v.substr(eq + 1);
     } else if (is_option(a)) {
       unknown_option("metadata", a);
@@ -549,7 +557,8 @@ int metadata(const std::vector<std::string>& args) {
   if (sets.empty() && deletes.empty()) {
     SafeOpen original(*path);
     if (!original.has_metadata()) std::puts("(no metadata)");
-    for (const auto& [k, v] : original.metadata()) std::printf("%s: %s\n", printable(k).c_str(), printable(v).c_str());
+    for (const auto& [k, v] : original.metadata())
+      std::printf("%s: %s\n", printable(k).c_str(), printable(v).c_str());
     return 0;
   }
 
@@ -595,10 +604,12 @@ int metadata(const std::vector<std::string>& args) {
         }
       }
       if (written.size() != original.size() || written.metadata() != meta) {
-        throw safetensors::Error(safetensors::ErrorKind::Internal, "the rewritten file does not hold what was asked");
+        throw safetensors::Error(safetensors::ErrorKind::Internal,
+                                 "the rewritten file does not hold what was asked");
       }
       if (held.pending()) {
-        throw safetensors::Error(safetensors::ErrorKind::Io, "interrupted: " + target.string() + " left unchanged");
+        throw safetensors::Error(safetensors::ErrorKind::Io,
+                                 "interrupted: " + target.string() + " left unchanged");
       }
       if (::rename(staged.c_str(), target.c_str()) != 0) {
         int err = errno;
@@ -611,8 +622,8 @@ int metadata(const std::vector<std::string>& args) {
       throw;  // a held signal, if any, ends the process when `held` lets it through
     }
   }
-  std::printf("updated %s: %zu tensors unchanged, metadata now has %zu keys\n", printable_path(target).c_str(),
-              tensors.size(), meta.size());
+  std::printf("updated %s: %zu tensors unchanged, metadata now has %zu keys\n",
+              printable_path(target).c_str(), tensors.size(), meta.size());
   return 0;
 }
 
@@ -663,7 +674,8 @@ int bench(const std::vector<std::string>& args) {
   measure::MappedBuffer target(size);
   auto read = measure::median(measure::repeat(runs, [&] { measure::read_whole_file(*path, target.data); }));
   auto gbps = [&](double s) { return static_cast<double>(size) / s / 1e9; };
-  std::printf("%s: %s bytes, %s\n", printable_path(*path).c_str(), with_commas(size).c_str(), measure::machine().c_str());
+  std::printf("%s: %s bytes, %s\n", printable_path(*path).c_str(), with_commas(size).c_str(),
+              measure::machine().c_str());
   std::printf("  open (keys + every view)      %10.3f ms\n", open * 1e3);
   std::printf("  load (every byte, mapped)     %10.3f ms  %6.2f GB/s\n", load * 1e3, gbps(load));
   std::printf("  load into owned memory        %10.3f ms  %6.2f GB/s\n", copy * 1e3, gbps(copy));
@@ -695,11 +707,16 @@ int main(int argc, char** argv) {
   }
   int code = 0;
   try {
-    if (command == "inspect") code = inspect(args);
-    else if (command == "validate") code = validate(args);
-    else if (command == "metadata") code = metadata(args);
-    else if (command == "bench") code = bench(args);
-    else throw UsageError("unknown command '" + printable(command) + "'");
+    if (command == "inspect")
+      code = inspect(args);
+    else if (command == "validate")
+      code = validate(args);
+    else if (command == "metadata")
+      code = metadata(args);
+    else if (command == "bench")
+      code = bench(args);
+    else
+      throw UsageError("unknown command '" + printable(command) + "'");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "safetensors: %s\n\n%s", e.what(), kUsage);
     return 2;

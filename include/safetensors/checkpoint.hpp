@@ -51,10 +51,14 @@ class Checkpoint {
 
   /// The index's `metadata` (non-string values, like `total_size`, as their JSON text), or the
   /// single file's `__metadata__`.
-  [[nodiscard]] std::map<std::string, std::string> metadata() const { return detail::metadata_of(ckpt().metadata()); }
+  [[nodiscard]] std::map<std::string, std::string> metadata() const {
+    return detail::metadata_of(ckpt().metadata());
+  }
   [[nodiscard]] bool has_metadata() const { return ckpt().has_metadata(); }
 
-  [[nodiscard]] bool contains(std::string_view name) const { return ckpt().position(detail::bytes(name)) >= 0; }
+  [[nodiscard]] bool contains(std::string_view name) const {
+    return ckpt().position(detail::bytes(name)) >= 0;
+  }
   [[nodiscard]] std::size_t size() const { return ckpt().tensor_count(); }
 
   [[nodiscard]] TensorInfo info(std::string_view name) const { return source_for(name).info(name); }

@@ -53,7 +53,9 @@ class SafeOpen {
   }
 
   /// The `__metadata__` map (empty when the file has none).
-  [[nodiscard]] std::map<std::string, std::string> metadata() const { return detail::metadata_of(file().metadata()); }
+  [[nodiscard]] std::map<std::string, std::string> metadata() const {
+    return detail::metadata_of(file().metadata());
+  }
 
   /// Whether the header has a `__metadata__` map at all.
   [[nodiscard]] bool has_metadata() const { return file().has_metadata(); }

@@ -8,10 +8,10 @@
 #include <limits>
 #include <memory>
 #include <optional>
-#include <type_traits>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "safetensors/detail/bridge.hpp"
@@ -34,7 +34,7 @@ class Index {
     Bound() = default;
     Bound(std::nullopt_t) {}  // NOLINT: implicit, like std::optional
     template <std::integral I>
-    Bound(I v) : set_(true) {  // NOLINT
+    Bound(I v) : set_(true) {     // NOLINT
       value_ = to_i64(v, fits_);  // in the body: `fits_` is initialised after `value_`
     }
     template <std::integral I>
@@ -52,7 +52,7 @@ class Index {
   /// Select one position (the dimension disappears from the result). Implicit, so that a
   /// plain integer reads like Python: `select({3, Index::all()})`.
   template <std::integral I>
-  Index(I position) {  // NOLINT
+  Index(I position) {                  // NOLINT
     start_ = to_i64(position, fits_);  // in the body: `fits_` is initialised after `start_`
   }
 
@@ -149,7 +149,8 @@ class Selection {
     std::size_t len = byte_size();
     if (len == 0) return v;
     if (src_.data != nullptr && plan().contiguous()) {
-      auto [bytes_span, keep] = src_.bytes_at(static_cast<std::size_t>(plan().runs()[0].offset), len, "a slice");
+      auto [bytes_span, keep] =
+          src_.bytes_at(static_cast<std::size_t>(plan().runs()[0].offset), len, "a slice");
       v.data = bytes_span;
       v.owner = std::move(keep);
       return v;

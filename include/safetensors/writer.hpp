@@ -53,8 +53,8 @@ using tensor_ref_t = decltype(std::get<1>(std::declval<E>()));
 /// yielding `{name, f.get_tensor(name)}`, are written correctly.
 template <class R>
 inline constexpr bool borrows_tensors =
-    std::ranges::forward_range<R> &&
-    std::is_lvalue_reference_v<tensor_ref_t<std::ranges::range_reference_t<R>&>> &&
+    std::ranges::forward_range<R>&&
+        std::is_lvalue_reference_v<tensor_ref_t<std::ranges::range_reference_t<R>&>> &&
     (std::is_reference_v<std::ranges::range_reference_t<R>> ||
      std::is_lvalue_reference_v<tensor_ref_t<std::ranges::range_reference_t<R>>>);
 }  // namespace detail
@@ -78,8 +78,8 @@ concept NamedTensorRange = std::ranges::input_range<R> && requires(std::ranges::
   { std::string_view(std::get<0>(e)) };
   requires TensorLike<std::remove_cvref_t<decltype(std::get<1>(e))>>;
   requires detail::borrows_tensors<R> ||
-               std::constructible_from<std::remove_cvref_t<detail::tensor_ref_t<std::ranges::range_reference_t<R>>>,
-                                       detail::tensor_ref_t<std::ranges::range_reference_t<R>>>;
+      std::constructible_from<std::remove_cvref_t<detail::tensor_ref_t<std::ranges::range_reference_t<R>>>,
+                              detail::tensor_ref_t<std::ranges::range_reference_t<R>>>;
 };
 
 namespace detail {
@@ -94,15 +94,16 @@ using KeptTensors = std::deque<std::remove_cvref_t<tensor_ref_t<std::ranges::ran
 /// reported as a size mismatch.
 inline void check_dtype(std::string_view name, Dtype dtype) {
   if (static_cast<std::size_t>(dtype) >= dtype_count) {
-    throw Error(ErrorKind::TensorInvalidInfo, "tensor `" + std::string(name) + "` has an invalid dtype value " +
-                                                  std::to_string(static_cast<unsigned>(dtype)) +
-                                                  " (safetensors::Dtype has values 0 to " +
-                                                  std::to_string(dtype_count - 1) + ")");
+    throw Error(ErrorKind::TensorInvalidInfo,
+                "tensor `" + std::string(name) + "` has an invalid dtype value " +
+                    std::to_string(static_cast<unsigned>(dtype)) + " (safetensors::Dtype has values 0 to " +
+                    std::to_string(dtype_count - 1) + ")");
   }
 }
 
 template <class Tensor>
-void add_tensor(ffi::Writer& writer, std::string_view name, const Tensor& tensor, std::vector<std::size_t>& shape) {
+void add_tensor(ffi::Writer& writer, std::string_view name, const Tensor& tensor,
+                std::vector<std::size_t>& shape) {
   Dtype dtype{tensor.dtype};
   check_dtype(name, dtype);
   shape.clear();
@@ -175,7 +176,8 @@ inline std::vector<std::byte> byte_vector(std::size_t n, std::string_view what) 
 ///
 ///   auto bytes = safetensors::serialize({{"w", view}}, {{"format", "pt"}});
 template <NamedTensorRange R>
-[[nodiscard]] std::vector<std::byte> serialize(R&& tensors, const Metadata& metadata = {}, SaveOptions options = {}) {
+[[nodiscard]] std::vector<std::byte> serialize(R&& tensors, const Metadata& metadata = {},
+                                               SaveOptions options = {}) {
   detail::KeptTensors<R> kept;
   auto writer = detail::make_writer(std::forward<R>(tensors), metadata, options.empty_metadata, kept);
   std::size_t len = detail::call([&] { return writer->file_len(); });
@@ -184,7 +186,8 @@ template <NamedTensorRange R>
   detail::call([&] { writer->write_into(dst); });
   return out;
 }
-[[nodiscard]] inline std::vector<std::byte> serialize(detail::TensorList tensors, const Metadata& metadata = {},
+[[nodiscard]] inline std::vector<std::byte> serialize(detail::TensorList tensors,
+                                                      const Metadata& metadata = {},
                                                       SaveOptions options = {}) {
   return serialize<const detail::TensorList&>(tensors, metadata, options);
 }

@@ -149,7 +149,8 @@ TEST(Checkpoint, ViewsOutliveTheCheckpoint) {
 TEST(Checkpoint, AMovedFromCheckpointThrowsInsteadOfCrashing) {
   test::TempDir dir;
   std::array<float, 2> w{1, 2};
-  safetensors::save_file(dir / "one.safetensors", {{"w", TensorView{Dtype::F32, {2}, std::as_bytes(std::span(w)), {}}}});
+  safetensors::save_file(dir / "one.safetensors",
+                         {{"w", TensorView{Dtype::F32, {2}, std::as_bytes(std::span(w)), {}}}});
   Checkpoint c(dir / "one.safetensors");
   Checkpoint d = std::move(c);
   // NOLINTBEGIN(bugprone-use-after-move): the point of the test
@@ -157,7 +158,8 @@ TEST(Checkpoint, AMovedFromCheckpointThrowsInsteadOfCrashing) {
            [&] { (void)c.keys(); }, [&] { (void)c.metadata(); }, [&] { (void)c.has_metadata(); },
            [&] { (void)c.contains("w"); }, [&] { (void)c.size(); }, [&] { (void)c.info("w"); },
            [&] { (void)c.get_tensor("w"); }, [&] { (void)c.get_slice("w"); }, [&] { (void)c.shard_count(); },
-           [&] { (void)c.shard_paths(); }, [&] { (void)c.shard_of("w"); }, [&] { (void)c.shards_opened(); }}) {
+           [&] { (void)c.shard_paths(); }, [&] { (void)c.shard_of("w"); },
+           [&] { (void)c.shards_opened(); }}) {
     try {
       use();
       ADD_FAILURE() << "no error from a moved-from Checkpoint";

@@ -218,17 +218,19 @@ pid_t spawn_cli(const std::vector<std::string>& args) {
 void write_big(const std::filesystem::path& path) {
   std::vector<float> big(8u << 20);
   for (std::size_t i = 0; i < big.size(); i += 4096) big[i] = static_cast<float>(i);
-  safetensors::save_file(path, {{"big", TensorView{Dtype::F32, {big.size()}, std::as_bytes(std::span(big)), {}}}},
+  safetensors::save_file(path,
+                         {{"big", TensorView{Dtype::F32, {big.size()}, std::as_bytes(std::span(big)), {}}}},
                          {{"format", "pt"}}, {.sync = false});
 }
 
 TEST_F(Cli, MetadataRewriteKeepsTheFilesModeAndOwner) {
-  for (auto mode : {std::filesystem::perms(0600), std::filesystem::perms(0444), std::filesystem::perms(0640)}) {
+  for (auto mode :
+       {std::filesystem::perms(0600), std::filesystem::perms(0444), std::filesystem::perms(0640)}) {
     std::filesystem::permissions(good_, mode);
     bool chowned = ::geteuid() == 0 && ::chown(good_.c_str(), 4242, 4343) == 0;
     auto r = cli({"metadata", good_.string(), "--set", "k=v"});
     EXPECT_EQ(r.code, 0) << r.err;
-    struct stat st{};
+    struct stat st {};
     ASSERT_EQ(::stat(good_.c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 07777, static_cast<unsigned>(mode)) << std::oct << static_cast<unsigned>(mode);
     if (chowned) {
@@ -255,7 +257,8 @@ TEST_F(Cli, ConcurrentMetadataSetsAllLand) {
   constexpr int kRuns = 6;
   std::vector<pid_t> pids;
   for (int i = 0; i < kRuns; ++i) {
-    pids.push_back(spawn_cli({"metadata", big.string(), "--set", "k" + std::to_string(i) + "=" + std::to_string(i)}));
+    pids.push_back(
+        spawn_cli({"metadata", big.string(), "--set", "k" + std::to_string(i) + "=" + std::to_string(i)}));
   }
   for (auto pid : pids) {
     int status = 0;
@@ -263,7 +266,8 @@ TEST_F(Cli, ConcurrentMetadataSetsAllLand) {
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   }
   auto meta = safetensors::SafeOpen(big).metadata();
-  for (int i = 0; i < kRuns; ++i) EXPECT_EQ(meta.count("k" + std::to_string(i)), 1u) << "update " << i << " was lost";
+  for (int i = 0; i < kRuns; ++i)
+    EXPECT_EQ(meta.count("k" + std::to_string(i)), 1u) << "update " << i << " was lost";
   EXPECT_TRUE(hidden_files(dir_.path()).empty());
 }
 
@@ -326,15 +330,16 @@ TEST_F(Cli, NamesMetadataAndPathsArePrintedEscaped) {
     }
     return text.find("\u202e") == std::string::npos;
   };
-  for (const auto& args : std::vector<std::vector<std::string>>{{"inspect", evil.string()},
-                                                                 {"inspect", evil.string(), "--json"},
-                                                                 {"validate", evil.string(), bad.string()},
-                                                                 {"metadata", evil.string()},
-                                                                 {"inspect", bad.string()},
-                                                                 {"metadata", bad.string(), "--set", "a\x1b=b"},
-                                                                 {"bench", evil.string(), "--runs", "1"},
-                                                                 {"bench", bad.string()},
-                                                                 {"inspect", evil.string(), "--frob\rnicate"}}) {
+  for (const auto& args :
+       std::vector<std::vector<std::string>>{{"inspect", evil.string()},
+                                             {"inspect", evil.string(), "--json"},
+                                             {"validate", evil.string(), bad.string()},
+                                             {"metadata", evil.string()},
+                                             {"inspect", bad.string()},
+                                             {"metadata", bad.string(), "--set", "a\x1b=b"},
+                                             {"bench", evil.string(), "--runs", "1"},
+                                             {"bench", bad.string()},
+                                             {"inspect", evil.string(), "--frob\rnicate"}}) {
     auto r = cli(args);
     EXPECT_TRUE(clean(r.out)) << args[0] << ": " << r.out;
     EXPECT_TRUE(clean(r.err)) << args[0] << ": " << r.err;
@@ -352,10 +357,11 @@ TEST_F(Cli, NamesMetadataAndPathsArePrintedEscaped) {
 }
 
 TEST_F(Cli, InspectCapsColumnWidthsForHugeNames) {
-  std::string json = "{\"" + std::string(100'000, 'n') + "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}";
+  std::string json =
+      "{\"" + std::string(100'000, 'n') + "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}";
   for (int i = 0; i < 100; ++i) {
-    json += ",\"t" + std::to_string(i) + "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[" + std::to_string(i + 1) +
-            "," + std::to_string(i + 2) + "]}";
+    json += ",\"t" + std::to_string(i) + "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[" +
+            std::to_string(i + 1) + "," + std::to_string(i + 2) + "]}";
   }
   json += "}";
   auto path = dir_ / "wide.safetensors";
@@ -369,15 +375,15 @@ TEST_F(Cli, InspectCapsColumnWidthsForHugeNames) {
 TEST_F(Cli, AFailedWriteToStdoutIsAnIoErrorWithExitCode1) {
   if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
   test::TempDir tmp;
-  for (const auto& args : std::vector<std::string>{"inspect " + quote(good_.string()),
-                                                   "inspect --json " + quote(good_.string()),
-                                                   "validate " + quote(good_.string()),
-                                                   "metadata " + quote(good_.string())}) {
+  for (const auto& args :
+       std::vector<std::string>{"inspect " + quote(good_.string()), "inspect --json " + quote(good_.string()),
+                                "validate " + quote(good_.string()), "metadata " + quote(good_.string())}) {
     std::string cmd = quote(SAFETENSORS_CLI) + " " + args + " >/dev/full 2>" + quote((tmp / "err").string());
     int status = std::system(cmd.c_str());
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << args;
     auto err = test::read_bytes(tmp / "err");
-    EXPECT_TRUE(has(std::string(err.begin(), err.end()), "safetensors: Io: cannot write to standard output")) << args;
+    EXPECT_TRUE(has(std::string(err.begin(), err.end()), "safetensors: Io: cannot write to standard output"))
+        << args;
   }
 }
 

@@ -261,7 +261,8 @@ TEST(ErrorKinds, NamesMatchTheEnumerators) {
 TEST(SafeOpen, BoolBytesOtherThanZeroAndOneAreRefusedByAsBoolAndReadableAsUint8) {
   test::TempDir dir;
   // The format and Python's reader accept any byte in a BOOL tensor.
-  auto json = R"({"ok":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]},"odd":{"dtype":"BOOL","shape":[3],"data_offsets":[3,6]}})";
+  auto json =
+      R"({"ok":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]},"odd":{"dtype":"BOOL","shape":[3],"data_offsets":[3,6]}})";
   auto file = test::raw_file(json, 0);
   for (int b : {0, 1, 1, 0, 2, 255}) file.push_back(static_cast<std::uint8_t>(b));
   test::write_bytes(dir / "b.safetensors", file);
@@ -360,8 +361,9 @@ TEST(SafeOpen, AHugeTensorOnTheReadBackendIsAnIoErrorNotBadAlloc) {
   std::filesystem::resize_file(path, std::filesystem::file_size(path) + size, ec);
   if (ec) GTEST_SKIP() << "no sparse 8 TiB file here: " << ec.message();
   SafeOpen f(path, {Backend::Read});
-  for (const auto& read : std::vector<std::function<void()>>{
-           [&] { (void)f.get_tensor("huge"); }, [&] { (void)f.get_slice("huge").select({Index::all()}).read(); }}) {
+  for (const auto& read :
+       std::vector<std::function<void()>>{[&] { (void)f.get_tensor("huge"); },
+                                          [&] { (void)f.get_slice("huge").select({Index::all()}).read(); }}) {
     try {
       read();
       ADD_FAILURE() << "allocated 8 TiB";

@@ -197,8 +197,10 @@ TEST_F(SliceRules, IntegersBeyondInt64AreInvalidSliceNeverWrapped) {
   }
   // Unsigned values that fit, and optional bounds of any integer type, still work.
   EXPECT_EQ(read({std::size_t{3}, std::uint8_t{5}}), (std::vector<float>{23}));
-  EXPECT_EQ(read({Index::range(std::size_t{1}, std::optional<unsigned>(2))}), (std::vector<float>{6, 7, 8, 9, 10, 11}));
-  EXPECT_EQ(read({Index::range(std::nullopt, 1), Index::range(4, {}, std::size_t{1})}), (std::vector<float>{4, 5}));
+  EXPECT_EQ(read({Index::range(std::size_t{1}, std::optional<unsigned>(2))}),
+            (std::vector<float>{6, 7, 8, 9, 10, 11}));
+  EXPECT_EQ(read({Index::range(std::nullopt, 1), Index::range(4, {}, std::size_t{1})}),
+            (std::vector<float>{4, 5}));
 }
 
 TEST_F(SliceRules, MovedFromSlicesAndSelectionsThrowInsteadOfCrashing) {

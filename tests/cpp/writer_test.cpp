@@ -8,10 +8,10 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <functional>
-#include <ranges>
 #include <cstring>
+#include <functional>
 #include <random>
+#include <ranges>
 #include <thread>
 
 #include "support.hpp"
@@ -244,7 +244,6 @@ TEST(Writer, AWriterKilledMidWriteLeavesTheOldFileIntact) {
   }
 }
 
-
 // ---- issue 18: ranges of temporaries, empty metadata, honest errors ------------------------
 
 /// Four equal-sized tensors with different bytes: if the writer kept the address of a freed
@@ -320,7 +319,8 @@ TEST(Writer, RangesYieldingTemporariesAreWrittenCorrectly) {
             expected);
 
   // A user's struct owning its vector, built on the fly.
-  auto owned = std::views::iota(0, 4) | std::views::transform([&](int t) { return source[static_cast<std::size_t>(t)]; });
+  auto owned = std::views::iota(0, 4) |
+               std::views::transform([&](int t) { return source[static_cast<std::size_t>(t)]; });
   safetensors::save_file(dir / "owned.safetensors", owned);
   EXPECT_EQ(test::read_bytes(dir / "owned.safetensors"), expected);
 
@@ -332,7 +332,8 @@ TEST(Writer, RangesYieldingTemporariesAreWrittenCorrectly) {
 
   // Elements given as rvalue references are the caller's: written without being moved from.
   auto mine = four_tensors();
-  auto as_rvalues = mine | std::views::transform([](auto& p) -> std::pair<std::string, MyTensor>&& { return std::move(p); });
+  auto as_rvalues = mine | std::views::transform(
+                               [](auto& p) -> std::pair<std::string, MyTensor>&& { return std::move(p); });
   safetensors::save_file(dir / "rvalues.safetensors", as_rvalues);
   EXPECT_EQ(test::read_bytes(dir / "rvalues.safetensors"), expected);
   EXPECT_EQ(mine[3].second.data.size(), 64u);

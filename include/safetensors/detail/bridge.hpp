@@ -5,8 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <new>
 #include <memory>
+#include <new>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -39,8 +39,9 @@ namespace safetensors::detail {
 /// error rather than a null dereference. A caller's mistake, reported as `Internal` (no error
 /// kind fits better; a new one would change the stable set).
 [[noreturn]] inline void moved_from(std::string_view type) {
-  throw Error(ErrorKind::Internal, "this " + std::string(type) + " was moved from and holds nothing; use the " +
-                                       std::string(type) + " it was moved into");
+  throw Error(ErrorKind::Internal, "this " + std::string(type) +
+                                       " was moved from and holds nothing; use the " + std::string(type) +
+                                       " it was moved into");
 }
 
 /// `[2, 3]`, for messages.
