@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::hash::BuildHasher;
 
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::canonical;
 use crate::dtype::Dtype;
@@ -657,7 +657,7 @@ impl<'de> Visitor<'de> for EntrySeed<'_> {
                 }
                 Field::DataOffsets => offsets = Some(map.next_value::<(usize, usize)>()?),
                 Field::Other => {
-                    map.next_value::<IgnoredAny>()?;
+                    map.next_value::<UnknownValue>()?;
                 }
             }
         }
@@ -682,6 +682,66 @@ impl<'de> Visitor<'de> for EntrySeed<'_> {
             .next_element::<(usize, usize)>()?
             .ok_or_else(|| de::Error::invalid_length(2, expected))?;
         Ok((dtype, shape, offsets))
+    }
+}
+
+/// The value of an unknown entry field, parsed in full and dropped.
+///
+/// Not `IgnoredAny`: serde_json skips that by scanning the text, which takes numbers out of
+/// `f64` range, lone surrogates and invalid escapes, and nesting past its 128-level limit. The
+/// reference reads the header through a flattened map, so serde_json first parses every value
+/// with `deserialize_any`; asking for the same here applies exactly its grammar. Nothing is
+/// kept, and recursion is bounded by serde_json's depth limit.
+struct UnknownValue;
+
+impl<'de> de::Deserialize<'de> for UnknownValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        d.deserialize_any(UnknownValue)
+    }
+}
+
+impl<'de> Visitor<'de> for UnknownValue {
+    type Value = UnknownValue;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> std::result::Result<Self, E> {
+        Ok(self)
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> std::result::Result<Self, E> {
+        Ok(self)
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> std::result::Result<Self, E> {
+        Ok(self)
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> std::result::Result<Self, E> {
+        Ok(self)
+    }
+
+    fn visit_str<E: de::Error>(self, _: &str) -> std::result::Result<Self, E> {
+        Ok(self)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> std::result::Result<Self, E> {
+        Ok(self)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self, A::Error> {
+        while seq.next_element::<UnknownValue>()?.is_some() {}
+        Ok(self)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self, A::Error> {
+        while map
+            .next_entry::<UnknownValue, UnknownValue>()?
+            .is_some()
+        {}
+        Ok(self)
     }
 }
 
