@@ -340,7 +340,9 @@ impl<S: Send> Ring<S> {
             st.aborted = false;
         }
         // Never a slot larger than the plan needs (lazy rings allocate on first use).
-        let want = (plan.total.min(chunk) as usize).next_multiple_of(4096).max(4096);
+        let want = (plan.total.min(chunk) as usize)
+            .next_multiple_of(4096)
+            .max(4096);
         let job = Job {
             files,
             pieces: &pieces,

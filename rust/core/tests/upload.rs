@@ -473,9 +473,15 @@ fn wait_all_waits_on_every_slot_after_a_failed_wait() {
     .unwrap();
     assert_eq!(ring.run(&device, &[&file], &plan).unwrap().chunks, 4);
     let err = ring.wait_all(&device).unwrap_err();
-    assert!(err.to_string().contains("injected failure at wait 0"), "{err}");
+    assert!(
+        err.to_string().contains("injected failure at wait 0"),
+        "{err}"
+    );
     let got = device.bytes();
-    assert!(got[4096..] == bytes[4096..], "copies after the failed wait were not waited for");
+    assert!(
+        got[4096..] == bytes[4096..],
+        "copies after the failed wait were not waited for"
+    );
     assert!(got[..4096].iter().all(|&b| b == 0xAB));
     ring.wait_all(&device).unwrap();
     assert!(device.bytes() == bytes);

@@ -185,11 +185,14 @@ impl Gpu {
     pub fn alloc(self: &Arc<Self>, bytes: usize) -> Result<DeviceBuffer> {
         let _current = self.enter()?;
         // SAFETY: the context is current.
-        let ptr = call("cuMemAlloc", || unsafe { cu::malloc_sync(bytes.max(1)) }).map_err(
-            |e| Error::Cuda {
-                message: format!("{e} (allocating {bytes} bytes on CUDA device {})", self.ordinal),
-            },
-        )?;
+        let ptr = call("cuMemAlloc", || unsafe { cu::malloc_sync(bytes.max(1)) }).map_err(|e| {
+            Error::Cuda {
+                message: format!(
+                    "{e} (allocating {bytes} bytes on CUDA device {})",
+                    self.ordinal
+                ),
+            }
+        })?;
         Ok(DeviceBuffer {
             gpu: self.clone(),
             ptr,
