@@ -120,6 +120,55 @@ TEST_F(EmulatedDriver, BlockingStreamsAreOrderedWithTheLegacyStream) {
   CU_OK(cuMemFree_v2(d));
 }
 
+TEST_F(EmulatedDriver, StreamWaitEventOrdersWorkAcrossStreams) {
+  const std::size_t n = 8192;
+  CUdeviceptr d = 0;
+  void* in = nullptr;
+  void* out = nullptr;
+  CUstream producer = nullptr, consumer = nullptr;
+  CUevent e = nullptr;
+  CU_OK(cuMemAlloc_v2(&d, n));
+  CU_OK(cuMemHostAlloc(&in, n, 0));
+  CU_OK(cuMemHostAlloc(&out, n, 0));
+  CU_OK(cuStreamCreate(&producer, CU_STREAM_NON_BLOCKING));
+  CU_OK(cuStreamCreate(&consumer, CU_STREAM_NON_BLOCKING));
+  CU_OK(cuEventCreate(&e, CU_EVENT_BLOCKING_SYNC));
+  auto want = pattern(n, 3);
+  std::memcpy(in, want.data(), n);
+  fakecuda_hold(1);
+  CU_OK(cuMemcpyHtoDAsync_v2(d, in, n, producer));
+  CU_OK(cuEventRecord(e, producer));
+  CU_OK(cuStreamWaitEvent(consumer, e, 0));
+  CU_OK(cuMemcpyDtoHAsync_v2(out, d, n, consumer));  // pinned destination: returns at once
+  EXPECT_EQ(cuStreamQuery(consumer), CUDA_ERROR_NOT_READY);
+  fakecuda_hold(0);
+  CU_OK(cuStreamSynchronize(consumer));
+  EXPECT_EQ(std::memcmp(out, want.data(), n), 0) << "the consumer ran after the producer's copy";
+  float ms = -1;
+  EXPECT_EQ(cuEventElapsedTime(&ms, e, e), CUDA_SUCCESS);
+  EXPECT_EQ(ms, 0.0f);
+  CU_OK(cuEventDestroy_v2(e));
+  CU_OK(cuStreamDestroy_v2(consumer));
+  CU_OK(cuStreamDestroy_v2(producer));
+  CU_OK(cuMemFreeHost(out));
+  CU_OK(cuMemFreeHost(in));
+  CU_OK(cuMemFree_v2(d));
+}
+
+TEST_F(EmulatedDriver, SpecialStreamHandlesNameTheCurrentContextsStreams) {
+  CUcontext owner = nullptr;
+  CU_OK(cuStreamGetCtx(nullptr, &owner));
+  EXPECT_EQ(owner, ctx0_);
+  CU_OK(cuCtxSetCurrent(ctx1_));
+  CU_OK(cuStreamGetCtx(FAKECUDA_STREAM_PER_THREAD, &owner));
+  EXPECT_EQ(owner, ctx1_);
+  CU_OK(cuStreamGetCtx(FAKECUDA_STREAM_LEGACY, &owner));
+  EXPECT_EQ(owner, ctx1_);
+  CU_OK(cuCtxSetCurrent(nullptr));
+  EXPECT_EQ(cuStreamGetCtx(nullptr, &owner), CUDA_ERROR_INVALID_CONTEXT);
+  EXPECT_EQ(cuStreamGetCtx(reinterpret_cast<CUstream>(&owner), &owner), CUDA_ERROR_INVALID_HANDLE);
+}
+
 TEST_F(EmulatedDriver, DeviceMemoryIsNotHostMemoryAndBogusPointersAreErrors) {
   CUdeviceptr d = 0;
   CU_OK(cuMemAlloc_v2(&d, 1000));
