@@ -138,7 +138,7 @@ template <class Source>
 [[nodiscard]] std::pair<std::size_t, std::vector<Placement>> plan(const Source& from,
                                                                   std::span<const Request> requests = {},
                                                                   UploadOptions options = {}) {
-  auto job = detail::cuda_detail::cuda_jobs::job_for(from, requests, options.alignment);
+  auto job = detail::cuda_jobs::job_for(from, requests, options.alignment);
   return {job->total_bytes(), detail::cuda_jobs::placements(*job)};
 }
 
