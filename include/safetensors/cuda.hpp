@@ -121,8 +121,8 @@ inline std::vector<Placement> placements(const ffi::UploadJob& job) {
   out.reserve(raw.size());
   for (const auto& p : raw) {
     out.push_back({std::string(p.name), static_cast<Dtype>(p.dtype),
-                   std::vector<std::size_t>(p.shape.begin(), p.shape.end()), static_cast<std::size_t>(p.offset),
-                   static_cast<std::size_t>(p.len)});
+                   std::vector<std::size_t>(p.shape.begin(), p.shape.end()),
+                   static_cast<std::size_t>(p.offset), static_cast<std::size_t>(p.len)});
   }
   return out;
 }
@@ -134,7 +134,7 @@ namespace safetensors::cuda {
 /// allocation, and the bytes it needs. Needs no GPU: use it to size your own buffer for
 /// `Uploader::load_into`.
 template <class Source>
-  requires std::is_same_v<Source, SafeOpen> || std::is_same_v<Source, Checkpoint>
+requires std::is_same_v<Source, SafeOpen> || std::is_same_v<Source, Checkpoint>
 [[nodiscard]] std::pair<std::size_t, std::vector<Placement>> plan(const Source& from,
                                                                   std::span<const Request> requests = {},
                                                                   UploadOptions options = {}) {
@@ -143,7 +143,9 @@ template <class Source>
 }
 
 /// Whether this build has the CUDA path (the `SAFETENSORS_CUDA` option).
-[[nodiscard]] inline bool built() noexcept { return ffi::cuda_built(); }
+[[nodiscard]] inline bool built() noexcept {
+  return ffi::cuda_built();
+}
 
 /// Number of CUDA devices; throws `Error` (`Cuda`) when there is no driver, or no device.
 [[nodiscard]] inline int device_count() {
@@ -285,21 +287,23 @@ class DeviceTensors {
 class Uploader {
  public:
   explicit Uploader(int device = 0, UploadOptions options = {})
-      : device_(device),
-        options_(options),
-        impl_(safetensors::detail::share(safetensors::detail::call([&] {
-          return ffi::new_uploader(static_cast<std::size_t>(device), options.staging_slots, options.slot_bytes,
-                                   options.readers);
+      : device_(device), options_(options), impl_(safetensors::detail::share(safetensors::detail::call([&] {
+          return ffi::new_uploader(static_cast<std::size_t>(device), options.staging_slots,
+                                   options.slot_bytes, options.readers);
         }))) {}
 
   /// Every tensor of a file, into one new allocation; done when this returns.
-  [[nodiscard]] DeviceTensors load(const SafeOpen& file) { return run(detail::cuda_jobs::job_for(file, {}, options_.alignment)); }
+  [[nodiscard]] DeviceTensors load(const SafeOpen& file) {
+    return run(detail::cuda_jobs::job_for(file, {}, options_.alignment));
+  }
   /// Chosen tensors or slices of a file.
   [[nodiscard]] DeviceTensors load(const SafeOpen& file, std::span<const Request> requests) {
     return run(detail::cuda_jobs::job_for(file, requests, options_.alignment));
   }
   /// Every tensor of a (sharded) checkpoint.
-  [[nodiscard]] DeviceTensors load(const Checkpoint& ckpt) { return run(detail::cuda_jobs::job_for(ckpt, {}, options_.alignment)); }
+  [[nodiscard]] DeviceTensors load(const Checkpoint& ckpt) {
+    return run(detail::cuda_jobs::job_for(ckpt, {}, options_.alignment));
+  }
   /// Chosen tensors or slices of a checkpoint.
   [[nodiscard]] DeviceTensors load(const Checkpoint& ckpt, std::span<const Request> requests) {
     return run(detail::cuda_jobs::job_for(ckpt, requests, options_.alignment));
@@ -356,9 +360,9 @@ class Uploader {
 namespace safetensors::detail::cuda_jobs {
 struct Make {
   static cuda::DeviceTensors tensors(std::uint64_t ptr, const ffi::UploadJob& job, int device) {
-    return cuda::DeviceTensors(
-        cuda::DeviceBuffer(reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr)), job.total_bytes(), device),
-        placements(job));
+    return cuda::DeviceTensors(cuda::DeviceBuffer(reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr)),
+                                                  job.total_bytes(), device),
+                               placements(job));
   }
 };
 
@@ -402,9 +406,9 @@ struct DeviceTensor {
                                             UploadOptions options = {}) {
   Request r{std::string(name), {}};
   std::span<const Request> one(&r, 1);
-  auto loaded = default_ring(options)
-                    ? detail::cuda_jobs::load_shared(device, detail::cuda_jobs::job_for(file, one, options.alignment))
-                    : Uploader(device, options).load(file, one);
+  auto loaded = default_ring(options) ? detail::cuda_jobs::load_shared(
+                                            device, detail::cuda_jobs::job_for(file, one, options.alignment))
+                                      : Uploader(device, options).load(file, one);
   auto p = loaded.placements().at(0);
   return {p.dtype, std::move(p.shape), loaded.release_buffer()};
 }

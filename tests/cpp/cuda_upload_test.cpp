@@ -86,7 +86,9 @@ struct Driver {
   void destroy(Stream s) const { EXPECT_EQ(get<int (*)(Stream)>("cuStreamDestroy_v2")(s), 0); }
   int counter(const char* name) const { return get<int (*)()>(name)(); }
   int ctx_resets(int device) const { return get<int (*)(int)>("fakecuda_primary_ctx_resets")(device); }
-  void fail(const char* spec) const { ASSERT_EQ(get<int (*)(const char*)>("fakecuda_set_failures")(spec), 0); }
+  void fail(const char* spec) const {
+    ASSERT_EQ(get<int (*)(const char*)>("fakecuda_set_failures")(spec), 0);
+  }
 
   void* lib;
 };
@@ -123,7 +125,8 @@ bool same_as_file(const SafeOpen& f, const cuda::DeviceTensors& up) {
     auto want = f.get_tensor(p.name);
     std::vector<std::byte> got(p.byte_size);
     cuda::copy_to_host(up.data(p.name), got, up.buffer().device());
-    if (got.size() != want.data.size() || std::memcmp(got.data(), want.data.data(), got.size()) != 0) return false;
+    if (got.size() != want.data.size() || std::memcmp(got.data(), want.data.data(), got.size()) != 0)
+      return false;
   }
   return up.placements().size() == f.size();
 }
@@ -219,8 +222,8 @@ TEST(CudaUpload, InjectedFailuresMidUploadThenReuse) {
   cuda::Uploader up(0, kSmallRing);
   const int pinned = drv.counter("fakecuda_live_pinned_allocations");
   // Each spec fails one call in the middle of an upload (the file is 5 chunks of 1 MiB).
-  for (const char* spec : {"cuMemcpyHtoDAsync:3", "cuEventRecord:2", "cuEventRecord:4", "cuEventSynchronize:2",
-                           "cuMemAlloc:1"}) {
+  for (const char* spec : {"cuMemcpyHtoDAsync:3", "cuEventRecord:2", "cuEventRecord:4",
+                           "cuEventSynchronize:2", "cuMemAlloc:1"}) {
     drv.fail(spec);
     try {
       (void)up.load(f);

@@ -18,7 +18,7 @@ use safetensors_core::{
 /// its destination), and `wait` performs it from the slot as it is then. A pipeline that
 /// refilled a slot before waiting for its copy would therefore upload the wrong bytes.
 struct HostDevice {
-    dst: Arc<Mutex<Vec<u8>>>,
+    dst: Dst,
     submits: AtomicUsize,
     fail_at: Option<usize>,
     /// The n-th call of `wait` that has a copy to do fails (and leaves the copy pending).
@@ -29,9 +29,12 @@ struct HostDevice {
     live: Arc<AtomicUsize>,
 }
 
+/// A destination's bytes, shared with the slots whose copies into it are pending.
+type Dst = Arc<Mutex<Vec<u8>>>;
+
 struct HostSlot {
     buf: Vec<u8>,
-    pending: Option<(Arc<Mutex<Vec<u8>>>, usize, u64)>,
+    pending: Option<(Dst, usize, u64)>,
     live: Arc<AtomicUsize>,
 }
 
