@@ -315,7 +315,9 @@ class Uploader {
   /// stream (`cudaStreamPerThread`) and streams capturing a graph are refused, as are a stream
   /// or destination of another device (`Error` with kind `Cuda`). Returns once every copy is
   /// enqueued; completion is visible on `stream`. The staging ring is reused only once its
-  /// copies are done, so the next upload, `synchronize()` or the destructor waits for them.
+  /// copies are done, so the next upload, `synchronize()` or the destructor waits for them. On
+  /// an error, copies already enqueued still complete on `stream`: synchronise it before
+  /// freeing `dst`.
   std::vector<Placement> load_into(const SafeOpen& file, std::span<const Request> requests, void* dst,
                                    std::size_t capacity, std::uintptr_t stream) {
     return enqueue(detail::cuda_jobs::job_for(file, requests, options_.alignment), dst, capacity, stream);
