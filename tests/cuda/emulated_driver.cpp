@@ -220,6 +220,13 @@ struct Failure {
   int code = 0;
 };
 
+/// What the driver keeps per thread: the context stack (back(): the current context) and the
+/// per-thread default streams.
+struct ThreadState {
+  std::vector<CUcontext> stack;
+  std::unordered_map<CUcontext, CUstream> per_thread;
+};
+
 constexpr std::uint64_t kDeviceSpan = std::uint64_t{1} << 40;
 constexpr std::uint64_t kDeviceBase = 0x00D0000000000000ull;  // non-canonical: not a host address
 constexpr std::size_t kTotalMemory = std::size_t{80} << 30;
@@ -245,6 +252,7 @@ struct Driver {
   std::vector<Failure> failures;
   std::unordered_map<std::string, unsigned long long> calls;
   unsigned long long copies_done = 0;
+  std::vector<std::unique_ptr<ThreadState>> threads;  // never freed: see me()
 };
 
 Driver& drv() {
@@ -252,8 +260,21 @@ Driver& drv() {
   return *d;
 }
 
-thread_local std::vector<CUcontext> tls_stack;  // back(): the current context
-thread_local std::unordered_map<CUcontext, CUstream> tls_per_thread;
+// The calling thread's state, through one pointer in static TLS (initial-exec): a dlopen'ed
+// library's dynamic TLS is malloc'ed by glibc and freed when a thread's stack is recycled, which
+// ThreadSanitizer cannot order and reports as a race. The state itself is on the heap, owned by
+// the driver (a few hundred bytes per thread that ever called it).
+__attribute__((tls_model("initial-exec"))) thread_local ThreadState* tls_state = nullptr;
+
+/// The calling thread's state (lock held).
+ThreadState& me() {
+  if (!tls_state) {
+    auto owned = std::make_unique<ThreadState>();
+    tls_state = owned.get();
+    drv().threads.push_back(std::move(owned));
+  }
+  return *tls_state;
+}
 
 std::string base_name(const std::string& fn) {
   return fn.size() > 3 && fn.compare(fn.size() - 3, 3, "_v2") == 0 ? fn.substr(0, fn.size() - 3) : fn;
@@ -327,8 +348,8 @@ CUresult enter(Lock& lk, const char* fn) {
 }
 
 CUresult current(CUcontext* out) {
-  if (tls_stack.empty() || !tls_stack.back()) return CUDA_ERROR_INVALID_CONTEXT;
-  CUcontext c = tls_stack.back();
+  if (me().stack.empty() || !me().stack.back()) return CUDA_ERROR_INVALID_CONTEXT;
+  CUcontext c = me().stack.back();
   if (!c->alive()) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   *out = c;
   return CUDA_SUCCESS;
@@ -405,7 +426,7 @@ CUresult resolve_stream(const char* fn, CUstream h, CUstream* out) {
     CUcontext c = nullptr;
     if (CUresult r = current(&c)) return r;
     if (h == FAKECUDA_STREAM_PER_THREAD) {
-      CUstream& s = tls_per_thread[c];
+      CUstream& s = me().per_thread[c];
       if (!s || s->life != Life::live) s = new_stream(c, 0, false);
       *out = s;
     } else {
@@ -910,7 +931,7 @@ CUresult cuCtxCreate_v2(CUcontext* ctx, unsigned int flags, CUdevice device) {
   *ctx = c.get();
   drv().contexts.insert(c.get());
   drv().created.push_back(std::move(c));
-  tls_stack.push_back(*ctx);  // the new context becomes current, as the real driver does
+  me().stack.push_back(*ctx);  // the new context becomes current, as the real driver does
   return CUDA_SUCCESS;
 }
 
@@ -921,7 +942,7 @@ CUresult cuCtxDestroy_v2(CUcontext ctx) {
   if (ctx->life != Life::live) die("cuCtxDestroy_v2", "context %p destroyed twice", static_cast<void*>(ctx));
   ctx->life = Life::destroyed;
   reset_context(lk, ctx, "its context was destroyed (cuCtxDestroy)");
-  if (!tls_stack.empty() && tls_stack.back() == ctx) tls_stack.pop_back();
+  if (!me().stack.empty() && me().stack.back() == ctx) me().stack.pop_back();
   return CUDA_SUCCESS;
 }
 
@@ -929,7 +950,7 @@ CUresult cuCtxGetCurrent(CUcontext* ctx) {
   Lock lk;
   if (CUresult r = enter(lk, "cuCtxGetCurrent")) return r;
   if (!ctx) return CUDA_ERROR_INVALID_VALUE;
-  *ctx = tls_stack.empty() ? nullptr : tls_stack.back();
+  *ctx = me().stack.empty() ? nullptr : me().stack.back();
   return CUDA_SUCCESS;
 }
 
@@ -937,14 +958,14 @@ CUresult cuCtxSetCurrent(CUcontext ctx) {
   Lock lk;
   if (CUresult r = enter(lk, "cuCtxSetCurrent")) return r;
   if (!ctx) {  // documented: pops the top of the stack, if any
-    if (!tls_stack.empty()) tls_stack.pop_back();
+    if (!me().stack.empty()) me().stack.pop_back();
     return CUDA_SUCCESS;
   }
   if (!drv().contexts.count(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
-  if (tls_stack.empty()) {
-    tls_stack.push_back(ctx);
+  if (me().stack.empty()) {
+    me().stack.push_back(ctx);
   } else {
-    tls_stack.back() = ctx;
+    me().stack.back() = ctx;
   }
   return CUDA_SUCCESS;
 }
@@ -953,16 +974,16 @@ CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
   Lock lk;
   if (CUresult r = enter(lk, "cuCtxPushCurrent_v2")) return r;
   if (!ctx || !drv().contexts.count(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
-  tls_stack.push_back(ctx);
+  me().stack.push_back(ctx);
   return CUDA_SUCCESS;
 }
 
 CUresult cuCtxPopCurrent_v2(CUcontext* ctx) {
   Lock lk;
   if (CUresult r = enter(lk, "cuCtxPopCurrent_v2")) return r;
-  if (tls_stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
-  if (ctx) *ctx = tls_stack.back();
-  tls_stack.pop_back();
+  if (me().stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
+  if (ctx) *ctx = me().stack.back();
+  me().stack.pop_back();
   return CUDA_SUCCESS;
 }
 
