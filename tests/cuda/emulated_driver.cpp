@@ -4,10 +4,11 @@
 // on it, and aborts with a message where the real driver would punish a mistake silently (a
 // corrupt upload, a crash much later) instead of returning an error.
 //
-// Entry points. cudarc (0.19, feature cuda-12040) resolves each symbol lazily, by exact name,
-// with dlsym on libcuda.so, on first use, and never through cuGetProcAddress; these are the
-// names its `driver::result` functions resolve (versioned where cuda.h maps the plain name to
-// a _v2 ABI), with those rust/cuda calls (marked *) or may call:
+// Entry points. cudarc (0.19, feature cuda-12040, `dynamic-loading`) resolves each symbol
+// lazily, by exact name, with dlsym on libcuda.so (then libcuda.so.1, ...), on its first call,
+// and never through cuGetProcAddress. These are the names its `driver::result` and `sys`
+// functions resolve (the _v2 names where cuda.h maps the plain name to a newer ABI); those
+// rust/cuda calls today are marked *, the others are those it may come to call:
 //   cuInit*, cuDriverGetVersion, cuGetErrorName, cuGetErrorString, cuDeviceGetCount*,
 //   cuDeviceGet*, cuDeviceGetName*, cuDeviceGetAttribute, cuDeviceTotalMem_v2,
 //   cuDevicePrimaryCtxRetain*, cuDevicePrimaryCtxRelease_v2*, cuDevicePrimaryCtxReset_v2,
@@ -16,7 +17,8 @@
 //   cuCtxSynchronize, cuMemAlloc_v2*, cuMemFree_v2*, cuMemGetInfo_v2, cuMemHostAlloc*,
 //   cuMemAllocHost_v2, cuMemFreeHost*, cuPointerGetAttribute, cuMemcpyHtoD_v2,
 //   cuMemcpyDtoH_v2*, cuMemcpyDtoD_v2, cuMemcpyHtoDAsync_v2*, cuMemcpyDtoHAsync_v2,
-//   cuMemcpyDtoDAsync_v2, cuMemsetD8_v2, cuMemsetD8Async, cuStreamCreate*,
+//   cuMemcpyDtoDAsync_v2, cuMemsetD8_v2, cuMemsetD8Async, cuMemcpy, cuMemcpyAsync,
+//   cuLaunchHostFunc, cuStreamCreate*,
 //   cuStreamCreateWithPriority, cuStreamDestroy_v2*, cuStreamSynchronize, cuStreamQuery,
 //   cuStreamGetCtx, cuStreamGetFlags, cuStreamWaitEvent, cuStreamIsCapturing,
 //   cuStreamBeginCapture_v2, cuStreamEndCapture, cuGraphDestroy, cuEventCreate*,
@@ -51,10 +53,12 @@
 // - Events record a position in a stream; query/synchronize look at that stream's progress.
 //   cuStreamWaitEvent may join contexts (documented as allowed); cuEventRecord may not.
 //
-// Checks that abort (message on stderr, then abort()): a pinned buffer modified while a copy
+// Checks that abort (message on stderr, then abort()), where the real driver returns an error
+// our code might ignore or, worse, succeeds and corrupts: a pinned buffer modified while a copy
 // from it is pending (checksum at enqueue against checksum at completion); a pinned buffer
 // freed with a copy from or into it pending; device memory freed with copies pending; an event
-// recorded on a stream of another context; a copy between a stream and memory of different
+// recorded on a stream of another context (CUDA_ERROR_INVALID_HANDLE on a real device, and the
+// event would then never mark the copy done); a copy between a stream and memory of different
 // contexts or devices; memory, streams or events used after their context was reset, after
 // being freed or destroyed; a copy overrunning an allocation; work enqueued on a stream in
 // graph capture (the real driver would record it into a graph instead of running it).
@@ -131,7 +135,7 @@ std::uint64_t checksum(const std::uint8_t* p, std::size_t n) {
 }
 
 struct Op {
-  enum Kind { copy, wait, marker } kind = copy;
+  enum Kind { copy, wait, marker, host_fn } kind = copy;
   const char* fn = "";
   std::uint64_t seq = 0;
   // copy: `dst` and `src` are host addresses (device storage, pinned or pageable memory);
@@ -150,6 +154,9 @@ struct Op {
   CUstream other = nullptr;
   std::uint64_t other_seq = 0;
   CUevent event = nullptr;
+  // host_fn: called on the stream's thread, in order.
+  CUhostFn host = nullptr;
+  void* user = nullptr;
 };
 
 }  // namespace
@@ -370,6 +377,10 @@ void worker_main(CUstream s) {
     } else if (op.kind == Op::marker) {
       CUevent e = op.event;
       if (e->stream == s && e->seq == op.seq) e->when = Clock::now();
+    } else if (op.kind == Op::host_fn) {
+      lk.unlock();
+      op.host(op.user);
+      lk.lock();
     } else {
       unsigned latency = d.latency_us;
       lk.unlock();
@@ -1205,7 +1216,40 @@ CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, std::size_t bytes
   return copy("cuMemsetD8Async", stream, false, dst, nullptr, 0, nullptr, bytes, value);
 }
 
+namespace {
+/// Device addresses are where no host address can be (see kDeviceBase): that is how the
+/// unified-addressing copies below tell the two apart, as the real driver does by range.
+bool is_device_address(CUdeviceptr p) {
+  return p >= kDeviceBase;
+}
+}  // namespace
+
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes) {
+  bool dd = is_device_address(dst), sd = is_device_address(src);
+  return copy("cuMemcpy", nullptr, true, dd ? dst : 0, dd ? nullptr : reinterpret_cast<void*>(dst),
+              sd ? src : 0, sd ? nullptr : reinterpret_cast<const void*>(src), bytes, -1);
+}
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, CUstream stream) {
+  bool dd = is_device_address(dst), sd = is_device_address(src);
+  return copy("cuMemcpyAsync", stream, false, dd ? dst : 0, dd ? nullptr : reinterpret_cast<void*>(dst),
+              sd ? src : 0, sd ? nullptr : reinterpret_cast<const void*>(src), bytes, -1);
+}
+
 // ==== streams ==================================================================================
+
+CUresult cuLaunchHostFunc(CUstream stream, CUhostFn fn, void* user) {
+  Lock lk;
+  if (CUresult r = enter(lk, "cuLaunchHostFunc")) return r;
+  if (!fn) return CUDA_ERROR_INVALID_VALUE;
+  CUstream s = nullptr;
+  if (CUresult r = resolve_stream("cuLaunchHostFunc", stream, &s)) return r;
+  Op op;
+  op.kind = Op::host_fn;
+  op.host = fn;
+  op.user = user;
+  enqueue("cuLaunchHostFunc", s, std::move(op));
+  return CUDA_SUCCESS;
+}
 
 CUresult cuStreamCreate(CUstream* stream, unsigned int flags) {
   Lock lk;
