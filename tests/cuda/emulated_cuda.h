@@ -146,6 +146,12 @@ FAKECUDA_API int fakecuda_primary_ctx_refs(int device);
 FAKECUDA_API int fakecuda_primary_ctx_resets(int device);
 /* Copies completed since start. */
 FAKECUDA_API unsigned long long fakecuda_copies_completed(void);
+/* Calls of an entry point since cuInit (name with or without its _v2), e.g. to check that a
+ * second load allocates no new pinned memory: fakecuda_calls("cuMemHostAlloc"). */
+FAKECUDA_API unsigned long long fakecuda_calls(const char* fn);
+/* Asynchronous host-to-device copies whose source was pageable (not pinned) memory: legal, but
+ * the real driver then stages them synchronously, so an upload should make none. */
+FAKECUDA_API unsigned long long fakecuda_pageable_async_copies(void);
 /* Replaces the injected failures (SAFETENSORS_FAKE_CUDA_FAIL syntax, NULL or "" for none) and
  * restarts the call counts; returns 0, or -1 for a malformed spec. */
 FAKECUDA_API int fakecuda_set_failures(const char* spec);

@@ -257,7 +257,9 @@ struct Driver {
   std::map<std::uintptr_t, Dead> pin_dead;
   std::vector<CUdeviceptr> next_address;
   std::vector<Failure> failures;
-  std::unordered_map<std::string, unsigned long long> calls;
+  std::unordered_map<std::string, unsigned long long> calls;        // since the last failure spec
+  std::unordered_map<std::string, unsigned long long> total_calls;  // since start
+  unsigned long long pageable_async = 0;
   unsigned long long copies_done = 0;
   std::vector<std::unique_ptr<ThreadState>> threads;  // never freed: see me()
 };
@@ -335,8 +337,9 @@ bool parse_failures(const char* spec, std::vector<Failure>& out) {
 /// Counts a call of `fn` and returns the failure injected for it, if any (lock held).
 CUresult injected(const char* fn) {
   Driver& d = drv();
-  if (d.failures.empty()) return CUDA_SUCCESS;
   std::string name = base_name(fn);
+  ++d.total_calls[name];
+  if (d.failures.empty()) return CUDA_SUCCESS;
   unsigned long long n = ++d.calls[name];
   for (const auto& f : d.failures) {
     if (f.fn == name && f.nth == n) {
@@ -635,8 +638,8 @@ void reset_context(Lock& lk, CUcontext c, const char* why) {
 
 /// Builds a copy between any two of device memory, pinned and pageable host memory, checking
 /// contexts and ranges. `dst_host`/`src_host` are used when the device side is 0.
-CUresult make_copy(const char* fn, CUstream s, CUdeviceptr dst_dev, void* dst_host, CUdeviceptr src_dev,
-                   const void* src_host, std::size_t n, Op& op) {
+CUresult make_copy(const char* fn, CUstream s, bool async, CUdeviceptr dst_dev, void* dst_host,
+                   CUdeviceptr src_dev, const void* src_host, std::size_t n, Op& op) {
   Driver& d = drv();
   if (dst_dev) {
     CUdeviceptr base = 0;
@@ -665,6 +668,9 @@ CUresult make_copy(const char* fn, CUstream s, CUdeviceptr dst_dev, void* dst_ho
       op.check = true;
       op.sum = checksum(op.src, n);
     } else {
+      // Legal, but the real driver then copies synchronously through its own staging buffer:
+      // counted, so that tests can check an upload never does this.
+      if (async && dst_dev) d.pageable_async++;
       op.staged.reset(new std::uint8_t[n]);
       std::memcpy(op.staged.get(), src_host, n);
     }
@@ -688,7 +694,7 @@ CUresult copy(const char* fn, CUstream stream, bool sync, CUdeviceptr dst_dev, v
   if (n == 0) return CUDA_SUCCESS;
   Op op;
   op.fill = fill;
-  if (CUresult r = make_copy(fn, s, dst_dev, dst_host, src_dev, src_host, n, op)) return r;
+  if (CUresult r = make_copy(fn, s, !sync, dst_dev, dst_host, src_dev, src_host, n, op)) return r;
   // The real driver returns from a copy into pageable memory only once it is complete.
   bool wait = sync || (dst_host && !op.dst_pin);
   std::uint64_t seq = enqueue(fn, s, std::move(op));
@@ -1512,6 +1518,18 @@ int fakecuda_primary_ctx_resets(int device) {
 unsigned long long fakecuda_copies_completed(void) {
   Lock lk(drv().mu);
   return drv().copies_done;
+}
+
+unsigned long long fakecuda_calls(const char* fn) {
+  Lock lk(drv().mu);
+  if (!fn) return 0;
+  auto it = drv().total_calls.find(base_name(fn));
+  return it == drv().total_calls.end() ? 0 : it->second;
+}
+
+unsigned long long fakecuda_pageable_async_copies(void) {
+  Lock lk(drv().mu);
+  return drv().pageable_async;
 }
 
 int fakecuda_set_failures(const char* spec) {

@@ -60,7 +60,11 @@ TEST_F(EmulatedDriver, AsyncCopiesCompleteLateAndInStreamOrder) {
   fakecuda_hold(1);
   std::memcpy(pinned, first.data(), n);
   CU_OK(cuMemcpyHtoDAsync_v2(d, pinned, n, s));
+  auto pageable = fakecuda_pageable_async_copies();
+  auto copies = fakecuda_calls("cuMemcpyHtoDAsync");
   CU_OK(cuMemcpyHtoDAsync_v2(d, second.data(), n, s));  // pageable: its bytes are taken now
+  EXPECT_EQ(fakecuda_pageable_async_copies(), pageable + 1);
+  EXPECT_EQ(fakecuda_calls("cuMemcpyHtoDAsync_v2"), copies + 1);
   CU_OK(cuEventRecord(e, s));
   EXPECT_EQ(cuEventQuery(e), CUDA_ERROR_NOT_READY);
   EXPECT_EQ(cuStreamQuery(s), CUDA_ERROR_NOT_READY);
