@@ -5,7 +5,9 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <thread>
 
 #include "support.hpp"
@@ -71,6 +73,14 @@ bool emulated_driver_expected() {
   const char* path = std::getenv("LD_LIBRARY_PATH");
   return path && std::string_view(path).find(SAFETENSORS_TEST_EMULATED_DRIVER) != std::string_view::npos;
 }
+
+/// Under the emulated driver the GPU tests get two devices (unless the environment says
+/// otherwise), so that cross-device cases run too; the driver reads this in cuInit. (One ctest
+/// ENVIRONMENT entry is all gtest_discover_tests passes through, and it names the driver.)
+[[maybe_unused]] const bool two_emulated_devices = [] {
+  if (emulated_driver_expected()) ::setenv("SAFETENSORS_FAKE_CUDA_DEVICES", "2", 0);
+  return true;
+}();
 
 /// Reports, once, why the GPU tests skip (a failure under the emulated driver).
 bool gpu_or_skip() {

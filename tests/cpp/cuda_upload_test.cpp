@@ -93,9 +93,15 @@ struct Driver {
   void* lib;
 };
 
-/// Skips (reporting why) unless a GPU, real or emulated, is usable.
+/// Skips (reporting why) unless a GPU, real or emulated, is usable; under the emulated driver
+/// (ctest puts it on the library path) an unusable GPU is a failure, never a skip.
 bool gpu() {
   if (cuda::available()) return true;
+  const char* path = std::getenv("LD_LIBRARY_PATH");
+  if (path && std::string_view(path).find(SAFETENSORS_TEST_EMULATED_DRIVER) != std::string_view::npos) {
+    ADD_FAILURE() << "the emulated CUDA driver is on the library path, yet: " << cuda::why_unavailable();
+    return false;
+  }
   std::cout << "[  SKIPPED ] no usable GPU: " << cuda::why_unavailable() << "\n";
   return false;
 }

@@ -22,6 +22,7 @@ typedef struct CUctx_st* CUcontext;
 typedef struct CUstream_st* CUstream;
 typedef struct CUevent_st* CUevent;
 typedef struct CUgraph_st* CUgraph;
+typedef void (*CUhostFn)(void* user);
 
 enum {
   CUDA_SUCCESS = 0,
@@ -104,6 +105,9 @@ FAKECUDA_API CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t by
 FAKECUDA_API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream);
 FAKECUDA_API CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t bytes);
 FAKECUDA_API CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t bytes, CUstream stream);
+/* Unified addressing: either side may be device or host memory. */
+FAKECUDA_API CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t bytes);
+FAKECUDA_API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream);
 
 /* ---- streams ---- */
 FAKECUDA_API CUresult cuStreamCreate(CUstream* stream, unsigned int flags);
@@ -118,6 +122,8 @@ FAKECUDA_API CUresult cuStreamIsCapturing(CUstream stream, int* status);
 FAKECUDA_API CUresult cuStreamBeginCapture_v2(CUstream stream, int mode);
 FAKECUDA_API CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph);
 FAKECUDA_API CUresult cuGraphDestroy(CUgraph graph);
+/* Calls fn(user) on a driver thread once the stream's earlier work is done. */
+FAKECUDA_API CUresult cuLaunchHostFunc(CUstream stream, CUhostFn fn, void* user);
 
 /* ---- events ---- */
 FAKECUDA_API CUresult cuEventCreate(CUevent* event, unsigned int flags);
@@ -140,6 +146,12 @@ FAKECUDA_API int fakecuda_primary_ctx_refs(int device);
 FAKECUDA_API int fakecuda_primary_ctx_resets(int device);
 /* Copies completed since start. */
 FAKECUDA_API unsigned long long fakecuda_copies_completed(void);
+/* Calls of an entry point since cuInit (name with or without its _v2), e.g. to check that a
+ * second load allocates no new pinned memory: fakecuda_calls("cuMemHostAlloc"). */
+FAKECUDA_API unsigned long long fakecuda_calls(const char* fn);
+/* Asynchronous host-to-device copies whose source was pageable (not pinned) memory: legal, but
+ * the real driver then stages them synchronously, so an upload should make none. */
+FAKECUDA_API unsigned long long fakecuda_pageable_async_copies(void);
 /* Replaces the injected failures (SAFETENSORS_FAKE_CUDA_FAIL syntax, NULL or "" for none) and
  * restarts the call counts; returns 0, or -1 for a malformed spec. */
 FAKECUDA_API int fakecuda_set_failures(const char* spec);

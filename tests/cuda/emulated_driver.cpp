@@ -4,10 +4,11 @@
 // on it, and aborts with a message where the real driver would punish a mistake silently (a
 // corrupt upload, a crash much later) instead of returning an error.
 //
-// Entry points. cudarc (0.19, feature cuda-12040) resolves each symbol lazily, by exact name,
-// with dlsym on libcuda.so, on first use, and never through cuGetProcAddress; these are the
-// names its `driver::result` functions resolve (versioned where cuda.h maps the plain name to
-// a _v2 ABI), with those rust/cuda calls (marked *) or may call:
+// Entry points. cudarc (0.19, feature cuda-12040, `dynamic-loading`) resolves each symbol
+// lazily, by exact name, with dlsym on libcuda.so (then libcuda.so.1, ...), on its first call,
+// and never through cuGetProcAddress. These are the names its `driver::result` and `sys`
+// functions resolve (the _v2 names where cuda.h maps the plain name to a newer ABI); those
+// rust/cuda calls today are marked *, the others are those it may come to call:
 //   cuInit*, cuDriverGetVersion, cuGetErrorName, cuGetErrorString, cuDeviceGetCount*,
 //   cuDeviceGet*, cuDeviceGetName*, cuDeviceGetAttribute, cuDeviceTotalMem_v2,
 //   cuDevicePrimaryCtxRetain*, cuDevicePrimaryCtxRelease_v2*, cuDevicePrimaryCtxReset_v2,
@@ -16,7 +17,8 @@
 //   cuCtxSynchronize, cuMemAlloc_v2*, cuMemFree_v2*, cuMemGetInfo_v2, cuMemHostAlloc*,
 //   cuMemAllocHost_v2, cuMemFreeHost*, cuPointerGetAttribute, cuMemcpyHtoD_v2,
 //   cuMemcpyDtoH_v2*, cuMemcpyDtoD_v2, cuMemcpyHtoDAsync_v2*, cuMemcpyDtoHAsync_v2,
-//   cuMemcpyDtoDAsync_v2, cuMemsetD8_v2, cuMemsetD8Async, cuStreamCreate*,
+//   cuMemcpyDtoDAsync_v2, cuMemsetD8_v2, cuMemsetD8Async, cuMemcpy, cuMemcpyAsync,
+//   cuLaunchHostFunc, cuStreamCreate*,
 //   cuStreamCreateWithPriority, cuStreamDestroy_v2*, cuStreamSynchronize, cuStreamQuery,
 //   cuStreamGetCtx, cuStreamGetFlags, cuStreamWaitEvent, cuStreamIsCapturing,
 //   cuStreamBeginCapture_v2, cuStreamEndCapture, cuGraphDestroy, cuEventCreate*,
@@ -51,10 +53,12 @@
 // - Events record a position in a stream; query/synchronize look at that stream's progress.
 //   cuStreamWaitEvent may join contexts (documented as allowed); cuEventRecord may not.
 //
-// Checks that abort (message on stderr, then abort()): a pinned buffer modified while a copy
+// Checks that abort (message on stderr, then abort()), where the real driver returns an error
+// our code might ignore or, worse, succeeds and corrupts: a pinned buffer modified while a copy
 // from it is pending (checksum at enqueue against checksum at completion); a pinned buffer
 // freed with a copy from or into it pending; device memory freed with copies pending; an event
-// recorded on a stream of another context; a copy between a stream and memory of different
+// recorded on a stream of another context (CUDA_ERROR_INVALID_HANDLE on a real device, and the
+// event would then never mark the copy done); a copy between a stream and memory of different
 // contexts or devices; memory, streams or events used after their context was reset, after
 // being freed or destroyed; a copy overrunning an allocation; work enqueued on a stream in
 // graph capture (the real driver would record it into a graph instead of running it).
@@ -131,7 +135,7 @@ std::uint64_t checksum(const std::uint8_t* p, std::size_t n) {
 }
 
 struct Op {
-  enum Kind { copy, wait, marker } kind = copy;
+  enum Kind { copy, wait, marker, host_fn } kind = copy;
   const char* fn = "";
   std::uint64_t seq = 0;
   // copy: `dst` and `src` are host addresses (device storage, pinned or pageable memory);
@@ -150,6 +154,9 @@ struct Op {
   CUstream other = nullptr;
   std::uint64_t other_seq = 0;
   CUevent event = nullptr;
+  // host_fn: called on the stream's thread, in order.
+  CUhostFn host = nullptr;
+  void* user = nullptr;
 };
 
 }  // namespace
@@ -220,6 +227,13 @@ struct Failure {
   int code = 0;
 };
 
+/// What the driver keeps per thread: the context stack (back(): the current context) and the
+/// per-thread default streams.
+struct ThreadState {
+  std::vector<CUcontext> stack;
+  std::unordered_map<CUcontext, CUstream> per_thread;
+};
+
 constexpr std::uint64_t kDeviceSpan = std::uint64_t{1} << 40;
 constexpr std::uint64_t kDeviceBase = 0x00D0000000000000ull;  // non-canonical: not a host address
 constexpr std::size_t kTotalMemory = std::size_t{80} << 30;
@@ -243,8 +257,11 @@ struct Driver {
   std::map<std::uintptr_t, Dead> pin_dead;
   std::vector<CUdeviceptr> next_address;
   std::vector<Failure> failures;
-  std::unordered_map<std::string, unsigned long long> calls;
+  std::unordered_map<std::string, unsigned long long> calls;        // since the last failure spec
+  std::unordered_map<std::string, unsigned long long> total_calls;  // since start
+  unsigned long long pageable_async = 0;
   unsigned long long copies_done = 0;
+  std::vector<std::unique_ptr<ThreadState>> threads;  // never freed: see me()
 };
 
 Driver& drv() {
@@ -252,8 +269,21 @@ Driver& drv() {
   return *d;
 }
 
-thread_local std::vector<CUcontext> tls_stack;  // back(): the current context
-thread_local std::unordered_map<CUcontext, CUstream> tls_per_thread;
+// The calling thread's state, through one pointer in static TLS (initial-exec): a dlopen'ed
+// library's dynamic TLS is malloc'ed by glibc and freed when a thread's stack is recycled, which
+// ThreadSanitizer cannot order and reports as a race. The state itself is on the heap, owned by
+// the driver (a few hundred bytes per thread that ever called it).
+__attribute__((tls_model("initial-exec"))) thread_local ThreadState* tls_state = nullptr;
+
+/// The calling thread's state (lock held).
+ThreadState& me() {
+  if (!tls_state) {
+    auto owned = std::make_unique<ThreadState>();
+    tls_state = owned.get();
+    drv().threads.push_back(std::move(owned));
+  }
+  return *tls_state;
+}
 
 std::string base_name(const std::string& fn) {
   return fn.size() > 3 && fn.compare(fn.size() - 3, 3, "_v2") == 0 ? fn.substr(0, fn.size() - 3) : fn;
@@ -307,8 +337,9 @@ bool parse_failures(const char* spec, std::vector<Failure>& out) {
 /// Counts a call of `fn` and returns the failure injected for it, if any (lock held).
 CUresult injected(const char* fn) {
   Driver& d = drv();
-  if (d.failures.empty()) return CUDA_SUCCESS;
   std::string name = base_name(fn);
+  ++d.total_calls[name];
+  if (d.failures.empty()) return CUDA_SUCCESS;
   unsigned long long n = ++d.calls[name];
   for (const auto& f : d.failures) {
     if (f.fn == name && f.nth == n) {
@@ -327,8 +358,8 @@ CUresult enter(Lock& lk, const char* fn) {
 }
 
 CUresult current(CUcontext* out) {
-  if (tls_stack.empty() || !tls_stack.back()) return CUDA_ERROR_INVALID_CONTEXT;
-  CUcontext c = tls_stack.back();
+  if (me().stack.empty() || !me().stack.back()) return CUDA_ERROR_INVALID_CONTEXT;
+  CUcontext c = me().stack.back();
   if (!c->alive()) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   *out = c;
   return CUDA_SUCCESS;
@@ -349,6 +380,10 @@ void worker_main(CUstream s) {
     } else if (op.kind == Op::marker) {
       CUevent e = op.event;
       if (e->stream == s && e->seq == op.seq) e->when = Clock::now();
+    } else if (op.kind == Op::host_fn) {
+      lk.unlock();
+      op.host(op.user);
+      lk.lock();
     } else {
       unsigned latency = d.latency_us;
       lk.unlock();
@@ -405,7 +440,7 @@ CUresult resolve_stream(const char* fn, CUstream h, CUstream* out) {
     CUcontext c = nullptr;
     if (CUresult r = current(&c)) return r;
     if (h == FAKECUDA_STREAM_PER_THREAD) {
-      CUstream& s = tls_per_thread[c];
+      CUstream& s = me().per_thread[c];
       if (!s || s->life != Life::live) s = new_stream(c, 0, false);
       *out = s;
     } else {
@@ -603,8 +638,8 @@ void reset_context(Lock& lk, CUcontext c, const char* why) {
 
 /// Builds a copy between any two of device memory, pinned and pageable host memory, checking
 /// contexts and ranges. `dst_host`/`src_host` are used when the device side is 0.
-CUresult make_copy(const char* fn, CUstream s, CUdeviceptr dst_dev, void* dst_host, CUdeviceptr src_dev,
-                   const void* src_host, std::size_t n, Op& op) {
+CUresult make_copy(const char* fn, CUstream s, bool async, CUdeviceptr dst_dev, void* dst_host,
+                   CUdeviceptr src_dev, const void* src_host, std::size_t n, Op& op) {
   Driver& d = drv();
   if (dst_dev) {
     CUdeviceptr base = 0;
@@ -633,6 +668,9 @@ CUresult make_copy(const char* fn, CUstream s, CUdeviceptr dst_dev, void* dst_ho
       op.check = true;
       op.sum = checksum(op.src, n);
     } else {
+      // Legal, but the real driver then copies synchronously through its own staging buffer:
+      // counted, so that tests can check an upload never does this.
+      if (async && dst_dev) d.pageable_async++;
       op.staged.reset(new std::uint8_t[n]);
       std::memcpy(op.staged.get(), src_host, n);
     }
@@ -656,7 +694,7 @@ CUresult copy(const char* fn, CUstream stream, bool sync, CUdeviceptr dst_dev, v
   if (n == 0) return CUDA_SUCCESS;
   Op op;
   op.fill = fill;
-  if (CUresult r = make_copy(fn, s, dst_dev, dst_host, src_dev, src_host, n, op)) return r;
+  if (CUresult r = make_copy(fn, s, !sync, dst_dev, dst_host, src_dev, src_host, n, op)) return r;
   // The real driver returns from a copy into pageable memory only once it is complete.
   bool wait = sync || (dst_host && !op.dst_pin);
   std::uint64_t seq = enqueue(fn, s, std::move(op));
@@ -910,7 +948,7 @@ CUresult cuCtxCreate_v2(CUcontext* ctx, unsigned int flags, CUdevice device) {
   *ctx = c.get();
   drv().contexts.insert(c.get());
   drv().created.push_back(std::move(c));
-  tls_stack.push_back(*ctx);  // the new context becomes current, as the real driver does
+  me().stack.push_back(*ctx);  // the new context becomes current, as the real driver does
   return CUDA_SUCCESS;
 }
 
@@ -921,7 +959,7 @@ CUresult cuCtxDestroy_v2(CUcontext ctx) {
   if (ctx->life != Life::live) die("cuCtxDestroy_v2", "context %p destroyed twice", static_cast<void*>(ctx));
   ctx->life = Life::destroyed;
   reset_context(lk, ctx, "its context was destroyed (cuCtxDestroy)");
-  if (!tls_stack.empty() && tls_stack.back() == ctx) tls_stack.pop_back();
+  if (!me().stack.empty() && me().stack.back() == ctx) me().stack.pop_back();
   return CUDA_SUCCESS;
 }
 
@@ -929,7 +967,7 @@ CUresult cuCtxGetCurrent(CUcontext* ctx) {
   Lock lk;
   if (CUresult r = enter(lk, "cuCtxGetCurrent")) return r;
   if (!ctx) return CUDA_ERROR_INVALID_VALUE;
-  *ctx = tls_stack.empty() ? nullptr : tls_stack.back();
+  *ctx = me().stack.empty() ? nullptr : me().stack.back();
   return CUDA_SUCCESS;
 }
 
@@ -937,14 +975,14 @@ CUresult cuCtxSetCurrent(CUcontext ctx) {
   Lock lk;
   if (CUresult r = enter(lk, "cuCtxSetCurrent")) return r;
   if (!ctx) {  // documented: pops the top of the stack, if any
-    if (!tls_stack.empty()) tls_stack.pop_back();
+    if (!me().stack.empty()) me().stack.pop_back();
     return CUDA_SUCCESS;
   }
   if (!drv().contexts.count(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
-  if (tls_stack.empty()) {
-    tls_stack.push_back(ctx);
+  if (me().stack.empty()) {
+    me().stack.push_back(ctx);
   } else {
-    tls_stack.back() = ctx;
+    me().stack.back() = ctx;
   }
   return CUDA_SUCCESS;
 }
@@ -953,16 +991,16 @@ CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
   Lock lk;
   if (CUresult r = enter(lk, "cuCtxPushCurrent_v2")) return r;
   if (!ctx || !drv().contexts.count(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
-  tls_stack.push_back(ctx);
+  me().stack.push_back(ctx);
   return CUDA_SUCCESS;
 }
 
 CUresult cuCtxPopCurrent_v2(CUcontext* ctx) {
   Lock lk;
   if (CUresult r = enter(lk, "cuCtxPopCurrent_v2")) return r;
-  if (tls_stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
-  if (ctx) *ctx = tls_stack.back();
-  tls_stack.pop_back();
+  if (me().stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
+  if (ctx) *ctx = me().stack.back();
+  me().stack.pop_back();
   return CUDA_SUCCESS;
 }
 
@@ -1184,7 +1222,40 @@ CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, std::size_t bytes
   return copy("cuMemsetD8Async", stream, false, dst, nullptr, 0, nullptr, bytes, value);
 }
 
+namespace {
+/// Device addresses are where no host address can be (see kDeviceBase): that is how the
+/// unified-addressing copies below tell the two apart, as the real driver does by range.
+bool is_device_address(CUdeviceptr p) {
+  return p >= kDeviceBase;
+}
+}  // namespace
+
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes) {
+  bool dd = is_device_address(dst), sd = is_device_address(src);
+  return copy("cuMemcpy", nullptr, true, dd ? dst : 0, dd ? nullptr : reinterpret_cast<void*>(dst),
+              sd ? src : 0, sd ? nullptr : reinterpret_cast<const void*>(src), bytes, -1);
+}
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, CUstream stream) {
+  bool dd = is_device_address(dst), sd = is_device_address(src);
+  return copy("cuMemcpyAsync", stream, false, dd ? dst : 0, dd ? nullptr : reinterpret_cast<void*>(dst),
+              sd ? src : 0, sd ? nullptr : reinterpret_cast<const void*>(src), bytes, -1);
+}
+
 // ==== streams ==================================================================================
+
+CUresult cuLaunchHostFunc(CUstream stream, CUhostFn fn, void* user) {
+  Lock lk;
+  if (CUresult r = enter(lk, "cuLaunchHostFunc")) return r;
+  if (!fn) return CUDA_ERROR_INVALID_VALUE;
+  CUstream s = nullptr;
+  if (CUresult r = resolve_stream("cuLaunchHostFunc", stream, &s)) return r;
+  Op op;
+  op.kind = Op::host_fn;
+  op.host = fn;
+  op.user = user;
+  enqueue("cuLaunchHostFunc", s, std::move(op));
+  return CUDA_SUCCESS;
+}
 
 CUresult cuStreamCreate(CUstream* stream, unsigned int flags) {
   Lock lk;
@@ -1447,6 +1518,18 @@ int fakecuda_primary_ctx_resets(int device) {
 unsigned long long fakecuda_copies_completed(void) {
   Lock lk(drv().mu);
   return drv().copies_done;
+}
+
+unsigned long long fakecuda_calls(const char* fn) {
+  Lock lk(drv().mu);
+  if (!fn) return 0;
+  auto it = drv().total_calls.find(base_name(fn));
+  return it == drv().total_calls.end() ? 0 : it->second;
+}
+
+unsigned long long fakecuda_pageable_async_copies(void) {
+  Lock lk(drv().mu);
+  return drv().pageable_async;
 }
 
 int fakecuda_set_failures(const char* spec) {

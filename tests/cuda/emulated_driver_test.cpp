@@ -60,7 +60,11 @@ TEST_F(EmulatedDriver, AsyncCopiesCompleteLateAndInStreamOrder) {
   fakecuda_hold(1);
   std::memcpy(pinned, first.data(), n);
   CU_OK(cuMemcpyHtoDAsync_v2(d, pinned, n, s));
+  auto pageable = fakecuda_pageable_async_copies();
+  auto copies = fakecuda_calls("cuMemcpyHtoDAsync");
   CU_OK(cuMemcpyHtoDAsync_v2(d, second.data(), n, s));  // pageable: its bytes are taken now
+  EXPECT_EQ(fakecuda_pageable_async_copies(), pageable + 1);
+  EXPECT_EQ(fakecuda_calls("cuMemcpyHtoDAsync_v2"), copies + 1);
   CU_OK(cuEventRecord(e, s));
   EXPECT_EQ(cuEventQuery(e), CUDA_ERROR_NOT_READY);
   EXPECT_EQ(cuStreamQuery(s), CUDA_ERROR_NOT_READY);
@@ -150,6 +154,42 @@ TEST_F(EmulatedDriver, StreamWaitEventOrdersWorkAcrossStreams) {
   CU_OK(cuEventDestroy_v2(e));
   CU_OK(cuStreamDestroy_v2(consumer));
   CU_OK(cuStreamDestroy_v2(producer));
+  CU_OK(cuMemFreeHost(out));
+  CU_OK(cuMemFreeHost(in));
+  CU_OK(cuMemFree_v2(d));
+}
+
+TEST_F(EmulatedDriver, UnifiedCopiesAndHostFunctionsRunInStreamOrder) {
+  const std::size_t n = 4096;
+  CUdeviceptr d = 0;
+  void* in = nullptr;
+  void* out = nullptr;
+  CUstream s = nullptr;
+  CU_OK(cuMemAlloc_v2(&d, n));
+  CU_OK(cuMemHostAlloc(&in, n, 0));
+  CU_OK(cuMemHostAlloc(&out, n, 0));
+  CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  auto want = pattern(n, 5);
+  std::memcpy(in, want.data(), n);
+  struct Seen {
+    void* out;
+    std::vector<std::uint8_t> bytes;
+  } seen{out, {}};
+  fakecuda_hold(1);
+  CU_OK(cuMemcpyAsync(d, reinterpret_cast<std::uintptr_t>(in), n, s));
+  CU_OK(cuMemcpyAsync(reinterpret_cast<std::uintptr_t>(out), d, n, s));
+  CU_OK(cuLaunchHostFunc(
+      s,
+      [](void* user) {
+        auto* v = static_cast<Seen*>(user);
+        auto* p = static_cast<const std::uint8_t*>(v->out);
+        v->bytes.assign(p, p + 4096);
+      },
+      &seen));
+  fakecuda_hold(0);
+  CU_OK(cuStreamSynchronize(s));
+  EXPECT_EQ(seen.bytes, want) << "the host function ran after both copies";
+  CU_OK(cuStreamDestroy_v2(s));
   CU_OK(cuMemFreeHost(out));
   CU_OK(cuMemFreeHost(in));
   CU_OK(cuMemFree_v2(d));
