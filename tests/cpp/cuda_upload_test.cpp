@@ -243,6 +243,36 @@ TEST(CudaUpload, InjectedFailuresMidUploadThenReuse) {
   }
   EXPECT_EQ(drv.counter("fakecuda_live_pinned_allocations"), pinned + 1) << "the one-shot uploader's slot";
   EXPECT_EQ(drv.counter("fakecuda_live_device_allocations"), 0) << "a failed upload's allocation leaked";
+
+  // On the caller's stream, which the library does not synchronise on error: a copy whose event
+  // could not be recorded is still pending (slow copies make sure), and the next upload must
+  // not refill its staging buffer under it (the emulator aborts if it does).
+  const std::size_t bytes = cuda::plan(f).first;
+  drv.enter_primary(0);
+  std::uint64_t dst = drv.alloc(bytes);
+  Stream stream = drv.stream();
+  auto on = reinterpret_cast<std::uintptr_t>(stream);
+  void* to = reinterpret_cast<void*>(static_cast<std::uintptr_t>(dst));
+  drv.get<void (*)(unsigned)>("fakecuda_set_latency_us")(20000);
+  drv.fail("cuEventRecord:1");
+  EXPECT_EQ(kind_of([&] { (void)up.load_into(f, {}, to, bytes, on); }), ErrorKind::Cuda);
+  drv.fail("");
+  // Other bytes through the same slots (the same ones would hide a refill).
+  std::vector<cuda::Request> last{{"t3", {}}};
+  auto placed = up.load_into(f, last, to, bytes, on);
+  ASSERT_EQ(placed.size(), 1u);
+  drv.sync(stream);
+  drv.get<void (*)(unsigned)>("fakecuda_set_latency_us")(100);
+  for (const auto& p : placed) {
+    auto want = f.get_tensor(p.name);
+    std::vector<std::byte> got(p.byte_size);
+    cuda::copy_to_host(static_cast<std::byte*>(to) + p.offset, got);
+    EXPECT_EQ(std::memcmp(got.data(), want.data.data(), got.size()), 0) << p.name;
+  }
+  up.synchronize();
+  drv.destroy(stream);
+  drv.free(dst);
+  drv.leave_primary(0);
 }
 
 TEST(CudaUpload, PinnedSlotsAreFreedWhenConstructionFails) {
