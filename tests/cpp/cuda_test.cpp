@@ -5,7 +5,9 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <thread>
 
 #include "support.hpp"
@@ -65,9 +67,28 @@ TEST(CudaPlan, PlacesEveryTensorAlignedWithoutAGpu) {
   EXPECT_EQ(kind_of([&] { (void)cuda::plan(f, std::vector<cuda::Request>{{"nope", {}}}); }), ErrorKind::TensorNotFound);
 }
 
-/// Reports, once, why the GPU tests skip.
+/// Whether ctest put the emulated driver (tests/cuda) on the library path: there a GPU is
+/// always available, and the GPU tests must run, never skip.
+bool emulated_driver_expected() {
+  const char* path = std::getenv("LD_LIBRARY_PATH");
+  return path && std::string_view(path).find(SAFETENSORS_TEST_EMULATED_DRIVER) != std::string_view::npos;
+}
+
+/// Under the emulated driver the GPU tests get two devices (unless the environment says
+/// otherwise), so that cross-device cases run too; the driver reads this in cuInit. (One ctest
+/// ENVIRONMENT entry is all gtest_discover_tests passes through, and it names the driver.)
+[[maybe_unused]] const bool two_emulated_devices = [] {
+  if (emulated_driver_expected()) ::setenv("SAFETENSORS_FAKE_CUDA_DEVICES", "2", 0);
+  return true;
+}();
+
+/// Reports, once, why the GPU tests skip (a failure under the emulated driver).
 bool gpu_or_skip() {
   if (cuda::available()) return true;
+  if (emulated_driver_expected()) {
+    ADD_FAILURE() << "the emulated CUDA driver is on the library path, yet: " << cuda::why_unavailable();
+    return false;
+  }
   std::cout << "[  SKIPPED ] no usable GPU: " << cuda::why_unavailable() << "\n";
   return false;
 }
@@ -143,7 +164,7 @@ TEST(CudaGpu, WholeFilesLandByteForByte) {
   for (const auto& path : gpu_files(dir)) {
     for (auto backend : {safetensors::Backend::Mmap, safetensors::Backend::Read}) {
       SafeOpen f(path, {backend});
-      cuda::Uploader up(0, {.slot_bytes = 8u << 20});
+      cuda::Uploader up(0, {.staging_slots = 4, .slot_bytes = 8u << 20});
       EXPECT_EQ(up.staging_bytes(), 4u * (8u << 20));
       auto loaded = up.load(f);
       EXPECT_EQ(loaded.placements().size(), f.size());
@@ -196,9 +217,16 @@ TEST(CudaGpu, CallerBufferAndStream) {
   if (!gpu_or_skip()) return;
   test::TempDir dir;
   SafeOpen f(make_file(dir));
-  cuda::Uploader up(0, {.slot_bytes = 1u << 20});  // also makes the device's context current here
+  cuda::Uploader up(0, {.slot_bytes = 1u << 20});
   Driver drv;
   ASSERT_NE(drv.lib, nullptr);
+  // The library restores the caller's context: an engine makes the device's primary context
+  // current itself (as the CUDA runtime does) before allocating.
+  int dev = 0;
+  void* ctx = nullptr;
+  ASSERT_EQ(drv.get<int (*)(int*, int)>("cuDeviceGet")(&dev, 0), 0);
+  ASSERT_EQ(drv.get<int (*)(void**, int)>("cuDevicePrimaryCtxRetain")(&ctx, dev), 0);
+  ASSERT_EQ(drv.get<int (*)(void*)>("cuCtxSetCurrent")(ctx), 0);
   auto mem_alloc = drv.get<int (*)(std::uint64_t*, std::size_t)>("cuMemAlloc_v2");
   auto mem_free = drv.get<int (*)(std::uint64_t)>("cuMemFree_v2");
   auto stream_create = drv.get<int (*)(void**, unsigned)>("cuStreamCreate");
@@ -224,6 +252,8 @@ TEST(CudaGpu, CallerBufferAndStream) {
   up.synchronize();
   stream_destroy(stream);
   mem_free(dst);
+  drv.get<int (*)(void*)>("cuCtxSetCurrent")(nullptr);
+  drv.get<int (*)(int)>("cuDevicePrimaryCtxRelease_v2")(dev);
 }
 
 TEST(CudaGpu, ManyThreadsLoadAtOnce) {
@@ -257,8 +287,17 @@ TEST(CudaGpu, ReleasedBuffersBelongToTheCaller) {
   EXPECT_EQ(buffer.data(), nullptr);
   auto want = f.get_tensor("t0");
   expect_same(download(raw, want.data.size()), want.data, "after release");
+  // Freed as an engine would, with the device's primary context current (the library restored
+  // the caller's: none).
   Driver drv;
+  int dev = 0;
+  void* ctx = nullptr;
+  ASSERT_EQ(drv.get<int (*)(int*, int)>("cuDeviceGet")(&dev, 0), 0);
+  ASSERT_EQ(drv.get<int (*)(void**, int)>("cuDevicePrimaryCtxRetain")(&ctx, dev), 0);
+  ASSERT_EQ(drv.get<int (*)(void*)>("cuCtxSetCurrent")(ctx), 0);
   EXPECT_EQ(drv.get<int (*)(std::uint64_t)>("cuMemFree_v2")(reinterpret_cast<std::uintptr_t>(raw)), 0);
+  drv.get<int (*)(void*)>("cuCtxSetCurrent")(nullptr);
+  drv.get<int (*)(int)>("cuDevicePrimaryCtxRelease_v2")(dev);
 }
 
 }  // namespace

@@ -134,6 +134,11 @@ impl UploadPlan {
         Ok(offset)
     }
 
+    /// The alignment every placement's offset is a multiple of.
+    pub fn alignment(&self) -> u64 {
+        self.alignment
+    }
+
     /// Bytes the destination needs.
     pub fn total(&self) -> u64 {
         self.total
@@ -152,14 +157,16 @@ impl UploadPlan {
 
 /// A destination that takes asynchronous copies out of staging buffers.
 pub trait Device: Sync {
-    /// A staging buffer plus whatever tracks its last copy (an event).
+    /// A staging buffer plus whatever tracks its last copy (an event). Dropping a slot frees
+    /// it; the ring drops a slot only after [`Device::wait`] returned `Ok` for it.
     type Slot: Send;
     /// A staging buffer of `bytes` bytes.
     fn new_slot(&self, bytes: usize) -> Result<Self::Slot>;
     /// The host memory of a slot.
     fn buffer<'s>(&self, slot: &'s mut Self::Slot) -> &'s mut [u8];
     /// Starts copying the first `len` bytes of the slot to `dst_offset`; may return before the
-    /// copy is done.
+    /// copy is done. On error the slot must still be safe to wait on and reuse: a copy that
+    /// was enqueued is either tracked or waited for before returning.
     fn submit(&self, slot: &mut Self::Slot, len: usize, dst_offset: u64) -> Result<()>;
     /// Blocks until the slot's last submitted copy is done (immediately if none).
     fn wait(&self, slot: &mut Self::Slot) -> Result<()>;
@@ -167,12 +174,29 @@ pub trait Device: Sync {
     fn enter_thread(&self) -> Result<()> {
         Ok(())
     }
+    /// Runs on each reader thread after its last call, even after an error (CUDA restores the
+    /// context the thread had).
+    fn leave_thread(&self) {}
 }
 
 /// Sizes of the staging ring and how many threads fill it.
+///
+/// Sizing for a PCIe Gen5 x16 link (about 50 GB/s host to device) on a 16-core host: one
+/// reader copies file bytes (from the page cache, with `pread` or from the mapping) into
+/// pinned memory at roughly 6-10 GB/s, so keeping the link busy takes 50 / 6 ≈ 8 readers
+/// filling at once: half of 16 cores, leaving the rest to the caller and the kernel's page
+/// cache work. While 8 slots are being filled, the copy engine must still have queued work, or
+/// it idles between fills: a 16 MiB chunk crosses the link in 16 MiB / 50 GB/s ≈ 0.34 ms,
+/// while one fill takes 16 MiB / 6 GB/s ≈ 2.8 ms, so 4 extra slots (submitted, waiting for or
+/// in the copy engine) cover the jitter of 8 fills finishing at different times. Hence the
+/// defaults: readers = clamp(cores / 2, 1, 8), slots = readers + 4, 16 MiB each (192 MiB of
+/// pinned memory on a 16-core host; 80 MiB on 2 cores). Chunks much smaller than 16 MiB pay
+/// the per-copy launch and event cost (~10 µs) too often; much larger ones lengthen the
+/// pipeline's fill and drain at the start and end of every upload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingOptions {
-    /// Number of staging buffers (at least 2 to overlap reading with copying).
+    /// Number of staging buffers (more than `readers`, so that copies stay queued while every
+    /// reader fills).
     pub slots: usize,
     /// Bytes in each staging buffer.
     pub slot_bytes: usize,
@@ -181,27 +205,37 @@ pub struct RingOptions {
 }
 
 impl Default for RingOptions {
-    /// 4 × 32 MiB (128 MiB of staging) and up to 4 readers.
+    /// See the type's documentation for the arithmetic.
     fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let readers = (cores / 2).clamp(1, 8);
         RingOptions {
-            slots: 4,
-            slot_bytes: 32 << 20,
-            readers: std::thread::available_parallelism().map_or(2, |n| n.get().min(4)),
+            slots: readers + 4,
+            slot_bytes: 16 << 20,
+            readers,
         }
     }
 }
 
 struct SlotState<S> {
-    /// The chunk allowed to use this slot next.
+    /// The chunk of the current run allowed to use this slot next.
     turn: usize,
-    slot: S,
+    /// Set (under this lock, so no waiter can miss it) when a reader of the current run failed.
+    aborted: bool,
+    /// The staging buffer, allocated on first use in a lazy ring, and its size.
+    slot: Option<S>,
+    capacity: usize,
 }
 
-/// A ring of staging buffers, reusable across uploads to the same device.
+/// A ring of staging buffers, reusable across uploads to the same device, and safe to share
+/// between threads: runs take turns (the copy engine is one link; two runs at once would only
+/// split it), so each run numbers its chunks from 0 against the ring's slots on its own.
 pub struct Ring<S> {
     slots: Vec<(Mutex<SlotState<S>>, Condvar)>,
     slot_bytes: usize,
     readers: usize,
+    /// Held for the whole of a run (and of `wait_all`): one run owns the slots' turns at a time.
+    running: Mutex<()>,
 }
 
 /// What an upload moved.
@@ -214,30 +248,76 @@ pub struct UploadStats {
 }
 
 impl<S: Send> Ring<S> {
-    /// Allocates the staging buffers on `device`.
+    /// Allocates every staging buffer on `device` now (a dedicated uploader: no allocation,
+    /// which on CUDA synchronises the device, happens during a later upload).
     pub fn new<D: Device<Slot = S>>(device: &D, options: RingOptions) -> Result<Ring<S>> {
-        let count = options.slots.max(1);
-        let slot_bytes = options.slot_bytes.max(4096);
-        let mut slots = Vec::with_capacity(count);
-        for i in 0..count {
-            let slot = device.new_slot(slot_bytes)?;
-            slots.push((Mutex::new(SlotState { turn: i, slot }), Condvar::new()));
+        let ring = Ring::lazy(options);
+        for (state, _) in &ring.slots {
+            let mut st = lock(state);
+            st.slot = Some(device.new_slot(ring.slot_bytes)?);
+            st.capacity = ring.slot_bytes;
         }
-        Ok(Ring {
-            slots,
-            slot_bytes,
-            readers: options.readers.max(1),
-        })
+        Ok(ring)
     }
 
-    /// Bytes of staging memory the ring holds.
+    /// A ring that allocates a staging buffer only when a chunk first needs it, no larger than
+    /// the upload needs (a 1 KiB tensor stages through 4 KiB, not `slot_bytes`), and grows it
+    /// when a later upload needs more. For uploaders shared by one-shot calls.
+    pub fn lazy(options: RingOptions) -> Ring<S> {
+        let count = options.slots.max(1);
+        let slots = (0..count)
+            .map(|i| {
+                let state = SlotState {
+                    turn: i,
+                    aborted: false,
+                    slot: None,
+                    capacity: 0,
+                };
+                (Mutex::new(state), Condvar::new())
+            })
+            .collect();
+        Ring {
+            slots,
+            slot_bytes: options.slot_bytes.max(4096),
+            readers: options.readers.max(1),
+            running: Mutex::new(()),
+        }
+    }
+
+    /// Bytes of staging memory the ring holds now.
     pub fn staging_bytes(&self) -> usize {
-        self.slots.len() * self.slot_bytes
+        self.slots.iter().map(|(s, _)| lock(s).capacity).sum()
     }
 
     /// Copies everything `plan` names from `files` (indexed by the plan's source numbers) into
     /// the device. Returns once every chunk is submitted; call [`Ring::wait_all`] for completion.
+    /// Concurrent runs through one ring take turns.
     pub fn run<D: Device<Slot = S>>(
+        &self,
+        device: &D,
+        files: &[&SafeFile],
+        plan: &UploadPlan,
+    ) -> Result<UploadStats> {
+        let _running = lock(&self.running);
+        self.run_locked(device, files, plan)
+    }
+
+    /// [`Ring::run`] then [`Ring::wait_all`] in one turn: on return, successful or not, no copy
+    /// of this upload is pending (unless waiting itself failed, which the error says).
+    pub fn upload<D: Device<Slot = S>>(
+        &self,
+        device: &D,
+        files: &[&SafeFile],
+        plan: &UploadPlan,
+    ) -> Result<UploadStats> {
+        let _running = lock(&self.running);
+        let run = self.run_locked(device, files, plan);
+        let waited = self.wait_all_locked(device);
+        let stats = run?;
+        waited.map(|()| stats)
+    }
+
+    fn run_locked<D: Device<Slot = S>>(
         &self,
         device: &D,
         files: &[&SafeFile],
@@ -253,26 +333,37 @@ impl<S: Send> Ring<S> {
                 reason: format!("upload plan names source {} of {}", bad.source, files.len()),
             });
         }
-        // Chunk numbers restart at 0 for every run, so each slot's turn does too.
+        // This run numbers its chunks from 0; the run lock keeps other runs off the turns.
         for (i, (state, _)) in self.slots.iter().enumerate() {
-            lock(state).turn = i;
+            let mut st = lock(state);
+            st.turn = i;
+            st.aborted = false;
         }
-        let next = AtomicUsize::new(0);
-        let failed = AtomicBool::new(false);
+        // Never a slot larger than the plan needs (lazy rings allocate on first use).
+        let want = (plan.total.min(chunk) as usize)
+            .next_multiple_of(4096)
+            .max(4096);
+        let job = Job {
+            files,
+            pieces: &pieces,
+            total: plan.total,
+            chunks,
+            want: want.min(self.slot_bytes),
+            next: AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
+        };
         let first_error: Mutex<Option<Error>> = Mutex::new(None);
         let readers = self.readers.min(chunks.max(1));
         std::thread::scope(|scope| {
             for _ in 0..readers {
                 scope.spawn(|| {
-                    let result = device.enter_thread().and_then(|()| {
-                        self.read_chunks(device, files, &pieces, plan.total, chunks, &next, &failed)
-                    });
+                    let result = device
+                        .enter_thread()
+                        .and_then(|()| self.read_chunks(device, &job));
+                    device.leave_thread();
                     if let Err(e) = result {
-                        failed.store(true, Ordering::SeqCst);
                         lock(&first_error).get_or_insert(e);
-                        for (_, cv) in &self.slots {
-                            cv.notify_all();
-                        }
+                        self.abort(&job);
                     }
                 });
             }
@@ -286,57 +377,93 @@ impl<S: Send> Ring<S> {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn read_chunks<D: Device<Slot = S>>(
-        &self,
-        device: &D,
-        files: &[&SafeFile],
-        pieces: &[Piece],
-        total: u64,
-        chunks: usize,
-        next: &AtomicUsize,
-        failed: &AtomicBool,
-    ) -> Result<()> {
+    /// Stops the run: every waiter sees `aborted` under its slot's lock, so a wake-up cannot
+    /// fall between a waiter's check and its wait.
+    fn abort(&self, job: &Job<'_>) {
+        job.failed.store(true, Ordering::SeqCst);
+        for (state, cv) in &self.slots {
+            lock(state).aborted = true;
+            cv.notify_all();
+        }
+    }
+
+    fn read_chunks<D: Device<Slot = S>>(&self, device: &D, job: &Job<'_>) -> Result<()> {
         let ring = self.slots.len();
         loop {
-            let k = next.fetch_add(1, Ordering::SeqCst);
-            if k >= chunks || failed.load(Ordering::SeqCst) {
+            let k = job.next.fetch_add(1, Ordering::SeqCst);
+            if k >= job.chunks || job.failed.load(Ordering::SeqCst) {
                 return Ok(());
             }
             let (state, turn_changed) = &self.slots[k % ring];
             let mut st = lock(state);
-            while st.turn != k {
-                if failed.load(Ordering::SeqCst) {
-                    return Ok(());
-                }
+            while st.turn != k && !st.aborted {
                 st = turn_changed.wait(st).unwrap_or_else(|p| p.into_inner());
             }
-            device.wait(&mut st.slot)?;
+            if st.aborted {
+                return Ok(());
+            }
+            let st = &mut *st;
+            if let Some(slot) = st.slot.as_mut() {
+                device.wait(slot)?;
+            }
             let start = k as u64 * self.slot_bytes as u64;
-            let len = (total - start).min(self.slot_bytes as u64) as usize;
-            fill(device.buffer(&mut st.slot), start, len, files, pieces)?;
-            device.submit(&mut st.slot, len, start)?;
+            let len = (job.total - start).min(self.slot_bytes as u64) as usize;
+            if st.capacity < len {
+                // The old buffer's copy is done (waited above): dropping it frees it.
+                st.slot = None;
+                st.capacity = 0;
+                let cap = job.want.max(len);
+                st.slot = Some(device.new_slot(cap)?);
+                st.capacity = cap;
+            }
+            let slot = st.slot.as_mut().expect("allocated above");
+            fill(device.buffer(slot), start, len, job.files, job.pieces)?;
+            device.submit(slot, len, start)?;
             st.turn = k + ring;
-            drop(st);
             turn_changed.notify_all();
         }
     }
 
-    /// Blocks until every submitted copy is done.
+    /// Blocks until every submitted copy is done. Waits on every slot even after an error (a
+    /// caller frees the destination on error, which must not happen under a pending copy) and
+    /// returns the first error.
     pub fn wait_all<D: Device<Slot = S>>(&self, device: &D) -> Result<()> {
+        let _running = lock(&self.running);
+        self.wait_all_locked(device)
+    }
+
+    fn wait_all_locked<D: Device<Slot = S>>(&self, device: &D) -> Result<()> {
+        let mut first = Ok(());
         for (state, _) in &self.slots {
-            device.wait(&mut lock(state).slot)?;
+            if let Some(slot) = lock(state).slot.as_mut() {
+                let r = device.wait(slot);
+                if first.is_ok() {
+                    first = r;
+                }
+            }
         }
-        Ok(())
+        first
     }
 
     /// Gives the staging buffers back (after [`Ring::wait_all`]).
     pub fn into_slots(self) -> Vec<S> {
         self.slots
             .into_iter()
-            .map(|(m, _)| m.into_inner().unwrap_or_else(|p| p.into_inner()).slot)
+            .filter_map(|(m, _)| m.into_inner().unwrap_or_else(|p| p.into_inner()).slot)
             .collect()
     }
+}
+
+/// One run's shared state.
+struct Job<'a> {
+    files: &'a [&'a SafeFile],
+    pieces: &'a [Piece],
+    total: u64,
+    chunks: usize,
+    /// Size of a newly allocated slot.
+    want: usize,
+    next: AtomicUsize,
+    failed: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

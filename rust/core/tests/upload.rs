@@ -5,7 +5,7 @@ mod common;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use common::scratch_dir;
@@ -14,29 +14,55 @@ use safetensors_core::{
     serialize_to_file, Backend, Dtype, ErrorKind, Indexer, SafeFile, TensorView,
 };
 
-/// A destination in host memory whose copies happen late: `submit` only records the copy, and
-/// `wait` performs it from the slot as it is then. A pipeline that refilled a slot before
-/// waiting for its copy would therefore upload the wrong bytes.
+/// A destination in host memory whose copies happen late: `submit` only records the copy (and
+/// its destination), and `wait` performs it from the slot as it is then. A pipeline that
+/// refilled a slot before waiting for its copy would therefore upload the wrong bytes.
 struct HostDevice {
-    dst: Mutex<Vec<u8>>,
+    dst: Dst,
     submits: AtomicUsize,
     fail_at: Option<usize>,
+    /// The n-th call of `wait` that has a copy to do fails (and leaves the copy pending).
+    fail_wait_at: Option<usize>,
+    waits: AtomicUsize,
     jitter: bool,
+    /// Slots alive (allocated and not yet dropped), shared with every slot.
+    live: Arc<AtomicUsize>,
 }
+
+/// A destination's bytes, shared with the slots whose copies into it are pending.
+type Dst = Arc<Mutex<Vec<u8>>>;
 
 struct HostSlot {
     buf: Vec<u8>,
-    pending: Option<(usize, u64)>,
+    pending: Option<(Dst, usize, u64)>,
+    live: Arc<AtomicUsize>,
+}
+
+impl Drop for HostSlot {
+    fn drop(&mut self) {
+        assert!(
+            self.pending.is_none(),
+            "a slot was freed with its copy pending"
+        );
+        self.live.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl HostDevice {
     fn new(len: u64) -> HostDevice {
         HostDevice {
-            dst: Mutex::new(vec![0xAB; len as usize]),
+            dst: Arc::new(Mutex::new(vec![0xAB; len as usize])),
             submits: AtomicUsize::new(0),
             fail_at: None,
+            fail_wait_at: None,
+            waits: AtomicUsize::new(0),
             jitter: false,
+            live: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        self.dst.lock().unwrap().clone()
     }
 }
 
@@ -44,9 +70,11 @@ impl Device for HostDevice {
     type Slot = HostSlot;
 
     fn new_slot(&self, bytes: usize) -> safetensors_core::Result<HostSlot> {
+        self.live.fetch_add(1, Ordering::SeqCst);
         Ok(HostSlot {
             buf: vec![0xCD; bytes],
             pending: None,
+            live: self.live.clone(),
         })
     }
 
@@ -70,7 +98,7 @@ impl Device for HostDevice {
             slot.pending.is_none(),
             "a slot was submitted twice without a wait"
         );
-        slot.pending = Some((len, dst_offset));
+        slot.pending = Some((self.dst.clone(), len, dst_offset));
         if self.jitter {
             std::thread::sleep(Duration::from_micros((n as u64 * 7919) % 300));
         }
@@ -78,11 +106,40 @@ impl Device for HostDevice {
     }
 
     fn wait(&self, slot: &mut HostSlot) -> safetensors_core::Result<()> {
-        if let Some((len, at)) = slot.pending.take() {
-            let mut dst = self.dst.lock().unwrap();
+        if slot.pending.is_some() {
+            let n = self.waits.fetch_add(1, Ordering::SeqCst);
+            if Some(n) == self.fail_wait_at {
+                return Err(safetensors_core::Error::Cuda {
+                    message: format!("injected failure at wait {n}"),
+                });
+            }
+        }
+        if let Some((dst, len, at)) = slot.pending.take() {
+            let mut dst = dst.lock().unwrap();
             dst[at as usize..at as usize + len].copy_from_slice(&slot.buf[..len]);
         }
         Ok(())
+    }
+}
+
+/// Runs `f` on its own thread and fails the test if it has not finished after two minutes: a
+/// hang is a failure, not a stuck test run. (Not a timing assertion: nothing here takes more
+/// than a fraction of a second when it works.)
+fn without_hanging(what: &str, f: impl FnOnce() + Send + 'static) {
+    let (tx, rx) = mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        f();
+        let _ = tx.send(());
+    });
+    match rx.recv_timeout(Duration::from_secs(120)) {
+        Ok(()) => worker.join().unwrap(),
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            // `f` panicked: report its panic.
+            if let Err(p) = worker.join() {
+                std::panic::resume_unwind(p);
+            }
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what}: hung (deadlock)"),
     }
 }
 
@@ -184,7 +241,7 @@ fn every_byte_lands_at_its_planned_offset() {
         let stats = ring.run(&device, &refs, &plan).unwrap();
         ring.wait_all(&device).unwrap();
         assert_eq!(stats.bytes, plan.total());
-        let got = device.dst.into_inner().unwrap();
+        let got = device.bytes();
         assert!(
             got == expected,
             "slots {slots}, slot {slot_bytes}, readers {readers}: bytes differ"
@@ -237,7 +294,7 @@ fn a_failed_copy_stops_the_upload_with_its_error() {
             },
         )
         .unwrap();
-        let err = ring.run(&device, &refs, &plan).unwrap_err();
+        let err = ring.upload(&device, &refs, &plan).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Cuda);
         assert!(err.to_string().contains("injected failure"), "{err}");
     }
@@ -266,7 +323,7 @@ fn a_file_that_shrinks_mid_upload_is_an_io_error() {
     .unwrap();
     let refs: Vec<&SafeFile> = files.iter().collect();
     assert_eq!(
-        ring.run(&device, &refs, &plan).unwrap_err().kind(),
+        ring.upload(&device, &refs, &plan).unwrap_err().kind(),
         ErrorKind::Io
     );
 }
@@ -317,5 +374,180 @@ fn staging_memory_stays_bounded_by_the_ring() {
     ring.wait_all(&device).unwrap();
     assert_eq!(stats.chunks, 128);
     assert_eq!(ring.staging_bytes(), 128 << 10);
-    assert!(*device.dst.lock().unwrap() == big);
+    assert!(device.bytes() == big);
+}
+
+/// A file holding one U8 tensor of `n` bytes, and those bytes.
+fn one_tensor_file(dir: &Path, n: usize) -> (SafeFile, Vec<u8>) {
+    let bytes: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+    let path = dir.join("one.safetensors");
+    serialize_to_file(
+        [("x", TensorView::new(Dtype::U8, &[n], &bytes))],
+        None,
+        &path,
+    )
+    .unwrap();
+    (SafeFile::open(&path, Backend::Read).unwrap(), bytes)
+}
+
+#[test]
+fn sixteen_threads_share_one_ring() {
+    // Each run numbers its chunks from 0 against the same slots: runs must take turns, and
+    // every thread's destination must get exactly its bytes.
+    let dir = scratch_dir("upload_shared_ring");
+    let files = Arc::new(files(&dir));
+    let (plan, expected) = plan_and_expected(&files, 256);
+    let (plan, expected) = (Arc::new(plan), Arc::new(expected));
+    let ring = Arc::new(Ring::lazy(RingOptions {
+        slots: 3,
+        slot_bytes: 4096,
+        readers: 4,
+    }));
+    without_hanging("16 threads sharing one ring", move || {
+        std::thread::scope(|scope| {
+            for t in 0..16 {
+                let (files, plan, expected, ring) = (&files, &plan, &expected, &ring);
+                scope.spawn(move || {
+                    let refs: Vec<&SafeFile> = files.iter().collect();
+                    for round in 0..3 {
+                        let device = HostDevice {
+                            jitter: t % 4 == 0,
+                            ..HostDevice::new(plan.total())
+                        };
+                        ring.run(&device, &refs, plan).unwrap();
+                        ring.wait_all(&device).unwrap();
+                        assert!(
+                            device.bytes() == **expected,
+                            "thread {t}, round {round}: bytes differ"
+                        );
+                    }
+                });
+            }
+        });
+    });
+}
+
+#[test]
+fn a_failure_wakes_every_waiting_reader() {
+    // Many readers queue on few slots; one fails. Every waiter must see the failure (it is
+    // published under each slot's lock), or the upload hangs. A race: repeated to find it.
+    let dir = scratch_dir("upload_failure_wakes");
+    let files = Arc::new(files(&dir));
+    let (plan, _) = plan_and_expected(&files, 256);
+    without_hanging("waiters after a failure", move || {
+        let refs: Vec<&SafeFile> = files.iter().collect();
+        let ring = Ring::lazy(RingOptions {
+            slots: 2,
+            slot_bytes: 4096,
+            readers: 8,
+        });
+        for i in 0..300 {
+            let device = HostDevice {
+                fail_at: Some(i % 4),
+                ..HostDevice::new(plan.total())
+            };
+            let err = ring.upload(&device, &refs, &plan).unwrap_err();
+            assert!(err.to_string().contains("injected failure"), "{err}");
+        }
+    });
+}
+
+#[test]
+fn wait_all_waits_on_every_slot_after_a_failed_wait() {
+    // Four chunks in four slots; waiting for the first fails. The other three copies must
+    // still be waited for (a caller frees the destination after an error), and the failed
+    // one stays tracked so a later wait completes it.
+    let dir = scratch_dir("upload_wait_all");
+    let (file, bytes) = one_tensor_file(&dir, 4 * 4096);
+    let mut plan = UploadPlan::new(256);
+    plan.add_tensor(0, &file, "x").unwrap();
+    let device = HostDevice {
+        fail_wait_at: Some(0),
+        ..HostDevice::new(plan.total())
+    };
+    let ring = Ring::new(
+        &device,
+        RingOptions {
+            slots: 4,
+            slot_bytes: 4096,
+            readers: 1,
+        },
+    )
+    .unwrap();
+    assert_eq!(ring.run(&device, &[&file], &plan).unwrap().chunks, 4);
+    let err = ring.wait_all(&device).unwrap_err();
+    assert!(
+        err.to_string().contains("injected failure at wait 0"),
+        "{err}"
+    );
+    let got = device.bytes();
+    assert!(
+        got[4096..] == bytes[4096..],
+        "copies after the failed wait were not waited for"
+    );
+    assert!(got[..4096].iter().all(|&b| b == 0xAB));
+    ring.wait_all(&device).unwrap();
+    assert!(device.bytes() == bytes);
+}
+
+#[test]
+fn a_failed_upload_leaves_the_ring_reusable() {
+    let dir = scratch_dir("upload_fail_then_reuse");
+    let files = files(&dir);
+    let refs: Vec<&SafeFile> = files.iter().collect();
+    let (plan, expected) = plan_and_expected(&files, 256);
+    let device = HostDevice {
+        fail_at: Some(2),
+        ..HostDevice::new(plan.total())
+    };
+    let ring = Ring::new(
+        &device,
+        RingOptions {
+            slots: 3,
+            slot_bytes: 4096,
+            readers: 3,
+        },
+    )
+    .unwrap();
+    let err = ring.upload(&device, &refs, &plan).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Cuda);
+    for _ in 0..2 {
+        device.dst.lock().unwrap().fill(0);
+        ring.upload(&device, &refs, &plan).unwrap();
+        assert!(device.bytes() == expected);
+    }
+    drop(ring);
+    assert_eq!(device.live.load(Ordering::SeqCst), 0, "slots leaked");
+}
+
+#[test]
+fn a_lazy_ring_stages_no_more_than_the_plan_needs() {
+    let dir = scratch_dir("upload_lazy");
+    let (file, bytes) = one_tensor_file(&dir, 1000);
+    let mut plan = UploadPlan::new(256);
+    plan.add_tensor(0, &file, "x").unwrap();
+    let device = HostDevice::new(plan.total());
+    let ring = Ring::lazy(RingOptions {
+        slots: 4,
+        slot_bytes: 1 << 20,
+        readers: 4,
+    });
+    assert_eq!(ring.staging_bytes(), 0);
+    ring.upload(&device, &[&file], &plan).unwrap();
+    assert!(device.bytes() == bytes);
+    // One chunk, so one slot, of one page rather than 1 MiB.
+    assert_eq!(ring.staging_bytes(), 4096);
+    assert_eq!(device.live.load(Ordering::SeqCst), 1);
+    // A larger upload grows the slots it uses, freeing the small one.
+    let (big, big_bytes) = one_tensor_file(&dir, 3 << 20);
+    let mut plan = UploadPlan::new(256);
+    plan.add_tensor(0, &big, "x").unwrap();
+    let device2 = HostDevice {
+        live: device.live.clone(),
+        ..HostDevice::new(plan.total())
+    };
+    ring.upload(&device2, &[&big], &plan).unwrap();
+    assert!(device2.bytes() == big_bytes);
+    assert_eq!(ring.staging_bytes(), 3 << 20);
+    assert_eq!(device.live.load(Ordering::SeqCst), 3);
 }

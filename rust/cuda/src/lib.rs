@@ -3,14 +3,22 @@
 //! a device.
 //!
 //! [`Uploader`] runs `safetensors_core`'s staged pipeline ([`Ring`]) with pinned staging buffers
-//! (page-locked, not write-combined: readers write them and the copy engine reads them), an event
-//! per buffer, and asynchronous host-to-device copies on a non-blocking stream. Only the staging
-//! ring is page-locked, never the mapped file: locking a whole file and copying pageable memory
-//! were both measured slow by others.
+//! (page-locked, not write-combined: readers write them and the copy engine reads them), a
+//! blocking-sync event per buffer (a waiting reader sleeps instead of spinning on a core the
+//! other readers need), and asynchronous host-to-device copies on a non-blocking stream. Only
+//! the staging ring is page-locked, never the mapped file: locking a whole file and copying
+//! pageable memory were both measured slow by others.
+//!
+//! Contexts, as the CUDA runtime handles them: each device's primary context is retained once,
+//! the first time the library uses the device, and kept for the life of the process, so device
+//! memory handed to a caller outlives every `Uploader` (releasing the last reference would reset
+//! the context and free it). Every entry point makes the context current only for its own
+//! duration ([`Current`]) and restores the caller's, on the caller's thread and on each reader
+//! thread.
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
@@ -75,7 +83,61 @@ pub fn device_count() -> Result<usize> {
     call("cuDeviceGetCount", cu::device::get_count).map(|n| n.max(0) as usize)
 }
 
-/// One device, with its primary context retained.
+/// A context made current on this thread for the guard's life; the thread's previous context
+/// (none included) comes back on drop, so a caller's later allocations and kernels land where
+/// they did before calling us.
+pub struct Current {
+    previous: Option<sys::CUcontext>,
+    changed: bool,
+}
+
+impl Current {
+    fn enter(ctx: sys::CUcontext) -> Result<Current> {
+        let previous = call("cuCtxGetCurrent", cu::ctx::get_current)?;
+        if previous == Some(ctx) {
+            return Ok(Current {
+                previous,
+                changed: false,
+            });
+        }
+        // SAFETY: `ctx` is a primary context retained for the life of the process.
+        call("cuCtxSetCurrent", || unsafe { cu::ctx::set_current(ctx) })?;
+        Ok(Current {
+            previous,
+            changed: true,
+        })
+    }
+}
+
+impl Drop for Current {
+    fn drop(&mut self) {
+        if self.changed {
+            let previous = self.previous.unwrap_or(std::ptr::null_mut());
+            // SAFETY: the caller's own context (or none), as it was when we were entered.
+            let _ = call("cuCtxSetCurrent", || unsafe {
+                cu::ctx::set_current(previous)
+            });
+        }
+    }
+}
+
+/// The primary context of each device, retained once and never released (see the crate
+/// documentation). Stored as addresses: the handles are plain pointers valid on any thread.
+fn primary_context(ordinal: usize, device: sys::CUdevice) -> Result<sys::CUcontext> {
+    static RETAINED: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+    let mut retained = RETAINED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(&(_, ctx)) = retained.iter().find(|(o, _)| *o == ordinal) {
+        return Ok(ctx as sys::CUcontext);
+    }
+    // SAFETY: `device` came from cuDeviceGet.
+    let ctx = call("cuDevicePrimaryCtxRetain", || unsafe {
+        cu::primary_ctx::retain(device)
+    })?;
+    retained.push((ordinal, ctx as usize));
+    Ok(ctx)
+}
+
+/// One device and its primary context (retained for the life of the process).
 pub struct Gpu {
     ordinal: usize,
     device: sys::CUdevice,
@@ -96,25 +158,17 @@ impl Gpu {
             });
         }
         let device = call("cuDeviceGet", || cu::device::get(ordinal as i32))?;
-        // SAFETY: `device` came from cuDeviceGet.
-        let ctx = call("cuDevicePrimaryCtxRetain", || unsafe {
-            cu::primary_ctx::retain(device)
-        })?;
-        let gpu = Gpu {
+        let ctx = primary_context(ordinal, device)?;
+        Ok(Arc::new(Gpu {
             ordinal,
             device,
             ctx,
-        };
-        gpu.make_current()?;
-        Ok(Arc::new(gpu))
+        }))
     }
 
-    /// Makes this device's context current on the calling thread.
-    pub fn make_current(&self) -> Result<()> {
-        // SAFETY: the context is retained for as long as `self` lives.
-        call("cuCtxSetCurrent", || unsafe {
-            cu::ctx::set_current(self.ctx)
-        })
+    /// Makes this device's context current on the calling thread until the guard drops.
+    pub fn enter(&self) -> Result<Current> {
+        Current::enter(self.ctx)
     }
 
     /// The device ordinal.
@@ -129,9 +183,16 @@ impl Gpu {
 
     /// Allocates `bytes` of device memory (at least 1).
     pub fn alloc(self: &Arc<Self>, bytes: usize) -> Result<DeviceBuffer> {
-        self.make_current()?;
+        let _current = self.enter()?;
         // SAFETY: the context is current.
-        let ptr = call("cuMemAlloc", || unsafe { cu::malloc_sync(bytes.max(1)) })?;
+        let ptr = call("cuMemAlloc", || unsafe { cu::malloc_sync(bytes.max(1)) }).map_err(|e| {
+            Error::Cuda {
+                message: format!(
+                    "{e} (allocating {bytes} bytes on CUDA device {})",
+                    self.ordinal
+                ),
+            }
+        })?;
         Ok(DeviceBuffer {
             gpu: self.clone(),
             ptr,
@@ -141,7 +202,7 @@ impl Gpu {
 
     /// Copies `dst.len()` bytes from device address `src` to host memory (synchronous).
     pub fn download(&self, src: u64, dst: &mut [u8]) -> Result<()> {
-        self.make_current()?;
+        let _current = self.enter()?;
         // SAFETY: the caller names device memory of at least `dst.len()` bytes.
         call("cuMemcpyDtoH", || unsafe { cu::memcpy_dtoh_sync(dst, src) })
     }
@@ -150,12 +211,13 @@ impl Gpu {
     /// practical limit, for benchmarks.
     pub fn pinned_copy_seconds(self: &Arc<Self>, bytes: usize) -> Result<f64> {
         let dst = self.alloc(bytes)?;
+        let _current = self.enter()?;
         let mut slot = PinnedSlot::new(self, bytes)?;
         slot.buffer().fill(1);
         let stream = Stream::new(self)?;
         let target = Target {
             gpu: self,
-            stream: stream.0,
+            stream: stream.handle,
             dst: dst.ptr,
         };
         target.submit(&mut slot, bytes, 0)?; // warm-up
@@ -163,18 +225,116 @@ impl Gpu {
         let start = std::time::Instant::now();
         target.submit(&mut slot, bytes, 0)?;
         target.wait(&mut slot)?;
-        let seconds = start.elapsed().as_secs_f64();
-        slot.free(self);
-        Ok(seconds)
+        Ok(start.elapsed().as_secs_f64())
     }
-}
 
-impl Drop for Gpu {
-    fn drop(&mut self) {
-        // SAFETY: releases the reference taken in `open`.
-        let _ = call("cuDevicePrimaryCtxRelease", || unsafe {
-            cu::primary_ctx::release(self.device)
-        });
+    /// Checks that `stream` may carry this device's copies: not the per-thread default stream
+    /// (our copies are issued from reader threads, each of which has its own), in this
+    /// device's context, and not capturing a graph (a captured copy would run at graph launch,
+    /// long after the staging buffer was reused).
+    fn check_stream(&self, stream: u64) -> Result<()> {
+        // 0 and CU_STREAM_LEGACY (1) are the legacy default stream of the current context,
+        // which readers make ours.
+        if stream == 0 || stream == 1 {
+            return Ok(());
+        }
+        if stream == 2 {
+            return Err(Error::Cuda {
+                message: "the per-thread default stream (cudaStreamPerThread, 0x2) cannot carry \
+                          an upload: its copies are issued from the library's reader threads, \
+                          each of which has its own per-thread stream. Pass a stream you created, \
+                          or 0 for the legacy default stream"
+                    .into(),
+            });
+        }
+        let handle = stream as sys::CUstream;
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: the caller passes a stream handle; the driver validates it.
+        call("cuStreamGetCtx", || unsafe {
+            sys::cuStreamGetCtx(handle, &mut ctx).result()
+        })
+        .map_err(|e| Error::Cuda {
+            message: format!("{e}: {stream:#x} is not a valid CUDA stream"),
+        })?;
+        if ctx != self.ctx {
+            return Err(Error::Cuda {
+                message: format!(
+                    "stream {stream:#x} belongs to another context than CUDA device {}'s primary \
+                     context (another device, or a context created with cuCtxCreate): upload on \
+                     a stream of device {}",
+                    self.ordinal, self.ordinal
+                ),
+            });
+        }
+        // SAFETY: a valid stream, checked above.
+        let status = call("cuStreamIsCapturing", || unsafe {
+            cu::stream::is_capturing(handle)
+        })?;
+        if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return Err(Error::Cuda {
+                message: format!(
+                    "stream {stream:#x} is capturing a CUDA graph: an upload cannot be captured \
+                     (its staging buffers are reused as soon as each copy has run); end the \
+                     capture first"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks that `[dst, dst + capacity)` is device memory of this device, in one allocation.
+    fn check_destination(&self, dst: u64, capacity: usize) -> Result<()> {
+        let attribute = |what: &str, attr: sys::CUpointer_attribute| -> Result<u64> {
+            let mut value = 0u64;
+            // SAFETY: every attribute read here fits in 8 bytes (an int is read into the low
+            // bytes on little-endian hosts, the only ones CUDA supports).
+            call(what, || unsafe {
+                sys::cuPointerGetAttribute(
+                    &mut value as *mut u64 as *mut c_void,
+                    attr,
+                    dst as sys::CUdeviceptr,
+                )
+                .result()
+            })
+            .map_err(|e| Error::Cuda {
+                message: format!(
+                    "{e}: the destination {dst:#x} is not device memory this driver knows"
+                ),
+            })?;
+            Ok(value)
+        };
+        use sys::CUpointer_attribute as A;
+        let ordinal = attribute(
+            "cuPointerGetAttribute(DEVICE_ORDINAL)",
+            A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        )? as u32 as usize;
+        if ordinal != self.ordinal {
+            return Err(Error::Cuda {
+                message: format!(
+                    "the destination {dst:#x} is memory of CUDA device {ordinal}, not of device \
+                     {} that this uploader writes to",
+                    self.ordinal
+                ),
+            });
+        }
+        let start = attribute(
+            "cuPointerGetAttribute(RANGE_START_ADDR)",
+            A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        )?;
+        let size = attribute(
+            "cuPointerGetAttribute(RANGE_SIZE)",
+            A::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+        )?;
+        if dst - start + capacity as u64 > size {
+            return Err(Error::Cuda {
+                message: format!(
+                    "the destination {dst:#x} has {} bytes left in its allocation, not the \
+                     {capacity} bytes of capacity given",
+                    size - (dst - start)
+                ),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -201,7 +361,8 @@ impl DeviceBuffer {
         self.len == 0
     }
 
-    /// Gives up ownership: the caller frees the address with `cuMemFree`.
+    /// Gives up ownership: the caller frees the address with `cuMemFree`. The memory stays
+    /// valid for the life of the process (the device's primary context is never released).
     pub fn release(mut self) -> u64 {
         std::mem::replace(&mut self.ptr, 0)
     }
@@ -209,9 +370,11 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        if self.ptr != 0 && self.gpu.make_current().is_ok() {
-            // SAFETY: `ptr` came from cuMemAlloc in this context and is freed once.
-            let _ = call("cuMemFree", || unsafe { cu::free_sync(self.ptr) });
+        if self.ptr != 0 {
+            if let Ok(_current) = self.gpu.enter() {
+                // SAFETY: `ptr` came from cuMemAlloc in this context and is freed once.
+                let _ = call("cuMemFree", || unsafe { cu::free_sync(self.ptr) });
+            }
         }
     }
 }
@@ -219,36 +382,70 @@ impl Drop for DeviceBuffer {
 /// Frees device memory that a caller took over with [`DeviceBuffer::release`].
 pub fn free(ordinal: usize, ptr: u64) -> Result<()> {
     let gpu = Gpu::open(ordinal)?;
+    let _current = gpu.enter()?;
     // SAFETY: the caller passes an address from this library's allocation on this device.
-    call("cuMemFree", || unsafe { cu::free_sync(ptr) }).map(|_| drop(gpu))
+    call("cuMemFree", || unsafe { cu::free_sync(ptr) })
 }
 
-/// A non-blocking stream, destroyed on drop.
-struct Stream(sys::CUstream);
+/// A non-blocking stream, destroyed on drop (in its context, which outlives it).
+struct Stream {
+    handle: sys::CUstream,
+    ctx: sys::CUcontext,
+}
 
 impl Stream {
     fn new(gpu: &Gpu) -> Result<Stream> {
-        gpu.make_current()?;
+        let _current = gpu.enter()?;
         call("cuStreamCreate", || {
             cu::stream::create(cu::stream::StreamKind::NonBlocking)
         })
-        .map(Stream)
+        .map(|handle| Stream {
+            handle,
+            ctx: gpu.ctx,
+        })
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        // SAFETY: a stream we created and have not destroyed.
+        call("cuStreamSynchronize", || unsafe {
+            cu::stream::synchronize(self.handle)
+        })
     }
 }
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        // SAFETY: created by `Stream::new` and destroyed once.
-        let _ = call("cuStreamDestroy", || unsafe { cu::stream::destroy(self.0) });
+        if let Ok(_current) = Current::enter(self.ctx) {
+            // Copies still queued would be lost with the stream.
+            let _ = self.synchronize();
+            // SAFETY: created by `Stream::new` and destroyed once.
+            let _ = call("cuStreamDestroy", || unsafe {
+                cu::stream::destroy(self.handle)
+            });
+        }
     }
 }
 
-/// A pinned staging buffer and the event that marks its last copy done.
+/// What a slot's last copy is tracked by.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pending {
+    None,
+    /// The slot's event, recorded after the copy.
+    Event,
+    /// The copy was enqueued on this stream but its event could not be recorded: the stream
+    /// itself must be waited for before the buffer is touched.
+    Stream(sys::CUstream),
+}
+
+/// A pinned staging buffer and the event that marks its last copy done. Dropping it waits for
+/// that copy and frees both; a buffer whose copy could not be waited for is leaked rather than
+/// freed under the copy engine.
 pub struct PinnedSlot {
     host: *mut u8,
     len: usize,
     event: sys::CUevent,
-    pending: bool,
+    pending: Pending,
+    ctx: sys::CUcontext,
 }
 
 // SAFETY: the pinned buffer and event are owned by the slot, which the ring hands to one thread
@@ -257,27 +454,31 @@ unsafe impl Send for PinnedSlot {}
 
 impl PinnedSlot {
     fn new(gpu: &Gpu, len: usize) -> Result<PinnedSlot> {
-        gpu.make_current()?;
+        let _current = gpu.enter()?;
         // Flags 0: page-locked, cached host memory (not write-combined, which CPU writes of file
         // data would pay for).
         // SAFETY: the context is current; the memory is only read after being written.
-        let host = call("cuMemHostAlloc", || unsafe { cu::malloc_host(len, 0) })? as *mut u8;
-        let event = match call("cuEventCreate", || {
-            cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-        }) {
-            Ok(e) => e,
-            Err(e) => {
-                // SAFETY: allocated just above.
-                let _ = unsafe { cu::free_host(host as *mut c_void) };
-                return Err(e);
+        let host = call("cuMemHostAlloc", || unsafe { cu::malloc_host(len, 0) }).map_err(|e| {
+            Error::Cuda {
+                message: format!("{e} (allocating {len} bytes of pinned staging memory)"),
             }
-        };
-        Ok(PinnedSlot {
+        })? as *mut u8;
+        // From here on, `Drop` frees what was allocated if the event cannot be created.
+        let mut slot = PinnedSlot {
             host,
             len,
-            event,
-            pending: false,
-        })
+            event: std::ptr::null_mut(),
+            pending: Pending::None,
+            ctx: gpu.ctx,
+        };
+        // Blocking sync: a reader waiting for its slot sleeps rather than spinning.
+        let flags = sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32
+            | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: writes one event handle.
+        call("cuEventCreate", || unsafe {
+            sys::cuEventCreate(&mut slot.event, flags).result()
+        })?;
+        Ok(slot)
     }
 
     fn buffer(&mut self) -> &mut [u8] {
@@ -285,17 +486,51 @@ impl PinnedSlot {
         unsafe { std::slice::from_raw_parts_mut(self.host, self.len) }
     }
 
-    /// Frees the buffer and event; the caller has waited for the last copy.
-    fn free(self, gpu: &Gpu) {
-        let _ = gpu.make_current();
-        // SAFETY: owned by this slot, freed once, no copy in flight.
-        let _ = call("cuEventDestroy", || unsafe {
-            cu::event::destroy(self.event)
-        });
+    /// Blocks until the slot's last copy is done.
+    fn wait(&mut self) -> Result<()> {
+        match self.pending {
+            Pending::None => {}
+            // SAFETY: the event was recorded by `submit`.
+            Pending::Event => call("cuEventSynchronize", || unsafe {
+                cu::event::synchronize(self.event)
+            })?,
+            // SAFETY: the stream the copy was enqueued on; the caller keeps it alive until the
+            // upload is synchronised.
+            Pending::Stream(s) => call("cuStreamSynchronize", || unsafe {
+                cu::stream::synchronize(s)
+            })?,
+        }
+        self.pending = Pending::None;
+        Ok(())
+    }
+}
+
+impl Drop for PinnedSlot {
+    fn drop(&mut self) {
+        let Ok(_current) = Current::enter(self.ctx) else {
+            return;
+        };
+        if self.wait().is_err() {
+            // The copy engine may still read the buffer: leak it rather than free it.
+            return;
+        }
+        if !self.event.is_null() {
+            // SAFETY: owned by this slot, destroyed once, no copy pending.
+            let _ = call("cuEventDestroy", || unsafe {
+                cu::event::destroy(self.event)
+            });
+        }
+        // SAFETY: owned by this slot, freed once, no copy pending.
         let _ = call("cuMemFreeHost", || unsafe {
             cu::free_host(self.host as *mut c_void)
         });
     }
+}
+
+thread_local! {
+    /// A reader thread's context before `enter_thread`, restored by `leave_thread`.
+    static READER_CONTEXT: std::cell::RefCell<Option<Current>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 /// The pipeline's view of one upload: a stream and a destination on a device.
@@ -321,35 +556,45 @@ impl Device for Target<'_> {
 
     fn submit(&self, slot: &mut PinnedSlot, len: usize, dst_offset: u64) -> Result<()> {
         let src = &slot.buffer()[..len];
-        // SAFETY: the slot stays untouched until `wait` sees its event; the destination range
-        // lies inside the allocation the plan was sized for.
+        // SAFETY: the slot stays untouched until `wait` sees its copy done; the destination
+        // range lies inside the allocation the plan was sized for.
         call("cuMemcpyHtoDAsync", || unsafe {
             cu::memcpy_htod_async(self.dst + dst_offset, src, self.stream)
         })?;
-        call("cuEventRecord", || unsafe {
+        // SAFETY: the event belongs to this slot, in this context.
+        let recorded = call("cuEventRecord", || unsafe {
             cu::event::record(slot.event, self.stream)
-        })?;
-        slot.pending = true;
-        Ok(())
-    }
-
-    fn wait(&self, slot: &mut PinnedSlot) -> Result<()> {
-        if slot.pending {
-            // SAFETY: the event was recorded by `submit`.
-            call("cuEventSynchronize", || unsafe {
-                cu::event::synchronize(slot.event)
-            })?;
-            slot.pending = false;
+        });
+        match recorded {
+            Ok(()) => slot.pending = Pending::Event,
+            Err(e) => {
+                // The copy is queued but untracked: wait for the whole stream before the slot
+                // can be refilled, or keep tracking the stream if even that fails.
+                slot.pending = Pending::Stream(self.stream);
+                let _ = slot.wait();
+                return Err(e);
+            }
         }
         Ok(())
     }
 
+    fn wait(&self, slot: &mut PinnedSlot) -> Result<()> {
+        slot.wait()
+    }
+
     fn enter_thread(&self) -> Result<()> {
-        self.gpu.make_current()
+        let current = self.gpu.enter()?;
+        READER_CONTEXT.with(|c| *c.borrow_mut() = Some(current));
+        Ok(())
+    }
+
+    fn leave_thread(&self) {
+        READER_CONTEXT.with(|c| drop(c.borrow_mut().take()));
     }
 }
 
-/// Uploads plans to one device through a reusable staging ring.
+/// Uploads plans to one device through a reusable staging ring. Safe to share between
+/// threads: uploads through one `Uploader` take turns on its ring.
 ///
 /// ```no_run
 /// use safetensors_core::{Backend, SafeFile, upload::{RingOptions, UploadPlan}};
@@ -361,11 +606,12 @@ impl Device for Target<'_> {
 /// # Ok::<(), safetensors_core::Error>(())
 /// ```
 pub struct Uploader {
-    gpu: Arc<Gpu>,
-    ring: Option<Ring<PinnedSlot>>,
+    // Fields drop in this order: the ring's slots (each waits for its copy, then frees its
+    // pinned memory and event), then the stream, then the device handle. The context itself
+    // is never released.
+    ring: Ring<PinnedSlot>,
     stream: Stream,
-    /// The stream of the last `upload_into`, whose copies may still be in flight.
-    caller_stream: std::sync::Mutex<Option<u64>>,
+    gpu: Arc<Gpu>,
 }
 
 // SAFETY: the ring's slots are behind its mutexes; the stream is a plain handle.
@@ -380,17 +626,31 @@ impl Uploader {
         let ring = {
             let target = Target {
                 gpu: &gpu,
-                stream: stream.0,
+                stream: stream.handle,
                 dst: 0,
             };
+            // On error the slots made so far drop, freeing themselves.
             Ring::new(&target, options)?
         };
-        Ok(Uploader {
-            gpu,
-            ring: Some(ring),
-            stream,
-            caller_stream: std::sync::Mutex::new(None),
-        })
+        Ok(Uploader { ring, stream, gpu })
+    }
+
+    /// The process's uploader for device `ordinal`, made on first use, for one-shot calls:
+    /// its ring ([`RingOptions::default`]) allocates staging buffers only as uploads need
+    /// them and no larger than they need, and is kept (with its stream) for later calls.
+    pub fn shared(ordinal: usize) -> Result<Arc<Uploader>> {
+        static SHARED: Mutex<Vec<(usize, Arc<Uploader>)>> = Mutex::new(Vec::new());
+        static OPTIONS: OnceLock<RingOptions> = OnceLock::new();
+        let mut shared = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, u)) = shared.iter().find(|(o, _)| *o == ordinal) {
+            return Ok(u.clone());
+        }
+        let gpu = Gpu::open(ordinal)?;
+        let stream = Stream::new(&gpu)?;
+        let ring = Ring::lazy(*OPTIONS.get_or_init(RingOptions::default));
+        let u = Arc::new(Uploader { ring, stream, gpu });
+        shared.push((ordinal, u.clone()));
+        Ok(u)
     }
 
     /// The device.
@@ -400,31 +660,39 @@ impl Uploader {
 
     /// Bytes of pinned host memory the staging ring holds.
     pub fn staging_bytes(&self) -> usize {
-        self.ring.as_ref().map_or(0, Ring::staging_bytes)
+        self.ring.staging_bytes()
     }
 
-    fn ring(&self) -> &Ring<PinnedSlot> {
-        self.ring.as_ref().expect("the ring lives until drop")
+    fn target(&self, stream: sys::CUstream, dst: sys::CUdeviceptr) -> Target<'_> {
+        Target {
+            gpu: &self.gpu,
+            stream,
+            dst,
+        }
     }
 
     /// Uploads `plan` into a new allocation; the data is on the device when this returns.
     pub fn upload(&self, files: &[&SafeFile], plan: &UploadPlan) -> Result<DeviceBuffer> {
+        let _current = self.gpu.enter()?;
         let buffer = self.gpu.alloc(plan.total() as usize)?;
-        let target = Target {
-            gpu: &self.gpu,
-            stream: self.stream.0,
-            dst: buffer.ptr,
-        };
-        let run = self.ring().run(&target, files, plan);
-        let waited = self.ring().wait_all(&target);
-        run.and(waited)?;
-        Ok(buffer)
+        let target = self.target(self.stream.handle, buffer.ptr);
+        match self.ring.upload(&target, files, plan) {
+            Ok(_) => Ok(buffer),
+            Err(e) => {
+                // Free the allocation only once nothing can still be copying into it.
+                if self.stream.synchronize().is_err() {
+                    let _ = buffer.release();
+                }
+                Err(e)
+            }
+        }
     }
 
-    /// Uploads `plan` into `dst` (at least `capacity` bytes of device memory) with copies on
-    /// the caller's `stream`. Returns once every copy is enqueued: completion is visible on
-    /// that stream. Staging buffers are reused only after their copies finish, so the next
-    /// upload, `synchronize` or drop waits for these.
+    /// Uploads `plan` into `dst` (at least `capacity` bytes of device memory of this device,
+    /// aligned to the plan's alignment) with copies on the caller's `stream` (0: the legacy
+    /// default stream). Returns once every copy is enqueued: completion is visible on that
+    /// stream. Staging buffers are reused only after their copies finish, so the next upload,
+    /// `synchronize` or drop waits for these.
     pub fn upload_into(
         &self,
         files: &[&SafeFile],
@@ -441,24 +709,30 @@ impl Uploader {
                 ),
             });
         }
-        let target = Target {
-            gpu: &self.gpu,
-            stream: stream as sys::CUstream,
-            dst,
-        };
-        *self.caller_stream.lock().unwrap_or_else(|p| p.into_inner()) = Some(stream);
-        self.ring().run(&target, files, plan)
+        if dst % plan.alignment() != 0 {
+            return Err(Error::Cuda {
+                message: format!(
+                    "the destination {dst:#x} is not a multiple of {} bytes, the alignment the \
+                     plan places tensors at: pass memory from cudaMalloc/cuMemAlloc (256-byte \
+                     aligned), or an offset into it that is a multiple of {}",
+                    plan.alignment(),
+                    plan.alignment()
+                ),
+            });
+        }
+        let _current = self.gpu.enter()?;
+        self.gpu.check_stream(stream)?;
+        if plan.total() > 0 {
+            self.gpu.check_destination(dst, capacity)?;
+        }
+        let target = self.target(stream as sys::CUstream, dst);
+        self.ring.run(&target, files, plan)
     }
 
     /// Waits for every copy this uploader has enqueued.
     pub fn synchronize(&self) -> Result<()> {
-        let target = Target {
-            gpu: &self.gpu,
-            stream: self.stream.0,
-            dst: 0,
-        };
-        self.gpu.make_current()?;
-        self.ring().wait_all(&target)
+        let _current = self.gpu.enter()?;
+        self.ring.wait_all(&self.target(self.stream.handle, 0))
     }
 
     /// Seconds for uploading `plan` into a new allocation, for benchmarks.
@@ -476,11 +750,6 @@ impl Uploader {
 impl Drop for Uploader {
     fn drop(&mut self) {
         let _ = self.synchronize();
-        if let Some(ring) = self.ring.take() {
-            for slot in ring.into_slots() {
-                slot.free(&self.gpu);
-            }
-        }
     }
 }
 

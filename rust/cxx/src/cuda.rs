@@ -9,7 +9,8 @@ use safetensors_core::upload::RingOptions;
 use safetensors_core::upload::UploadPlan;
 use safetensors_core::{Error, Indexer, SafeFile};
 
-use crate::ffi::{SliceIndex, UploadTensor};
+use crate::checkpoint::Checkpoint;
+use crate::ffi::{SliceIndex, UploadPlacement};
 use crate::file::{indexer, File};
 use crate::{guard, BridgeError};
 
@@ -37,6 +38,36 @@ impl UploadJob {
                 self.files.len() - 1
             }
         }
+    }
+
+    /// Every tensor of `file`, in sorted-name order (what C++ `keys()` lists): one bridge call
+    /// for a whole file instead of one per tensor.
+    pub fn add_file(&mut self, file: &File) -> Result<(), BridgeError> {
+        guard(|| {
+            let source = self.source(file);
+            let f = self.files[source].clone();
+            for name in f.header().sorted_names() {
+                self.plan.add_tensor(source, &f, name)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Every tensor of a checkpoint, in its `keys()` order, each from its shard.
+    pub fn add_checkpoint(&mut self, ckpt: &Checkpoint) -> Result<(), BridgeError> {
+        for i in 0..ckpt.tensor_count() {
+            let name = ckpt.name_at(i);
+            // Both are guarded already.
+            let shard = ckpt.shard_of(name.as_bytes())?;
+            // SAFETY: `shard_file` has no requirement; `unsafe` only names its lifetime.
+            let file = unsafe { ckpt.shard_file(shard) }?;
+            guard(|| {
+                let source = self.source(file);
+                let f = self.files[source].clone();
+                self.plan.add_tensor(source, &f, name).map(drop)
+            })?;
+        }
+        Ok(())
     }
 
     pub fn add_tensor(&mut self, file: &File, name: &[u8]) -> Result<(), BridgeError> {
@@ -69,37 +100,19 @@ impl UploadJob {
         self.plan.total() as usize
     }
 
-    pub fn placement_count(&self) -> usize {
-        self.plan.placements().len()
-    }
-
-    pub fn placement(&self, i: usize) -> UploadTensor {
-        self.plan.placements().get(i).map_or(
-            UploadTensor {
-                offset: 0,
-                len: 0,
-                dtype: 0,
-            },
-            |p| UploadTensor {
+    /// Every placement in one answer (names and shapes included).
+    pub fn placements(&self) -> Vec<UploadPlacement> {
+        self.plan
+            .placements()
+            .iter()
+            .map(|p| UploadPlacement {
+                name: p.name.clone(),
+                shape: p.shape.clone(),
                 offset: p.offset,
                 len: p.len,
                 dtype: p.dtype as u8,
-            },
-        )
-    }
-
-    pub fn placement_name(&self, i: usize) -> &str {
-        self.plan
-            .placements()
-            .get(i)
-            .map_or("", |p| p.name.as_str())
-    }
-
-    pub fn placement_shape(&self, i: usize) -> &[usize] {
-        self.plan
-            .placements()
-            .get(i)
-            .map_or(&[], |p| p.shape.as_slice())
+            })
+            .collect()
     }
 
     #[cfg(feature = "cuda")]
@@ -178,6 +191,14 @@ mod enabled {
         }
     }
 
+    pub fn cuda_shared_upload(device: usize, job: &UploadJob) -> Result<u64, BridgeError> {
+        guard(|| {
+            safetensors_cuda::Uploader::shared(device)?
+                .upload(&job.file_refs(), &job.plan)
+                .map(|b| b.release())
+        })
+    }
+
     pub fn cuda_built() -> bool {
         true
     }
@@ -251,6 +272,9 @@ mod enabled {
         }
     }
 
+    pub fn cuda_shared_upload(_: usize, _: &UploadJob) -> Result<u64, BridgeError> {
+        unavailable()
+    }
     pub fn cuda_built() -> bool {
         false
     }

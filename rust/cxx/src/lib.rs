@@ -25,7 +25,8 @@ use safetensors_core::{Dtype, Error, ErrorKind};
 pub use checkpoint::{open_checkpoint, Checkpoint};
 pub use cuda::{
     cuda_built, cuda_device_count, cuda_device_name, cuda_download, cuda_free,
-    cuda_pinned_copy_seconds, new_upload_job, new_uploader, UploadJob, Uploader,
+    cuda_pinned_copy_seconds, cuda_shared_upload, new_upload_job, new_uploader, UploadJob,
+    Uploader,
 };
 pub use file::{open_file, File, SlicePlan};
 pub use writer::{new_writer, Writer};
@@ -60,9 +61,12 @@ mod ffi {
         has_stop: bool,
     }
 
-    /// Where one uploaded tensor lives in the destination; name and shape come separately.
-    #[derive(Debug, Clone, Copy)]
-    struct UploadTensor {
+    /// Where one uploaded tensor lives in the destination (every placement of a job crosses
+    /// in one call).
+    #[derive(Debug, Clone)]
+    struct UploadPlacement {
+        name: String,
+        shape: Vec<usize>,
         offset: u64,
         len: u64,
         dtype: u8,
@@ -197,6 +201,10 @@ mod ffi {
         type UploadJob;
         /// An empty job; every tensor will start on a multiple of `alignment` bytes.
         fn new_upload_job(alignment: usize) -> Box<UploadJob>;
+        /// Adds every tensor of `file`, in sorted-name order (`keys()`), in one call.
+        fn add_file(self: &mut UploadJob, file: &File) -> Result<()>;
+        /// Adds every tensor of a checkpoint, in its `keys()` order, in one call.
+        fn add_checkpoint(self: &mut UploadJob, ckpt: &Checkpoint) -> Result<()>;
         /// Adds a whole tensor of `file`.
         fn add_tensor(self: &mut UploadJob, file: &File, name: &[u8]) -> Result<()>;
         /// Adds a slice of a tensor of `file`.
@@ -208,14 +216,8 @@ mod ffi {
         ) -> Result<()>;
         /// Bytes the destination needs.
         fn total_bytes(self: &UploadJob) -> usize;
-        /// Number of tensors placed.
-        fn placement_count(self: &UploadJob) -> usize;
-        /// Where tensor `i` goes.
-        fn placement(self: &UploadJob, i: usize) -> UploadTensor;
-        /// Name of placed tensor `i`.
-        fn placement_name(self: &UploadJob, i: usize) -> &str;
-        /// Shape of placed tensor `i` (the slice's shape for a slice).
-        fn placement_shape(self: &UploadJob, i: usize) -> &[usize];
+        /// Where every tensor goes, in the order added.
+        fn placements(self: &UploadJob) -> Vec<UploadPlacement>;
 
         /// Uploads jobs to one GPU through a pinned staging ring.
         type Uploader;
@@ -241,6 +243,9 @@ mod ffi {
         /// Pinned host memory held by the staging ring.
         fn staging_bytes(self: &Uploader) -> usize;
 
+        /// Uploads through the process's shared uploader for `device` (made on first use, its
+        /// staging allocated as uploads need it) into a new allocation, complete on return.
+        fn cuda_shared_upload(device: usize, job: &UploadJob) -> Result<u64>;
         /// Whether this build has the CUDA path.
         fn cuda_built() -> bool;
         /// Number of CUDA devices, or why there are none.
@@ -263,7 +268,7 @@ mod ffi {
     }
 }
 
-pub use ffi::{ByteRun, SliceIndex, TensorMeta, UploadTensor};
+pub use ffi::{ByteRun, SliceIndex, TensorMeta, UploadPlacement};
 
 /// A metadata map as the sorted pairs C++ walks by index (out of range: "").
 pub struct Metadata(Vec<(String, String)>);

@@ -1,0 +1,387 @@
+// The CUDA upload path's contracts with its callers, each pinned by a test that failed before its
+// fix: memory outlives every Uploader (the primary context stays retained), the caller's current
+// context is kept, one Uploader is safe to share, a failure mid-upload is a Cuda error and the
+// uploader stays usable, pinned memory never leaks, and a caller's stream and destination are
+// checked before anything is enqueued. Runs against the emulated driver (tests/cuda, two devices,
+// see tests/CMakeLists.txt), whose counters and injected failures it reads with dlsym; on a real
+// GPU the tests that need the emulator's controls skip.
+#include <safetensors/safetensors.hpp>
+
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "support.hpp"
+
+using safetensors::Dtype;
+using safetensors::ErrorKind;
+using safetensors::SafeOpen;
+using safetensors::TensorView;
+namespace cuda = safetensors::cuda;
+
+namespace {
+
+// Two emulated devices, so that cross-device checks can fire; set before the driver starts (a
+// real driver ignores it).
+const bool kTwoDevices = (::setenv("SAFETENSORS_FAKE_CUDA_DEVICES", "2", 0), true);
+
+using test::kind_of;
+using Ctx = void*;
+using Stream = void*;
+
+/// The driver entry points the tests call themselves, as an engine would.
+struct Driver {
+  Driver() : lib(::dlopen("libcuda.so.1", RTLD_NOW)) {
+    if (!lib) lib = ::dlopen("libcuda.so", RTLD_NOW);
+  }
+  template <class F>
+  F get(const char* name) const {
+    return lib ? reinterpret_cast<F>(::dlsym(lib, name)) : nullptr;
+  }
+  [[nodiscard]] bool emulated() const { return get<void*>("fakecuda_hold") != nullptr; }
+
+  Ctx current() const {
+    Ctx c = nullptr;
+    EXPECT_EQ(get<int (*)(Ctx*)>("cuCtxGetCurrent")(&c), 0);
+    return c;
+  }
+  void set_current(Ctx c) const { ASSERT_EQ(get<int (*)(Ctx)>("cuCtxSetCurrent")(c), 0); }
+  /// A context of the caller's own on `device` (not the primary one), made current.
+  Ctx create_context(int device) const {
+    int dev = 0;
+    EXPECT_EQ(get<int (*)(int*, int)>("cuDeviceGet")(&dev, device), 0);
+    Ctx c = nullptr;
+    EXPECT_EQ(get<int (*)(Ctx*, unsigned, int)>("cuCtxCreate_v2")(&c, 0, dev), 0);
+    return c;
+  }
+  void destroy_context(Ctx c) const { EXPECT_EQ(get<int (*)(Ctx)>("cuCtxDestroy_v2")(c), 0); }
+  /// Retains `device`'s primary context (as the CUDA runtime would) and makes it current.
+  Ctx enter_primary(int device) const {
+    int dev = 0;
+    EXPECT_EQ(get<int (*)(int*, int)>("cuDeviceGet")(&dev, device), 0);
+    Ctx c = nullptr;
+    EXPECT_EQ(get<int (*)(Ctx*, int)>("cuDevicePrimaryCtxRetain")(&c, dev), 0);
+    set_current(c);
+    return c;
+  }
+  void leave_primary(int device) const {
+    set_current(nullptr);
+    EXPECT_EQ(get<int (*)(int)>("cuDevicePrimaryCtxRelease_v2")(device), 0);
+  }
+  std::uint64_t alloc(std::size_t bytes) const {
+    std::uint64_t p = 0;
+    EXPECT_EQ(get<int (*)(std::uint64_t*, std::size_t)>("cuMemAlloc_v2")(&p, bytes), 0);
+    return p;
+  }
+  void free(std::uint64_t p) const { EXPECT_EQ(get<int (*)(std::uint64_t)>("cuMemFree_v2")(p), 0); }
+  Stream stream() const {
+    Stream s = nullptr;
+    EXPECT_EQ(get<int (*)(Stream*, unsigned)>("cuStreamCreate")(&s, 1 /* non-blocking */), 0);
+    return s;
+  }
+  void sync(Stream s) const { EXPECT_EQ(get<int (*)(Stream)>("cuStreamSynchronize")(s), 0); }
+  void destroy(Stream s) const { EXPECT_EQ(get<int (*)(Stream)>("cuStreamDestroy_v2")(s), 0); }
+  int counter(const char* name) const { return get<int (*)()>(name)(); }
+  int ctx_resets(int device) const { return get<int (*)(int)>("fakecuda_primary_ctx_resets")(device); }
+  void fail(const char* spec) const {
+    ASSERT_EQ(get<int (*)(const char*)>("fakecuda_set_failures")(spec), 0);
+  }
+
+  void* lib;
+};
+
+/// Skips (reporting why) unless a GPU, real or emulated, is usable; under the emulated driver
+/// (ctest puts it on the library path) an unusable GPU is a failure, never a skip.
+bool gpu() {
+  if (cuda::available()) return true;
+  const char* path = std::getenv("LD_LIBRARY_PATH");
+  if (path && std::string_view(path).find(SAFETENSORS_TEST_EMULATED_DRIVER) != std::string_view::npos) {
+    ADD_FAILURE() << "the emulated CUDA driver is on the library path, yet: " << cuda::why_unavailable();
+    return false;
+  }
+  std::cout << "[  SKIPPED ] no usable GPU: " << cuda::why_unavailable() << "\n";
+  return false;
+}
+
+/// A file of assorted tensors, one spanning several 1 MiB chunks.
+std::filesystem::path make_file(const test::TempDir& dir) {
+  std::vector<std::vector<std::uint8_t>> storage;
+  std::vector<std::pair<std::string, TensorView>> tensors;
+  const std::vector<std::pair<Dtype, std::vector<std::size_t>>> specs = {
+      {Dtype::F32, {3, 5}}, {Dtype::BF16, {7}}, {Dtype::U8, {5, 3}}, {Dtype::F32, {1024, 1030}}};
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const auto& [d, shape] = specs[i];
+    std::size_t n = 1;
+    for (auto s : shape) n *= s;
+    auto& b = storage.emplace_back(n * safetensors::bit_size(d) / 8);
+    for (std::size_t j = 0; j < b.size(); ++j) b[j] = static_cast<std::uint8_t>(j * 29 + i * 11);
+    tensors.emplace_back("t" + std::to_string(i), TensorView{d, shape, std::as_bytes(std::span(b)), {}});
+  }
+  auto path = dir / "upload.safetensors";
+  safetensors::save_file(path, tensors);
+  return path;
+}
+
+/// Whether every tensor of `up` equals the file's bytes (read back from the device).
+bool same_as_file(const SafeOpen& f, const cuda::DeviceTensors& up) {
+  for (const auto& p : up.placements()) {
+    auto want = f.get_tensor(p.name);
+    std::vector<std::byte> got(p.byte_size);
+    cuda::copy_to_host(up.data(p.name), got, up.buffer().device());
+    if (got.size() != want.data.size() || std::memcmp(got.data(), want.data.data(), got.size()) != 0)
+      return false;
+  }
+  return up.placements().size() == f.size();
+}
+
+constexpr cuda::UploadOptions kSmallRing{.staging_slots = 3, .slot_bytes = 1u << 20, .readers = 2};
+
+TEST(CudaUpload, DeviceMemoryOutlivesEveryUploader) {
+  if (!gpu()) return;
+  Driver drv;
+  test::TempDir dir;
+  SafeOpen f(make_file(dir));
+  cuda::DeviceTensors kept;
+  {
+    cuda::Uploader up(0, kSmallRing);
+    kept = up.load(f);
+  }
+  void* released = cuda::load(f, 0, kSmallRing).release_buffer().release();
+  // No Uploader is left; the primary context (and so the memory) must still be alive.
+  if (drv.emulated()) {
+    EXPECT_EQ(drv.ctx_resets(0), 0);
+  }
+  EXPECT_TRUE(same_as_file(f, kept));
+  auto want = f.get_tensor("t0");
+  std::vector<std::byte> got(want.data.size());
+  cuda::copy_to_host(released, got);
+  EXPECT_EQ(std::memcmp(got.data(), want.data.data(), got.size()), 0);
+  cuda::DeviceBuffer adopt(released, got.size(), 0);  // frees it
+}
+
+TEST(CudaUpload, TheCallersCurrentContextIsKept) {
+  if (!gpu()) return;
+  Driver drv;
+  test::TempDir dir;
+  SafeOpen f(make_file(dir));
+  // No context current: none after each call.
+  ASSERT_EQ(drv.current(), nullptr);
+  {
+    auto loaded = cuda::load(f);
+    EXPECT_EQ(drv.current(), nullptr) << "cuda::load";
+    cuda::Uploader up(0, kSmallRing);
+    EXPECT_EQ(drv.current(), nullptr) << "Uploader()";
+    EXPECT_TRUE(same_as_file(f, up.load(f)));
+    EXPECT_EQ(drv.current(), nullptr) << "Uploader::load, copy_to_host, ~DeviceBuffer";
+  }
+  EXPECT_EQ(drv.current(), nullptr) << "~Uploader, ~DeviceTensors";
+  // The caller's own context, on another device when there is one: still current after each.
+  int other = cuda::device_count() > 1 ? 1 : 0;
+  Ctx mine = drv.create_context(other);
+  ASSERT_EQ(drv.current(), mine);
+  {
+    auto loaded = cuda::load(f);
+    EXPECT_EQ(drv.current(), mine) << "cuda::load";
+    auto one = cuda::to_device(f, "t3");
+    EXPECT_EQ(drv.current(), mine) << "to_device";
+    cuda::Uploader up(0, kSmallRing);
+    auto again = up.load(f);
+    up.synchronize();
+    EXPECT_EQ(drv.current(), mine) << "Uploader";
+    EXPECT_TRUE(same_as_file(f, again));
+    (void)cuda::device_name(0);
+    EXPECT_EQ(drv.current(), mine) << "copy_to_host, device_name";
+  }
+  EXPECT_EQ(drv.current(), mine) << "destructors";
+  drv.destroy_context(mine);
+  drv.set_current(nullptr);
+}
+
+TEST(CudaUpload, SixteenThreadsShareOneUploader) {
+  if (!gpu()) return;
+  test::TempDir dir;
+  auto path = make_file(dir);
+  cuda::Uploader shared(0, kSmallRing);
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 16; ++t) {
+    threads.emplace_back([&, t] {
+      SafeOpen f(path, {t % 2 ? safetensors::Backend::Read : safetensors::Backend::Mmap});
+      for (int round = 0; round < 2; ++round) {
+        if (!same_as_file(f, shared.load(f))) ++bad;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
+TEST(CudaUpload, InjectedFailuresMidUploadThenReuse) {
+  Driver drv;
+  if (!gpu()) return;
+  if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's injected failures";
+  test::TempDir dir;
+  SafeOpen f(make_file(dir));
+  cuda::Uploader up(0, kSmallRing);
+  const int pinned = drv.counter("fakecuda_live_pinned_allocations");
+  // Each spec fails one call in the middle of an upload (the file is 5 chunks of 1 MiB).
+  for (const char* spec : {"cuMemcpyHtoDAsync:3", "cuEventRecord:2", "cuEventRecord:4",
+                           "cuEventSynchronize:2", "cuMemAlloc:1"}) {
+    drv.fail(spec);
+    try {
+      (void)up.load(f);
+      ADD_FAILURE() << spec << ": no error";
+    } catch (const safetensors::Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Cuda) << spec;
+    }
+    drv.fail("");
+    EXPECT_TRUE(same_as_file(f, up.load(f))) << "after " << spec;
+    EXPECT_TRUE(same_as_file(f, cuda::load(f))) << "one-shot after " << spec;
+  }
+  EXPECT_EQ(drv.counter("fakecuda_live_pinned_allocations"), pinned + 1) << "the one-shot uploader's slot";
+  EXPECT_EQ(drv.counter("fakecuda_live_device_allocations"), 0) << "a failed upload's allocation leaked";
+
+  // On the caller's stream, which the library does not synchronise on error: a copy whose event
+  // could not be recorded is still pending (slow copies make sure), and the next upload must
+  // not refill its staging buffer under it (the emulator aborts if it does).
+  const std::size_t bytes = cuda::plan(f).first;
+  drv.enter_primary(0);
+  std::uint64_t dst = drv.alloc(bytes);
+  Stream stream = drv.stream();
+  auto on = reinterpret_cast<std::uintptr_t>(stream);
+  void* to = reinterpret_cast<void*>(static_cast<std::uintptr_t>(dst));
+  drv.get<void (*)(unsigned)>("fakecuda_set_latency_us")(20000);
+  drv.fail("cuEventRecord:1");
+  EXPECT_EQ(kind_of([&] { (void)up.load_into(f, {}, to, bytes, on); }), ErrorKind::Cuda);
+  drv.fail("");
+  // Other bytes through the same slots (the same ones would hide a refill).
+  std::vector<cuda::Request> last{{"t3", {}}};
+  auto placed = up.load_into(f, last, to, bytes, on);
+  ASSERT_EQ(placed.size(), 1u);
+  drv.sync(stream);
+  drv.get<void (*)(unsigned)>("fakecuda_set_latency_us")(100);
+  for (const auto& p : placed) {
+    auto want = f.get_tensor(p.name);
+    std::vector<std::byte> got(p.byte_size);
+    cuda::copy_to_host(static_cast<std::byte*>(to) + p.offset, got);
+    EXPECT_EQ(std::memcmp(got.data(), want.data.data(), got.size()), 0) << p.name;
+  }
+  up.synchronize();
+  drv.destroy(stream);
+  drv.free(dst);
+  drv.leave_primary(0);
+}
+
+TEST(CudaUpload, PinnedSlotsAreFreedWhenConstructionFails) {
+  Driver drv;
+  if (!gpu()) return;
+  if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's injected failures";
+  for (const char* spec : {"cuMemHostAlloc:3", "cuEventCreate:3"}) {
+    drv.fail(spec);
+    EXPECT_EQ(kind_of([] { cuda::Uploader up(0, kSmallRing); }), ErrorKind::Cuda) << spec;
+    drv.fail("");
+    EXPECT_EQ(drv.counter("fakecuda_live_pinned_allocations"), 0) << spec;
+    EXPECT_EQ(drv.counter("fakecuda_live_events"), 0) << spec;
+    EXPECT_EQ(drv.counter("fakecuda_live_streams"), 0) << spec;
+  }
+}
+
+TEST(CudaUpload, OneShotCallsShareOneUploaderAndStageOnlyWhatTheyNeed) {
+  Driver drv;
+  if (!gpu()) return;
+  if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's counters";
+  test::TempDir dir;
+  SafeOpen f(make_file(dir));
+  std::vector<std::uint8_t> tiny(100, 7);
+  safetensors::save_file(dir / "tiny.safetensors",
+                         {{"x", TensorView{Dtype::U8, {100}, std::as_bytes(std::span(tiny)), {}}}});
+  SafeOpen small(dir / "tiny.safetensors");
+  auto t = cuda::to_device(small, "x");
+  // A 100-byte tensor stages through one small slot, not the default ring.
+  EXPECT_EQ(drv.counter("fakecuda_live_pinned_allocations"), 1);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(same_as_file(f, cuda::load(f)));
+  // One stream and at most one slot per chunk, kept across calls.
+  EXPECT_EQ(drv.counter("fakecuda_live_streams"), 1);
+  EXPECT_LE(drv.counter("fakecuda_live_pinned_allocations"), 5);
+  const int after = drv.counter("fakecuda_live_pinned_allocations");
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(same_as_file(f, cuda::load(f)));
+  EXPECT_EQ(drv.counter("fakecuda_live_pinned_allocations"), after);
+}
+
+TEST(CudaUpload, ACallersStreamAndDestinationAreChecked) {
+  Driver drv;
+  if (!gpu()) return;
+  test::TempDir dir;
+  SafeOpen f(make_file(dir));
+  cuda::Uploader up(0, kSmallRing);
+  auto [bytes, placements] = cuda::plan(f);
+  drv.enter_primary(0);
+  std::uint64_t dst = drv.alloc(bytes + 512);
+  Stream stream = drv.stream();
+  auto as_ptr = [](std::uint64_t p) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)); };
+  auto handle = [](Stream s) { return reinterpret_cast<std::uintptr_t>(s); };
+  auto refused = [&](void* to, std::size_t capacity, std::uintptr_t on) {
+    return kind_of([&] { (void)up.load_into(f, {}, to, capacity, on); });
+  };
+  // Misaligned for the plan's 256-byte placements.
+  EXPECT_EQ(refused(as_ptr(dst + 128), bytes, handle(stream)), ErrorKind::Cuda);
+  // More capacity claimed than the allocation has.
+  EXPECT_EQ(refused(as_ptr(dst + 512), bytes + 512, handle(stream)), ErrorKind::Cuda);
+  // The per-thread default stream: readers would each enqueue on their own.
+  EXPECT_EQ(refused(as_ptr(dst), bytes, 2), ErrorKind::Cuda);
+  // A stream capturing a graph.
+  auto begin = drv.get<int (*)(Stream, int)>("cuStreamBeginCapture_v2");
+  auto end = drv.get<int (*)(Stream, void**)>("cuStreamEndCapture");
+  if (begin && end && begin(stream, 0) == 0) {
+    EXPECT_EQ(refused(as_ptr(dst), bytes, handle(stream)), ErrorKind::Cuda);
+    void* graph = nullptr;
+    EXPECT_EQ(end(stream, &graph), 0);
+    if (auto destroy = drv.get<int (*)(void*)>("cuGraphDestroy"); destroy && graph) destroy(graph);
+  }
+  if (cuda::device_count() > 1) {
+    // A stream, or a destination, of device 1.
+    drv.enter_primary(1);
+    Stream other_stream = drv.stream();
+    std::uint64_t other_dst = drv.alloc(bytes);
+    EXPECT_EQ(refused(as_ptr(dst), bytes, handle(other_stream)), ErrorKind::Cuda);
+    EXPECT_EQ(refused(as_ptr(other_dst), bytes, handle(stream)), ErrorKind::Cuda);
+    EXPECT_EQ(refused(as_ptr(other_dst), bytes, 0), ErrorKind::Cuda);
+    drv.destroy(other_stream);
+    drv.free(other_dst);
+    drv.leave_primary(1);
+    drv.enter_primary(0);
+  }
+  // Nothing was enqueued by the refusals; the checked call works, on the stream and on 0.
+  for (std::uintptr_t on : {handle(stream), std::uintptr_t{0}}) {
+    auto placed = up.load_into(f, {}, as_ptr(dst + 256), bytes, on);
+    ASSERT_EQ(placed.size(), placements.size());
+    if (on != 0) drv.sync(stream);
+    up.synchronize();
+    for (const auto& p : placed) {
+      auto want = f.get_tensor(p.name);
+      std::vector<std::byte> got(p.byte_size);
+      cuda::copy_to_host(as_ptr(dst + 256 + p.offset), got);
+      EXPECT_EQ(std::memcmp(got.data(), want.data.data(), got.size()), 0) << p.name;
+    }
+  }
+  drv.destroy(stream);
+  drv.free(dst);
+  drv.leave_primary(0);
+}
+
+TEST(CudaUpload, DeviceTensorsFindsEveryNameAndRefusesOthers) {
+  if (!gpu()) return;
+  test::TempDir dir;
+  SafeOpen f(make_file(dir));
+  auto loaded = cuda::load(f);
+  for (const auto& p : loaded.placements()) {
+    EXPECT_EQ(&loaded.at(p.name), &p);
+    EXPECT_EQ(loaded.data(p.name), static_cast<std::byte*>(loaded.buffer().data()) + p.offset);
+  }
+  EXPECT_EQ(kind_of([&] { (void)loaded.data("nope"); }), ErrorKind::TensorNotFound);
+}
+
+}  // namespace

@@ -1,0 +1,461 @@
+// Tests of the emulated CUDA driver itself (tests/cuda/emulated_driver.cpp): that it behaves as
+// the real driver does where our code depends on it (late asynchronous copies, stream order,
+// events, per-thread contexts, reference-counted primary contexts, injected failures), and that
+// every check meant to abort does abort, with its message (death tests). Run by ctest with
+// SAFETENSORS_FAKE_CUDA_DEVICES=2.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "emulated_cuda.h"
+
+namespace {
+
+#define CU_OK(call) ASSERT_EQ((call), CUDA_SUCCESS) << #call
+
+class EmulatedDriver : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    CU_OK(cuInit(0));
+    int n = 0;
+    CU_OK(cuDeviceGetCount(&n));
+    ASSERT_EQ(n, 2) << "ctest runs these tests with SAFETENSORS_FAKE_CUDA_DEVICES=2";
+    fakecuda_set_failures(nullptr);
+    fakecuda_hold(0);
+    CU_OK(cuDevicePrimaryCtxRetain(&ctx0_, 0));
+    CU_OK(cuDevicePrimaryCtxRetain(&ctx1_, 1));
+    CU_OK(cuCtxSetCurrent(ctx0_));
+  }
+  void TearDown() override {
+    fakecuda_hold(0);
+    cuCtxSetCurrent(nullptr);
+    cuDevicePrimaryCtxRelease_v2(1);
+    cuDevicePrimaryCtxRelease_v2(0);
+  }
+  CUcontext ctx0_ = nullptr, ctx1_ = nullptr;
+};
+
+std::vector<std::uint8_t> pattern(std::size_t n, std::uint8_t seed) {
+  std::vector<std::uint8_t> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::uint8_t>(i * 31 + seed);
+  return v;
+}
+
+TEST_F(EmulatedDriver, AsyncCopiesCompleteLateAndInStreamOrder) {
+  const std::size_t n = 1 << 16;
+  CUdeviceptr d = 0;
+  void* pinned = nullptr;
+  CUstream s = nullptr;
+  CUevent e = nullptr;
+  CU_OK(cuMemAlloc_v2(&d, n));
+  CU_OK(cuMemHostAlloc(&pinned, n, 0));
+  CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CU_OK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  EXPECT_EQ(cuEventQuery(e), CUDA_SUCCESS) << "an event never recorded is complete";
+  auto first = pattern(n, 1), second = pattern(n, 2);
+  fakecuda_hold(1);
+  std::memcpy(pinned, first.data(), n);
+  CU_OK(cuMemcpyHtoDAsync_v2(d, pinned, n, s));
+  auto pageable = fakecuda_pageable_async_copies();
+  auto copies = fakecuda_calls("cuMemcpyHtoDAsync");
+  CU_OK(cuMemcpyHtoDAsync_v2(d, second.data(), n, s));  // pageable: its bytes are taken now
+  EXPECT_EQ(fakecuda_pageable_async_copies(), pageable + 1);
+  EXPECT_EQ(fakecuda_calls("cuMemcpyHtoDAsync_v2"), copies + 1);
+  CU_OK(cuEventRecord(e, s));
+  EXPECT_EQ(cuEventQuery(e), CUDA_ERROR_NOT_READY);
+  EXPECT_EQ(cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+  second.assign(n, 0);  // allowed: a pageable source was staged before the call returned
+  fakecuda_hold(0);
+  CU_OK(cuEventSynchronize(e));
+  EXPECT_EQ(cuEventQuery(e), CUDA_SUCCESS);
+  std::vector<std::uint8_t> back(n);
+  CU_OK(cuMemcpyDtoH_v2(back.data(), d, n));
+  EXPECT_EQ(back, pattern(n, 2)) << "the second copy ran last";
+  CU_OK(cuEventDestroy_v2(e));
+  CU_OK(cuStreamDestroy_v2(s));
+  CU_OK(cuMemFreeHost(pinned));
+  CU_OK(cuMemFree_v2(d));
+}
+
+TEST_F(EmulatedDriver, NonBlockingStreamsDoNotWaitForTheLegacyStream) {
+  const std::size_t n = 4096;
+  CUdeviceptr d = 0;
+  void* pinned = nullptr;
+  CUstream s = nullptr;
+  CU_OK(cuMemAlloc_v2(&d, n));
+  CU_OK(cuMemHostAlloc(&pinned, n, 0));
+  CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  auto want = pattern(n, 7);
+  std::memcpy(pinned, want.data(), n);
+  fakecuda_hold(1);
+  CU_OK(cuMemcpyHtoDAsync_v2(d, pinned, n, s));
+  fakecuda_hold(0);
+  // A synchronous copy runs on the legacy stream, which does not wait for a non-blocking stream:
+  // only after synchronizing is the data certain to be there.
+  CU_OK(cuStreamSynchronize(s));
+  std::vector<std::uint8_t> back(n);
+  CU_OK(cuMemcpyDtoH_v2(back.data(), d, n));
+  EXPECT_EQ(back, want);
+  CU_OK(cuStreamDestroy_v2(s));
+  CU_OK(cuMemFreeHost(pinned));
+  CU_OK(cuMemFree_v2(d));
+}
+
+TEST_F(EmulatedDriver, BlockingStreamsAreOrderedWithTheLegacyStream) {
+  const std::size_t n = 4096;
+  CUdeviceptr d = 0;
+  void* pinned = nullptr;
+  CUstream s = nullptr;
+  CU_OK(cuMemAlloc_v2(&d, n));
+  CU_OK(cuMemHostAlloc(&pinned, n, 0));
+  CU_OK(cuStreamCreate(&s, CU_STREAM_DEFAULT));
+  auto want = pattern(n, 9);
+  std::memcpy(pinned, want.data(), n);
+  CU_OK(cuMemcpyHtoDAsync_v2(d, pinned, n, s));
+  std::vector<std::uint8_t> back(n);
+  CU_OK(cuMemcpyDtoH_v2(back.data(), d, n));  // waits for the blocking stream first
+  EXPECT_EQ(back, want);
+  CU_OK(cuStreamDestroy_v2(s));
+  CU_OK(cuMemFreeHost(pinned));
+  CU_OK(cuMemFree_v2(d));
+}
+
+TEST_F(EmulatedDriver, StreamWaitEventOrdersWorkAcrossStreams) {
+  const std::size_t n = 8192;
+  CUdeviceptr d = 0;
+  void* in = nullptr;
+  void* out = nullptr;
+  CUstream producer = nullptr, consumer = nullptr;
+  CUevent e = nullptr;
+  CU_OK(cuMemAlloc_v2(&d, n));
+  CU_OK(cuMemHostAlloc(&in, n, 0));
+  CU_OK(cuMemHostAlloc(&out, n, 0));
+  CU_OK(cuStreamCreate(&producer, CU_STREAM_NON_BLOCKING));
+  CU_OK(cuStreamCreate(&consumer, CU_STREAM_NON_BLOCKING));
+  CU_OK(cuEventCreate(&e, CU_EVENT_BLOCKING_SYNC));
+  auto want = pattern(n, 3);
+  std::memcpy(in, want.data(), n);
+  fakecuda_hold(1);
+  CU_OK(cuMemcpyHtoDAsync_v2(d, in, n, producer));
+  CU_OK(cuEventRecord(e, producer));
+  CU_OK(cuStreamWaitEvent(consumer, e, 0));
+  CU_OK(cuMemcpyDtoHAsync_v2(out, d, n, consumer));  // pinned destination: returns at once
+  EXPECT_EQ(cuStreamQuery(consumer), CUDA_ERROR_NOT_READY);
+  fakecuda_hold(0);
+  CU_OK(cuStreamSynchronize(consumer));
+  EXPECT_EQ(std::memcmp(out, want.data(), n), 0) << "the consumer ran after the producer's copy";
+  float ms = -1;
+  EXPECT_EQ(cuEventElapsedTime(&ms, e, e), CUDA_SUCCESS);
+  EXPECT_EQ(ms, 0.0f);
+  CU_OK(cuEventDestroy_v2(e));
+  CU_OK(cuStreamDestroy_v2(consumer));
+  CU_OK(cuStreamDestroy_v2(producer));
+  CU_OK(cuMemFreeHost(out));
+  CU_OK(cuMemFreeHost(in));
+  CU_OK(cuMemFree_v2(d));
+}
+
+TEST_F(EmulatedDriver, UnifiedCopiesAndHostFunctionsRunInStreamOrder) {
+  const std::size_t n = 4096;
+  CUdeviceptr d = 0;
+  void* in = nullptr;
+  void* out = nullptr;
+  CUstream s = nullptr;
+  CU_OK(cuMemAlloc_v2(&d, n));
+  CU_OK(cuMemHostAlloc(&in, n, 0));
+  CU_OK(cuMemHostAlloc(&out, n, 0));
+  CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  auto want = pattern(n, 5);
+  std::memcpy(in, want.data(), n);
+  struct Seen {
+    void* out;
+    std::vector<std::uint8_t> bytes;
+  } seen{out, {}};
+  fakecuda_hold(1);
+  CU_OK(cuMemcpyAsync(d, reinterpret_cast<std::uintptr_t>(in), n, s));
+  CU_OK(cuMemcpyAsync(reinterpret_cast<std::uintptr_t>(out), d, n, s));
+  CU_OK(cuLaunchHostFunc(
+      s,
+      [](void* user) {
+        auto* v = static_cast<Seen*>(user);
+        auto* p = static_cast<const std::uint8_t*>(v->out);
+        v->bytes.assign(p, p + 4096);
+      },
+      &seen));
+  fakecuda_hold(0);
+  CU_OK(cuStreamSynchronize(s));
+  EXPECT_EQ(seen.bytes, want) << "the host function ran after both copies";
+  CU_OK(cuStreamDestroy_v2(s));
+  CU_OK(cuMemFreeHost(out));
+  CU_OK(cuMemFreeHost(in));
+  CU_OK(cuMemFree_v2(d));
+}
+
+TEST_F(EmulatedDriver, SpecialStreamHandlesNameTheCurrentContextsStreams) {
+  CUcontext owner = nullptr;
+  CU_OK(cuStreamGetCtx(nullptr, &owner));
+  EXPECT_EQ(owner, ctx0_);
+  CU_OK(cuCtxSetCurrent(ctx1_));
+  CU_OK(cuStreamGetCtx(FAKECUDA_STREAM_PER_THREAD, &owner));
+  EXPECT_EQ(owner, ctx1_);
+  CU_OK(cuStreamGetCtx(FAKECUDA_STREAM_LEGACY, &owner));
+  EXPECT_EQ(owner, ctx1_);
+  CU_OK(cuCtxSetCurrent(nullptr));
+  EXPECT_EQ(cuStreamGetCtx(nullptr, &owner), CUDA_ERROR_INVALID_CONTEXT);
+  EXPECT_EQ(cuStreamGetCtx(reinterpret_cast<CUstream>(&owner), &owner), CUDA_ERROR_INVALID_HANDLE);
+}
+
+TEST_F(EmulatedDriver, DeviceMemoryIsNotHostMemoryAndBogusPointersAreErrors) {
+  CUdeviceptr d = 0;
+  CU_OK(cuMemAlloc_v2(&d, 1000));
+  EXPECT_EQ(d % 256, 0u);
+  EXPECT_GE(d, 0x0000800000000000ull) << "outside the canonical host address range";
+  std::vector<std::uint8_t> back(1000);
+  CU_OK(cuMemcpyDtoH_v2(back.data(), d, 1000));
+  EXPECT_EQ(back, std::vector<std::uint8_t>(1000, 0xA5)) << "never-written memory is not zero";
+  EXPECT_EQ(cuMemcpyDtoH_v2(back.data(), 0x1234, 10), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cuMemcpyDtoH_v2(back.data(), reinterpret_cast<std::uintptr_t>(back.data()), 10),
+            CUDA_ERROR_INVALID_VALUE);
+  unsigned type = 0;
+  int ordinal = -1;
+  CUcontext owner = nullptr;
+  CU_OK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, d + 10));
+  EXPECT_EQ(type, static_cast<unsigned>(CU_MEMORYTYPE_DEVICE));
+  CU_OK(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, d));
+  EXPECT_EQ(ordinal, 0);
+  CU_OK(cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, d));
+  EXPECT_EQ(owner, ctx0_);
+  EXPECT_EQ(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, 0x1234), CUDA_ERROR_INVALID_VALUE);
+  CU_OK(cuMemFree_v2(d));
+  EXPECT_EQ(cuMemFree_v2(0x1234), CUDA_ERROR_INVALID_VALUE);
+}
+
+TEST_F(EmulatedDriver, TheCurrentContextIsPerThread) {
+  CUcontext here = nullptr, there = ctx0_;
+  CU_OK(cuCtxSetCurrent(ctx1_));
+  std::thread t([&] { cuCtxGetCurrent(&there); });
+  t.join();
+  EXPECT_EQ(there, nullptr) << "a new thread has no current context";
+  CU_OK(cuCtxGetCurrent(&here));
+  EXPECT_EQ(here, ctx1_);
+  CU_OK(cuCtxPushCurrent_v2(ctx0_));
+  CUdevice dev = -1;
+  CU_OK(cuCtxGetDevice(&dev));
+  EXPECT_EQ(dev, 0);
+  CUcontext popped = nullptr;
+  CU_OK(cuCtxPopCurrent_v2(&popped));
+  EXPECT_EQ(popped, ctx0_);
+  CU_OK(cuCtxGetDevice(&dev));
+  EXPECT_EQ(dev, 1);
+  CU_OK(cuCtxSetCurrent(nullptr));
+  CUdeviceptr d = 0;
+  EXPECT_EQ(cuMemAlloc_v2(&d, 16), CUDA_ERROR_INVALID_CONTEXT);
+}
+
+TEST_F(EmulatedDriver, ReleasingTheLastPrimaryReferenceFreesEverythingInTheContext) {
+  int allocations = fakecuda_live_device_allocations(), pinned_before = fakecuda_live_pinned_allocations();
+  int resets = fakecuda_primary_ctx_resets(0);
+  CUcontext again = nullptr;
+  CU_OK(cuDevicePrimaryCtxRetain(&again, 0));
+  EXPECT_EQ(again, ctx0_) << "the primary context handle is the same";
+  EXPECT_EQ(fakecuda_primary_ctx_refs(0), 2);
+  CUdeviceptr d = 0;
+  void* pinned = nullptr;
+  CU_OK(cuMemAlloc_v2(&d, 64));
+  CU_OK(cuMemHostAlloc(&pinned, 64, 0));
+  CU_OK(cuDevicePrimaryCtxRelease_v2(0));
+  EXPECT_EQ(fakecuda_live_device_allocations(), allocations + 1) << "one reference left: nothing freed";
+  CU_OK(cuDevicePrimaryCtxRelease_v2(0));
+  EXPECT_EQ(fakecuda_primary_ctx_resets(0), resets + 1);
+  EXPECT_EQ(fakecuda_live_device_allocations(), allocations);
+  EXPECT_EQ(fakecuda_live_pinned_allocations(), pinned_before);
+  CUdeviceptr other = 0;
+  EXPECT_EQ(cuMemAlloc_v2(&other, 64), CUDA_ERROR_CONTEXT_IS_DESTROYED) << "the current context was reset";
+  CU_OK(cuDevicePrimaryCtxRetain(&ctx0_, 0));  // for TearDown
+}
+
+TEST_F(EmulatedDriver, InjectedFailuresHitTheNthCallOnly) {
+  ASSERT_EQ(fakecuda_set_failures("cuMemAlloc:2,cuEventSynchronize:1:719"), 0);
+  CUdeviceptr a = 0, b = 0, c = 0;
+  CU_OK(cuMemAlloc_v2(&a, 16));
+  EXPECT_EQ(cuMemAlloc_v2(&b, 16), CUDA_ERROR_OUT_OF_MEMORY);
+  CU_OK(cuMemAlloc_v2(&c, 16));
+  CUevent e = nullptr;
+  CU_OK(cuEventCreate(&e, 0));
+  EXPECT_EQ(cuEventSynchronize(e), CUDA_ERROR_LAUNCH_FAILED);
+  CU_OK(cuEventSynchronize(e));
+  EXPECT_EQ(fakecuda_set_failures("cuMemAlloc"), -1) << "malformed";
+  EXPECT_EQ(fakecuda_set_failures("cuMemAlloc:0"), -1) << "calls count from 1";
+  CU_OK(cuEventDestroy_v2(e));
+  CU_OK(cuMemFree_v2(a));
+  CU_OK(cuMemFree_v2(c));
+}
+
+TEST_F(EmulatedDriver, StreamCaptureIsReportedAndSynchronizingItIsRefused) {
+  CUstream s = nullptr;
+  CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  int status = -1;
+  CU_OK(cuStreamIsCapturing(s, &status));
+  EXPECT_EQ(status, CU_STREAM_CAPTURE_STATUS_NONE);
+  CU_OK(cuStreamBeginCapture_v2(s, 0));
+  CU_OK(cuStreamIsCapturing(s, &status));
+  EXPECT_EQ(status, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  EXPECT_EQ(cuStreamSynchronize(s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CUgraph g = nullptr;
+  CU_OK(cuStreamEndCapture(s, &g));
+  CU_OK(cuGraphDestroy(g));
+  CUcontext owner = nullptr;
+  CU_OK(cuStreamGetCtx(s, &owner));
+  EXPECT_EQ(owner, ctx0_);
+  CU_OK(cuStreamDestroy_v2(s));
+}
+
+// ---- checks that abort ----------------------------------------------------------------------
+
+TEST_F(EmulatedDriver, DiesWhenAPinnedSourceIsModifiedBeforeItsCopyCompletes) {
+  EXPECT_DEATH(
+      {
+        CUdeviceptr d = 0;
+        void* pinned = nullptr;
+        CUstream s = nullptr;
+        cuMemAlloc_v2(&d, 4096);
+        cuMemHostAlloc(&pinned, 4096, 0);
+        cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+        fakecuda_hold(1);
+        cuMemcpyHtoDAsync_v2(d, pinned, 4096, s);
+        static_cast<std::uint8_t*>(pinned)[100] ^= 1;
+        fakecuda_hold(0);
+        cuStreamSynchronize(s);
+      },
+      "pinned buffer .* was modified while the copy was pending");
+}
+
+TEST_F(EmulatedDriver, DiesWhenAPinnedBufferIsFreedWithACopyPending) {
+  EXPECT_DEATH(
+      {
+        CUdeviceptr d = 0;
+        void* pinned = nullptr;
+        CUstream s = nullptr;
+        cuMemAlloc_v2(&d, 4096);
+        cuMemHostAlloc(&pinned, 4096, 0);
+        cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+        fakecuda_hold(1);
+        cuMemcpyHtoDAsync_v2(d, pinned, 4096, s);
+        cuMemFreeHost(pinned);
+      },
+      "cuMemFreeHost: pinned buffer .* freed while 1 copies from or into it are pending");
+}
+
+TEST_F(EmulatedDriver, DiesWhenDeviceMemoryIsFreedWithACopyPending) {
+  EXPECT_DEATH(
+      {
+        CUdeviceptr d = 0;
+        void* pinned = nullptr;
+        CUstream s = nullptr;
+        cuMemAlloc_v2(&d, 4096);
+        cuMemHostAlloc(&pinned, 4096, 0);
+        cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+        fakecuda_hold(1);
+        cuMemcpyHtoDAsync_v2(d, pinned, 4096, s);
+        cuMemFree_v2(d);
+      },
+      "cuMemFree_v2: device memory .* freed while 1 copies");
+}
+
+TEST_F(EmulatedDriver, DiesWhenAnEventIsRecordedOnAStreamOfAnotherContext) {
+  EXPECT_DEATH(
+      {
+        CUevent e = nullptr;
+        CUstream s = nullptr;
+        cuEventCreate(&e, 0);  // device 0
+        cuCtxSetCurrent(ctx1_);
+        cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);  // device 1
+        cuEventRecord(e, s);
+      },
+      "cuEventRecord: event .* of device 0 .* recorded on stream .* of device 1");
+}
+
+TEST_F(EmulatedDriver, DiesWhenACopyTargetsMemoryOfAnotherDevice) {
+  EXPECT_DEATH(
+      {
+        CUdeviceptr d = 0;
+        CUstream s = nullptr;
+        std::uint8_t src[16] = {};
+        cuMemAlloc_v2(&d, 16);  // device 0
+        cuCtxSetCurrent(ctx1_);
+        cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);  // device 1
+        cuMemcpyHtoDAsync_v2(d, src, 16, s);
+      },
+      "device memory .* of device 0 .* on a stream of device 1");
+}
+
+TEST_F(EmulatedDriver, DiesWhenMemoryIsUsedAfterItsContextWasReset) {
+  EXPECT_DEATH(
+      {
+        CUdeviceptr d = 0;
+        cuMemAlloc_v2(&d, 16);
+        cuDevicePrimaryCtxRelease_v2(0);  // the last reference: resets the context
+        CUcontext again = nullptr;
+        cuDevicePrimaryCtxRetain(&again, 0);
+        std::uint8_t back[16];
+        cuMemcpyDtoH_v2(back, d, 16);
+      },
+      "lies in memory that was freed .* primary context of device 0 was reset when its last reference "
+      "was released");
+}
+
+TEST_F(EmulatedDriver, DiesWhenAStreamIsUsedAfterItsContextWasReset) {
+  EXPECT_DEATH(
+      {
+        CUstream s = nullptr;
+        cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+        cuDevicePrimaryCtxRelease_v2(0);
+        CUcontext again = nullptr;
+        cuDevicePrimaryCtxRetain(&again, 0);
+        cuStreamDestroy_v2(s);
+      },
+      "cuStreamDestroy_v2: stream .* used after its context was reset");
+}
+
+TEST_F(EmulatedDriver, DiesWhenDeviceMemoryIsUsedAfterCuMemFree) {
+  EXPECT_DEATH(
+      {
+        CUdeviceptr d = 0;
+        cuMemAlloc_v2(&d, 16);
+        cuMemFree_v2(d);
+        std::uint8_t back[16];
+        cuMemcpyDtoH_v2(back, d + 4, 16);
+      },
+      "lies in memory that was freed .*: freed by cuMemFree");
+}
+
+TEST_F(EmulatedDriver, DiesWhenACopyOverrunsItsAllocation) {
+  EXPECT_DEATH(
+      {
+        CUdeviceptr d = 0;
+        cuMemAlloc_v2(&d, 16);
+        std::uint8_t back[32];
+        cuMemcpyDtoH_v2(back, d, 32);
+      },
+      "32 bytes at .* overrun the device allocation");
+}
+
+TEST_F(EmulatedDriver, DiesWhenWorkIsEnqueuedOnACapturingStream) {
+  EXPECT_DEATH(
+      {
+        CUdeviceptr d = 0;
+        CUstream s = nullptr;
+        std::uint8_t src[16] = {};
+        cuMemAlloc_v2(&d, 16);
+        cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+        cuStreamBeginCapture_v2(s, 0);
+        cuMemcpyHtoDAsync_v2(d, src, 16, s);
+      },
+      "while it is capturing a graph");
+}
+
+}  // namespace
