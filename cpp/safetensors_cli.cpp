@@ -48,6 +48,8 @@ usage:
   safetensors bench FILE [--runs N]
       Quick figures: open (keys and every view), load (every byte), load into owned memory,
       and a plain read() of the file for comparison.
+  safetensors stats FILE|INDEX [TENSOR...] [--json]
+      Per tensor: min, max, mean, std of the finite values; counts of NaN, +Inf, -Inf, zeros.
   safetensors [COMMAND] --help | --version
 
 exit codes:
@@ -433,6 +435,8 @@ int bench(const std::vector<std::string>& args) {
 
 }  // namespace
 
+int stats_command(const std::vector<std::string>& args);  // cli_stats.cpp
+
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
@@ -458,6 +462,7 @@ int main(int argc, char** argv) {
     if (command == "validate") return validate(args);
     if (command == "metadata") return metadata(args);
     if (command == "bench") return bench(args);
+    if (command == "stats") return stats_command(args);  // cli_stats.cpp
     throw UsageError("unknown command '" + command + "'");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "safetensors: %s\n\n%s", e.what(), kUsage);

@@ -244,6 +244,20 @@ def main():
     manifest = {"cases": w.cases, "fp8_blocks": fp8, "mxfp4": mx}
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
+    # The same, as tab-separated lines for the C++ tests (which have no JSON parser):
+    #   case  FROM TO NUMEL INPUT EXPECTED NAME
+    #   fp8   ROWS,COLS SROWS,SCOLS WEIGHT SCALE EXPECTED_F32 EXPECTED_BF16 NAME
+    #   mxfp4 BLOCKS_SHAPE SCALES_SHAPE BLOCKS SCALES EXPECTED_F32 NAME
+    dims = lambda s: ",".join(map(str, s))  # noqa: E731
+    with open(os.path.join(out, "manifest.tsv"), "w") as f:
+        for c in w.cases:
+            print("case", c["from"], c["to"], c["numel"], c["input"], c["expected"], c["name"], sep="\t", file=f)
+        for t in fp8:
+            print("fp8", dims(t["weight_shape"]), dims(t["scale_shape"]), t["weight"], t["scale"], t["expected"],
+                  t["expected_bf16"], t["name"], sep="\t", file=f)
+        for t in mx:
+            print("mxfp4", dims(t["blocks_shape"]), dims(t["scales_shape"]), t["blocks"], t["scales"], t["expected"],
+                  t["name"], sep="\t", file=f)
     print(f"{len(w.cases)} conversion cases, {len(fp8)} fp8 block and {len(mx)} MXFP4 tensors in {out}")
 
 
