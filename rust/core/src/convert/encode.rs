@@ -189,3 +189,36 @@ pub(crate) fn f32_to_bf16(bits: u32) -> u16 {
     let rounding = 0x7FFF + ((bits >> 16) & 1);
     (bits.wrapping_add(rounding) >> 16) as u16
 }
+
+/// F32 into `fmt` (not E8M0) with F32 arithmetic, for speed: the same results as [`encode`].
+/// Normal results round by adding half a step (minus one, plus the kept bit for ties to even)
+/// to the rebiased bits; subnormal results by one F32 addition of a constant whose unit in the
+/// last place is the target's smallest step, which the FPU rounds to nearest even. Infinities
+/// and NaN take [`encode`].
+#[inline(always)]
+pub(crate) fn encode_f32_fast(fmt: &Format, bits: u32) -> u16 {
+    let abs = bits & 0x7FFF_FFFF;
+    if abs >= 0x7F80_0000 {
+        let (sign, v) = split_f32(bits);
+        return encode(fmt, sign, v);
+    }
+    let sign_bit = if bits >> 31 != 0 { fmt.sign_bit() } else { 0 };
+    let shift = 23 - fmt.mbits;
+    let min_normal = ((fmt.emin() + 127) as u32) << 23;
+    let code = if abs < min_normal {
+        // 2^(emin - mbits + 23): its F32 ulp is the target's subnormal step.
+        let magic = ((fmt.emin() - fmt.mbits as i32 + 23 + 127) as u32) << 23;
+        (f32::from_bits(abs) + f32::from_bits(magic)).to_bits() - magic
+    } else {
+        let r = abs - (((127 - fmt.bias) as u32) << 23);
+        (r + (1 << (shift - 1)) - 1 + ((r >> shift) & 1)) >> shift
+    };
+    if code > fmt.max_finite() {
+        let (sign, _) = split_f32(bits);
+        return encode(fmt, sign, Split::Inf);
+    }
+    if code == 0 && fmt.specials == Specials::FiniteNanNegZero {
+        return 0;
+    }
+    (sign_bit | code) as u16
+}

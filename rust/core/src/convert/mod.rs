@@ -23,7 +23,7 @@ pub use dequant::{dequantize_fp8_blocks, dequantize_mxfp4, mxfp4_output_shape};
 
 use crate::{Dtype, Error, Result};
 use decode::map;
-use encode::{encode, encode_e8m0, f32_to_bf16, split_f32, split_f64};
+use encode::{encode, encode_e8m0, encode_f32_fast, f32_to_bf16, split_f64};
 
 /// Whether `to` can be a conversion target: every float dtype.
 pub fn is_float(d: Dtype) -> bool {
@@ -165,10 +165,7 @@ fn encode_from_f32(src: &[u8], to: Dtype, dst: &mut [u8]) {
         Dtype::F4 => {
             let f = formats::E2M1;
             map::<8, 1>(src, dst, |b| {
-                let code = |x: [u8; 4]| {
-                    let (sign, v) = split_f32(bits(x));
-                    encode(&f, sign, v) as u8
-                };
+                let code = |x: [u8; 4]| encode_f32_fast(&f, bits(x)) as u8;
                 [code([b[0], b[1], b[2], b[3]]) | code([b[4], b[5], b[6], b[7]]) << 4]
             });
         }
@@ -178,25 +175,20 @@ fn encode_from_f32(src: &[u8], to: Dtype, dst: &mut [u8]) {
                 let mut codes = [0u8; 4];
                 for (i, c) in codes.iter_mut().enumerate() {
                     let x = [b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]];
-                    let (sign, v) = split_f32(bits(x));
-                    *c = encode(&f, sign, v) as u8;
+                    *c = encode_f32_fast(&f, bits(x)) as u8;
                 }
                 decode::pack_f6(codes)
             });
         }
         Dtype::F16 => map::<4, 2>(src, dst, |b| {
-            let (sign, v) = split_f32(bits(b));
-            encode(&formats::F16, sign, v).to_le_bytes()
+            encode_f32_fast(&formats::F16, bits(b)).to_le_bytes()
         }),
         _ => {
             // The remaining targets are the 8-bit formats.
             let Some(f) = formats::format_of(to) else {
                 return;
             };
-            map::<4, 1>(src, dst, |b| {
-                let (sign, v) = split_f32(bits(b));
-                [encode(&f, sign, v) as u8]
-            });
+            map::<4, 1>(src, dst, |b| [encode_f32_fast(&f, bits(b)) as u8]);
         }
     }
 }
