@@ -53,9 +53,9 @@ double field(const std::string& line, const std::string& key) {
     ADD_FAILURE() << key << " missing in " << line;
     return 0;
   }
-  const char* p = line.c_str() + at + key.size() + 4;
-  if (std::string_view(p, 4) == "null") return std::numeric_limits<double>::quiet_NaN();
-  return std::strtod(p, nullptr);
+  std::size_t value = at + key.size() + 4;
+  if (line.compare(value, 4, "null") == 0) return std::numeric_limits<double>::quiet_NaN();
+  return std::strtod(line.c_str() + value, nullptr);
 }
 
 /// The --json line of tensor `name`.
