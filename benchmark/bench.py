@@ -171,9 +171,55 @@ def gpu_items(path, runs, size):
     return [result("gpu", timed(runs, load), size), result("gpu_naive", timed(runs, naive), size)]
 
 
+CONVERT_CASES = [("F8_E4M3", "F32"), ("F8_E5M2", "F32"), ("F8_E4M3FNUZ", "F32"), ("F8_E5M2FNUZ", "F32"),
+                 ("F8_E8M0", "F32"), ("F4", "F32"), ("F6_E2M3", "F32"), ("F6_E3M2", "F32"), ("F16", "F32"),
+                 ("BF16", "F32"), ("U8", "F32"), ("I32", "F32"), ("F64", "F32"), ("F32", "BF16"), ("F32", "F16"),
+                 ("F32", "F8_E4M3")]
+
+
+def convert_items(runs, elements=64 << 20):
+    """The `convert` item: ml_dtypes' (NumPy's for F16, integers and F64) astype on the data
+    bench_cpp converts (benchmark/bench_convert.hpp has the same generators). F4 and F6 are one
+    element per byte in ml_dtypes, so they are timed unpacked."""
+    try:
+        import ml_dtypes as md
+    except ImportError as e:
+        return [result("convert", [], skipped=f"no ml_dtypes: {e}")]
+    types = {"F8_E4M3": md.float8_e4m3fn, "F8_E5M2": md.float8_e5m2, "F8_E4M3FNUZ": md.float8_e4m3fnuz,
+             "F8_E5M2FNUZ": md.float8_e5m2fnuz, "F8_E8M0": md.float8_e8m0fnu, "F4": md.float4_e2m1fn,
+             "F6_E2M3": md.float6_e2m3fn, "F6_E3M2": md.float6_e3m2fn, "F16": np.float16, "BF16": md.bfloat16,
+             "U8": np.uint8, "I32": np.int32, "F64": np.float64, "F32": np.float32}
+    i = np.arange(elements, dtype=np.uint64)
+    hashed = (i * np.uint64(2654435761)) >> np.uint64(13)
+    f32 = ((hashed & np.uint64(0xFFFF)).astype(np.float32) / np.float32(4096) - np.float32(8))
+    out = []
+    for frm, to in CONVERT_CASES:
+        if frm == "F32":
+            src = f32
+        elif frm == "F64":
+            src = f32.astype(np.float64)
+        else:
+            width = np.dtype(types[frm]).itemsize
+            raw_bytes = (((np.arange(elements * width, dtype=np.uint64) * np.uint64(2654435761)) >> np.uint64(13))
+                         & np.uint64(0xFF)).astype(np.uint8)
+            if frm == "F4":
+                raw_bytes &= 0x0F
+            elif frm.startswith("F6"):
+                raw_bytes &= 0x3F
+            src = raw_bytes.view(types[frm])
+        target = types[to]
+        with np.errstate(all="ignore"):
+            times = timed(runs, lambda: src.astype(target))
+        r = result(f"convert {frm}->{to}", times, elements * np.dtype(target).itemsize)
+        r["elements"] = elements
+        out.append(r)
+        print(f"  convert {frm:>11} -> {to:<7} {np.median(times) * 1e3:8.1f} ms  (ml_dtypes/NumPy astype)")
+    return out
+
+
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("files", nargs="+")
+    p.add_argument("files", nargs="*")
     p.add_argument("--runs", type=int, default=0)
     p.add_argument("--items", default="open,load,load_copy,slice,save_nosync,gpu")
     p.add_argument("--json")
@@ -192,6 +238,9 @@ def main(argv):
                 print(f"  {r['item']:<10} skipped: {r['skipped']}")
             else:
                 print(f"  {r['item']:<10} {r['median_s'] * 1e3:10.3f} ms")
+    if "convert" in items:
+        print("convert (64 Mi elements)")
+        report["convert"] = convert_items(a.runs or 3)
     text = json.dumps(report)
     if a.json:
         with open(a.json, "w") as f:

@@ -18,6 +18,8 @@
 //   gpu        every tensor copied to cuda:0, synchronized, through a reused Uploader, the file
 //              opened inside the timed body; `gpu one-shot` the same through cuda::load (when
 //              built with CUDA and a GPU exists). Device frees stay outside the timing.
+//   convert    not per file, and only when asked for (--items convert, no FILE needed): each
+//              dtype to F32 and F32 to BF16/F16/F8_E4M3 on 64 Mi elements (bench_convert.hpp)
 // Limits also measured: read() into fresh memory (what any copy into new memory pays for page
 // faults), and one memcpy of the file's size.
 //
@@ -33,6 +35,7 @@
 #include <set>
 #include <sstream>
 
+#include "bench_convert.hpp"
 #include "measure.hpp"
 
 namespace {
@@ -261,7 +264,7 @@ Options parse(int argc, char** argv) {
       std::exit(0);
     } else o.files.emplace_back(a);
   }
-  if (o.files.empty()) throw std::runtime_error("no file given (see --help)");
+  if (o.files.empty() && !o.items.count("convert")) throw std::runtime_error("no file given (see --help)");
   return o;
 }
 
@@ -334,7 +337,13 @@ int main(int argc, char** argv) {
       if (pinned.skipped.empty()) json << "," << json_result(pinned);
       json << "],\"gpu_host_extra_bytes\":" << host_extra << "}";
     }
-    json << "]}";
+    json << "]";
+    if (opt.items.count("convert")) {
+      int runs = opt.runs ? opt.runs : 3;
+      std::printf("convert (64 Mi elements, %d runs, single thread)\n", runs);
+      json << ",\"convert\":" << bench_convert::run(std::size_t{64} << 20, runs);
+    }
+    json << "}";
     if (!opt.json.empty()) {
       std::ofstream(opt.json) << json.str() << "\n";
     } else {

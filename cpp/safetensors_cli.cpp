@@ -55,6 +55,8 @@ usage:
   safetensors bench FILE [--runs N]
       Quick figures: open (keys and every view), load (every byte), load into owned memory,
       and a plain read() of the file for comparison.
+  safetensors stats FILE|INDEX [TENSOR...] [--json]
+      Per tensor: min, max, mean, std of the finite values; counts of NaN, +Inf, -Inf, zeros.
   safetensors [COMMAND] --help | --version
 
 exit codes:
@@ -685,6 +687,8 @@ int bench(const std::vector<std::string>& args) {
 
 }  // namespace
 
+int stats_command(const std::vector<std::string>& args);  // cli_stats.cpp
+
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
@@ -715,6 +719,8 @@ int main(int argc, char** argv) {
       code = metadata(args);
     else if (command == "bench")
       code = bench(args);
+    else if (command == "stats")
+      code = stats_command(args);  // cli_stats.cpp
     else
       throw UsageError("unknown command '" + printable(command) + "'");
   } catch (const UsageError& e) {

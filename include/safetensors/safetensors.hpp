@@ -7,6 +7,7 @@
 #pragma once
 
 #include "safetensors/checkpoint.hpp"
+#include "safetensors/convert.hpp"
 #include "safetensors/cuda.hpp"
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"

@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "safetensors/convert.hpp"
 #include "safetensors/detail/bridge.hpp"
 #include "safetensors/detail/source.hpp"
 #include "safetensors/tensor.hpp"
@@ -162,6 +163,24 @@ class Selection {
     return v;
   }
 
+  /// Reads the selection and converts it to `to` in one step (see `safetensors::convert`):
+  /// `dst` holds exactly numel × size(to) bytes. A selection that is one run of a mapped file
+  /// is converted straight out of the mapping, without an intermediate copy.
+  ///
+  ///   std::vector<float> part(cols.numel());
+  ///   cols.read_as(Dtype::F32, std::as_writable_bytes(std::span(part)));
+  void read_as(Dtype to, std::span<std::byte> dst) const { convert(read(), to, dst); }
+
+  /// The selection converted to `to`, in a buffer the returned view owns.
+  [[nodiscard]] TensorView read_as(Dtype to) const { return convert(read(), to); }
+
+  /// Number of elements in the selection.
+  [[nodiscard]] std::size_t numel() const {
+    std::size_t n = 1;
+    for (auto d : shape_) n *= d;
+    return n;
+  }
+
   /// Copies the selected bytes, contiguous and in row-major order, into `dst`, which must hold
   /// exactly `byte_size()` bytes (else `InvalidSlice`).
   void read_into(std::span<std::byte> dst) const {
@@ -224,6 +243,10 @@ class Slice {
   [[nodiscard]] Selection select(std::initializer_list<Index> indices) const {
     return select(std::span<const Index>(indices.begin(), indices.size()));
   }
+
+  /// The whole tensor converted to `to` into `dst` (numel × size(to) bytes): a fused read and
+  /// `safetensors::convert`, with no intermediate copy for a mapped file.
+  void read_as(Dtype to, std::span<std::byte> dst) const { select({}).read_as(to, dst); }
 
  private:
   friend class SafeOpen;

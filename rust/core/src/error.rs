@@ -153,6 +153,16 @@ pub enum Error {
         /// What failed and why.
         message: String,
     },
+    /// A dtype conversion or dequantization that makes no sense (complex source, non-float
+    /// target, wrong scale shape); its kind is [`ErrorKind::TypeMismatch`].
+    Conversion {
+        /// The source dtype.
+        from: crate::Dtype,
+        /// The target dtype.
+        to: crate::Dtype,
+        /// Why it is refused.
+        reason: String,
+    },
     /// An error that happened in a named file: the wrapped error says what.
     InFile {
         /// The file.
@@ -222,8 +232,8 @@ pub enum ErrorKind {
     Cuda = 19,
     /// A defect in this library (a caught panic); please report it.
     Internal = 20,
-    /// Raised by the C++ API only: `TensorView::as<T>()` with a `T` whose type, size or
-    /// alignment does not fit the tensor.
+    /// `TensorView::as<T>()` (C++) with a `T` whose type, size or alignment does not fit the
+    /// tensor, or a dtype conversion that makes no sense ([`Error::Conversion`]).
     TypeMismatch = 21,
 }
 
@@ -313,6 +323,7 @@ impl Error {
             Error::ShardMismatch { .. } => ErrorKind::ShardMismatch,
             Error::InvalidShardPath { .. } => ErrorKind::InvalidShardPath,
             Error::Cuda { .. } => ErrorKind::Cuda,
+            Error::Conversion { .. } => ErrorKind::TypeMismatch,
             Error::InFile { source, .. } => source.kind(),
         }
     }
@@ -560,6 +571,9 @@ impl fmt::Display for Error {
                  (no absolute paths, no `..`)"
             ),
             Error::Cuda { message } => write!(f, "CUDA: {message}"),
+            Error::Conversion { from, to, reason } => {
+                write!(f, "cannot convert {from} to {to}: {reason}")
+            }
             Error::InFile { path, source } => write!(f, "{}: {source}", path.display()),
         }
     }

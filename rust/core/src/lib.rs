@@ -17,6 +17,7 @@
 
 mod canonical;
 mod checkpoint;
+pub mod convert;
 mod dtype;
 mod error;
 mod file;

@@ -11,6 +11,7 @@
 //!   panic (the C++ wrappers only pass valid indices anyway).
 
 mod checkpoint;
+mod convert;
 mod cuda;
 mod file;
 mod version;
@@ -23,6 +24,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use safetensors_core::{Dtype, Error, ErrorKind};
 
 pub use checkpoint::{open_checkpoint, Checkpoint};
+pub use convert::{convert_tensor, dequantize_fp8_blocks, dequantize_mxfp4, mxfp4_output_shape};
 pub use cuda::{
     cuda_built, cuda_device_count, cuda_device_name, cuda_download, cuda_free,
     cuda_pinned_copy_seconds, cuda_shared_upload, new_upload_job, new_uploader, UploadJob,
@@ -265,6 +267,48 @@ mod ffi {
         fn dtype_bits(dtype: u8) -> usize;
         /// Name of error kind `kind` ("" when out of range).
         fn error_kind_name(kind: u8) -> &'static str;
+    }
+
+    // ---- dtype conversion and dequantization (rust/cxx/src/convert.rs) ---------------------
+    extern "Rust" {
+        /// Converts the elements of a `from` tensor of `shape` into `to` (`dst` holds exactly
+        /// numel × size(to) bytes).
+        fn convert_tensor(
+            from: u8,
+            shape: &[usize],
+            src: &[u8],
+            to: u8,
+            dst: &mut [u8],
+        ) -> Result<()>;
+        /// DeepSeek-V3 style: a 2-D weight times its per-block scales, into `to`.
+        #[allow(clippy::too_many_arguments)]
+        fn dequantize_fp8_blocks(
+            weight_dtype: u8,
+            weight_shape: &[usize],
+            weight: &[u8],
+            scale_dtype: u8,
+            scale_shape: &[usize],
+            scale: &[u8],
+            block_rows: usize,
+            block_cols: usize,
+            to: u8,
+            dst: &mut [u8],
+        ) -> Result<()>;
+        /// Shape of an MXFP4 dequantization: `[..., G, 16]` blocks give `[..., G*32]`.
+        fn mxfp4_output_shape(blocks_shape: &[usize], scales_shape: &[usize])
+            -> Result<Vec<usize>>;
+        /// gpt-oss style MXFP4 blocks and E8M0 scales, into `to`.
+        #[allow(clippy::too_many_arguments)]
+        fn dequantize_mxfp4(
+            blocks_dtype: u8,
+            blocks_shape: &[usize],
+            blocks: &[u8],
+            scales_dtype: u8,
+            scales_shape: &[usize],
+            scales: &[u8],
+            to: u8,
+            dst: &mut [u8],
+        ) -> Result<()>;
     }
 }
 

@@ -1,0 +1,194 @@
+//! Dtype conversion and dequantization: every dtype of the format into F32, F64, F16, BF16,
+//! the 8-bit floats, F4 and F6, bit for bit as ml_dtypes' and NumPy's `astype` (the rules are in
+//! `encode.rs`), and the two block-scaled layouts real checkpoints use (`dequant.rs`).
+//!
+//! Packing of the sub-byte types: F4 holds two elements per byte, element 0 in the low nibble
+//! (PyTorch's `float4_e2m1fn_x2`, torchao, and gpt-oss's MXFP4 blocks). F6 is a little-endian
+//! bit stream, four elements in three bytes, element 0 in the low six bits of byte 0 and
+//! element 1 starting at bit 6: the layout of AMD's rocRoller (`getFp6` in
+//! `lib/source/DataTypes/DataTypes_FP6.cpp`) and the natural continuation of F4's
+//! low-nibble-first order; the safetensors format itself only fixes the size (6 bits).
+//!
+//! Sources decode exactly to F32 (every narrow value fits); integers and BOOL convert as
+//! NumPy's `astype` (BOOL: nonzero is 1; integers round to nearest even). Targets must be
+//! float dtypes: C64 sources and non-float targets are `TypeMismatch` errors, whatever the
+//! pair, identity included.
+
+mod decode;
+mod dequant;
+mod encode;
+mod formats;
+
+pub use dequant::{dequantize_fp8_blocks, dequantize_mxfp4, mxfp4_output_shape};
+
+use crate::{Dtype, Error, Result};
+use decode::map;
+use encode::{encode, encode_e8m0, encode_f32_fast, f32_to_bf16, split_f64};
+
+/// Whether `to` can be a conversion target: every float dtype.
+pub fn is_float(d: Dtype) -> bool {
+    use Dtype::*;
+    matches!(
+        d,
+        F4 | F6_E2M3
+            | F6_E3M2
+            | F8_E5M2
+            | F8_E4M3
+            | F8_E8M0
+            | F8_E4M3FNUZ
+            | F8_E5M2FNUZ
+            | F16
+            | BF16
+            | F32
+            | F64
+    )
+}
+
+/// Checks that `from` → `to` is a conversion we do.
+pub fn check_conversion(from: Dtype, to: Dtype) -> Result<()> {
+    let reason = if from == Dtype::C64 {
+        "a complex source has no single real value per element; convert its real and imaginary \
+         parts yourself (view it as twice as many F32)"
+    } else if !is_float(to) {
+        "the target must be a float dtype (F64, F32, F16, BF16, F8_*, F6_*, F4)"
+    } else {
+        return Ok(());
+    };
+    Err(Error::Conversion {
+        from,
+        to,
+        reason: reason.into(),
+    })
+}
+
+/// Number of elements of `shape`, checked.
+pub(crate) fn numel(dtype: Dtype, shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| Error::ValidationOverflow {
+            tensor: format!("({dtype} conversion)"),
+            shape: shape.to_vec(),
+        })
+}
+
+/// Checks a buffer's length against `numel` elements of `dtype`.
+pub(crate) fn check_len(what: &str, dtype: Dtype, numel: usize, len: usize) -> Result<()> {
+    let expected = dtype.byte_size(numel);
+    if expected == Some(len) {
+        return Ok(());
+    }
+    Err(Error::TensorInvalidInfo {
+        tensor: format!("{what} ({numel} × {dtype})"),
+        expected: expected.map_or(u64::MAX, |e| e as u64),
+        actual: len as u64,
+    })
+}
+
+/// Converts `numel` elements of `from` in `src` into `to` in `dst`, which must hold exactly
+/// `numel × size(to)` bytes. Source and destination may have any alignment.
+///
+/// ```
+/// use safetensors_core::{convert::convert, Dtype};
+/// let src = [0x3C00u16.to_le_bytes(), 0xC000u16.to_le_bytes()].concat(); // F16 1.0, -2.0
+/// let mut dst = [0u8; 8];
+/// convert(Dtype::F16, &[2], &src, Dtype::F32, &mut dst)?;
+/// assert_eq!(f32::from_le_bytes(dst[4..].try_into().unwrap()), -2.0);
+/// # Ok::<(), safetensors_core::Error>(())
+/// ```
+pub fn convert(from: Dtype, shape: &[usize], src: &[u8], to: Dtype, dst: &mut [u8]) -> Result<()> {
+    check_conversion(from, to)?;
+    let n = numel(from, shape)?;
+    if from.byte_size(n).is_none() {
+        return Err(Error::MisalignedSlice {
+            tensor: format!("({from} conversion)"),
+            reason: format!("{n} elements of {from} do not end on a byte boundary"),
+        });
+    }
+    check_len("source", from, n, src.len())?;
+    check_len("destination", to, n, dst.len())?;
+    convert_unchecked(from, src, to, dst);
+    Ok(())
+}
+
+/// The conversion loops; lengths already agree.
+pub(crate) fn convert_unchecked(from: Dtype, src: &[u8], to: Dtype, dst: &mut [u8]) {
+    if from == to {
+        dst.copy_from_slice(src);
+        return;
+    }
+    match to {
+        Dtype::F32 => decode::to_f32(from, src, dst),
+        Dtype::F64 => decode::to_f64(from, src, dst),
+        _ => encode_narrow(from, src, to, dst),
+    }
+}
+
+/// Elements converted per step when a source goes through F32 first.
+const STAGE: usize = 4096;
+
+/// Into a narrow float: from F32 bits (F64 through F32, as ml_dtypes, except for F16, which
+/// NumPy rounds once from F64); other sources are first decoded to F32, exactly.
+fn encode_narrow(from: Dtype, src: &[u8], to: Dtype, dst: &mut [u8]) {
+    match from {
+        Dtype::F32 => encode_from_f32(src, to, dst),
+        Dtype::F64 if to == Dtype::F16 => map::<8, 2>(src, dst, |b| {
+            let (sign, v) = split_f64(u64::from_le_bytes(b));
+            encode(&formats::F16, sign, v).to_le_bytes()
+        }),
+        _ => {
+            // Stage through F32 in chunks that keep whole bytes of sub-byte sources and
+            // targets (STAGE is a multiple of 8).
+            let mut tmp = vec![0u8; STAGE * 4];
+            let src_step = STAGE * from.bits() / 8;
+            let dst_step = STAGE * to.bits() / 8;
+            for (s, d) in src.chunks(src_step).zip(dst.chunks_mut(dst_step)) {
+                let n = s.len() * 8 / from.bits();
+                let t = &mut tmp[..n * 4];
+                if from == Dtype::F64 {
+                    map::<8, 4>(s, t, |b| (f64::from_le_bytes(b) as f32).to_le_bytes());
+                } else {
+                    decode::to_f32(from, s, t);
+                }
+                encode_from_f32(t, to, d);
+            }
+        }
+    }
+}
+
+/// F32 (little-endian bytes) into a narrow float.
+fn encode_from_f32(src: &[u8], to: Dtype, dst: &mut [u8]) {
+    let bits = |b: [u8; 4]| u32::from_le_bytes(b);
+    match to {
+        Dtype::BF16 => map::<4, 2>(src, dst, |b| f32_to_bf16(bits(b)).to_le_bytes()),
+        Dtype::F8_E8M0 => map::<4, 1>(src, dst, |b| [encode_e8m0(bits(b))]),
+        Dtype::F4 => {
+            let f = formats::E2M1;
+            map::<8, 1>(src, dst, |b| {
+                let code = |x: [u8; 4]| encode_f32_fast(&f, bits(x)) as u8;
+                [code([b[0], b[1], b[2], b[3]]) | code([b[4], b[5], b[6], b[7]]) << 4]
+            });
+        }
+        Dtype::F6_E2M3 | Dtype::F6_E3M2 => {
+            let f = formats::format_of(to).expect("F6 has a format");
+            map::<16, 3>(src, dst, |b| {
+                let mut codes = [0u8; 4];
+                for (i, c) in codes.iter_mut().enumerate() {
+                    let x = [b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]];
+                    *c = encode_f32_fast(&f, bits(x)) as u8;
+                }
+                decode::pack_f6(codes)
+            });
+        }
+        Dtype::F16 => map::<4, 2>(src, dst, |b| {
+            encode_f32_fast(&formats::F16, bits(b)).to_le_bytes()
+        }),
+        _ => {
+            // The remaining targets are the 8-bit formats.
+            let Some(f) = formats::format_of(to) else {
+                return;
+            };
+            map::<4, 1>(src, dst, |b| [encode_f32_fast(&f, bits(b)) as u8]);
+        }
+    }
+}

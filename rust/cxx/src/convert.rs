@@ -1,0 +1,97 @@
+//! Glue for dtype conversion and dequantization: dtypes cross as their enum index, shapes and
+//! bytes as slices; everything else is `safetensors_core::convert`.
+
+use safetensors_core::convert;
+use safetensors_core::{Dtype, ErrorKind, TensorView};
+
+use crate::{guard, BridgeError};
+
+/// The dtype with index `d`, or a `TypeMismatch` error (C++ passes `Dtype` values, but a
+/// `static_cast` can make any byte).
+fn dtype(d: u8) -> Result<Dtype, BridgeError> {
+    Dtype::from_index(d).ok_or_else(|| BridgeError {
+        kind: ErrorKind::TypeMismatch,
+        message: format!("dtype index {d} is not a safetensors dtype (there are 22)"),
+    })
+}
+
+pub fn convert_tensor(
+    from: u8,
+    shape: &[usize],
+    src: &[u8],
+    to: u8,
+    dst: &mut [u8],
+) -> Result<(), BridgeError> {
+    let (from, to) = (dtype(from)?, dtype(to)?);
+    guard(|| convert::convert(from, shape, src, to, dst))
+}
+
+/// A tensor as it crosses the bridge.
+pub struct Part<'a> {
+    pub dtype: u8,
+    pub shape: &'a [usize],
+    pub data: &'a [u8],
+}
+
+fn view(p: Part<'_>) -> Result<TensorView<'_>, BridgeError> {
+    Ok(TensorView::new(dtype(p.dtype)?, p.shape, p.data))
+}
+
+#[allow(clippy::too_many_arguments)] // cxx bridges take no structs holding slices
+pub fn dequantize_fp8_blocks(
+    weight_dtype: u8,
+    weight_shape: &[usize],
+    weight: &[u8],
+    scale_dtype: u8,
+    scale_shape: &[usize],
+    scale: &[u8],
+    block_rows: usize,
+    block_cols: usize,
+    to: u8,
+    dst: &mut [u8],
+) -> Result<(), BridgeError> {
+    let w = view(Part {
+        dtype: weight_dtype,
+        shape: weight_shape,
+        data: weight,
+    })?;
+    let s = view(Part {
+        dtype: scale_dtype,
+        shape: scale_shape,
+        data: scale,
+    })?;
+    let to = dtype(to)?;
+    guard(|| convert::dequantize_fp8_blocks(w, s, (block_rows, block_cols), to, dst))
+}
+
+pub fn mxfp4_output_shape(
+    blocks_shape: &[usize],
+    scales_shape: &[usize],
+) -> Result<Vec<usize>, BridgeError> {
+    guard(|| convert::mxfp4_output_shape(blocks_shape, scales_shape))
+}
+
+#[allow(clippy::too_many_arguments)] // cxx bridges take no structs holding slices
+pub fn dequantize_mxfp4(
+    blocks_dtype: u8,
+    blocks_shape: &[usize],
+    blocks: &[u8],
+    scales_dtype: u8,
+    scales_shape: &[usize],
+    scales: &[u8],
+    to: u8,
+    dst: &mut [u8],
+) -> Result<(), BridgeError> {
+    let b = view(Part {
+        dtype: blocks_dtype,
+        shape: blocks_shape,
+        data: blocks,
+    })?;
+    let s = view(Part {
+        dtype: scales_dtype,
+        shape: scales_shape,
+        data: scales,
+    })?;
+    let to = dtype(to)?;
+    guard(|| convert::dequantize_mxfp4(b, s, to, dst))
+}
