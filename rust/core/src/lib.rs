@@ -17,6 +17,7 @@
 
 mod canonical;
 mod checkpoint;
+pub mod distributed;
 mod dtype;
 mod error;
 mod file;
