@@ -3,6 +3,13 @@
 // package found MPI).
 #pragma once
 
+// The C API only: Open MPI's and MPICH's deprecated C++ bindings would need their own library.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
 #include <mpi.h>
 
 #include <algorithm>
