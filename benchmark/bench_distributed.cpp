@@ -32,7 +32,9 @@ namespace fs = std::filesystem;
 
 const Gqa gqa{88, 4, 64};
 
-bool has(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+bool has(const std::string& s, const char* part) {
+  return s.find(part) != std::string::npos;
+}
 
 template <class Src>
 Selection select_for(const Src& src, const std::string& name, std::size_t r, std::size_t w) {
@@ -45,7 +47,8 @@ Selection select_for(const Src& src, const std::string& name, std::size_t r, std
 
 /// Every rank's selections; `names`, when given, gets the tensor name of each of rank 0's.
 template <class Src>
-std::vector<std::vector<Selection>> needs(const Src& src, std::size_t world, std::vector<std::string>* names = nullptr) {
+std::vector<std::vector<Selection>> needs(const Src& src, std::size_t world,
+                                          std::vector<std::string>* names = nullptr) {
   std::vector<std::vector<Selection>> out(world);
   for (std::size_t r = 0; r < world; ++r) {
     for (const auto& name : src.keys()) {
@@ -64,7 +67,9 @@ std::vector<std::vector<Selection>> needs(const Src& src, std::size_t world, std
   return out;
 }
 
-bool is_index(const fs::path& p) { return p.extension() == ".json"; }
+bool is_index(const fs::path& p) {
+  return p.extension() == ".json";
+}
 
 template <class F>
 auto with_source(const fs::path& p, Backend b, F f) {
@@ -91,17 +96,22 @@ int split(const fs::path& file, const fs::path& dir, std::size_t n) {
 }
 
 int plan_table(const fs::path& path, std::vector<std::size_t> tps) {
-  std::printf("| TP | needed (GB) | ours: read (GB) | ours: amplification | naive: read (GB) | naive: amplification | "
-              "delivered (MB) | broadcast (MB) |\n|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| TP | needed (GB) | ours: read (GB) | ours: amplification | naive: read (GB) | naive: amplification "
+      "| "
+      "delivered (MB) | broadcast (MB) |\n|---|---|---|---|---|---|---|---|\n");
   for (auto w : tps) {
     with_source(path, Backend::Mmap, [&](const auto& src) {
       LoadPlan plan(needs(src, w));
       double gb = 1e9, need = static_cast<double>(plan.bytes_read());
       std::printf("| %zu | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f | %.1f |\n", w, need / gb, need / gb, 1.0,
-                  static_cast<double>(plan.naive_bytes_read()) / gb, static_cast<double>(plan.naive_bytes_read()) / need,
-                  static_cast<double>(plan.bytes_delivered()) / 1e6, static_cast<double>(plan.bytes_broadcast()) / 1e6);
+                  static_cast<double>(plan.naive_bytes_read()) / gb,
+                  static_cast<double>(plan.naive_bytes_read()) / need,
+                  static_cast<double>(plan.bytes_delivered()) / 1e6,
+                  static_cast<double>(plan.bytes_broadcast()) / 1e6);
       std::fprintf(stderr,
-                   "{\"tp\":%zu,\"path\":\"%s\",\"read\":%llu,\"naive_read\":%llu,\"delivered\":%llu,\"broadcast\":%llu}\n",
+                   "{\"tp\":%zu,\"path\":\"%s\",\"read\":%llu,\"naive_read\":%llu,\"delivered\":%llu,"
+                   "\"broadcast\":%llu}\n",
                    w, path.string().c_str(), static_cast<unsigned long long>(plan.bytes_read()),
                    static_cast<unsigned long long>(plan.naive_bytes_read()),
                    static_cast<unsigned long long>(plan.bytes_delivered()),
@@ -151,8 +161,9 @@ int load(const fs::path& path, bool naive) {
   unsigned long long total = 0;
   MPI_Reduce(&read, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
   if (comm.rank() == 0) {
-    std::printf("{\"mode\":\"%s\",\"world\":%zu,\"seconds\":%.2f,\"bytes_read\":%llu,\"tensors_per_rank\":%zu}\n",
-                naive ? "naive" : "plan", comm.size(), s, total, tensors);
+    std::printf(
+        "{\"mode\":\"%s\",\"world\":%zu,\"seconds\":%.2f,\"bytes_read\":%llu,\"tensors_per_rank\":%zu}\n",
+        naive ? "naive" : "plan", comm.size(), s, total, tensors);
   }
   return 0;
 }
@@ -174,7 +185,8 @@ int main(int argc, char** argv) {
     } else if (cmd == "load" && argc >= 3) {
       rc = load(argv[2], argc > 3 && std::string(argv[3]) == "naive");
     } else {
-      std::fprintf(stderr, "usage: bench_distributed split FILE DIR N | plan PATH [TP...] | load PATH [naive]\n");
+      std::fprintf(stderr,
+                   "usage: bench_distributed split FILE DIR N | plan PATH [TP...] | load PATH [naive]\n");
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

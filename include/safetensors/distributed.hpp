@@ -69,7 +69,9 @@ class LoadPlan {
   [[nodiscard]] std::size_t world() const { return plan_->world(); }
 
   /// Bytes rank `rank` reads from storage under this plan.
-  [[nodiscard]] std::uint64_t bytes_read_by(std::size_t rank) const { return plan_->planned_bytes_read_by(rank); }
+  [[nodiscard]] std::uint64_t bytes_read_by(std::size_t rank) const {
+    return plan_->planned_bytes_read_by(rank);
+  }
   /// Bytes read across the world: the union of every rank's needs, each byte once.
   [[nodiscard]] std::uint64_t bytes_read() const { return plan_->planned_bytes_read(); }
   /// Bytes the collective delivers to ranks that need them (not counting the reader).
@@ -104,7 +106,8 @@ class LoadPlan {
     auto lens = plan_->result_lens(rank);
     std::vector<std::shared_ptr<std::byte[]>> buffers;
     buffers.reserve(lens.size());
-    for (std::size_t i = 0; i < lens.size(); ++i) buffers.push_back(detail::allocate_bytes(static_cast<std::size_t>(lens[i])));
+    for (std::size_t i = 0; i < lens.size(); ++i)
+      buffers.push_back(detail::allocate_bytes(static_cast<std::size_t>(lens[i])));
     auto pieces = plan_->pieces(rank);
     std::size_t next_piece = 0;
     std::shared_ptr<std::byte[]> staging;

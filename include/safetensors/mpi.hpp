@@ -73,7 +73,8 @@ class MpiCollective final : public Collective {
       check(MPI_Allgather(mine.data() + at, static_cast<int>(n), MPI_BYTE, tmp.data(), static_cast<int>(n),
                           MPI_BYTE, comm_),
             "MPI_Allgather");
-      for (std::size_t r = 0; r < size_; ++r) std::memcpy(all.data() + r * mine.size() + at, tmp.data() + r * n, n);
+      for (std::size_t r = 0; r < size_; ++r)
+        std::memcpy(all.data() + r * mine.size() + at, tmp.data() + r * n, n);
     }
   }
 
@@ -85,7 +86,8 @@ class MpiCollective final : public Collective {
     char text[MPI_MAX_ERROR_STRING] = {};
     int len = 0;
     MPI_Error_string(rc, text, &len);
-    throw Error(ErrorKind::Io, std::string(what) + " failed: " + std::string(text, static_cast<std::size_t>(len)));
+    throw Error(ErrorKind::Io,
+                std::string(what) + " failed: " + std::string(text, static_cast<std::size_t>(len)));
   }
 
   MPI_Comm comm_;

@@ -46,13 +46,15 @@ class NcclLibrary {
   int (*comm_destroy)(void* comm) = nullptr;
   int (*bcast)(const void* send, void* recv, std::size_t count, int dtype, int root, void* comm,
                void* stream) = nullptr;
-  int (*all_gather)(const void* send, void* recv, std::size_t count, int dtype, void* comm, void* stream) = nullptr;
+  int (*all_gather)(const void* send, void* recv, std::size_t count, int dtype, void* comm,
+                    void* stream) = nullptr;
 
   /// Throws `Cuda` naming `what` and NCCL's message when `rc` is not `ncclSuccess` (0).
   void check(int rc, const char* what) const {
     if (rc == 0) return;
     const char* text = get_error_string != nullptr ? get_error_string(rc) : nullptr;
-    throw Error(ErrorKind::Cuda, std::string(what) + " failed: " + (text != nullptr ? text : "unknown NCCL error") +
+    throw Error(ErrorKind::Cuda, std::string(what) +
+                                     " failed: " + (text != nullptr ? text : "unknown NCCL error") +
                                      " (ncclResult_t " + std::to_string(rc) + ")");
   }
 
@@ -80,9 +82,11 @@ class NcclCollective final : public Collective {
  public:
   /// A new communicator: every rank passes the same `id` (rank 0's `unique_id()`, sent by any
   /// means) and its own rank. The current CUDA device is the one it uses.
-  NcclCollective(std::shared_ptr<const NcclLibrary> nccl, const NcclLibrary::Id& id, std::size_t rank, std::size_t world)
+  NcclCollective(std::shared_ptr<const NcclLibrary> nccl, const NcclLibrary::Id& id, std::size_t rank,
+                 std::size_t world)
       : nccl_(std::move(nccl)), rank_(rank), size_(world), owned_(true) {
-    nccl_->check(nccl_->comm_init_rank(&comm_, static_cast<int>(world), id, static_cast<int>(rank)), "ncclCommInitRank");
+    nccl_->check(nccl_->comm_init_rank(&comm_, static_cast<int>(world), id, static_cast<int>(rank)),
+                 "ncclCommInitRank");
   }
   /// Wraps a communicator the caller made and keeps owning.
   NcclCollective(std::shared_ptr<const NcclLibrary> nccl, void* comm, std::size_t rank, std::size_t world)
@@ -107,7 +111,8 @@ class NcclCollective final : public Collective {
   void all_gather(std::span<const std::byte>, std::span<std::byte>) override { host_refused(); }
 
   void broadcast_device(void* bytes, std::size_t len, std::size_t root, void* stream) override {
-    nccl_->check(nccl_->bcast(bytes, bytes, len, uint8, static_cast<int>(root), comm_, stream), "ncclBroadcast");
+    nccl_->check(nccl_->bcast(bytes, bytes, len, uint8, static_cast<int>(root), comm_, stream),
+                 "ncclBroadcast");
   }
   void all_gather_device(const void* mine, void* all, std::size_t len, void* stream) override {
     nccl_->check(nccl_->all_gather(mine, all, len, uint8, comm_, stream), "ncclAllGather");
@@ -116,7 +121,8 @@ class NcclCollective final : public Collective {
  private:
   static constexpr int uint8 = 1;  // ncclUint8
   [[noreturn]] static void host_refused() {
-    throw Error(ErrorKind::Cuda, "NcclCollective moves device memory only; use an MPI or own collective for host loads");
+    throw Error(ErrorKind::Cuda,
+                "NcclCollective moves device memory only; use an MPI or own collective for host loads");
   }
   std::shared_ptr<const NcclLibrary> nccl_;
   void* comm_ = nullptr;

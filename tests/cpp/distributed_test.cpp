@@ -27,7 +27,8 @@ using test::kind_of;
 /// between two barriers.
 class LocalGroup {
  public:
-  explicit LocalGroup(std::size_t world) : world_(world), sync_(static_cast<std::ptrdiff_t>(world)), slots_(world) {}
+  explicit LocalGroup(std::size_t world)
+      : world_(world), sync_(static_cast<std::ptrdiff_t>(world)), slots_(world) {}
 
   class Member final : public Collective {
    public:
@@ -68,7 +69,9 @@ struct Want {
   std::function<Selection(const Slice&, std::size_t, std::size_t)> select;
 };
 
-Selection whole(const Slice& s, std::size_t, std::size_t) { return s.select({}); }
+Selection whole(const Slice& s, std::size_t, std::size_t) {
+  return s.select({});
+}
 
 /// Runs a world of `world` threads; each opens `open()` itself (as separate processes would),
 /// plans every rank's `wants`, loads its share and checks it against a single-process read.
@@ -193,17 +196,25 @@ class Layer : public ::testing::Test {
 const Gqa gqa{8, 2, 2};
 
 std::vector<Want> layer_wants() {
-  return {{"col.weight", [](const Slice& s, std::size_t r, std::size_t w) { return column_parallel(s, r, w); }},
-          {"row.weight", [](const Slice& s, std::size_t r, std::size_t w) { return row_parallel(s, r, w); }},
-          {"norm.weight", whole},
-          {"attn.qkv.weight", [](const Slice& s, std::size_t r, std::size_t w) { return qkv_shard(s, gqa, r, w).q; }},
-          {"attn.qkv.weight", [](const Slice& s, std::size_t r, std::size_t w) { return qkv_shard(s, gqa, r, w).k; }},
-          {"attn.qkv.weight", [](const Slice& s, std::size_t r, std::size_t w) { return qkv_shard(s, gqa, r, w).v; }}};
+  return {
+      {"col.weight", [](const Slice& s, std::size_t r, std::size_t w) { return column_parallel(s, r, w); }},
+      {"row.weight", [](const Slice& s, std::size_t r, std::size_t w) { return row_parallel(s, r, w); }},
+      {"norm.weight", whole},
+      {"attn.qkv.weight",
+       [](const Slice& s, std::size_t r, std::size_t w) { return qkv_shard(s, gqa, r, w).q; }},
+      {"attn.qkv.weight",
+       [](const Slice& s, std::size_t r, std::size_t w) { return qkv_shard(s, gqa, r, w).k; }},
+      {"attn.qkv.weight",
+       [](const Slice& s, std::size_t r, std::size_t w) { return qkv_shard(s, gqa, r, w).v; }}};
 }
 
-TEST_F(Layer, TwoRanksSplitKvHeads) { run_world(2, layer_wants(), opener()); }
+TEST_F(Layer, TwoRanksSplitKvHeads) {
+  run_world(2, layer_wants(), opener());
+}
 
-TEST_F(Layer, FourRanksReplicateKvHeadsAndNorm) { run_world(4, layer_wants(), opener(Backend::Mmap)); }
+TEST_F(Layer, FourRanksReplicateKvHeadsAndNorm) {
+  run_world(4, layer_wants(), opener(Backend::Mmap));
+}
 
 TEST_F(Layer, WorldLargerThanKvHeads) {
   // 8 ranks, 2 KV heads: ranks 0-3 share KV head 0, ranks 4-7 KV head 1 (vLLM's rule).
@@ -229,7 +240,8 @@ TEST_F(Layer, TensorParallelHelpersSelectTheDocumentedRows) {
   SafeOpen f(path());
   auto col = column_parallel(f.get_slice("col.weight"), 1, 2);
   EXPECT_EQ(col.shape(), (std::vector<std::size_t>{4, 6}));
-  EXPECT_EQ(col.runs(), (std::vector<ByteRun>{{f.info("col.weight").data_offsets.first + 4 * 6 * 4, 4 * 6 * 4}}));
+  EXPECT_EQ(col.runs(),
+            (std::vector<ByteRun>{{f.info("col.weight").data_offsets.first + 4 * 6 * 4, 4 * 6 * 4}}));
   auto row = row_parallel(f.get_slice("row.weight"), 3, 4);
   EXPECT_EQ(row.shape(), (std::vector<std::size_t>{6, 2}));
   EXPECT_EQ(row.runs().size(), 6u);
@@ -247,10 +259,14 @@ TEST_F(Layer, IndivisibleSharesAreTypedErrors) {
   SafeOpen f(path());
   EXPECT_EQ(kind_of([&] { (void)column_parallel(f.get_slice("odd"), 0, 4); }), ErrorKind::InvalidSlice);
   EXPECT_EQ(kind_of([&] { (void)shard(f.get_slice("odd"), 2, 0, 2); }), ErrorKind::InvalidSlice);
-  EXPECT_EQ(kind_of([&] { (void)column_parallel(f.get_slice("col.weight"), 2, 2); }), ErrorKind::InvalidSlice);
+  EXPECT_EQ(kind_of([&] { (void)column_parallel(f.get_slice("col.weight"), 2, 2); }),
+            ErrorKind::InvalidSlice);
   // 8 query heads over 3 ranks; 8 ranks cannot replicate 3 KV heads; wrong row count.
-  EXPECT_EQ(kind_of([&] { (void)qkv_shard(f.get_slice("attn.qkv.weight"), gqa, 0, 3); }), ErrorKind::InvalidSlice);
-  EXPECT_EQ(kind_of([&] { (void)attention_shard(f.get_slice("col.weight"), {6, 3, 1}, Projection::K, 0, 4); }),
+  EXPECT_EQ(kind_of([&] { (void)qkv_shard(f.get_slice("attn.qkv.weight"), gqa, 0, 3); }),
+            ErrorKind::InvalidSlice);
+  EXPECT_EQ(kind_of([&] {
+              (void)attention_shard(f.get_slice("col.weight"), {6, 3, 1}, Projection::K, 0, 4);
+            }),
             ErrorKind::InvalidSlice);
   try {
     (void)attention_shard(f.get_slice("col.weight"), gqa, Projection::Q, 0, 2);
@@ -301,19 +317,23 @@ TEST(Distributed, ShardedPythonCheckpointOverFourRanks) {
   std::vector<Want> wants;
   for (const auto& name : probe.keys()) {
     if (name.find("up_proj") != std::string::npos) {
-      wants.push_back({name, [](const Slice& s, std::size_t r, std::size_t w) { return column_parallel(s, r, w); }});
+      wants.push_back(
+          {name, [](const Slice& s, std::size_t r, std::size_t w) { return column_parallel(s, r, w); }});
     } else if (name.find("embed") != std::string::npos) {
-      wants.push_back({name, [](const Slice& s, std::size_t r, std::size_t w) { return row_parallel(s, r, w); }});
+      wants.push_back(
+          {name, [](const Slice& s, std::size_t r, std::size_t w) { return row_parallel(s, r, w); }});
     } else {
       wants.push_back({name, whole});  // layer norms: replicated
     }
   }
   auto file_of = [&probe](const std::string& name) { return probe.shard_of(name).string(); };
-  run_world(4, wants, [&] { return Checkpoint(index); }, file_of);
-  run_world(3, {{wants[0].name, [](const Slice& s, std::size_t r, std::size_t w) {
-                   return shard(s, 0, r, w, Split::Uneven);
-                 }}},
-            [&] { return Checkpoint(index, {Backend::Read}); }, file_of);
+  run_world(
+      4, wants, [&] { return Checkpoint(index); }, file_of);
+  run_world(
+      3,
+      {{wants[0].name,
+        [](const Slice& s, std::size_t r, std::size_t w) { return shard(s, 0, r, w, Split::Uneven); }}},
+      [&] { return Checkpoint(index, {Backend::Read}); }, file_of);
 }
 
 TEST(Nccl, MissingLibraryIsACudaErrorNamingIt) {

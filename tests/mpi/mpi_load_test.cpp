@@ -55,7 +55,8 @@ void write_checkpoint(const fs::path& dir) {
     }
     save_file(dir / file, tensors);
   }
-  std::ofstream(dir / "model.safetensors.index.json") << "{\"metadata\":{},\"weight_map\":{" << weight_map << "}}";
+  std::ofstream(dir / "model.safetensors.index.json")
+      << "{\"metadata\":{},\"weight_map\":{" << weight_map << "}}";
 }
 
 struct Want {
@@ -68,9 +69,11 @@ std::vector<Want> wants(const Checkpoint& ckpt) {
   for (const auto& name : ckpt.keys()) {
     auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
     if (has("up_proj")) {
-      out.push_back({name, [](const Slice& s, std::size_t r, std::size_t w) { return column_parallel(s, r, w); }});
+      out.push_back(
+          {name, [](const Slice& s, std::size_t r, std::size_t w) { return column_parallel(s, r, w); }});
     } else if (has("down_proj")) {
-      out.push_back({name, [](const Slice& s, std::size_t r, std::size_t w) { return row_parallel(s, r, w); }});
+      out.push_back(
+          {name, [](const Slice& s, std::size_t r, std::size_t w) { return row_parallel(s, r, w); }});
     } else if (has("qkv_proj")) {
       for (int part = 0; part < 3; ++part) {
         out.push_back({name, [part](const Slice& s, std::size_t r, std::size_t w) {
@@ -79,7 +82,9 @@ std::vector<Want> wants(const Checkpoint& ckpt) {
                        }});
       }
     } else if (has("vocab")) {  // 30 rows over 4 ranks: uneven, asked for
-      out.push_back({name, [](const Slice& s, std::size_t r, std::size_t w) { return shard(s, 0, r, w, Split::Uneven); }});
+      out.push_back({name, [](const Slice& s, std::size_t r, std::size_t w) {
+                       return shard(s, 0, r, w, Split::Uneven);
+                     }});
     } else {
       out.push_back({name, [](const Slice& s, std::size_t, std::size_t) { return s.select({}); }});
     }
@@ -160,11 +165,12 @@ int run(const fs::path& dir) {
       }
     }
     if (seen.size() != needed.size() || sum_read != union_bytes || plan.bytes_read() != union_bytes) {
-      std::fprintf(stderr, "read %llu bytes across ranks; the union of needs is %zu\n", sum_read, union_bytes);
+      std::fprintf(stderr, "read %llu bytes across ranks; the union of needs is %zu\n", sum_read,
+                   union_bytes);
       bad = 1;
     }
-    std::printf("all ranks: read %llu bytes = union of needs %zu; naive per-rank load would read %llu\n", sum_read,
-                union_bytes, static_cast<unsigned long long>(plan.naive_bytes_read()));
+    std::printf("all ranks: read %llu bytes = union of needs %zu; naive per-rank load would read %llu\n",
+                sum_read, union_bytes, static_cast<unsigned long long>(plan.naive_bytes_read()));
   }
   int any_bad = 0;
   MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
