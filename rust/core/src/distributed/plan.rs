@@ -80,7 +80,8 @@ struct Segment {
     ranks: Vec<usize>,
 }
 
-fn internal(reason: String) -> Error {
+/// A request the plan cannot serve (no world, or runs past the end of the address space).
+fn invalid(reason: String) -> Error {
     Error::InvalidSlice {
         tensor: String::new(),
         reason,
@@ -92,7 +93,7 @@ impl LoadPlan {
     /// bounds a step's length.
     pub fn new(needs: &[Vec<Need>], max_step: u64) -> Result<LoadPlan> {
         if needs.is_empty() {
-            return Err(internal(
+            return Err(invalid(
                 "a load plan needs a world of at least one rank".into(),
             ));
         }
@@ -202,7 +203,7 @@ fn segments(needs: &[Vec<Need>]) -> Result<Vec<Segment>> {
                 }
                 let end = offset
                     .checked_add(len)
-                    .ok_or_else(|| internal(format!("run {offset}+{len} overflows")))?;
+                    .ok_or_else(|| invalid(format!("run {offset}+{len} overflows")))?;
                 let e = events.entry(need.file).or_default();
                 e.push((offset, rank, 1));
                 e.push((end, rank, -1));
