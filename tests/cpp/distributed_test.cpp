@@ -7,6 +7,7 @@
 #include <safetensors/safetensors.hpp>
 #include <safetensors/tensor_parallel.hpp>
 
+#include <algorithm>
 #include <barrier>
 #include <cstring>
 #include <exception>
@@ -105,7 +106,7 @@ void run_world(std::size_t world, const std::vector<Want>& wants, Open open,
           EXPECT_EQ(mine[i].shape, want.shape) << wants[i].name;
           EXPECT_EQ(mine[i].dtype, want.dtype) << wants[i].name;
           ASSERT_EQ(mine[i].data.size(), want.data.size()) << wants[i].name;
-          EXPECT_EQ(std::memcmp(mine[i].data.data(), want.data.data(), want.data.size()), 0)
+          EXPECT_TRUE(std::ranges::equal(mine[i].data, want.data))
               << "rank " << rank << " differs from a single-process slice of " << wants[i].name;
         }
         std::lock_guard lock(mu);

@@ -9,6 +9,7 @@
 #include <safetensors/safetensors.hpp>
 #include <safetensors/tensor_parallel.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -111,7 +112,7 @@ int run(const fs::path& dir) {
   for (std::size_t i = 0; i < mine.size(); ++i) {
     auto want = needs[rank][i].read();
     if (mine[i].shape != want.shape || mine[i].data.size() != want.data.size() ||
-        std::memcmp(mine[i].data.data(), want.data.data(), want.data.size()) != 0) {
+        !std::ranges::equal(mine[i].data, want.data)) {
       std::fprintf(stderr, "rank %zu: %s differs from a single-process slice\n", rank, list[i].name.c_str());
       bad = 1;
     }
