@@ -23,6 +23,15 @@ endif()
 install(TARGETS safetensors EXPORT safetensorsTargets)
 install(EXPORT safetensorsTargets NAMESPACE safetensors:: DESTINATION "${SAFETENSORS_INSTALL_CMAKEDIR}")
 
+# The optional MPI target in its own export set, loaded by the package config only when the
+# consumer's CMake finds MPI too.
+set(SAFETENSORS_MPI OFF)
+if(TARGET safetensors_mpi)
+  set(SAFETENSORS_MPI ON)
+  install(TARGETS safetensors_mpi EXPORT safetensorsMpiTargets)
+  install(EXPORT safetensorsMpiTargets NAMESPACE safetensors:: DESTINATION "${SAFETENSORS_INSTALL_CMAKEDIR}")
+endif()
+
 configure_package_config_file(
   "${PROJECT_SOURCE_DIR}/cmake/safetensorsConfig.cmake.in" "${PROJECT_BINARY_DIR}/safetensorsConfig.cmake"
   INSTALL_DESTINATION "${SAFETENSORS_INSTALL_CMAKEDIR}"

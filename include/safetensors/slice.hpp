@@ -21,6 +21,8 @@
 
 namespace safetensors {
 
+class LoadPlan;  // include/safetensors/distributed.hpp
+
 /// What to take along one dimension, as in Python: an integer selects one position and drops
 /// the dimension (`a[3]`); `Index::all()` is `:`; `Index::range(start, stop, step)` is
 /// `start:stop:step`. Negative positions count from the end. Positions out of range are errors,
@@ -196,6 +198,7 @@ class Selection {
     return *plan_;
   }
 
+  friend class LoadPlan;  // reads the file and plan a selection came from
   Selection(detail::Source src, Dtype dtype, ::rust::Box<ffi::SlicePlan> plan)
       : src_(std::move(src)), dtype_(dtype), plan_(detail::share(std::move(plan))) {
     auto s = plan_->shape();

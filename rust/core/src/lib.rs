@@ -18,6 +18,7 @@
 mod canonical;
 mod checkpoint;
 pub mod convert;
+pub mod distributed;
 mod dtype;
 mod error;
 mod file;

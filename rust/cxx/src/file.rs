@@ -204,6 +204,11 @@ pub(crate) fn indexer(i: &SliceIndex) -> Indexer {
 }
 
 impl SlicePlan {
+    /// Position in file order of the tensor this plan slices.
+    pub(crate) fn tensor_index(&self) -> usize {
+        self.index
+    }
+
     pub fn shape(&self) -> &[usize] {
         self.plan.shape()
     }

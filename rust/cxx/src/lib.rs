@@ -13,6 +13,7 @@
 mod checkpoint;
 mod convert;
 mod cuda;
+mod distributed;
 mod file;
 mod version;
 mod writer;
@@ -30,6 +31,7 @@ pub use cuda::{
     cuda_pinned_copy_seconds, cuda_shared_upload, new_upload_job, new_uploader, UploadJob,
     Uploader,
 };
+pub use distributed::{new_dist_plan_builder, tp_indices, DistPlan, DistPlanBuilder};
 pub use file::{open_file, File, SlicePlan};
 pub use writer::{new_writer, Writer};
 
@@ -310,9 +312,99 @@ mod ffi {
             dst: &mut [u8],
         ) -> Result<()>;
     }
+
+    // ---- multi-rank loading (glue in distributed.rs) ---------------------------------------
+
+    /// A tensor-parallel rule: `kind` 0 splits dimension `dim` (evenly unless `uneven`);
+    /// `kind` 1 takes one attention projection's rows for grouped-query attention (`part` 0–2:
+    /// separate q/k/v tensors; 3–5: q/k/v blocks of a fused qkv tensor).
+    #[derive(Debug, Clone, Copy)]
+    struct TpRule {
+        kind: u8,
+        dim: usize,
+        rank: usize,
+        world: usize,
+        uneven: bool,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        part: u8,
+    }
+
+    /// One step of a distributed load: `reader` reads `[offset, offset + len)` of file `file`'s
+    /// data buffer, then broadcasts it when `shared`.
+    #[derive(Debug, Clone, Copy)]
+    struct DistStep {
+        file: usize,
+        offset: u64,
+        len: u64,
+        reader: usize,
+        shared: bool,
+    }
+
+    /// Bytes a rank copies from a step into one of its results.
+    #[derive(Debug, Clone, Copy)]
+    struct DistPiece {
+        step: usize,
+        step_offset: u64,
+        request: usize,
+        out_offset: u64,
+        len: u64,
+    }
+
+    extern "Rust" {
+        /// The selection a tensor-parallel rule gives a tensor `name` of `shape`.
+        fn tp_indices(name: &[u8], shape: &[usize], rule: &TpRule) -> Result<Vec<SliceIndex>>;
+
+        /// Every rank's selections, before planning.
+        type DistPlanBuilder;
+        /// A builder for a world of `world` ranks.
+        fn new_dist_plan_builder(world: usize) -> Box<DistPlanBuilder>;
+        /// Adds a selection of a tensor of `file` to what `rank` needs.
+        fn add_need(
+            self: &mut DistPlanBuilder,
+            rank: usize,
+            file: &File,
+            plan: &SlicePlan,
+        ) -> Result<()>;
+        /// Plans every rank's reads; no step is longer than `max_step` bytes.
+        fn build_plan(self: &DistPlanBuilder, max_step: u64) -> Result<Box<DistPlan>>;
+
+        /// A distributed load plan: the same steps on every rank.
+        type DistPlan;
+        /// Number of ranks.
+        fn world(self: &DistPlan) -> usize;
+        /// Number of steps.
+        fn step_count(self: &DistPlan) -> usize;
+        /// Step `i` (all zero out of range).
+        fn step(self: &DistPlan, i: usize) -> DistStep;
+        /// What `rank` copies out of the steps, ordered by step.
+        fn pieces(self: &DistPlan, rank: usize) -> Vec<DistPiece>;
+        /// Byte length of each of `rank`'s results.
+        fn result_lens(self: &DistPlan, rank: usize) -> Vec<u64>;
+        /// Reads step `i` into `dst` (exactly its length).
+        fn read_step(self: &DistPlan, i: usize, dst: &mut [u8]) -> Result<()>;
+        /// Bytes this object has read through `read_step`.
+        fn bytes_read_here(self: &DistPlan) -> u64;
+        /// The steps this object has read, in order.
+        fn reads_here(self: &DistPlan) -> Vec<DistStep>;
+        /// Bytes the plan has `rank` read.
+        fn planned_bytes_read_by(self: &DistPlan, rank: usize) -> u64;
+        /// Bytes the plan reads across all ranks.
+        fn planned_bytes_read(self: &DistPlan) -> u64;
+        /// Bytes the collective delivers to ranks that need them.
+        fn bytes_delivered(self: &DistPlan) -> u64;
+        /// Bytes whole-world broadcasts of the shared steps move.
+        fn bytes_broadcast(self: &DistPlan) -> u64;
+        /// Bytes a naive per-rank load reads (whole tensors on every rank).
+        fn naive_bytes_read(self: &DistPlan) -> u64;
+
+    }
 }
 
-pub use ffi::{ByteRun, SliceIndex, TensorMeta, UploadPlacement};
+pub use ffi::{
+    ByteRun, DistPiece, DistStep, SliceIndex, TensorMeta, TpRule, UploadPlacement,
+};
 
 /// A metadata map as the sorted pairs C++ walks by index (out of range: "").
 pub struct Metadata(Vec<(String, String)>);

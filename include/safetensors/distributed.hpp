@@ -1,0 +1,157 @@
+// Multi-rank loading: a plan that reads every byte the ranks need exactly once across the
+// world (balanced by bytes, shards read where they are needed) and moves shared bytes through a
+// `Collective`, then each rank's `load`. The plan itself is computed by the Rust core
+// (`rust/core/src/distributed/plan.rs`); this header runs the reads and the collective.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "safetensors/collective.hpp"
+#include "safetensors/detail/bridge.hpp"
+#include "safetensors/slice.hpp"
+#include "safetensors/tensor.hpp"
+
+namespace safetensors {
+
+struct LoadOptions {
+  /// The longest single read (and broadcast); a rank stages at most this much at a time.
+  std::size_t max_step_bytes = std::size_t{64} << 20;
+};
+
+/// One read a plan object has done: `[offset, offset + length)` of the data buffer of the
+/// plan's file number `file` (files numbered in the order the requests first name them).
+struct PlannedRead {
+  std::size_t file = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+  std::size_t reader = 0;
+};
+
+/// What every rank of a world needs, planned so that each needed byte is read once.
+///
+///   // On every rank, the same requests for every rank (the plan is deterministic):
+///   std::vector<std::vector<Selection>> needs(world);
+///   for (std::size_t r = 0; r < world; ++r)
+///     needs[r] = {column_parallel(ckpt.get_slice("up.weight"), r, world),
+///                 ckpt.get_slice("norm.weight").select({})};   // replicated: read once
+///   LoadPlan plan(needs);
+///   std::vector<TensorView> mine = plan.load(comm);          // comm: MpiCollective, ...
+///
+/// Build every rank's selections from one open `SafeOpen` or `Checkpoint` object: files are told
+/// apart by identity, so two separately opened copies of a file would be read separately.
+class LoadPlan {
+ public:
+  explicit LoadPlan(std::span<const std::vector<Selection>> needs, LoadOptions options = {}) {
+    auto builder = ffi::new_dist_plan_builder(needs.size());
+    shapes_.resize(needs.size());
+    for (std::size_t r = 0; r < needs.size(); ++r) {
+      for (const auto& sel : needs[r]) {
+        detail::call([&] { builder->add_need(r, *sel.src_.file, *sel.plan_); });
+        shapes_[r].push_back({sel.dtype(), sel.shape()});
+      }
+    }
+    plan_ = detail::share(detail::call([&] { return builder->build_plan(options.max_step_bytes); }));
+    owners_.reserve(needs.size());
+    for (const auto& rank_needs : needs) {
+      for (const auto& sel : rank_needs) owners_.push_back(sel.src_.owner);
+    }
+  }
+  explicit LoadPlan(const std::vector<std::vector<Selection>>& needs, LoadOptions options = {})
+      : LoadPlan(std::span<const std::vector<Selection>>(needs.data(), needs.size()), options) {}
+
+  [[nodiscard]] std::size_t world() const { return plan_->world(); }
+
+  /// Bytes rank `rank` reads from storage under this plan.
+  [[nodiscard]] std::uint64_t bytes_read_by(std::size_t rank) const {
+    return plan_->planned_bytes_read_by(rank);
+  }
+  /// Bytes read across the world: the union of every rank's needs, each byte once.
+  [[nodiscard]] std::uint64_t bytes_read() const { return plan_->planned_bytes_read(); }
+  /// Bytes the collective delivers to ranks that need them (not counting the reader).
+  [[nodiscard]] std::uint64_t bytes_delivered() const { return plan_->bytes_delivered(); }
+  /// Bytes the whole-world broadcasts `load` uses move (`len * (world - 1)` per shared read).
+  [[nodiscard]] std::uint64_t bytes_broadcast() const { return plan_->bytes_broadcast(); }
+  /// Bytes a naive load reads: every rank reads each tensor it touches whole, then slices.
+  [[nodiscard]] std::uint64_t naive_bytes_read() const { return plan_->naive_bytes_read(); }
+
+  /// Bytes this plan object has actually read, through `load` (for checks and benchmarks).
+  [[nodiscard]] std::uint64_t bytes_read_here() const { return plan_->bytes_read_here(); }
+  /// The reads this plan object has done, in order.
+  [[nodiscard]] std::vector<PlannedRead> reads_here() const {
+    auto raw = plan_->reads_here();
+    std::vector<PlannedRead> out;
+    out.reserve(raw.size());
+    for (const auto& s : raw) out.push_back({s.file, s.offset, s.len, s.reader});
+    return out;
+  }
+
+  /// Runs this rank's share (`c.rank()`): its reads, every broadcast (all ranks take part in
+  /// each), and returns its tensors in the order its selections were given, in host memory.
+  /// Throws `InvalidSlice` when the collective's size is not the plan's world, `Io` when a read
+  /// fails, and whatever the collective throws.
+  [[nodiscard]] std::vector<TensorView> load(Collective& c) const {
+    const std::size_t rank = c.rank();
+    if (c.size() != world() || rank >= world()) {
+      throw Error(ErrorKind::InvalidSlice, "the load plan is for " + std::to_string(world()) +
+                                               " ranks but the collective has " + std::to_string(c.size()) +
+                                               " (this is rank " + std::to_string(rank) + ")");
+    }
+    auto lens = plan_->result_lens(rank);
+    std::vector<std::shared_ptr<std::byte[]>> buffers;
+    buffers.reserve(lens.size());
+    for (std::size_t i = 0; i < lens.size(); ++i)
+      buffers.push_back(detail::allocate_bytes(static_cast<std::size_t>(lens[i])));
+    auto pieces = plan_->pieces(rank);
+    std::size_t next_piece = 0;
+    std::shared_ptr<std::byte[]> staging;
+    std::size_t staging_len = 0;
+    const std::size_t steps = plan_->step_count();
+    for (std::size_t i = 0; i < steps; ++i) {
+      auto s = plan_->step(i);
+      const bool reads = s.reader == rank;
+      if (!reads && !s.shared) continue;
+      const auto len = static_cast<std::size_t>(s.len);
+      if (len > staging_len) {
+        staging = detail::allocate_bytes(len);
+        staging_len = len;
+      }
+      std::span<std::byte> buf{staging.get(), len};
+      if (reads) {
+        ::rust::Slice<std::uint8_t> dst{reinterpret_cast<std::uint8_t*>(buf.data()), buf.size()};
+        detail::call([&] { plan_->read_step(i, dst); });
+      }
+      if (s.shared) c.broadcast(buf, s.reader);
+      for (; next_piece < pieces.size() && pieces[next_piece].step == i; ++next_piece) {
+        const auto& p = pieces[next_piece];
+        std::memcpy(buffers[p.request].get() + p.out_offset, buf.data() + p.step_offset,
+                    static_cast<std::size_t>(p.len));
+      }
+    }
+    std::vector<TensorView> out;
+    out.reserve(lens.size());
+    for (std::size_t i = 0; i < lens.size(); ++i) {
+      const auto& [dtype, shape] = shapes_[rank][i];
+      std::span<const std::byte> data{buffers[i].get(), static_cast<std::size_t>(lens[i])};
+      out.push_back(TensorView{dtype, shape, data, std::move(buffers[i])});
+    }
+    return out;
+  }
+
+ private:
+  struct Shape {
+    Dtype dtype;
+    std::vector<std::size_t> shape;
+  };
+  std::shared_ptr<const ffi::DistPlan> plan_;
+  std::vector<std::vector<Shape>> shapes_;
+  std::vector<std::shared_ptr<const void>> owners_;  // keeps the files the plan reads open
+};
+
+}  // namespace safetensors

@@ -1,0 +1,9 @@
+//! Multi-rank loading: the tensor-parallel shard rules and the plan that reads every needed byte
+//! once across ranks. Pure computation over offsets; the collective that moves the bytes lives in
+//! the C++ layer (`include/safetensors/distributed.hpp`).
+
+mod plan;
+mod tp;
+
+pub use plan::{LoadPlan, Need, Piece, Step};
+pub use tp::{qkv_part_rows, qkv_rows, shard_indexers, shard_range, Gqa, QkvPart, QkvRows, Split};

@@ -1,0 +1,370 @@
+// Multi-rank loading with W threads as ranks over an in-process collective: every rank's tensors
+// equal a single-process slice, and the reads of all ranks together cover the bytes the ranks need
+// exactly once. Also the tensor-parallel helpers, and the "no NCCL" path.
+#include <gtest/gtest.h>
+#include <safetensors/distributed.hpp>
+#include <safetensors/nccl.hpp>
+#include <safetensors/safetensors.hpp>
+#include <safetensors/tensor_parallel.hpp>
+
+#include <algorithm>
+#include <barrier>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+#include "support.hpp"
+
+namespace {
+
+using namespace safetensors;
+using test::kind_of;
+
+/// W threads' shared meeting point: broadcasts and all-gathers through pointers published
+/// between two barriers.
+class LocalGroup {
+ public:
+  explicit LocalGroup(std::size_t world)
+      : world_(world), sync_(static_cast<std::ptrdiff_t>(world)), slots_(world) {}
+
+  class Member final : public Collective {
+   public:
+    Member(LocalGroup& g, std::size_t rank) : g_(g), rank_(rank) {}
+    [[nodiscard]] std::size_t rank() const override { return rank_; }
+    [[nodiscard]] std::size_t size() const override { return g_.world_; }
+    void broadcast(std::span<std::byte> bytes, std::size_t root) override {
+      if (rank_ == root) g_.slots_[root] = bytes.data();
+      g_.sync_.arrive_and_wait();
+      if (rank_ != root && !bytes.empty()) std::memcpy(bytes.data(), g_.slots_[root], bytes.size());
+      g_.sync_.arrive_and_wait();
+      broadcasts++;
+    }
+    void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) override {
+      g_.slots_[rank_] = const_cast<std::byte*>(mine.data());
+      g_.sync_.arrive_and_wait();
+      for (std::size_t r = 0; r < g_.world_; ++r) {
+        if (!mine.empty()) std::memcpy(all.data() + r * mine.size(), g_.slots_[r], mine.size());
+      }
+      g_.sync_.arrive_and_wait();
+    }
+    std::size_t broadcasts = 0;
+
+   private:
+    LocalGroup& g_;
+    std::size_t rank_;
+  };
+
+ private:
+  std::size_t world_;
+  std::barrier<> sync_;
+  std::vector<std::byte*> slots_;
+};
+
+/// One request: which tensor, and how rank `r` of `w` selects it.
+struct Want {
+  std::string name;
+  std::function<Selection(const Slice&, std::size_t, std::size_t)> select;
+};
+
+Selection whole(const Slice& s, std::size_t, std::size_t) {
+  return s.select({});
+}
+
+/// Runs a world of `world` threads; each opens `open()` itself (as separate processes would),
+/// plans every rank's `wants`, loads its share and checks it against a single-process read.
+/// Then checks that the reads of all ranks are disjoint and cover exactly the needed bytes.
+template <class Open>
+void run_world(std::size_t world, const std::vector<Want>& wants, Open open,
+               std::function<std::string(const std::string&)> file_of = nullptr) {
+  LocalGroup group(world);
+  std::mutex mu;
+  std::vector<PlannedRead> reads;
+  std::vector<std::uint64_t> read_by(world), planned_by(world);
+  std::uint64_t planned_total = 0;
+  std::vector<std::exception_ptr> errors(world);
+  // Needed bytes per file (file numbers as the plan assigns them: first naming order).
+  std::map<std::size_t, std::vector<int>> needed;
+  std::vector<std::thread> threads;
+  for (std::size_t rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        auto src = open();
+        std::vector<std::vector<Selection>> needs(world);
+        for (std::size_t r = 0; r < world; ++r) {
+          for (const auto& w : wants) needs[r].push_back(w.select(src.get_slice(w.name), r, world));
+        }
+        LoadPlan plan(needs, {64});  // small steps: many reads and broadcasts per tensor
+        LocalGroup::Member me(group, rank);
+        auto mine = plan.load(me);
+        ASSERT_EQ(mine.size(), wants.size());
+        for (std::size_t i = 0; i < mine.size(); ++i) {
+          auto want = needs[rank][i].read();
+          EXPECT_EQ(mine[i].shape, want.shape) << wants[i].name;
+          EXPECT_EQ(mine[i].dtype, want.dtype) << wants[i].name;
+          ASSERT_EQ(mine[i].data.size(), want.data.size()) << wants[i].name;
+          EXPECT_TRUE(std::ranges::equal(mine[i].data, want.data))
+              << "rank " << rank << " differs from a single-process slice of " << wants[i].name;
+        }
+        std::lock_guard lock(mu);
+        for (const auto& r : plan.reads_here()) {
+          EXPECT_EQ(r.reader, rank);
+          reads.push_back(r);
+        }
+        read_by[rank] = plan.bytes_read_here();
+        planned_by[rank] = plan.bytes_read_by(rank);
+        planned_total = plan.bytes_read();
+        if (rank == 0) {
+          std::map<std::string, std::size_t> ids;
+          for (std::size_t r = 0; r < world; ++r) {
+            for (std::size_t i = 0; i < wants.size(); ++i) {
+              auto key = file_of ? file_of(wants[i].name) : std::string();
+              auto id = ids.emplace(key, ids.size()).first->second;
+              auto& mask = needed[id];
+              for (const auto& run : needs[r][i].runs()) {
+                if (mask.size() < run.offset + run.length) mask.resize(run.offset + run.length);
+                for (std::size_t b = run.offset; b < run.offset + run.length; ++b) mask[b] = 1;
+              }
+            }
+          }
+        }
+      } catch (...) {
+        errors[rank] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  // Every byte read once across ranks, and exactly the needed ones.
+  std::map<std::size_t, std::vector<int>> seen;
+  for (const auto& r : reads) {
+    auto& mask = seen[r.file];
+    if (mask.size() < r.offset + r.length) mask.resize(static_cast<std::size_t>(r.offset + r.length));
+    for (auto b = r.offset; b < r.offset + r.length; ++b) mask[static_cast<std::size_t>(b)]++;
+  }
+  std::uint64_t union_bytes = 0;
+  for (auto& [file, mask] : needed) {
+    auto& got = seen[file];
+    got.resize(std::max(got.size(), mask.size()));
+    mask.resize(got.size());
+    for (std::size_t b = 0; b < mask.size(); ++b) {
+      ASSERT_EQ(got[b], mask[b]) << "file " << file << " byte " << b << " read " << got[b] << " times";
+    }
+    union_bytes += static_cast<std::uint64_t>(std::accumulate(mask.begin(), mask.end(), 0));
+  }
+  EXPECT_EQ(seen.size(), needed.size());
+  EXPECT_EQ(std::accumulate(read_by.begin(), read_by.end(), std::uint64_t{0}), union_bytes);
+  EXPECT_EQ(planned_total, union_bytes);
+  EXPECT_EQ(read_by, planned_by);
+}
+
+std::vector<std::byte> iota_bytes(std::size_t n, unsigned seed) {
+  std::vector<std::byte> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::byte>((i * 131 + seed) & 0xFF);
+  return v;
+}
+
+/// A file shaped like one transformer layer: column- and row-parallel weights, a norm that every
+/// rank replicates, a fused QKV (8 heads, 2 KV heads, head_dim 2) and an odd-sized tensor.
+class Layer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    col_ = iota_bytes(8 * 6 * 4, 1);
+    row_ = iota_bytes(6 * 8 * 4, 2);
+    norm_ = iota_bytes(6 * 2, 3);
+    qkv_ = iota_bytes(24 * 6 * 4, 4);
+    odd_ = iota_bytes(10 * 3, 5);
+    save_file(path(), {{"col.weight", TensorView{Dtype::F32, {8, 6}, col_, {}}},
+                       {"row.weight", TensorView{Dtype::F32, {6, 8}, row_, {}}},
+                       {"norm.weight", TensorView{Dtype::F16, {6}, norm_, {}}},
+                       {"attn.qkv.weight", TensorView{Dtype::F32, {24, 6}, qkv_, {}}},
+                       {"odd", TensorView{Dtype::U8, {10, 3}, odd_, {}}}});
+  }
+  [[nodiscard]] std::filesystem::path path() const { return dir_ / "layer.safetensors"; }
+  [[nodiscard]] auto opener(Backend b = Backend::Read) const {
+    return [p = path(), b] { return SafeOpen(p, {b}); };
+  }
+
+  test::TempDir dir_;
+  std::vector<std::byte> col_, row_, norm_, qkv_, odd_;
+};
+
+const Gqa gqa{8, 2, 2};
+
+std::vector<Want> layer_wants() {
+  return {
+      {"col.weight", [](const Slice& s, std::size_t r, std::size_t w) { return column_parallel(s, r, w); }},
+      {"row.weight", [](const Slice& s, std::size_t r, std::size_t w) { return row_parallel(s, r, w); }},
+      {"norm.weight", whole},
+      {"attn.qkv.weight",
+       [](const Slice& s, std::size_t r, std::size_t w) { return qkv_shard(s, gqa, r, w).q; }},
+      {"attn.qkv.weight",
+       [](const Slice& s, std::size_t r, std::size_t w) { return qkv_shard(s, gqa, r, w).k; }},
+      {"attn.qkv.weight",
+       [](const Slice& s, std::size_t r, std::size_t w) { return qkv_shard(s, gqa, r, w).v; }}};
+}
+
+TEST_F(Layer, TwoRanksSplitKvHeads) {
+  run_world(2, layer_wants(), opener());
+}
+
+TEST_F(Layer, FourRanksReplicateKvHeadsAndNorm) {
+  run_world(4, layer_wants(), opener(Backend::Mmap));
+}
+
+TEST_F(Layer, WorldLargerThanKvHeads) {
+  // 8 ranks, 2 KV heads: ranks 0-3 share KV head 0, ranks 4-7 KV head 1 (vLLM's rule).
+  run_world(8, layer_wants(), opener());
+}
+
+TEST_F(Layer, UnevenAndEmptyShares) {
+  auto uneven = [](const Slice& s, std::size_t r, std::size_t w) { return shard(s, 0, r, w, Split::Uneven); };
+  // 10 rows over 4 ranks (3, 3, 2, 2) and over 16 ranks (6 ranks get nothing).
+  run_world(4, {{"odd", uneven}, {"norm.weight", whole}}, opener());
+  run_world(16, {{"odd", uneven}}, opener());
+}
+
+TEST_F(Layer, RanksThatNeedNothing) {
+  // Only rank 0 wants the tensor; the others take part and get empty selections.
+  auto only_rank0 = [](const Slice& s, std::size_t r, std::size_t) {
+    return r == 0 ? s.select({}) : s.select({Index::range(0, 0)});
+  };
+  run_world(3, {{"row.weight", only_rank0}}, opener());
+}
+
+TEST_F(Layer, TensorParallelHelpersSelectTheDocumentedRows) {
+  SafeOpen f(path());
+  auto col = column_parallel(f.get_slice("col.weight"), 1, 2);
+  EXPECT_EQ(col.shape(), (std::vector<std::size_t>{4, 6}));
+  EXPECT_EQ(col.runs(),
+            (std::vector<ByteRun>{{f.info("col.weight").data_offsets.first + 4 * 6 * 4, 4 * 6 * 4}}));
+  auto row = row_parallel(f.get_slice("row.weight"), 3, 4);
+  EXPECT_EQ(row.shape(), (std::vector<std::size_t>{6, 2}));
+  EXPECT_EQ(row.runs().size(), 6u);
+  EXPECT_EQ(row_parallel(f.get_slice("norm.weight"), 1, 4).shape(), (std::vector<std::size_t>{6}));
+  // Fused QKV, world 4 > 2 KV heads: rank 2 takes query heads 4-5 and KV head 1.
+  auto qkv = qkv_shard(f.get_slice("attn.qkv.weight"), gqa, 2, 4);
+  auto begin = f.info("attn.qkv.weight").data_offsets.first;
+  const std::size_t row_bytes = 6 * 4;
+  EXPECT_EQ(qkv.q.runs(), (std::vector<ByteRun>{{begin + 8 * row_bytes, 4 * row_bytes}}));
+  EXPECT_EQ(qkv.k.runs(), (std::vector<ByteRun>{{begin + 18 * row_bytes, 2 * row_bytes}}));
+  EXPECT_EQ(qkv.v.runs(), (std::vector<ByteRun>{{begin + 22 * row_bytes, 2 * row_bytes}}));
+}
+
+TEST_F(Layer, IndivisibleSharesAreTypedErrors) {
+  SafeOpen f(path());
+  EXPECT_EQ(kind_of([&] { (void)column_parallel(f.get_slice("odd"), 0, 4); }), ErrorKind::InvalidSlice);
+  EXPECT_EQ(kind_of([&] { (void)shard(f.get_slice("odd"), 2, 0, 2); }), ErrorKind::InvalidSlice);
+  EXPECT_EQ(kind_of([&] { (void)column_parallel(f.get_slice("col.weight"), 2, 2); }),
+            ErrorKind::InvalidSlice);
+  // 8 query heads over 3 ranks; 8 ranks cannot replicate 3 KV heads; wrong row count.
+  EXPECT_EQ(kind_of([&] { (void)qkv_shard(f.get_slice("attn.qkv.weight"), gqa, 0, 3); }),
+            ErrorKind::InvalidSlice);
+  EXPECT_EQ(kind_of([&] {
+              (void)attention_shard(f.get_slice("col.weight"), {6, 3, 1}, Projection::K, 0, 4);
+            }),
+            ErrorKind::InvalidSlice);
+  try {
+    (void)attention_shard(f.get_slice("col.weight"), gqa, Projection::Q, 0, 2);
+    ADD_FAILURE() << "a q_proj of 16 rows accepted a tensor of 8";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidSlice);
+    EXPECT_NE(std::string(e.what()).find("col.weight"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(Layer, SeparateProjectionsMatchTheFusedRule) {
+  SafeOpen f(path());
+  auto qkv = f.get_slice("attn.qkv.weight");
+  for (std::size_t rank = 0; rank < 8; ++rank) {
+    auto fused = qkv_shard(qkv, gqa, rank, 8);
+    // k block of the fused tensor starts at row heads*head_dim = 16.
+    auto k_rows = fused.k.runs()[0].offset - f.info("attn.qkv.weight").data_offsets.first;
+    EXPECT_EQ(k_rows / (6 * 4), 16 + 2 * (rank / 4)) << rank;
+  }
+}
+
+TEST_F(Layer, ReadAmplificationIsOneWhereNaiveReadsReplicasWTimes) {
+  SafeOpen f(path());
+  const std::size_t world = 4;
+  std::vector<std::vector<Selection>> needs(world);
+  for (std::size_t r = 0; r < world; ++r) needs[r] = {f.get_slice("norm.weight").select({})};
+  LoadPlan plan(needs);
+  EXPECT_EQ(plan.bytes_read(), 12u);
+  EXPECT_EQ(plan.naive_bytes_read(), 4u * 12);
+  EXPECT_EQ(plan.bytes_delivered(), 3u * 12);
+  EXPECT_EQ(plan.bytes_broadcast(), 3u * 12);
+}
+
+TEST_F(Layer, PlanAndCollectiveOfDifferentWorldsAreRefused) {
+  SafeOpen f(path());
+  std::vector<std::vector<Selection>> needs(2);
+  LoadPlan plan(needs);
+  LocalGroup g(1);
+  LocalGroup::Member me(g, 0);
+  EXPECT_EQ(kind_of([&] { (void)plan.load(me); }), ErrorKind::InvalidSlice);
+}
+
+TEST(Distributed, ShardedPythonCheckpointOverFourRanks) {
+  auto dir = test::fixture("shards", "manifest.tsv");
+  if (!dir) return;
+  auto index = *dir / "model.safetensors.index.json";
+  Checkpoint probe(index);
+  std::vector<Want> wants;
+  for (const auto& name : probe.keys()) {
+    if (name.find("up_proj") != std::string::npos) {
+      wants.push_back(
+          {name, [](const Slice& s, std::size_t r, std::size_t w) { return column_parallel(s, r, w); }});
+    } else if (name.find("embed") != std::string::npos) {
+      wants.push_back(
+          {name, [](const Slice& s, std::size_t r, std::size_t w) { return row_parallel(s, r, w); }});
+    } else {
+      wants.push_back({name, whole});  // layer norms: replicated
+    }
+  }
+  auto file_of = [&probe](const std::string& name) { return probe.shard_of(name).string(); };
+  run_world(
+      4, wants, [&] { return Checkpoint(index); }, file_of);
+  run_world(
+      3,
+      {{wants[0].name,
+        [](const Slice& s, std::size_t r, std::size_t w) { return shard(s, 0, r, w, Split::Uneven); }}},
+      [&] { return Checkpoint(index, {Backend::Read}); }, file_of);
+}
+
+TEST(Nccl, MissingLibraryIsACudaErrorNamingIt) {
+  try {
+    NcclLibrary nccl("libnccl-not-installed-here.so.2");
+    ADD_FAILURE() << "loaded a library that does not exist";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Cuda);
+    EXPECT_NE(std::string(e.what()).find("libnccl-not-installed-here.so.2"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Nccl, LibraryWithoutNcclSymbolsIsACudaError) {
+  // libc loads but has no NCCL entry points.
+  try {
+    NcclLibrary nccl("libc.so.6");
+    ADD_FAILURE() << "libc accepted as NCCL";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Cuda);
+    EXPECT_NE(std::string(e.what()).find("ncclGetErrorString"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Collective, HostOnlyCollectivesRefuseDeviceMemory) {
+  LocalGroup g(1);
+  LocalGroup::Member me(g, 0);
+  EXPECT_EQ(kind_of([&] { me.broadcast_device(nullptr, 0, 0, nullptr); }), ErrorKind::Cuda);
+  std::array<std::byte, 3> mine{std::byte{1}, std::byte{2}, std::byte{3}}, all{};
+  me.all_gather(mine, all);
+  EXPECT_EQ(all, mine);
+}
+
+}  // namespace
