@@ -76,12 +76,7 @@ inline std::size_t converted_bytes(const std::vector<std::size_t>& shape, Dtype 
 
 /// A new buffer of `n` bytes for a converted tensor; running out of memory is a typed error.
 inline std::shared_ptr<std::byte[]> allocate_converted(std::size_t n, Dtype to) {
-  try {
-    return allocate_bytes(n);
-  } catch (const std::bad_alloc&) {
-    throw Error(ErrorKind::Io, "out of memory allocating " + std::to_string(n) + " bytes for a " +
-                                   std::string(to_string(to)) + " tensor");
-  }
+  return allocate_bytes(n, "a converted " + std::string(to_string(to)) + " tensor");
 }
 }  // namespace detail
 

@@ -107,7 +107,7 @@ class LoadPlan {
     std::vector<std::shared_ptr<std::byte[]>> buffers;
     buffers.reserve(lens.size());
     for (std::size_t i = 0; i < lens.size(); ++i)
-      buffers.push_back(detail::allocate_bytes(static_cast<std::size_t>(lens[i])));
+      buffers.push_back(detail::allocate_bytes(static_cast<std::size_t>(lens[i]), "a rank's tensor"));
     auto pieces = plan_->pieces(rank);
     std::size_t next_piece = 0;
     std::shared_ptr<std::byte[]> staging;
@@ -119,7 +119,7 @@ class LoadPlan {
       if (!reads && !s.shared) continue;
       const auto len = static_cast<std::size_t>(s.len);
       if (len > staging_len) {
-        staging = detail::allocate_bytes(len);
+        staging = detail::allocate_bytes(len, "a shared read");
         staging_len = len;
       }
       std::span<std::byte> buf{staging.get(), len};

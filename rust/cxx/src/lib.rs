@@ -402,9 +402,7 @@ mod ffi {
     }
 }
 
-pub use ffi::{
-    ByteRun, DistPiece, DistStep, SliceIndex, TensorMeta, TpRule, UploadPlacement,
-};
+pub use ffi::{ByteRun, DistPiece, DistStep, SliceIndex, TensorMeta, TpRule, UploadPlacement};
 
 /// A metadata map as the sorted pairs C++ walks by index (out of range: "").
 pub struct Metadata(Vec<(String, String)>);
