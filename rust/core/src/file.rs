@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use memmap2::Mmap;
 
+use crate::direct::DirectFile;
 use crate::error::{Error, Result};
 use crate::header::{read_header_len, Header, TensorInfo, N_LEN};
 use crate::slice::{Indexer, SlicePlan};
@@ -24,11 +25,16 @@ pub enum Backend {
     /// Read the header at open, then read tensor bytes with `pread` when asked. For network
     /// filesystems, unified-memory machines, and files another process may truncate.
     Read = 1,
+    /// Like `Read`, but with `O_DIRECT` (bypassing the page cache) into aligned buffers, for
+    /// cold loads at the disk's speed; falls back to `pread` where the filesystem refuses
+    /// `O_DIRECT` ([`SafeFile::direct_fallback`] says why). See `direct.rs`.
+    Direct = 2,
 }
 
 enum Storage {
     Mapped(Mmap),
     Reader(File),
+    Direct(DirectFile),
 }
 
 /// An open safetensors file: its validated header, plus the mapping or file handle.
@@ -109,6 +115,10 @@ impl SafeFile {
                 (header, Storage::Mapped(map))
             }
             Backend::Read => (read_header(&file, path, len)?, Storage::Reader(file)),
+            Backend::Direct => (
+                read_header(&file, path, len)?,
+                Storage::Direct(DirectFile::open(path, file)),
+            ),
         };
         Ok(SafeFile {
             path: path.to_path_buf(),
@@ -133,6 +143,16 @@ impl SafeFile {
         match self.storage {
             Storage::Mapped(_) => Backend::Mmap,
             Storage::Reader(_) => Backend::Read,
+            Storage::Direct(_) => Backend::Direct,
+        }
+    }
+
+    /// With [`Backend::Direct`], why reads go through the page cache after all (the filesystem
+    /// refused `O_DIRECT`); `None` while they bypass it, and for the other backends.
+    pub fn direct_fallback(&self) -> Option<&str> {
+        match &self.storage {
+            Storage::Direct(d) => d.fallback(),
+            _ => None,
         }
     }
 
@@ -140,7 +160,7 @@ impl SafeFile {
     pub fn mapped_data(&self) -> Option<&[u8]> {
         match &self.storage {
             Storage::Mapped(map) => Some(&map[self.header.data_start()..]),
-            Storage::Reader(_) => None,
+            Storage::Reader(_) | Storage::Direct(_) => None,
         }
     }
 
@@ -163,7 +183,7 @@ impl SafeFile {
             Storage::Mapped(_) => Ok(Cow::Borrowed(
                 &self.mapped_data().unwrap_or(&[])[begin..end],
             )),
-            Storage::Reader(_) => {
+            Storage::Reader(_) | Storage::Direct(_) => {
                 let mut out = vec![0u8; end - begin];
                 self.read_data(begin as u64, &mut out)?;
                 Ok(Cow::Owned(out))
@@ -195,9 +215,14 @@ impl SafeFile {
                 let start = self.header.data_start() + offset as usize;
                 dst.copy_from_slice(&map[start..self.header.data_start() + end as usize]);
             }
-            Storage::Reader(file) => {
+            Storage::Reader(_) | Storage::Direct(_) => {
                 let at = self.header.data_start() as u64 + offset;
-                file.read_exact_at(dst, at).map_err(|e| {
+                let read = match &self.storage {
+                    Storage::Direct(d) => d.read_exact_at(dst, at),
+                    Storage::Reader(file) => file.read_exact_at(dst, at),
+                    Storage::Mapped(_) => Ok(()),
+                };
+                read.map_err(|e| {
                     let e = if e.kind() == io::ErrorKind::UnexpectedEof {
                         io::Error::new(
                             e.kind(),

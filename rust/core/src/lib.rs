@@ -17,6 +17,7 @@
 
 mod canonical;
 mod checkpoint;
+mod direct;
 mod dtype;
 mod error;
 mod file;
@@ -27,6 +28,7 @@ mod view;
 mod writer;
 
 pub use checkpoint::Checkpoint;
+pub use direct::DIRECT_ALIGN;
 pub use dtype::{Dtype, UnknownDtype};
 pub use error::{Error, ErrorKind, Result};
 pub use file::{Backend, SafeFile};

@@ -28,6 +28,7 @@ pub struct SlicePlan {
 pub(crate) fn backend(code: u8) -> Backend {
     match code {
         0 => Backend::Mmap,
+        2 => Backend::Direct,
         _ => Backend::Read,
     }
 }
