@@ -63,11 +63,6 @@ impl DirectFile {
         }
     }
 
-    /// The ordinary descriptor (for the header).
-    pub fn buffered(&self) -> &File {
-        &self.buffered
-    }
-
     /// Why reads go through the page cache (`None` while `O_DIRECT` works).
     pub fn fallback(&self) -> Option<&str> {
         self.reason.get().map(String::as_str)

@@ -22,7 +22,9 @@ mod dtype;
 mod error;
 mod file;
 mod header;
+mod prefetch;
 mod slice;
+mod stream;
 pub mod upload;
 mod view;
 mod writer;
@@ -35,7 +37,9 @@ pub use file::{Backend, SafeFile};
 pub use header::{
     paths, read_header_len, Header, TensorInfo, MAX_HEADER_SIZE, METADATA_KEY, N_LEN,
 };
+pub use prefetch::{advise, Advice, Plan, Prefetch, PrefetchOptions};
 pub use slice::{Indexer, Runs, SlicePlan};
+pub use stream::{StreamTensor, TensorStream};
 pub use view::{SafeTensors, TensorView};
 pub use writer::{
     serialize, serialize_to_file, write_atomically, write_atomically_with, Durability, Prepared,

@@ -44,7 +44,7 @@ impl File {
     }
 }
 
-/// Opens `path` with backend 0 (mmap) or 1 (read).
+/// Opens `path` with backend 0 (mmap), 1 (read) or 2 (direct).
 pub fn open_file(path: &[u8], backend_code: u8) -> Result<Box<File>, BridgeError> {
     guard(|| {
         let inner = SafeFile::open(Path::new(OsStr::from_bytes(path)), backend(backend_code))?;
@@ -71,6 +71,11 @@ impl File {
     /// The core file, shared, for the other glue modules.
     pub fn shared(&self) -> Arc<SafeFile> {
         self.inner.clone()
+    }
+
+    /// The core file, borrowed.
+    pub(crate) fn core(&self) -> &SafeFile {
+        &self.inner
     }
 
     pub fn tensor_count(&self) -> usize {
