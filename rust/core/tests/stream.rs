@@ -75,7 +75,7 @@ fn a_subset_streams_only_its_tensors_and_the_bound_holds_without_big_tensors() {
     }
     assert_eq!(names, ["t0", "t1", "t5", "t6"]);
     let peak = stream.peak_inflight_bytes();
-    assert!(peak <= 140_000 && peak >= 70_000, "peak {peak}");
+    assert!((70_000..=140_000).contains(&peak), "peak {peak}");
     assert_eq!(f.bytes_read(), (1000 + 70_000 + 50_000 + 65_536) as u64);
     // A position past the end is refused up front.
     let err = TensorStream::new(f, Some(vec![7]), 1).err().unwrap();
