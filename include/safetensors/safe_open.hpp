@@ -85,7 +85,11 @@ class SafeOpen {
   /// The path this file was opened with.
   [[nodiscard]] std::filesystem::path path() const { return handle().path; }
 
-  [[nodiscard]] Backend backend() const { return file().is_mapped() ? Backend::Mmap : Backend::Read; }
+  [[nodiscard]] Backend backend() const { return static_cast<Backend>(file().backend_code()); }
+
+  /// With `Backend::Direct`: why reads go through the page cache after all (the filesystem
+  /// refused `O_DIRECT`); empty while they bypass it, and with the other backends.
+  [[nodiscard]] std::string direct_fallback() const { return std::string(detail::view(file().direct_fallback())); }
 
   /// The header length `N` from the file's first 8 bytes.
   [[nodiscard]] std::size_t header_size() const { return file().header_len(); }

@@ -1,5 +1,5 @@
 // The hostile-file corpus (tests/hostile/make_corpus.py) through the public API: every case is a
-// safetensors::Error of its expected kind naming the file, with both backends; never a crash
+// safetensors::Error of its expected kind naming the file, with every backend; never a crash
 // (the asan preset runs this under ASan + UBSan). Look-alikes that must open do, and read back.
 #include <safetensors/safetensors.hpp>
 
@@ -76,7 +76,9 @@ TEST_P(Hostile, HintsNameTheLikelyCause) {
   EXPECT_NE(message("a_fifo.safetensors").find("not a regular file"), std::string::npos);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Hostile, ::testing::Values(Backend::Mmap, Backend::Read),
-                         [](const auto& p) { return p.param == Backend::Mmap ? "Mmap" : "Read"; });
+INSTANTIATE_TEST_SUITE_P(Backends, Hostile, ::testing::Values(Backend::Mmap, Backend::Read, Backend::Direct),
+                         [](const auto& p) {
+                           return p.param == Backend::Mmap ? "Mmap" : p.param == Backend::Read ? "Read" : "Direct";
+                         });
 
 }  // namespace

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use memmap2::Mmap;
 
+use crate::direct::DirectFile;
 use crate::error::{Error, Result};
 use crate::header::{read_header_len, Header, TensorInfo, N_LEN};
 use crate::slice::{Indexer, SlicePlan};
@@ -25,11 +26,17 @@ pub enum Backend {
     /// Read the header at open, then read tensor bytes with `pread` when asked. For network
     /// filesystems, unified-memory machines, and files another process may truncate.
     Read = 1,
+    /// Like `Read`, but with `O_DIRECT` (bypassing the page cache) into aligned buffers, for
+    /// cold loads at the disk's speed; falls back to `pread` where the filesystem refuses
+    /// `O_DIRECT` ([`SafeFile::direct_fallback`] says why). See `direct.rs`. It holds its
+    /// descriptors for the life of the file (also for checkpoint shards).
+    Direct = 2,
 }
 
 enum Storage {
     Mapped(Mmap),
     Reader(Reader),
+    Direct(DirectFile),
 }
 
 /// How the read backend reaches the file.
@@ -43,17 +50,20 @@ enum Reader {
     Reopen { path: PathBuf, dev: u64, ino: u64 },
 }
 
-/// A descriptor for one read operation: borrowed when held, opened for the operation otherwise.
+/// A descriptor for one read operation: borrowed when held, opened for the operation otherwise,
+/// or the direct backend's reader.
 enum Handle<'a> {
     Borrowed(&'a File),
     Owned(File),
+    Direct(&'a DirectFile),
 }
 
 impl Handle<'_> {
-    fn file(&self) -> &File {
+    fn read_exact_at(&self, dst: &mut [u8], at: u64) -> io::Result<()> {
         match self {
-            Handle::Borrowed(f) => f,
-            Handle::Owned(f) => f,
+            Handle::Borrowed(f) => f.read_exact_at(dst, at),
+            Handle::Owned(f) => f.read_exact_at(dst, at),
+            Handle::Direct(d) => d.read_exact_at(dst, at),
         }
     }
 }
@@ -143,6 +153,10 @@ impl SafeFile {
                 };
                 (header, Storage::Reader(reader))
             }
+            Backend::Direct => {
+                let header = read_header(&file, path, meta.len())?;
+                (header, Storage::Direct(DirectFile::open(path, file)))
+            }
         };
         Ok(SafeFile {
             path: path.to_path_buf(),
@@ -167,6 +181,16 @@ impl SafeFile {
         match self.storage {
             Storage::Mapped(_) => Backend::Mmap,
             Storage::Reader(_) => Backend::Read,
+            Storage::Direct(_) => Backend::Direct,
+        }
+    }
+
+    /// With [`Backend::Direct`], why reads go through the page cache after all (the filesystem
+    /// refused `O_DIRECT`); `None` while they bypass it, and for the other backends.
+    pub fn direct_fallback(&self) -> Option<&str> {
+        match &self.storage {
+            Storage::Direct(d) => d.fallback(),
+            _ => None,
         }
     }
 
@@ -179,7 +203,7 @@ impl SafeFile {
                 map.get(self.header.data_start()..self.header.file_len())
                     .unwrap_or(&[]),
             ),
-            Storage::Reader(_) => None,
+            Storage::Reader(_) | Storage::Direct(_) => None,
         }
     }
 
@@ -237,6 +261,7 @@ impl SafeFile {
         match &self.storage {
             Storage::Mapped(_) => Ok(None),
             Storage::Reader(Reader::Held(file)) => Ok(Some(Handle::Borrowed(file))),
+            Storage::Direct(d) => Ok(Some(Handle::Direct(d))),
             Storage::Reader(Reader::Reopen { path, dev, ino }) => {
                 let (file, meta) = open_regular(path, "a safetensors file")?;
                 if (meta.dev(), meta.ino()) != (*dev, *ino) {
@@ -275,9 +300,8 @@ impl SafeFile {
                 dst.copy_from_slice(src);
             }
             Some(handle) => {
-                let file = handle.file();
                 let at = self.header.data_start() as u64 + offset;
-                file.read_exact_at(dst, at).map_err(|e| {
+                handle.read_exact_at(dst, at).map_err(|e| {
                     let e = if e.kind() == io::ErrorKind::UnexpectedEof {
                         io::Error::new(
                             e.kind(),

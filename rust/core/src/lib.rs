@@ -18,24 +18,30 @@
 mod canonical;
 mod checkpoint;
 pub mod convert;
+mod direct;
 pub mod distributed;
 mod dtype;
 mod error;
 mod file;
 mod header;
+mod prefetch;
 mod slice;
+mod stream;
 pub mod upload;
 mod view;
 mod writer;
 
 pub use checkpoint::Checkpoint;
+pub use direct::DIRECT_ALIGN;
 pub use dtype::{Dtype, UnknownDtype};
 pub use error::{Error, ErrorKind, HeaderContents, Result};
 pub use file::{Backend, SafeFile};
 pub use header::{
     paths, read_header_len, Header, TensorInfo, MAX_HEADER_SIZE, METADATA_KEY, N_LEN,
 };
+pub use prefetch::{advise, Advice, Plan, Prefetch, PrefetchOptions};
 pub use slice::{Indexer, Runs, SlicePlan};
+pub use stream::{StreamTensor, TensorStream};
 pub use view::{SafeTensors, TensorView};
 pub use writer::{
     serialize, serialize_to_file, write_atomically, write_atomically_with, Durability, Prepared,

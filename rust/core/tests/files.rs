@@ -104,7 +104,7 @@ fn file_writer_produces_the_serialized_bytes_and_both_backends_read_them() {
     serialize_to_file(views(&tensors), None, &path).unwrap();
     let expect = serialize(views(&tensors), None).unwrap();
     assert_eq!(std::fs::read(&path).unwrap(), expect);
-    for backend in [Backend::Mmap, Backend::Read] {
+    for backend in [Backend::Mmap, Backend::Read, Backend::Direct] {
         let f = SafeFile::open(&path, backend).unwrap();
         assert_eq!(f.backend(), backend);
         assert_eq!(f.header().len(), 22);
@@ -260,12 +260,16 @@ fn read_backend_reports_a_file_truncated_after_open() {
         &path,
     )
     .unwrap();
-    let f = SafeFile::open(&path, Backend::Read).unwrap();
-    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-    file.set_len(100).unwrap();
-    let err = f.tensor_bytes("w").unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Io);
-    assert!(err.to_string().contains("truncated or replaced"), "{err}");
+    let good = std::fs::read(&path).unwrap();
+    for backend in [Backend::Read, Backend::Direct] {
+        std::fs::write(&path, &good).unwrap();
+        let f = SafeFile::open(&path, backend).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.set_len(100).unwrap();
+        let err = f.tensor_bytes("w").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Io, "{backend:?}");
+        assert!(err.to_string().contains("truncated or replaced"), "{err}");
+    }
 }
 
 #[test]

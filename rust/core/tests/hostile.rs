@@ -37,7 +37,7 @@ fn every_hostile_file_gets_its_expected_error_kind() {
             cols.next().unwrap(),
             cols.next().unwrap(),
         );
-        for backend in [Backend::Mmap, Backend::Read] {
+        for backend in [Backend::Mmap, Backend::Read, Backend::Direct] {
             let got = match SafeFile::open(dir.join(name), backend) {
                 Ok(f) => {
                     // Opened files must also read back every tensor without error.

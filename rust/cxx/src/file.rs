@@ -25,6 +25,7 @@ pub struct SlicePlan {
 pub(crate) fn backend(code: u8) -> Backend {
     match code {
         0 => Backend::Mmap,
+        2 => Backend::Direct,
         _ => Backend::Read,
     }
 }
@@ -40,7 +41,7 @@ impl File {
     }
 }
 
-/// Opens `path` with backend 0 (mmap) or 1 (read).
+/// Opens `path` with backend 0 (mmap), 1 (read) or 2 (direct).
 pub fn open_file(path: &[u8], backend_code: u8) -> Result<Box<File>, BridgeError> {
     guard(|| {
         let inner = SafeFile::open(native_path(path), backend(backend_code))?;
@@ -67,6 +68,11 @@ impl File {
     /// The core file, shared, for the other glue modules.
     pub fn shared(&self) -> Arc<SafeFile> {
         self.inner.clone()
+    }
+
+    /// The core file, borrowed.
+    pub(crate) fn core(&self) -> &SafeFile {
+        &self.inner
     }
 
     pub fn tensor_count(&self) -> usize {

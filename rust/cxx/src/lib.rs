@@ -15,6 +15,7 @@ mod convert;
 mod cuda;
 mod distributed;
 mod file;
+mod stream;
 mod version;
 mod writer;
 
@@ -83,6 +84,16 @@ mod ffi {
         length: u64,
     }
 
+    // ---- cold reads: the direct backend (rust/cxx/src/stream.rs) ---------------------------
+
+    extern "Rust" {
+        /// The backend: 0 mmap, 1 read, 2 direct.
+        fn backend_code(self: &File) -> u8;
+        /// With the direct backend, why reads fell back to `pread` ("" while they bypass the
+        /// page cache, and for the other backends).
+        fn direct_fallback(self: &File) -> &str;
+    }
+
     // ---- Rust functions C++ calls --------------------------------------------------------
 
     extern "Rust" {
@@ -98,7 +109,7 @@ mod ffi {
 
         type File;
 
-        /// Opens and validates `path` (raw bytes of a native path). `backend`: 0 mmap, 1 read.
+        /// Opens and validates `path` (raw bytes of a native path). `backend`: 0 mmap, 1 read, 2 direct.
         fn open_file(path: &[u8], backend: u8) -> Result<Box<File>>;
 
         /// Number of tensors.
