@@ -108,6 +108,7 @@ pub fn read_header_len(head: &[u8], total_len: u64) -> Result<usize> {
         return Err(Error::HeaderTooLarge {
             header_len,
             lfs_pointer: head.starts_with(LFS_POINTER_PREFIX),
+            writing: None,
         });
     }
     // header_len <= 1e8, so the addition cannot overflow.
@@ -737,10 +738,7 @@ impl<'de> Visitor<'de> for UnknownValue {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self, A::Error> {
-        while map
-            .next_entry::<UnknownValue, UnknownValue>()?
-            .is_some()
-        {}
+        while map.next_entry::<UnknownValue, UnknownValue>()?.is_some() {}
         Ok(self)
     }
 }

@@ -226,7 +226,8 @@ const STRING_PIECES: &[&str] = &[
 fn json_string(rng: &mut Rng) -> String {
     let mut s = String::from("\"");
     for _ in 0..rng.below(4) {
-        s.push_str(*rng.pick(STRING_PIECES));
+        let piece: &&str = rng.pick(STRING_PIECES);
+        s.push_str(piece);
     }
     s.push('"');
     s

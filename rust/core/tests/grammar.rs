@@ -15,9 +15,7 @@ use safetensors_core::{paths, ErrorKind, Header};
 /// A one-tensor file whose entry carries `"extra": <value>` (raw JSON text).
 fn with_unknown_field(value: &str) -> Vec<u8> {
     raw_file(
-        &format!(
-            r#"{{"t":{{"dtype":"U8","shape":[2],"extra":{value},"data_offsets":[0,2]}}}}"#
-        ),
+        &format!(r#"{{"t":{{"dtype":"U8","shape":[2],"extra":{value},"data_offsets":[0,2]}}}}"#),
         2,
     )
 }
@@ -61,14 +59,38 @@ fn nested(depth: usize) -> String {
 #[test]
 fn unknown_field_numbers_follow_the_reference() {
     let cases = [
-        "0", "-0", "1.5", "-1.5e-7", "1e308", "1.7976931348623157e308", "1e309", "-1e309",
-        "1e400", "1e-400", "-1e-400", "18446744073709551615", "18446744073709551616",
-        "-9223372036854775808", "-9223372036854775809", "1E+2", "1e-0",
+        "0",
+        "-0",
+        "1.5",
+        "-1.5e-7",
+        "1e308",
+        "1.7976931348623157e308",
+        "1e309",
+        "-1e309",
+        "1e400",
+        "1e-400",
+        "-1e-400",
+        "18446744073709551615",
+        "18446744073709551616",
+        "-9223372036854775808",
+        "-9223372036854775809",
+        "1E+2",
+        "1e-0",
         // 400 digits: an integer that only an f64 can hold, and one too big even for that.
-        &"9".repeat(300), &"9".repeat(400), &format!("0.{}1", "0".repeat(400)),
+        &"9".repeat(300),
+        &"9".repeat(400),
+        &format!("0.{}1", "0".repeat(400)),
         &format!("1{}e-400", "0".repeat(100)),
         // Malformed either way.
-        "01", "1.", ".5", "+1", "1e", "-", "0x10", "NaN", "Infinity",
+        "01",
+        "1.",
+        ".5",
+        "+1",
+        "1e",
+        "-",
+        "0x10",
+        "NaN",
+        "Infinity",
     ];
     for value in cases {
         assert_same_verdict(&with_unknown_field(value), &format!("number {value:.40}"));
@@ -118,7 +140,10 @@ fn unknown_field_nesting_is_limited_like_the_reference() {
     // unknown value may nest 125 deep. The boundary is checked on both sides, for arrays and
     // objects.
     for depth in [1, 64, 124, 125, 126, 127, 128, 129, 200, 5000] {
-        assert_same_verdict(&with_unknown_field(&nested(depth)), &format!("depth {depth}"));
+        assert_same_verdict(
+            &with_unknown_field(&nested(depth)),
+            &format!("depth {depth}"),
+        );
         let arrays = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
         assert_same_verdict(&with_unknown_field(&arrays), &format!("{depth} arrays"));
         let objects = format!("{}0{}", "{\"a\":".repeat(depth), "}".repeat(depth));
@@ -129,8 +154,21 @@ fn unknown_field_nesting_is_limited_like_the_reference() {
 #[test]
 fn unknown_field_literals_and_structure_follow_the_reference() {
     let cases = [
-        "true", "false", "null", "[]", "{}", "[1,[2,{\"a\":null}]]", "{\"a\":1,\"a\":2}",
-        "tru", "nul", "[1,]", "{\"a\":1,}", "{1:2}", "[1 2]", "{\"a\" 1}", "{\"a\":}",
+        "true",
+        "false",
+        "null",
+        "[]",
+        "{}",
+        "[1,[2,{\"a\":null}]]",
+        "{\"a\":1,\"a\":2}",
+        "tru",
+        "nul",
+        "[1,]",
+        "{\"a\":1,}",
+        "{1:2}",
+        "[1 2]",
+        "{\"a\" 1}",
+        "{\"a\":}",
     ];
     for value in cases {
         assert_same_verdict(&with_unknown_field(value), &format!("value {value}"));
