@@ -454,6 +454,8 @@ pub(crate) struct Builder {
     pub(crate) metadata_seen: bool,
     /// First duplicate found inside `__metadata__`, or `__metadata__` itself repeated.
     pub(crate) duplicate: Option<Error>,
+    /// Most dimensions the whole header can hold: each takes a digit and a separator.
+    pub(crate) max_dims: usize,
 }
 
 impl Builder {
@@ -465,6 +467,7 @@ impl Builder {
             metadata: None,
             metadata_seen: false,
             duplicate: None,
+            max_dims: len / 2 + 1,
         }
     }
 
@@ -472,6 +475,17 @@ impl Builder {
         if self.duplicate.is_none() {
             self.duplicate = Some(Error::DuplicateKey { key, in_metadata });
         }
+    }
+}
+
+/// Makes room for one more dimension. Like `Vec`'s doubling, but never past `max`, the most
+/// the header can hold: for a header that is one huge shape (rank ~5e7 in 100 MB) the arena ends
+/// at its exact size instead of at the next power of two, keeping the peak near 4 bytes of
+/// arena per header byte (8 per dimension of at least 2 bytes of text).
+pub(crate) fn grow_dims(dims: &mut Vec<usize>, max: usize) {
+    if dims.len() == dims.capacity() {
+        let want = (dims.capacity() * 2).clamp(dims.len() + 1, max.max(dims.len() + 1));
+        dims.reserve_exact(want - dims.len());
     }
 }
 
@@ -508,7 +522,7 @@ impl<'de> Visitor<'de> for TopVisitor<'_> {
                 }
                 Key::Tensor { start, len } => {
                     let (dtype, (shape_start, shape_len), (begin, end)) =
-                        map.next_value_seed(EntrySeed(&mut b.shapes))?;
+                        map.next_value_seed(EntrySeed(&mut b.shapes, b.max_dims))?;
                     b.entries.push(Entry {
                         name_start: start,
                         name_len: len,
@@ -621,7 +635,7 @@ type ParsedEntry = (Dtype, (u32, u32), (usize, usize));
 
 /// One tensor entry. Like a derived struct deserializer, it takes the object form (unknown
 /// fields ignored, repeated or missing fields refused) and the 3-element array form.
-struct EntrySeed<'b>(&'b mut Vec<usize>);
+struct EntrySeed<'b>(&'b mut Vec<usize>, usize);
 
 const ENTRY_FIELDS: &[&str] = &["dtype", "shape", "data_offsets"];
 
@@ -652,7 +666,7 @@ impl<'de> Visitor<'de> for EntrySeed<'_> {
                 Field::Dtype if dtype.is_some() => return Err(de::Error::duplicate_field("dtype")),
                 Field::Dtype => dtype = Some(map.next_value::<Dtype>()?),
                 Field::Shape if shape.is_some() => return Err(de::Error::duplicate_field("shape")),
-                Field::Shape => shape = Some(map.next_value_seed(ShapeSeed(&mut *self.0))?),
+                Field::Shape => shape = Some(map.next_value_seed(ShapeSeed(&mut *self.0, self.1))?),
                 Field::DataOffsets if offsets.is_some() => {
                     return Err(de::Error::duplicate_field("data_offsets"))
                 }
@@ -677,7 +691,7 @@ impl<'de> Visitor<'de> for EntrySeed<'_> {
             .next_element::<Dtype>()?
             .ok_or_else(|| de::Error::invalid_length(0, expected))?;
         let shape = seq
-            .next_element_seed(ShapeSeed(&mut *self.0))?
+            .next_element_seed(ShapeSeed(&mut *self.0, self.1))?
             .ok_or_else(|| de::Error::invalid_length(1, expected))?;
         let offsets = seq
             .next_element::<(usize, usize)>()?
@@ -771,8 +785,9 @@ impl<'de> de::Deserialize<'de> for Field {
     }
 }
 
-/// A shape: an array of non-negative integers, appended to the shared dimension arena.
-struct ShapeSeed<'b>(&'b mut Vec<usize>);
+/// A shape: an array of non-negative integers, appended to the shared dimension arena, whose
+/// capacity never grows past the second field (see [`grow_dims`]).
+struct ShapeSeed<'b>(&'b mut Vec<usize>, usize);
 
 impl<'de> DeserializeSeed<'de> for ShapeSeed<'_> {
     type Value = (u32, u32);
@@ -792,6 +807,7 @@ impl<'de> Visitor<'de> for ShapeSeed<'_> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(u32, u32), A::Error> {
         let start = self.0.len();
         while let Some(dim) = seq.next_element::<usize>()? {
+            grow_dims(self.0, self.1);
             self.0.push(dim);
         }
         Ok((arena_u32(start)?, arena_u32(self.0.len() - start)?))
