@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -175,17 +176,31 @@ TEST(Writer, SavingOverAMappedFileLeavesTheMappingsBytesUnchanged) {
   EXPECT_EQ(fresh.as<float>().size(), 2048u);
 }
 
-/// Bytes of a temporary file being written beside `target`, or 0.
-std::uintmax_t temp_bytes(const std::filesystem::path& dir) {
-  for (const auto& e : std::filesystem::directory_iterator(dir)) {
-    auto name = e.path().filename().string();
-    if (name.rfind(".big.safetensors.tmp-", 0) == 0) {
-      std::error_code ec;
-      auto size = std::filesystem::file_size(e.path(), ec);
-      return ec ? 0 : size;
-    }
+/// Bytes written so far by `child` to a file in `dir` other than `target`, or 0. Read through
+/// the child's descriptors: its temporary file is unnamed (O_TMPFILE) where the filesystem
+/// allows, and named (`.st-<hex>.tmp`) elsewhere.
+std::uintmax_t temp_bytes(pid_t child, const std::filesystem::path& dir,
+                          const std::filesystem::path& target) {
+  std::error_code ec;
+  const auto real_dir = std::filesystem::canonical(dir, ec);
+  const auto real_target = real_dir / target.filename();
+  std::filesystem::directory_iterator fds("/proc/" + std::to_string(child) + "/fd", ec);
+  if (ec) return 0;
+  for (const auto& fd : fds) {
+    auto to = std::filesystem::read_symlink(fd.path(), ec);
+    if (ec || to.parent_path() != real_dir || to == real_target) continue;
+    auto size = std::filesystem::file_size(fd.path(), ec);
+    if (!ec) return size;
   }
   return 0;
+}
+
+/// Whether `dir` supports unnamed temporary files, so that a killed writer leaves nothing.
+bool supports_o_tmpfile(const std::filesystem::path& dir) {
+  int fd = ::open(dir.c_str(), O_TMPFILE | O_WRONLY, 0600);
+  if (fd < 0) return false;
+  ::close(fd);
+  return true;
 }
 
 TEST(Writer, AWriterKilledMidWriteLeavesTheOldFileIntact) {
@@ -215,10 +230,10 @@ TEST(Writer, AWriterKilledMidWriteLeavesTheOldFileIntact) {
       _exit(0);
     }
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (temp_bytes(dir.path()) < threshold && std::chrono::steady_clock::now() < deadline) {
+    while (temp_bytes(child, dir.path(), target) < threshold && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
-    std::uintmax_t written = temp_bytes(dir.path());
+    std::uintmax_t written = temp_bytes(child, dir.path(), target);
     ::kill(child, SIGKILL);
     int status = 0;
     ::waitpid(child, &status, 0);
@@ -232,10 +247,11 @@ TEST(Writer, AWriterKilledMidWriteLeavesTheOldFileIntact) {
     EXPECT_GE(written, threshold);
     std::cout << "killed the writer after " << written << " bytes\n";
     EXPECT_EQ(test::read_bytes(target), before) << "killed after " << written << " bytes";
-    // What is left is a hidden temporary file, never something under the target's name.
+    // Nothing is left where the temporary file is unnamed; elsewhere only a hidden one.
     for (const auto& name : listing(dir.path())) {
       if (name == "big.safetensors") continue;
-      EXPECT_EQ(name.rfind(".big.safetensors.tmp-", 0), 0u) << name;
+      EXPECT_FALSE(supports_o_tmpfile(dir.path())) << "left behind: " << name;
+      EXPECT_EQ(name.rfind(".st-", 0), 0u) << name;
       std::filesystem::remove(dir / name);
     }
     EXPECT_NO_THROW(SafeOpen reopened(target));

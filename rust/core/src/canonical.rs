@@ -169,6 +169,23 @@ impl<'a> Scanner<'a> {
         usize::try_from(value).map_err(|_| GiveUp)
     }
 
+    /// A long shape gets its exact room up front (one comma per dimension after the first),
+    /// so that a hostile rank of millions costs one allocation of its final size rather than a
+    /// doubling whose last step holds both the old and the new block. Short shapes skip this.
+    fn reserve_dims(&self, b: &mut Builder) {
+        const LONG: usize = 4096;
+        let rest = &self.bytes[self.pos..];
+        let Some(window) = rest.get(..LONG) else {
+            return;
+        };
+        if window.contains(&b']') {
+            return;
+        }
+        let end = rest.iter().position(|&c| c == b']').unwrap_or(rest.len());
+        let dims = rest[..end].iter().filter(|&&c| c == b',').count() + 1;
+        b.shapes.reserve_exact(dims.min(b.max_dims));
+    }
+
     /// `"key"` then `:` with optional whitespace around the colon.
     fn field(&mut self, quoted: &[u8]) -> Scan<()> {
         self.eat_literal(quoted)?;
@@ -200,7 +217,9 @@ impl<'a> Scanner<'a> {
         if self.peek() == Some(b']') {
             self.pos += 1;
         } else {
+            self.reserve_dims(b);
             loop {
+                crate::header::grow_dims(&mut b.shapes, b.max_dims);
                 b.shapes.push(self.integer()?);
                 self.ws();
                 match self.next()? {

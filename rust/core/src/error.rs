@@ -9,7 +9,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::header::MAX_HEADER_SIZE;
+use crate::header::{MAX_HEADER_SIZE, METADATA_KEY};
 
 /// A specialized `Result` for this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -23,12 +23,15 @@ pub enum Error {
         /// Length of the input in bytes.
         len: u64,
     },
-    /// The header length prefix exceeds 100,000,000 bytes (on read or on write).
+    /// The header length prefix exceeds 100,000,000 bytes (on read), or the header a writer
+    /// would produce does (on write).
     HeaderTooLarge {
         /// The header length claimed by the prefix, or produced by the writer.
         header_len: u64,
         /// The input starts like a git-lfs pointer file.
         lfs_pointer: bool,
+        /// `Some` when the error comes from a writer: what the header would have held.
+        writing: Option<HeaderContents>,
     },
     /// The header length prefix points past the end of the input.
     InvalidHeaderLength {
@@ -98,7 +101,7 @@ pub enum Error {
         /// `true` when the key is inside `__metadata__`.
         in_metadata: bool,
     },
-    /// A tensor may not have this name (`__metadata__` is reserved).
+    /// A tensor may not have this name: `__metadata__` is reserved, and names must be UTF-8.
     InvalidTensorName {
         /// The refused name.
         name: String,
@@ -157,6 +160,18 @@ pub enum Error {
         /// What went wrong in it.
         source: Box<Error>,
     },
+}
+
+/// What a header that is too large to write is made of, so the message can say which part to
+/// shrink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderContents {
+    /// Number of tensors.
+    pub tensors: usize,
+    /// Bytes of all tensor names together.
+    pub name_bytes: usize,
+    /// Bytes of all metadata keys and values together.
+    pub metadata_bytes: usize,
 }
 
 /// The stable identity of an [`Error`], without its details.
@@ -347,6 +362,28 @@ fn plural(n: u64, what: &str) -> String {
     }
 }
 
+/// A shape for a message: in full up to 16 dimensions, else the first 12, the last 2 and the
+/// rank, so that a hostile rank of millions does not make a message of megabytes.
+struct ShortShape<'a>(&'a [usize]);
+
+impl fmt::Display for ShortShape<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.0;
+        if s.len() <= 16 {
+            return write!(f, "{s:?}");
+        }
+        let head: Vec<String> = s[..12].iter().map(usize::to_string).collect();
+        write!(
+            f,
+            "[{}, ..., {}, {}] (rank {})",
+            head.join(", "),
+            s[s.len() - 2],
+            s[s.len() - 1],
+            s.len()
+        )
+    }
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -358,11 +395,27 @@ impl fmt::Display for Error {
             ),
             Error::HeaderTooLarge {
                 header_len,
+                writing: Some(parts),
+                ..
+            } => write!(
+                f,
+                "header too large to write: the header for {} would take {header_len} bytes, \
+                 over the format's {MAX_HEADER_SIZE}-byte limit ({} of tensor names, {} of \
+                 metadata); too many tensors, or names or metadata too long: split the tensors \
+                 across several files (shards) or shorten the names or metadata",
+                plural(parts.tensors as u64, "tensor"),
+                plural(parts.name_bytes as u64, "byte"),
+                plural(parts.metadata_bytes as u64, "byte")
+            ),
+            Error::HeaderTooLarge {
+                header_len,
                 lfs_pointer,
+                writing: None,
             } => {
                 write!(
                     f,
-                    "header too large: {header_len} bytes, over the {MAX_HEADER_SIZE}-byte limit"
+                    "header too large: the prefix announces {header_len} bytes, over the \
+                     {MAX_HEADER_SIZE}-byte limit"
                 )?;
                 if *lfs_pointer {
                     write!(
@@ -413,8 +466,9 @@ impl fmt::Display for Error {
             }
             Error::ValidationOverflow { tensor, shape } => write!(
                 f,
-                "validation overflow: tensor `{tensor}` has shape {shape:?}, whose size in bits \
-                 does not fit in 64 bits"
+                "validation overflow: tensor `{tensor}` has shape {}, whose size in bits does \
+                 not fit in 64 bits",
+                ShortShape(shape)
             ),
             Error::MisalignedSlice { tensor, reason } => {
                 write!(f, "misaligned tensor `{tensor}`: {reason}")
@@ -460,10 +514,13 @@ impl fmt::Display for Error {
                     )
                 }
             }
-            Error::InvalidTensorName { name } => write!(
+            // Raised for the reserved name, and by the bridge for names that are not UTF-8
+            // (with `name` then saying so): only the first is about the reservation.
+            Error::InvalidTensorName { name } if name == METADATA_KEY => write!(
                 f,
                 "invalid tensor name `{name}`: `__metadata__` is reserved for the metadata map"
             ),
+            Error::InvalidTensorName { name } => write!(f, "invalid tensor name: {name}"),
             Error::InvalidSlice { tensor, reason } => {
                 write!(f, "invalid slice of tensor `{tensor}`: {reason}")
             }

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::hash::BuildHasher;
 
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::canonical;
 use crate::dtype::Dtype;
@@ -108,6 +108,7 @@ pub fn read_header_len(head: &[u8], total_len: u64) -> Result<usize> {
         return Err(Error::HeaderTooLarge {
             header_len,
             lfs_pointer: head.starts_with(LFS_POINTER_PREFIX),
+            writing: None,
         });
     }
     // header_len <= 1e8, so the addition cannot overflow.
@@ -453,6 +454,8 @@ pub(crate) struct Builder {
     pub(crate) metadata_seen: bool,
     /// First duplicate found inside `__metadata__`, or `__metadata__` itself repeated.
     pub(crate) duplicate: Option<Error>,
+    /// Most dimensions the whole header can hold: each takes a digit and a separator.
+    pub(crate) max_dims: usize,
 }
 
 impl Builder {
@@ -464,6 +467,7 @@ impl Builder {
             metadata: None,
             metadata_seen: false,
             duplicate: None,
+            max_dims: len / 2 + 1,
         }
     }
 
@@ -471,6 +475,17 @@ impl Builder {
         if self.duplicate.is_none() {
             self.duplicate = Some(Error::DuplicateKey { key, in_metadata });
         }
+    }
+}
+
+/// Makes room for one more dimension. Like `Vec`'s doubling, but never past `max`, the most
+/// the header can hold: for a header that is one huge shape (rank ~5e7 in 100 MB) the arena ends
+/// at its exact size instead of at the next power of two, keeping the peak near 4 bytes of
+/// arena per header byte (8 per dimension of at least 2 bytes of text).
+pub(crate) fn grow_dims(dims: &mut Vec<usize>, max: usize) {
+    if dims.len() == dims.capacity() {
+        let want = (dims.capacity() * 2).clamp(dims.len() + 1, max.max(dims.len() + 1));
+        dims.reserve_exact(want - dims.len());
     }
 }
 
@@ -507,7 +522,7 @@ impl<'de> Visitor<'de> for TopVisitor<'_> {
                 }
                 Key::Tensor { start, len } => {
                     let (dtype, (shape_start, shape_len), (begin, end)) =
-                        map.next_value_seed(EntrySeed(&mut b.shapes))?;
+                        map.next_value_seed(EntrySeed(&mut b.shapes, b.max_dims))?;
                     b.entries.push(Entry {
                         name_start: start,
                         name_len: len,
@@ -620,7 +635,7 @@ type ParsedEntry = (Dtype, (u32, u32), (usize, usize));
 
 /// One tensor entry. Like a derived struct deserializer, it takes the object form (unknown
 /// fields ignored, repeated or missing fields refused) and the 3-element array form.
-struct EntrySeed<'b>(&'b mut Vec<usize>);
+struct EntrySeed<'b>(&'b mut Vec<usize>, usize);
 
 const ENTRY_FIELDS: &[&str] = &["dtype", "shape", "data_offsets"];
 
@@ -651,13 +666,13 @@ impl<'de> Visitor<'de> for EntrySeed<'_> {
                 Field::Dtype if dtype.is_some() => return Err(de::Error::duplicate_field("dtype")),
                 Field::Dtype => dtype = Some(map.next_value::<Dtype>()?),
                 Field::Shape if shape.is_some() => return Err(de::Error::duplicate_field("shape")),
-                Field::Shape => shape = Some(map.next_value_seed(ShapeSeed(&mut *self.0))?),
+                Field::Shape => shape = Some(map.next_value_seed(ShapeSeed(&mut *self.0, self.1))?),
                 Field::DataOffsets if offsets.is_some() => {
                     return Err(de::Error::duplicate_field("data_offsets"))
                 }
                 Field::DataOffsets => offsets = Some(map.next_value::<(usize, usize)>()?),
                 Field::Other => {
-                    map.next_value::<IgnoredAny>()?;
+                    map.next_value::<UnknownValue>()?;
                 }
             }
         }
@@ -676,12 +691,69 @@ impl<'de> Visitor<'de> for EntrySeed<'_> {
             .next_element::<Dtype>()?
             .ok_or_else(|| de::Error::invalid_length(0, expected))?;
         let shape = seq
-            .next_element_seed(ShapeSeed(&mut *self.0))?
+            .next_element_seed(ShapeSeed(&mut *self.0, self.1))?
             .ok_or_else(|| de::Error::invalid_length(1, expected))?;
         let offsets = seq
             .next_element::<(usize, usize)>()?
             .ok_or_else(|| de::Error::invalid_length(2, expected))?;
         Ok((dtype, shape, offsets))
+    }
+}
+
+/// The value of an unknown entry field, parsed in full and dropped.
+///
+/// Not `IgnoredAny`: serde_json skips that by scanning the text, which takes numbers out of
+/// `f64` range, lone surrogates and invalid escapes, and nesting past its 128-level limit. The
+/// reference reads the header through a flattened map, so serde_json first parses every value
+/// with `deserialize_any`; asking for the same here applies exactly its grammar. Nothing is
+/// kept, and recursion is bounded by serde_json's depth limit.
+struct UnknownValue;
+
+impl<'de> de::Deserialize<'de> for UnknownValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        d.deserialize_any(UnknownValue)
+    }
+}
+
+impl<'de> Visitor<'de> for UnknownValue {
+    type Value = UnknownValue;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> std::result::Result<Self, E> {
+        Ok(self)
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> std::result::Result<Self, E> {
+        Ok(self)
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> std::result::Result<Self, E> {
+        Ok(self)
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> std::result::Result<Self, E> {
+        Ok(self)
+    }
+
+    fn visit_str<E: de::Error>(self, _: &str) -> std::result::Result<Self, E> {
+        Ok(self)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> std::result::Result<Self, E> {
+        Ok(self)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self, A::Error> {
+        while seq.next_element::<UnknownValue>()?.is_some() {}
+        Ok(self)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self, A::Error> {
+        while map.next_entry::<UnknownValue, UnknownValue>()?.is_some() {}
+        Ok(self)
     }
 }
 
@@ -713,8 +785,9 @@ impl<'de> de::Deserialize<'de> for Field {
     }
 }
 
-/// A shape: an array of non-negative integers, appended to the shared dimension arena.
-struct ShapeSeed<'b>(&'b mut Vec<usize>);
+/// A shape: an array of non-negative integers, appended to the shared dimension arena, whose
+/// capacity never grows past the second field (see [`grow_dims`]).
+struct ShapeSeed<'b>(&'b mut Vec<usize>, usize);
 
 impl<'de> DeserializeSeed<'de> for ShapeSeed<'_> {
     type Value = (u32, u32);
@@ -734,6 +807,7 @@ impl<'de> Visitor<'de> for ShapeSeed<'_> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(u32, u32), A::Error> {
         let start = self.0.len();
         while let Some(dim) = seq.next_element::<usize>()? {
+            grow_dims(self.0, self.1);
             self.0.push(dim);
         }
         Ok((arena_u32(start)?, arena_u32(self.0.len() - start)?))

@@ -28,7 +28,7 @@ mod writer;
 
 pub use checkpoint::Checkpoint;
 pub use dtype::{Dtype, UnknownDtype};
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorKind, HeaderContents, Result};
 pub use file::{Backend, SafeFile};
 pub use header::{
     paths, read_header_len, Header, TensorInfo, MAX_HEADER_SIZE, METADATA_KEY, N_LEN,

@@ -5,14 +5,13 @@
 //! header is padded with spaces to a multiple of 8. The reference keeps metadata in a hash map,
 //! so with two or more keys its output order varies; ours does not.
 
-use std::collections::{BTreeMap, HashSet};
-use std::fs::File;
-use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+mod atomic;
 
-use crate::error::{Error, Result};
+use std::collections::{BTreeMap, HashSet};
+use std::io::{self, Write};
+use std::path::Path;
+
+use crate::error::{Error, HeaderContents, Result};
 use crate::header::{MAX_HEADER_SIZE, METADATA_KEY, N_LEN};
 use crate::view::TensorView;
 
@@ -168,6 +167,12 @@ fn layout<'a, S: AsRef<str>>(
         return Err(Error::HeaderTooLarge {
             header_len: padded as u64,
             lfs_pointer: false,
+            writing: Some(HeaderContents {
+                tensors: items.len(),
+                name_bytes: items.iter().map(|(n, _)| n.as_ref().len()).sum(),
+                metadata_bytes: metadata
+                    .map_or(0, |m| m.iter().map(|(k, v)| k.len() + v.len()).sum()),
+            }),
         });
     }
     let mut head = Vec::with_capacity(N_LEN + padded);
@@ -283,72 +288,15 @@ pub fn write_atomically(
 }
 
 /// [`write_atomically`] with a choice of durability.
+///
+/// `path` may be a symlink: the file it points to is replaced and the link kept. A directory,
+/// FIFO, socket or device node at `path` is refused with `Io`. An existing file keeps its
+/// permission bits, and its owner and group where the process may set them. See
+/// `writer/atomic.rs` for the temporary file's life.
 pub fn write_atomically_with(
     path: &Path,
     durability: Durability,
     fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> Result<()> {
-    let synced = durability == Durability::Synced;
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let file_name = path.file_name().ok_or_else(|| {
-        Error::io(
-            path,
-            "write",
-            io::Error::new(io::ErrorKind::InvalidInput, "the path names no file"),
-        )
-    })?;
-    let (temp_path, file) = create_temp(&dir, &file_name.to_string_lossy())
-        .map_err(|e| Error::io(path, "create a temporary file in the target directory", e))?;
-    let result = (|| -> io::Result<()> {
-        if let Ok(meta) = std::fs::metadata(path) {
-            file.set_permissions(std::fs::Permissions::from_mode(meta.permissions().mode()))?;
-        }
-        // Large writes pass straight through; small tensors are batched.
-        let mut out = io::BufWriter::with_capacity(1 << 20, &file);
-        fill(&mut out)?;
-        out.flush()?;
-        drop(out);
-        if synced {
-            file.sync_all()?;
-        }
-        Ok(())
-    })();
-    let result = result
-        .map_err(|e| Error::io(path, "write", e))
-        .and_then(|()| std::fs::rename(&temp_path, path).map_err(|e| Error::io(path, "rename", e)));
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temp_path);
-        return result;
-    }
-    // Make the rename itself durable. Some filesystems refuse fsync on directories; the data is
-    // already safe, so that is not an error.
-    if synced {
-        if let Ok(d) = File::open(&dir) {
-            let _ = d.sync_all();
-        }
-    }
-    Ok(())
-}
-
-/// Creates `.<name>.tmp-<pid>-<n>` exclusively in `dir`; hidden, so tools that list models skip
-/// it, and never the target's own name.
-fn create_temp(dir: &Path, name: &str) -> io::Result<(PathBuf, File)> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    loop {
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let candidate = dir.join(format!(".{name}.tmp-{}-{n}", std::process::id()));
-        match File::options()
-            .write(true)
-            .create_new(true)
-            .mode(0o666)
-            .open(&candidate)
-        {
-            Ok(f) => return Ok((candidate, f)),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        }
-    }
+    atomic::replace(path, durability == Durability::Synced, fill)
 }

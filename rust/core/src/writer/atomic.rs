@@ -1,0 +1,316 @@
+//! Replacing a file atomically: what happens to the target's path, mode, owner and to the
+//! temporary file on the way.
+//!
+//! Decisions (the README's "Writing" section states them for users):
+//! - A symlink is followed to the file it names (as `open` would), and that file is replaced; the
+//!   link stays a link. A dangling link creates the file it points to.
+//! - A directory, FIFO, socket or device node is refused with `Io`: replacing `/dev/null` or a
+//!   pipe by a regular file is never what the caller meant.
+//! - An existing file keeps its owner and group where the process may set them (`fchown`; EPERM
+//!   is ignored), and exactly its permission bits; setuid/setgid are dropped when the owner or
+//!   group could not be kept, so that they never apply to an identity they did not apply to.
+//!   A new file gets `0666` minus the umask, as `open` gives. ACLs and xattrs are not copied.
+//! - The data goes to an unnamed file (`O_TMPFILE`) in the target's directory, so a writer killed
+//!   mid-write leaves nothing behind. Once written (and synced), it is linked under a short fixed-
+//!   size hidden name and renamed over the target; a kill between those two steps, a window of
+//!   two system calls, leaves that fully written temporary file. Where `O_TMPFILE` or
+//!   `/proc/self/fd` is unavailable, a named temporary file is used from the start, as before.
+//! - Temporary names never derive from the target's name, so a target name of up to 255 bytes
+//!   (NAME_MAX) can be written.
+
+use std::ffi::CString;
+use std::fs::{self, File, Metadata};
+use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::{Error, Result};
+
+/// Most symlinks followed before giving up, as the kernel's own limit.
+const MAX_SYMLINKS: usize = 40;
+
+/// Runs `fill` on a temporary file beside the file `path` names, then puts it in place.
+pub(super) fn replace(
+    path: &Path,
+    synced: bool,
+    fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> Result<()> {
+    let target = resolve_symlinks(path).map_err(|e| Error::io(path, "resolve", e))?;
+    let existing = existing_file(&target).map_err(|e| Error::io(path, "write", e))?;
+    let (dir, name) = split(&target).map_err(|e| Error::io(path, "write", e))?;
+    let temp = Temp::create(&dir, existing.is_some())
+        .map_err(|e| Error::io(path, "create a temporary file in the target directory", e))?;
+    let written = (|| -> io::Result<()> {
+        if let Some(meta) = &existing {
+            keep_owner_and_mode(temp.file(), meta)?;
+        }
+        // Large writes pass straight through; small tensors are batched.
+        let mut out = io::BufWriter::with_capacity(1 << 20, temp.file());
+        fill(&mut out)?;
+        out.flush()?;
+        drop(out);
+        if synced {
+            temp.file().sync_all()?;
+        }
+        Ok(())
+    })();
+    written.map_err(|e| Error::io(path, "write", e))?;
+    temp.persist(&dir, &name)
+        .map_err(|e| Error::io(path, "rename", e))?;
+    // Make the rename itself durable. Some filesystems refuse fsync on directories; the data is
+    // already safe, so that is not an error.
+    if synced {
+        if let Ok(d) = File::open(&dir) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(())
+}
+
+/// Follows symlinks in the last component until it names a non-link (or nothing).
+fn resolve_symlinks(path: &Path) -> io::Result<PathBuf> {
+    let mut p = path.to_path_buf();
+    for _ in 0..MAX_SYMLINKS {
+        match fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let to = fs::read_link(&p)?;
+                p = match p.parent() {
+                    Some(dir) if to.is_relative() => dir.join(to),
+                    _ => to,
+                };
+            }
+            Ok(_) => return Ok(p),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(p),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::from_raw_os_error(libc::ELOOP))
+}
+
+/// The metadata of the regular file at `target`, `None` when there is none, or an error for
+/// anything that is not a regular file.
+fn existing_file(target: &Path) -> io::Result<Option<Metadata>> {
+    let meta = match fs::symlink_metadata(target) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let t = meta.file_type();
+    if t.is_file() {
+        return Ok(Some(meta));
+    }
+    use std::os::unix::fs::FileTypeExt;
+    let what = if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device node"
+    } else {
+        "a symlink that changed while it was followed"
+    };
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("the path is {what}, not a regular file; refusing to replace it"),
+    ))
+}
+
+/// The directory to write in (`.` for a bare name) and the file name.
+fn split(target: &Path) -> io::Result<(PathBuf, CString)> {
+    let name = target
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "the path names no file"))?;
+    let dir = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    Ok((dir, cstring(name.as_bytes())?))
+}
+
+fn cstring(bytes: &[u8]) -> io::Result<CString> {
+    CString::new(bytes).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in a path"))
+}
+
+/// Gives `file` the owner, group and permission bits of `meta` (see the module comment).
+fn keep_owner_and_mode(file: &File, meta: &Metadata) -> io::Result<()> {
+    let fd = file.as_raw_fd();
+    // SAFETY: plain syscalls on a descriptor we own. `uid_t::MAX` is -1: "leave unchanged".
+    if unsafe { libc::fchown(fd, meta.uid(), meta.gid()) } != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EPERM) {
+            return Err(e);
+        }
+        // Not root: the group can still be kept where we are a member of it.
+        let _ = unsafe { libc::fchown(fd, libc::uid_t::MAX, meta.gid()) };
+    }
+    let now = file.metadata()?;
+    let mut mode = meta.mode() & 0o7777;
+    if now.uid() != meta.uid() {
+        mode &= !libc::S_ISUID;
+    }
+    if now.gid() != meta.gid() {
+        mode &= !libc::S_ISGID;
+    }
+    file.set_permissions(fs::Permissions::from_mode(mode))
+}
+
+/// A short hidden name of fixed length, unique within this process: `.st-<16 hex>.tmp`.
+fn temp_name() -> CString {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed) & 0xffff_ffff;
+    let id = (u64::from(std::process::id()) << 32) | n;
+    CString::new(format!(".st-{id:016x}.tmp")).unwrap_or_default()
+}
+
+/// The file being written: unnamed until it is complete, or named where that is unsupported.
+enum Temp {
+    Unnamed {
+        file: File,
+        dir_fd: File,
+    },
+    Named {
+        file: File,
+        path: PathBuf,
+        done: bool,
+    },
+}
+
+impl Temp {
+    /// For an existing target the file starts private (0600) and gets the target's mode before
+    /// any byte is written; a new file starts at 0666 minus the umask.
+    fn create(dir: &Path, private: bool) -> io::Result<Temp> {
+        let mode = if private { 0o600 } else { 0o666 };
+        match Temp::unnamed(dir, mode) {
+            Ok(Some(t)) => return Ok(t),
+            Ok(None) => {}
+            Err(e) => return Err(e),
+        }
+        Temp::named(dir, mode)
+    }
+
+    /// `Ok(None)` where the filesystem or kernel lacks `O_TMPFILE`, or `/proc` is not mounted
+    /// (the file could then never be given a name).
+    fn unnamed(dir: &Path, mode: u32) -> io::Result<Option<Temp>> {
+        let file = match File::options()
+            .write(true)
+            .mode(mode)
+            .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+            .open(dir)
+        {
+            Ok(f) => f,
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
+                ) =>
+            {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
+        };
+        if fs::metadata(proc_fd(&file)).is_err() {
+            return Ok(None);
+        }
+        let dir_fd = File::options()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(dir)?;
+        Ok(Some(Temp::Unnamed { file, dir_fd }))
+    }
+
+    fn named(dir: &Path, mode: u32) -> io::Result<Temp> {
+        loop {
+            let name = temp_name();
+            let path = dir.join(std::ffi::OsStr::from_bytes(name.as_bytes()));
+            match File::options()
+                .write(true)
+                .create_new(true)
+                .mode(mode)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(&path)
+            {
+                Ok(file) => {
+                    return Ok(Temp::Named {
+                        file,
+                        path,
+                        done: false,
+                    })
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn file(&self) -> &File {
+        match self {
+            Temp::Unnamed { file, .. } | Temp::Named { file, .. } => file,
+        }
+    }
+
+    /// Puts the complete file at `dir/name`, replacing what is there.
+    fn persist(mut self, dir: &Path, name: &CString) -> io::Result<()> {
+        match &mut self {
+            Temp::Named { path, done, .. } => {
+                let to = dir.join(std::ffi::OsStr::from_bytes(name.as_bytes()));
+                fs::rename(&*path, to)?;
+                *done = true;
+                Ok(())
+            }
+            Temp::Unnamed { file, dir_fd } => {
+                let from = cstring(proc_fd(file).as_os_str().as_bytes())?;
+                let d = dir_fd.as_raw_fd();
+                loop {
+                    let temp = temp_name();
+                    // SAFETY: valid NUL-terminated strings and descriptors we own.
+                    let linked = unsafe {
+                        libc::linkat(
+                            libc::AT_FDCWD,
+                            from.as_ptr(),
+                            d,
+                            temp.as_ptr(),
+                            libc::AT_SYMLINK_FOLLOW,
+                        )
+                    };
+                    if linked != 0 {
+                        let e = io::Error::last_os_error();
+                        if e.kind() == io::ErrorKind::AlreadyExists {
+                            continue;
+                        }
+                        return Err(e);
+                    }
+                    // The window a kill leaves a (complete) temporary file in: from here to the
+                    // end of `renameat`.
+                    // SAFETY: as above.
+                    if unsafe { libc::renameat(d, temp.as_ptr(), d, name.as_ptr()) } != 0 {
+                        let e = io::Error::last_os_error();
+                        unsafe { libc::unlinkat(d, temp.as_ptr(), 0) };
+                        return Err(e);
+                    }
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Temp {
+    fn drop(&mut self) {
+        // An unnamed file vanishes with its descriptor; a named one must be removed.
+        if let Temp::Named {
+            path, done: false, ..
+        } = self
+        {
+            let _ = fs::remove_file(&*path);
+        }
+    }
+}
+
+fn proc_fd(file: &File) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
+}
