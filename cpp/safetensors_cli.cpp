@@ -1,11 +1,18 @@
 // `safetensors`: inspect, validate, edit the metadata of, and time safetensors files, through
 // the public C++ API only. Usage text below; exit codes: 0 success, 1 a file is invalid or an
-// operation failed, 2 the command line is wrong.
+// operation failed (a failed write to standard output included), 2 the command line is wrong.
+// Every user-controlled string it prints (names, metadata, paths, messages that embed them) goes
+// through `printable` or `json_string`, so a file cannot forge output or drive the terminal.
 #include <safetensors/safetensors.hpp>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cinttypes>
@@ -56,6 +63,8 @@ exit codes:
   2  the command line is wrong
 )";
 
+std::string printable(std::string_view text);
+
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -63,7 +72,7 @@ struct UsageError : std::runtime_error {
 /// An argument that looks like an option but is none of the command's: a usage error rather
 /// than a file name (a file whose name starts with "-" can be given as ./-name).
 [[noreturn]] void unknown_option(const std::string& command, const std::string& arg) {
-  throw UsageError(command + ": unknown option '" + arg + "'");
+  throw UsageError(command + ": unknown option '" + printable(arg) + "'");
 }
 
 bool is_option(const std::string& a) { return a.size() > 1 && a[0] == '-'; }
@@ -80,33 +89,126 @@ std::string shape_text(const std::vector<std::size_t>& shape) {
   return s + "]";
 }
 
+/// One UTF-8 sequence at `s[i]`: its code point and length, or length 0 where the bytes are not
+/// valid UTF-8 (overlong forms, surrogates and values above U+10FFFF included).
+std::pair<char32_t, std::size_t> decode_utf8(std::string_view s, std::size_t i) {
+  auto byte = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
+  unsigned char b = byte(i);
+  if (b < 0x80) return {b, 1};
+  std::size_t len = b >= 0xf0 ? 4 : b >= 0xe0 ? 3 : b >= 0xc2 ? 2 : 0;
+  if (len == 0 || b > 0xf4 || i + len > s.size()) return {0, 0};
+  char32_t c = b & (0x7f >> len);
+  for (std::size_t k = 1; k < len; ++k) {
+    if ((byte(i + k) & 0xc0) != 0x80) return {0, 0};
+    c = (c << 6) | (byte(i + k) & 0x3f);
+  }
+  if ((len == 3 && c < 0x800) || (len == 4 && (c < 0x10000 || c > 0x10ffff)) ||
+      (c >= 0xd800 && c <= 0xdfff)) {
+    return {0, 0};
+  }
+  return {c, len};
+}
+
+/// Characters that could move the cursor, rewrite a line, switch the terminal's state or
+/// reorder what is shown: C0 and C1 controls, DEL, and Unicode's invisible direction and line
+/// controls.
+bool is_control(char32_t c) {
+  return c < 0x20 || c == 0x7f || (c >= 0x80 && c <= 0x9f) || c == 0x200e || c == 0x200f ||
+         (c >= 0x202a && c <= 0x202e) || (c >= 0x2066 && c <= 0x2069) || c == 0x2028 || c == 0x2029 ||
+         c == 0xfeff;
+}
+
+/// `text` safe to print on a terminal: controls as `\n`, `\r`, `\t`, `\xNN` or `\u{NNNN}`,
+/// bytes that are not UTF-8 as `\xNN`, and `\` as `\\` so that an escape cannot be forged.
+std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  char buf[16];
+  for (std::size_t i = 0; i < text.size();) {
+    auto [c, len] = decode_utf8(text, i);
+    if (len == 0) {
+      std::snprintf(buf, sizeof buf, "\\x%02x", static_cast<unsigned char>(text[i]));
+      out += buf;
+      ++i;
+      continue;
+    }
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\n' || c == '\r' || c == '\t') {
+      out += c == '\n' ? "\\n" : c == '\r' ? "\\r" : "\\t";
+    } else if (is_control(c)) {
+      std::snprintf(buf, sizeof buf, c < 0x100 ? "\\x%02x" : "\\u{%04x}", static_cast<unsigned>(c));
+      out += buf;
+    } else {
+      out.append(text.substr(i, len));
+    }
+    i += len;
+  }
+  return out;
+}
+std::string printable_path(const fs::path& p) {
+  return printable(std::string_view(p.native()));
+}
+
+/// Characters a terminal shows for `printable` text (code points; wide characters count once).
+std::size_t display_width(std::string_view text) {
+  std::size_t n = 0;
+  for (char ch : text) n += (static_cast<unsigned char>(ch) & 0xc0) != 0x80;
+  return n;
+}
+
+/// `text` padded with spaces to `width` columns (never cut: a longer name is printed whole).
+std::string padded(std::string text, std::size_t width) {
+  std::size_t w = display_width(text);
+  if (w < width) text.append(width - w, ' ');
+  return text;
+}
+
+/// A JSON string: controls (as `is_control` defines them) as `\uNNNN`, bytes that are not
+/// UTF-8 (possible in paths) as U+FFFD, since JSON cannot carry them.
 std::string json_string(std::string_view v) {
   std::string out = "\"";
-  for (char ch : v) {
-    auto c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
+  char buf[8];
+  for (std::size_t i = 0; i < v.size();) {
+    auto [c, len] = decode_utf8(v, i);
+    if (len == 0) {
+      out += "\\ufffd";
+      ++i;
+      continue;
     }
+    if (c == '"' || c == '\\') {
+      out += c == '"' ? "\\\"" : "\\\\";
+    } else if (c == '\n' || c == '\r' || c == '\t') {
+      out += c == '\n' ? "\\n" : c == '\r' ? "\\r" : "\\t";
+    } else if (is_control(c)) {
+      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
+      out += buf;
+    } else {
+      out.append(v.substr(i, len));
+    }
+    i += len;
   }
   return out + "\"";
+}
+
+[[noreturn]] void throw_io(const std::string& doing, const fs::path& path, int err) {
+  throw safetensors::Error(safetensors::ErrorKind::Io,
+                           "cannot " + doing + " " + path.string() + ": " + std::strerror(err));
+}
+
+/// `fs::file_size` as a typed `Io` error (a shard removed meanwhile, a permission change).
+std::uint64_t file_size_of(const fs::path& path) {
+  std::error_code ec;
+  auto n = fs::file_size(path, ec);
+  if (ec) throw_io("get the size of", path, ec.value());
+  return n;
 }
 
 bool is_index(const fs::path& p) { return p.extension() == ".json"; }
 
 void print_error(const fs::path& path, const safetensors::Error& e) {
-  std::printf("FAIL %s: %s: %s\n", path.c_str(), std::string(safetensors::to_string(e.kind())).c_str(), e.what());
+  std::printf("FAIL %s: %s: %s\n", printable_path(path).c_str(),
+              std::string(safetensors::to_string(e.kind())).c_str(), printable(e.what()).c_str());
 }
 
 // ---- inspect -----------------------------------------------------------------------------
@@ -139,13 +241,13 @@ int inspect(const std::vector<std::string>& args) {
     has_metadata = ckpt.has_metadata();
     shards = ckpt.shard_count();
     for (const auto& k : ckpt.keys()) rows.push_back({k, ckpt.info(k), ckpt.shard_of(k).filename().string()});
-    for (const auto& p : ckpt.shard_paths()) file_bytes += fs::file_size(p);
+    for (const auto& p : ckpt.shard_paths()) file_bytes += file_size_of(p);
   } else {
     SafeOpen f(*path, {Backend::Read});  // the read backend reads the header and nothing else
     metadata = f.metadata();
     has_metadata = f.has_metadata();
     for (const auto& k : f.offset_keys()) rows.push_back({k, f.info(k), {}});
-    file_bytes = fs::file_size(*path);
+    file_bytes = file_size_of(*path);
     header_bytes = f.header_size();
   }
 
@@ -199,28 +301,32 @@ int inspect(const std::vector<std::string>& args) {
     return 0;
   }
 
-  std::printf("%s: %s bytes", path->c_str(), with_commas(file_bytes).c_str());
+  std::printf("%s: %s bytes", printable_path(*path).c_str(), with_commas(file_bytes).c_str());
   if (is_index(*path)) std::printf(" in %zu shards\n", shards);
   else std::printf(", header %s bytes\n", with_commas(header_bytes).c_str());
   if (!has_metadata) {
     std::printf("metadata: none\n");
   } else {
     std::printf("metadata:\n");
-    for (const auto& [k, v] : metadata) std::printf("  %s: %s\n", k.c_str(), v.c_str());
+    for (const auto& [k, v] : metadata) std::printf("  %s: %s\n", printable(k).c_str(), printable(v).c_str());
   }
+  // Columns fit the longest name and shape up to a cap: one huge name (a hostile file can hold
+  // a 100,000-byte one) is printed whole on its own row instead of padding every row to it.
+  constexpr std::size_t kMaxName = 60, kMaxShape = 32;
   std::size_t wn = 4, ws = 5;
   for (const auto& r : rows) {
-    wn = std::max(wn, r.name.size());
-    ws = std::max(ws, shape_text(r.info.shape).size());
+    wn = std::max(wn, std::min(kMaxName, display_width(printable(r.name))));
+    ws = std::max(ws, std::min(kMaxShape, shape_text(r.info.shape).size()));
   }
   std::printf("tensors (%zu):\n", rows.size());
-  std::printf("  %-*s  %-11s  %-*s  %15s  %15s%s\n", static_cast<int>(wn), "name", "dtype", static_cast<int>(ws), "shape",
-              "bytes", "offset", is_index(*path) ? "  shard" : "");
+  std::printf("  %s  %-11s  %s  %15s  %15s%s\n", padded("name", wn).c_str(), "dtype",
+              padded("shape", ws).c_str(), "bytes", "offset", is_index(*path) ? "  shard" : "");
   for (const auto& r : rows) {
-    std::printf("  %-*s  %-11s  %-*s  %15s  %15s%s%s\n", static_cast<int>(wn), r.name.c_str(),
-                std::string(safetensors::to_string(r.info.dtype)).c_str(), static_cast<int>(ws),
-                shape_text(r.info.shape).c_str(), with_commas(r.info.byte_size()).c_str(),
-                with_commas(r.info.data_offsets.first).c_str(), r.shard.empty() ? "" : "  ", r.shard.c_str());
+    std::printf("  %s  %-11s  %s  %15s  %15s%s%s\n", padded(printable(r.name), wn).c_str(),
+                std::string(safetensors::to_string(r.info.dtype)).c_str(),
+                padded(shape_text(r.info.shape), ws).c_str(), with_commas(r.info.byte_size()).c_str(),
+                with_commas(r.info.data_offsets.first).c_str(), r.shard.empty() ? "" : "  ",
+                printable(r.shard).c_str());
   }
   std::printf("totals: %s parameters, %s bytes\n", with_commas(params).c_str(), with_commas(bytes).c_str());
   for (const auto& [d, pb] : by_dtype) {
@@ -240,7 +346,8 @@ class Progress {
     auto now = measure::Clock::now();
     if (now - last_ < std::chrono::milliseconds(100) && done != total) return;
     last_ = now;
-    std::fprintf(stderr, "\r\033[K[%zu/%zu] %s %3.0f%% of %s bytes", index + 1, files_, path.filename().c_str(),
+    std::fprintf(stderr, "\r\033[K[%zu/%zu] %s %3.0f%% of %s bytes", index + 1, files_,
+                 printable_path(path.filename()).c_str(),
                  total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0,
                  with_commas(total).c_str());
   }
@@ -287,17 +394,18 @@ int validate(const std::vector<std::string>& args) {
         for (const auto& shard : ckpt.shard_paths()) {
           SafeOpen f(shard, {Backend::Read});
           if (!header_only) read_all(f, i, shard, progress);
-          bytes += fs::file_size(shard);
+          bytes += file_size_of(shard);
         }
         tensors = ckpt.size();
       } else {
         SafeOpen f(path, {Backend::Read});
         if (!header_only) read_all(f, i, path, progress);
         tensors = f.size();
-        bytes = fs::file_size(path);
+        bytes = file_size_of(path);
       }
       progress.clear();
-      std::printf("OK   %s (%zu tensors, %s bytes)\n", path.c_str(), tensors, with_commas(bytes).c_str());
+      std::printf("OK   %s (%zu tensors, %s bytes)\n", printable_path(path).c_str(), tensors,
+                  with_commas(bytes).c_str());
     } catch (const safetensors::Error& e) {
       progress.clear();
       print_error(path, e);
@@ -309,6 +417,114 @@ int validate(const std::vector<std::string>& args) {
 }
 
 // ---- metadata ----------------------------------------------------------------------------
+
+/// An exclusive `flock` on the file a path names, held until destruction. Concurrent `metadata`
+/// runs on one file take turns: the second waits, then finds that the path now names the first
+/// one's rewrite (a new inode) and locks that instead, so it edits the updated file and no
+/// update is lost. Programs that do not take the lock are not excluded (advisory locking).
+class FileLock {
+ public:
+  explicit FileLock(const fs::path& path) {
+    for (int attempt = 0; attempt < 1000; ++attempt) {
+      // O_NONBLOCK: opening a FIFO must not hang; SafeOpen refuses non-regular files later.
+      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+      if (fd < 0) throw_io("open", path, errno);
+      if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno != EWOULDBLOCK) {
+          int err = errno;
+          ::close(fd);
+          throw_io("lock", path, err);
+        }
+        std::fprintf(stderr, "waiting for another process editing %s\n", printable_path(path).c_str());
+        while (::flock(fd, LOCK_EX) != 0) {
+          if (errno != EINTR) {
+            int err = errno;
+            ::close(fd);
+            throw_io("lock", path, err);
+          }
+        }
+      }
+      struct stat locked {
+      }, named{};
+      if (::fstat(fd, &locked) == 0 && ::stat(path.c_str(), &named) == 0 && locked.st_dev == named.st_dev &&
+          locked.st_ino == named.st_ino) {
+        fd_ = fd;
+        stat_ = locked;
+        return;
+      }
+      ::close(fd);  // replaced while we waited: lock what the path names now
+    }
+    throw safetensors::Error(safetensors::ErrorKind::Io,
+                             path.string() + " keeps being replaced by other processes; try again");
+  }
+  ~FileLock() { ::close(fd_); }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+  /// The locked file's status: mode, owner, inode.
+  [[nodiscard]] const struct stat& status() const { return stat_; }
+  /// Whether `path` still names the locked file.
+  [[nodiscard]] bool still_named_by(const fs::path& path) const {
+    struct stat now {};
+    return ::stat(path.c_str(), &now) == 0 && now.st_dev == stat_.st_dev && now.st_ino == stat_.st_ino;
+  }
+
+ private:
+  int fd_ = -1;
+  struct stat stat_ {};
+};
+
+/// SIGINT, SIGTERM and SIGHUP held back while a rewrite is staged, so that none can end the
+/// process between creating the staged file and removing or renaming it. `pending()` says
+/// whether one arrived (the rewrite is then abandoned); the destructor lets it through, so the
+/// process still ends by that signal, as it would have.
+class HeldSignals {
+ public:
+  HeldSignals() {
+    sigemptyset(&set_);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set_, sig);
+    ::sigprocmask(SIG_BLOCK, &set_, &old_);
+  }
+  ~HeldSignals() { ::sigprocmask(SIG_SETMASK, &old_, nullptr); }
+  HeldSignals(const HeldSignals&) = delete;
+  HeldSignals& operator=(const HeldSignals&) = delete;
+  [[nodiscard]] bool pending() const {
+    sigset_t p;
+    sigemptyset(&p);
+    ::sigpending(&p);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+      if (sigismember(&p, sig) == 1) return true;
+    }
+    return false;
+  }
+
+ private:
+  sigset_t set_{}, old_{};
+};
+
+/// Gives the staged file the original's owner (where permitted) and then its mode (after the
+/// owner: a change of owner clears set-id bits), so a rewrite never widens access.
+void copy_owner_and_mode(const fs::path& staged, const struct stat& original, const fs::path& path) {
+  if (::chown(staged.c_str(), original.st_uid, original.st_gid) != 0) {
+    // Not permitted (we are not root): keep the group if we may, and say that the owner changes.
+    if (::chown(staged.c_str(), static_cast<uid_t>(-1), original.st_gid) != 0 ||
+        ::geteuid() != original.st_uid) {
+      std::fprintf(stderr, "note: %s is owned by uid %u gid %u; the rewritten file belongs to you\n",
+                   printable_path(path).c_str(), static_cast<unsigned>(original.st_uid),
+                   static_cast<unsigned>(original.st_gid));
+    }
+  }
+  if (::chmod(staged.c_str(), original.st_mode & 07777) != 0) throw_io("set the mode of", staged, errno);
+}
+
+/// The staged file's name: hidden, beside the target, unique to this process; the target's
+/// name is cut so that the name (and the writer's own temporary name built from it) stays
+/// within NAME_MAX.
+fs::path staged_path(const fs::path& target) {
+  std::string base = target.filename().string();
+  if (base.size() > 100) base.resize(100);
+  return target.parent_path() / ("." + base + ".metadata-" + std::to_string(::getpid()));
+}
 
 int metadata(const std::vector<std::string>& args) {
   std::optional<fs::path> path;
@@ -324,7 +540,8 @@ int metadata(const std::vector<std::string>& args) {
         continue;
       }
       auto eq = v.find('=');
-      if (eq == std::string::npos || eq == 0) throw UsageError("--set takes KEY=VALUE, got '" + v + "'");
+      if (eq == std::string::npos || eq == 0)
+        throw UsageError("--set takes KEY=VALUE, got '" + printable(v) + "'");
       sets[v.substr(0, eq)] = v.substr(eq + 1);
     } else if (is_option(a)) {
       unknown_option("metadata", a);
@@ -337,42 +554,76 @@ int metadata(const std::vector<std::string>& args) {
   if (!path) throw UsageError("metadata needs a file");
   if (is_index(*path)) throw UsageError("metadata edits single files, not an index");
 
-  SafeOpen original(*path);
-  auto meta = original.metadata();
   if (sets.empty() && deletes.empty()) {
+    SafeOpen original(*path);
     if (!original.has_metadata()) std::puts("(no metadata)");
-    for (const auto& [k, v] : meta) std::printf("%s: %s\n", k.c_str(), v.c_str());
+    for (const auto& [k, v] : original.metadata())
+      std::printf("%s: %s\n", printable(k).c_str(), printable(v).c_str());
     return 0;
   }
+
+  // A symbolic link is followed: the file it names is edited and the link stays a link.
+  fs::path target = *path;
+  std::error_code link_ec;
+  if (fs::is_symlink(target, link_ec)) {
+    target = fs::canonical(target, link_ec);
+    if (link_ec) throw_io("resolve the link", *path, link_ec.value());
+  }
+  FileLock lock(target);
+  SafeOpen original(target);
+  if (!lock.still_named_by(target)) {
+    throw safetensors::Error(safetensors::ErrorKind::Io,
+                             target.string() + " was replaced by a program that does not lock it; try again");
+  }
+  auto meta = original.metadata();
   for (const auto& k : deletes) {
-    if (!meta.erase(k)) std::fprintf(stderr, "note: no key '%s' to delete\n", k.c_str());
+    if (!meta.erase(k)) std::fprintf(stderr, "note: no key '%s' to delete\n", printable(k).c_str());
   }
   for (const auto& [k, v] : sets) meta[k] = v;
 
   // Write beside the file, compare every tensor with the original, then swap it in.
   std::vector<std::pair<std::string, safetensors::TensorView>> tensors;
   for (const auto& k : original.keys()) tensors.emplace_back(k, original.get_tensor(k));
-  fs::path staged = path->parent_path() / ("." + path->filename().string() + ".metadata-" + std::to_string(::getpid()));
-  try {
-    safetensors::save_file(staged, tensors, meta);
-    SafeOpen written(staged);
-    for (const auto& [name, view] : tensors) {
-      auto w = written.get_tensor(name);
-      if (w.dtype != view.dtype || w.shape != view.shape || w.data.size() != view.data.size() ||
-          !std::equal(w.data.begin(), w.data.end(), view.data.begin())) {
-        throw safetensors::Error(safetensors::ErrorKind::Internal, "tensor `" + name + "` differs after rewriting");
+  fs::path staged = staged_path(target);
+  {
+    HeldSignals held;
+    // Created private (umask 077) and then given the original's owner and mode, so its bytes are
+    // never readable by more users than the original's.
+    mode_t old_mask = ::umask(077);
+    try {
+      safetensors::save_file(staged, tensors, meta);
+      ::umask(old_mask);
+      copy_owner_and_mode(staged, lock.status(), target);
+      SafeOpen written(staged);
+      for (const auto& [name, view] : tensors) {
+        auto w = written.get_tensor(name);
+        if (w.dtype != view.dtype || w.shape != view.shape || w.data.size() != view.data.size() ||
+            !std::equal(w.data.begin(), w.data.end(), view.data.begin())) {
+          throw safetensors::Error(safetensors::ErrorKind::Internal,
+                                   "tensor `" + name + "` differs after rewriting");
+        }
       }
+      if (written.size() != original.size() || written.metadata() != meta) {
+        throw safetensors::Error(safetensors::ErrorKind::Internal,
+                                 "the rewritten file does not hold what was asked");
+      }
+      if (held.pending()) {
+        throw safetensors::Error(safetensors::ErrorKind::Io,
+                                 "interrupted: " + target.string() + " left unchanged");
+      }
+      if (::rename(staged.c_str(), target.c_str()) != 0) {
+        int err = errno;
+        throw safetensors::Error(safetensors::ErrorKind::Io, "cannot replace " + target.string() + " with " +
+                                                                 staged.string() + ": " + std::strerror(err));
+      }
+    } catch (...) {
+      ::umask(old_mask);
+      ::unlink(staged.c_str());
+      throw;  // a held signal, if any, ends the process when `held` lets it through
     }
-    if (written.size() != original.size() || written.metadata() != meta) {
-      throw safetensors::Error(safetensors::ErrorKind::Internal, "the rewritten file does not hold what was asked");
-    }
-    fs::rename(staged, *path);
-  } catch (...) {
-    std::error_code ec;
-    fs::remove(staged, ec);
-    throw;
   }
-  std::printf("updated %s: %zu tensors unchanged, metadata now has %zu keys\n", path->c_str(), tensors.size(), meta.size());
+  std::printf("updated %s: %zu tensors unchanged, metadata now has %zu keys\n",
+              printable_path(target).c_str(), tensors.size(), meta.size());
   return 0;
 }
 
@@ -387,7 +638,7 @@ int bench(const std::vector<std::string>& args) {
       const std::string& v = args[++i];
       auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), runs);
       if (ec != std::errc{} || end != v.data() + v.size() || runs < 1 || runs > 100000) {
-        throw UsageError("--runs takes a number from 1 to 100000, got '" + v + "'");
+        throw UsageError("--runs takes a number from 1 to 100000, got '" + printable(v) + "'");
       }
     } else if (is_option(args[i])) {
       unknown_option("bench", args[i]);
@@ -401,7 +652,7 @@ int bench(const std::vector<std::string>& args) {
   std::uint64_t size = 0;
   {
     SafeOpen probe(*path);  // a missing or malformed file fails here, with its error kind
-    size = fs::file_size(*path);
+    size = file_size_of(*path);
   }
   measure::warm(*path);
   std::uint64_t sink = 0;
@@ -423,7 +674,8 @@ int bench(const std::vector<std::string>& args) {
   measure::MappedBuffer target(size);
   auto read = measure::median(measure::repeat(runs, [&] { measure::read_whole_file(*path, target.data); }));
   auto gbps = [&](double s) { return static_cast<double>(size) / s / 1e9; };
-  std::printf("%s: %s bytes, %s\n", path->c_str(), with_commas(size).c_str(), measure::machine().c_str());
+  std::printf("%s: %s bytes, %s\n", printable_path(*path).c_str(), with_commas(size).c_str(),
+              measure::machine().c_str());
   std::printf("  open (keys + every view)      %10.3f ms\n", open * 1e3);
   std::printf("  load (every byte, mapped)     %10.3f ms  %6.2f GB/s\n", load * 1e3, gbps(load));
   std::printf("  load into owned memory        %10.3f ms  %6.2f GB/s\n", copy * 1e3, gbps(copy));
@@ -453,20 +705,43 @@ int main(int argc, char** argv) {
       return 0;
     }
   }
+  int code = 0;
   try {
-    if (command == "inspect") return inspect(args);
-    if (command == "validate") return validate(args);
-    if (command == "metadata") return metadata(args);
-    if (command == "bench") return bench(args);
-    throw UsageError("unknown command '" + command + "'");
+    if (command == "inspect")
+      code = inspect(args);
+    else if (command == "validate")
+      code = validate(args);
+    else if (command == "metadata")
+      code = metadata(args);
+    else if (command == "bench")
+      code = bench(args);
+    else
+      throw UsageError("unknown command '" + printable(command) + "'");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "safetensors: %s\n\n%s", e.what(), kUsage);
     return 2;
   } catch (const safetensors::Error& e) {
-    std::fprintf(stderr, "safetensors: %s: %s\n", std::string(safetensors::to_string(e.kind())).c_str(), e.what());
+    std::fflush(stdout);
+    std::fprintf(stderr, "safetensors: %s: %s\n", std::string(safetensors::to_string(e.kind())).c_str(),
+                 printable(e.what()).c_str());
+    return 1;
+  } catch (const fs::filesystem_error& e) {
+    std::fprintf(stderr, "safetensors: Io: %s\n", printable(e.what()).c_str());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "safetensors: Io: out of memory\n");
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "safetensors: %s\n", e.what());
+    std::fprintf(stderr, "safetensors: Internal: %s\n", printable(e.what()).c_str());
     return 1;
   }
+  // What was printed must have arrived: a full disk or a closed pipe is an error, not success.
+  errno = 0;
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    int err = errno;
+    std::fprintf(stderr, "safetensors: Io: cannot write to standard output: %s\n",
+                 err ? std::strerror(err) : "write error");
+    return 1;
+  }
+  return code;
 }

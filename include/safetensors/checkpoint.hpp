@@ -42,7 +42,7 @@ class Checkpoint {
 
   /// Tensor names, sorted byte-wise.
   [[nodiscard]] std::vector<std::string> keys() const {
-    const auto& c = *state_->ckpt;
+    const auto& c = ckpt();
     std::vector<std::string> out;
     out.reserve(c.tensor_count());
     for (std::size_t i = 0; i < c.tensor_count(); ++i) out.emplace_back(detail::view(c.name_at(i)));
@@ -51,18 +51,22 @@ class Checkpoint {
 
   /// The index's `metadata` (non-string values, like `total_size`, as their JSON text), or the
   /// single file's `__metadata__`.
-  [[nodiscard]] std::map<std::string, std::string> metadata() const { return detail::metadata_of(state_->ckpt->metadata()); }
-  [[nodiscard]] bool has_metadata() const { return state_->ckpt->has_metadata(); }
+  [[nodiscard]] std::map<std::string, std::string> metadata() const {
+    return detail::metadata_of(ckpt().metadata());
+  }
+  [[nodiscard]] bool has_metadata() const { return ckpt().has_metadata(); }
 
-  [[nodiscard]] bool contains(std::string_view name) const { return state_->ckpt->position(detail::bytes(name)) >= 0; }
-  [[nodiscard]] std::size_t size() const { return state_->ckpt->tensor_count(); }
+  [[nodiscard]] bool contains(std::string_view name) const {
+    return ckpt().position(detail::bytes(name)) >= 0;
+  }
+  [[nodiscard]] std::size_t size() const { return ckpt().tensor_count(); }
 
   [[nodiscard]] TensorInfo info(std::string_view name) const { return source_for(name).info(name); }
   [[nodiscard]] TensorView get_tensor(std::string_view name) const { return source_for(name).get_tensor(name); }
   [[nodiscard]] Slice get_slice(std::string_view name) const { return Slice(source_for(name), name); }
 
   /// Number of shard files.
-  [[nodiscard]] std::size_t shard_count() const { return state_->ckpt->shard_count(); }
+  [[nodiscard]] std::size_t shard_count() const { return ckpt().shard_count(); }
   /// The shard files, in the order the index first names them.
   [[nodiscard]] std::vector<std::filesystem::path> shard_paths() const {
     std::vector<std::filesystem::path> out;
@@ -71,10 +75,10 @@ class Checkpoint {
   }
   /// The file holding `name` (throws `TensorNotFound`). Opens nothing.
   [[nodiscard]] std::filesystem::path shard_of(std::string_view name) const {
-    return shard_path(detail::call([&] { return state_->ckpt->shard_of(detail::bytes(name)); }));
+    return shard_path(detail::call([&] { return ckpt().shard_of(detail::bytes(name)); }));
   }
   /// How many shard files have been opened so far.
-  [[nodiscard]] std::size_t shards_opened() const { return state_->ckpt->shards_opened(); }
+  [[nodiscard]] std::size_t shards_opened() const { return ckpt().shards_opened(); }
 
  private:
   friend struct detail::Access;
@@ -94,18 +98,25 @@ class Checkpoint {
     std::unique_ptr<std::mutex[]> opening;
   };
 
+  // A moved-from Checkpoint (null state) throws here instead of dereferencing null.
+  [[nodiscard]] const Handle& handle() const {
+    if (!state_) detail::moved_from("Checkpoint");
+    return *state_;
+  }
+  [[nodiscard]] const ffi::Checkpoint& ckpt() const { return *handle().ckpt; }
+
   [[nodiscard]] std::filesystem::path shard_path(std::size_t i) const {
-    auto p = state_->ckpt->shard_path(i);
+    auto p = ckpt().shard_path(i);
     return std::string(reinterpret_cast<const char*>(p.data()), p.size());
   }
 
   [[nodiscard]] detail::Source source_for(std::string_view name) const {
-    const auto& c = *state_->ckpt;
+    const auto& c = ckpt();
     std::size_t shard = detail::call([&] { return c.shard_of(detail::bytes(name)); });
-    auto& slot = state_->files[shard];
+    auto& slot = handle().files[shard];
     const ffi::File* file = slot.load(std::memory_order_acquire);
     if (file == nullptr) {
-      std::lock_guard lock(state_->opening[shard]);
+      std::lock_guard lock(handle().opening[shard]);
       file = slot.load(std::memory_order_relaxed);
       if (file == nullptr) {
         file = &detail::call([&]() -> const ffi::File& { return c.shard_file(shard); });

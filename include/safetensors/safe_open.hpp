@@ -35,7 +35,7 @@ class SafeOpen {
 
   /// Tensor names sorted byte-wise, like Python's `safe_open(...).keys()`.
   [[nodiscard]] std::vector<std::string> keys() const {
-    const auto& f = *state_->file;
+    const auto& f = file();
     const std::size_t n = f.tensor_count();
     std::vector<std::string> out;
     out.reserve(n);
@@ -45,7 +45,7 @@ class SafeOpen {
 
   /// Tensor names in file (offset) order.
   [[nodiscard]] std::vector<std::string> offset_keys() const {
-    const auto& f = *state_->file;
+    const auto& f = file();
     std::vector<std::string> out;
     out.reserve(f.tensor_count());
     for (std::size_t i = 0; i < f.tensor_count(); ++i) out.emplace_back(detail::view(f.name_at(i)));
@@ -53,17 +53,19 @@ class SafeOpen {
   }
 
   /// The `__metadata__` map (empty when the file has none).
-  [[nodiscard]] std::map<std::string, std::string> metadata() const { return detail::metadata_of(state_->file->metadata()); }
+  [[nodiscard]] std::map<std::string, std::string> metadata() const {
+    return detail::metadata_of(file().metadata());
+  }
 
   /// Whether the header has a `__metadata__` map at all.
-  [[nodiscard]] bool has_metadata() const { return state_->file->has_metadata(); }
+  [[nodiscard]] bool has_metadata() const { return file().has_metadata(); }
 
   [[nodiscard]] bool contains(std::string_view name) const {
-    return state_->file->position(detail::bytes(name)) >= 0;
+    return file().position(detail::bytes(name)) >= 0;
   }
 
   /// Number of tensors.
-  [[nodiscard]] std::size_t size() const { return state_->file->tensor_count(); }
+  [[nodiscard]] std::size_t size() const { return file().tensor_count(); }
 
   /// A tensor's dtype, shape and offsets; touches no tensor data. Throws `TensorNotFound`.
   [[nodiscard]] TensorInfo info(std::string_view name) const { return source().info(name); }
@@ -81,21 +83,21 @@ class SafeOpen {
   void read_data(std::size_t offset, std::span<std::byte> dst) const { source().read_data(offset, dst); }
 
   /// The path this file was opened with.
-  [[nodiscard]] std::filesystem::path path() const { return state_->path; }
+  [[nodiscard]] std::filesystem::path path() const { return handle().path; }
 
-  [[nodiscard]] Backend backend() const { return state_->file->is_mapped() ? Backend::Mmap : Backend::Read; }
+  [[nodiscard]] Backend backend() const { return file().is_mapped() ? Backend::Mmap : Backend::Read; }
 
   /// The header length `N` from the file's first 8 bytes.
-  [[nodiscard]] std::size_t header_size() const { return state_->file->header_len(); }
+  [[nodiscard]] std::size_t header_size() const { return file().header_len(); }
 
   /// Where the data buffer starts in the file: `8 + N`.
   [[nodiscard]] std::size_t data_offset() const { return 8 + header_size(); }
 
   /// Length of the data buffer in bytes.
-  [[nodiscard]] std::size_t data_size() const { return state_->file->data_len(); }
+  [[nodiscard]] std::size_t data_size() const { return file().data_len(); }
 
   /// Data bytes the read backend has fetched so far (0 with the mapped backend).
-  [[nodiscard]] std::uint64_t bytes_read() const { return state_->file->bytes_read(); }
+  [[nodiscard]] std::uint64_t bytes_read() const { return file().bytes_read(); }
 
  private:
   friend struct detail::Access;
@@ -109,7 +111,17 @@ class SafeOpen {
     return std::make_shared<const detail::FileHandle>(detail::FileHandle{std::move(file), native});
   }
 
-  [[nodiscard]] const detail::Source& source() const { return source_; }
+  // Every method goes through these: a moved-from SafeOpen (null state) throws instead of
+  // dereferencing null.
+  [[nodiscard]] const detail::FileHandle& handle() const {
+    if (!state_) detail::moved_from("SafeOpen");
+    return *state_;
+  }
+  [[nodiscard]] const ffi::File& file() const { return *handle().file; }
+  [[nodiscard]] const detail::Source& source() const {
+    (void)handle();
+    return source_;
+  }
 
   std::shared_ptr<const detail::FileHandle> state_;
   detail::Source source_;

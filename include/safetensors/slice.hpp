@@ -5,11 +5,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "safetensors/detail/bridge.hpp"
@@ -21,33 +23,88 @@ namespace safetensors {
 /// What to take along one dimension, as in Python: an integer selects one position and drops
 /// the dimension (`a[3]`); `Index::all()` is `:`; `Index::range(start, stop, step)` is
 /// `start:stop:step`. Negative positions count from the end. Positions out of range are errors,
-/// never clamped; `start >= stop` is an empty range; the step must be at least 1.
+/// never clamped; `start >= stop` is an empty range; the step must be at least 1. Any integer
+/// type is taken; a value outside the signed 64-bit range (`SIZE_MAX`, say) is `InvalidSlice`
+/// when selecting, never wrapped to a negative position.
 class Index {
  public:
+  /// A bound or step of `range`: an integer, or open (`{}` or `std::nullopt`).
+  class Bound {
+   public:
+    Bound() = default;
+    Bound(std::nullopt_t) {}  // NOLINT: implicit, like std::optional
+    template <std::integral I>
+    Bound(I v) : set_(true) {     // NOLINT
+      value_ = to_i64(v, fits_);  // in the body: `fits_` is initialised after `value_`
+    }
+    template <std::integral I>
+    Bound(std::optional<I> v) {  // NOLINT
+      if (v) *this = Bound(*v);
+    }
+
+   private:
+    friend class Index;
+    std::int64_t value_ = 0;
+    bool set_ = false;
+    bool fits_ = true;
+  };
+
   /// Select one position (the dimension disappears from the result). Implicit, so that a
   /// plain integer reads like Python: `select({3, Index::all()})`.
   template <std::integral I>
-  Index(I position) : kind_(0), start_(static_cast<std::int64_t>(position)) {}  // NOLINT
+  Index(I position) {                  // NOLINT
+    start_ = to_i64(position, fits_);  // in the body: `fits_` is initialised after `start_`
+  }
 
   /// The whole dimension, `:`.
-  static Index all() { return range(std::nullopt, std::nullopt); }
+  static Index all() { return range({}, {}); }
 
-  /// `start:stop:step`; `std::nullopt` leaves a bound open (`range(2, {})` is `2:`).
-  static Index range(std::optional<std::int64_t> start, std::optional<std::int64_t> stop, std::int64_t step = 1) {
+  /// `start:stop:step`; an open bound (`{}` or `std::nullopt`) leaves it open (`range(2, {})`
+  /// is `2:`); an open step is 1.
+  static Index range(Bound start, Bound stop, Bound step = 1) {
     Index i(0);
     i.kind_ = 1;
-    i.start_ = start.value_or(0);
-    i.stop_ = stop.value_or(0);
-    i.has_start_ = start.has_value();
-    i.has_stop_ = stop.has_value();
-    i.step_ = step;
+    i.start_ = start.value_;
+    i.stop_ = stop.value_;
+    i.has_start_ = start.set_;
+    i.has_stop_ = stop.set_;
+    i.step_ = step.set_ ? step.value_ : 1;
+    i.fits_ = start.fits_ && stop.fits_ && step.fits_;
     return i;
   }
 
  private:
   friend class Slice;
   friend struct detail::Access;
-  [[nodiscard]] ffi::SliceIndex raw() const { return {kind_, start_, stop_, step_, has_start_, has_stop_}; }
+
+  /// `v` as a signed 64-bit value; `fits` false (and the value 0) when it has none.
+  template <std::integral I>
+  static std::int64_t to_i64(I v, bool& fits) {
+    if constexpr (std::numeric_limits<I>::digits > 63) {
+      if (v > static_cast<I>(std::numeric_limits<std::int64_t>::max())) {
+        fits = false;
+        return 0;
+      }
+      if constexpr (std::is_signed_v<I>) {
+        if (v < static_cast<I>(std::numeric_limits<std::int64_t>::min())) {
+          fits = false;
+          return 0;
+        }
+      }
+    }
+    return static_cast<std::int64_t>(v);
+  }
+
+  /// The bridge's form; `InvalidSlice` for a value that did not fit (checked here, so that
+  /// every path to the bridge, the CUDA uploader's included, refuses it).
+  [[nodiscard]] ffi::SliceIndex raw() const {
+    if (!fits_) {
+      throw Error(ErrorKind::InvalidSlice,
+                  "a slice position, bound or step does not fit in a signed 64-bit integer (above "
+                  "2^63 - 1, for example SIZE_MAX); positions must lie inside the tensor");
+    }
+    return {kind_, start_, stop_, step_, has_start_, has_stop_};
+  }
 
   std::uint8_t kind_ = 0;
   std::int64_t start_ = 0;
@@ -55,6 +112,7 @@ class Index {
   std::int64_t step_ = 1;
   bool has_start_ = false;
   bool has_stop_ = false;
+  bool fits_ = true;
 };
 
 /// A contiguous byte run of a selection, relative to the start of the file's data buffer
@@ -71,12 +129,12 @@ class Selection {
   [[nodiscard]] Dtype dtype() const { return dtype_; }
   [[nodiscard]] const std::vector<std::size_t>& shape() const { return shape_; }
   /// Bytes in the result.
-  [[nodiscard]] std::size_t byte_size() const { return plan_->byte_len(); }
+  [[nodiscard]] std::size_t byte_size() const { return plan().byte_len(); }
 
   /// The runs to read, in result order; runs that touch are merged, so consecutive runs leave
   /// a gap. A GPU path can read exactly these bytes.
   [[nodiscard]] std::vector<ByteRun> runs() const {
-    auto raw = plan_->runs();
+    auto raw = plan().runs();
     std::vector<ByteRun> out;
     out.reserve(raw.size());
     for (const auto& r : raw) out.push_back({static_cast<std::size_t>(r.offset), static_cast<std::size_t>(r.length)});
@@ -90,13 +148,14 @@ class Selection {
     TensorView v{dtype_, shape_, {}, {}};
     std::size_t len = byte_size();
     if (len == 0) return v;
-    if (src_.data != nullptr && plan_->contiguous()) {
-      auto [bytes_span, keep] = src_.bytes_at(static_cast<std::size_t>(plan_->runs()[0].offset), len);
+    if (src_.data != nullptr && plan().contiguous()) {
+      auto [bytes_span, keep] =
+          src_.bytes_at(static_cast<std::size_t>(plan().runs()[0].offset), len, "a slice");
       v.data = bytes_span;
       v.owner = std::move(keep);
       return v;
     }
-    auto buffer = detail::allocate_bytes(len);
+    auto buffer = detail::allocate_bytes(len, "a slice");
     read_into({buffer.get(), len});
     v.data = {buffer.get(), len};
     v.owner = std::move(buffer);
@@ -107,11 +166,17 @@ class Selection {
   /// exactly `byte_size()` bytes (else `InvalidSlice`).
   void read_into(std::span<std::byte> dst) const {
     ::rust::Slice<std::uint8_t> out{reinterpret_cast<std::uint8_t*>(dst.data()), dst.size()};
-    detail::call([&] { src_.file->read_slice(*plan_, out); });
+    const auto& p = plan();
+    detail::call([&] { src_.file->read_slice(p, out); });
   }
 
  private:
   friend class Slice;
+  [[nodiscard]] const ffi::SlicePlan& plan() const {
+    if (!plan_) detail::moved_from("Selection");
+    return *plan_;
+  }
+
   Selection(detail::Source src, Dtype dtype, ::rust::Box<ffi::SlicePlan> plan)
       : src_(std::move(src)), dtype_(dtype), plan_(detail::share(std::move(plan))) {
     auto s = plan_->shape();
@@ -140,9 +205,18 @@ class Slice {
   /// Throws `InvalidSlice` (too many indices, out of range, step < 1) or `MisalignedSlice`
   /// (a sub-byte dtype cut inside a byte).
   [[nodiscard]] Selection select(std::span<const Index> indices) const {
+    if (!src_.owner) detail::moved_from("Slice");
     std::vector<ffi::SliceIndex> raw;
     raw.reserve(indices.size());
-    for (const auto& i : indices) raw.push_back(i.raw());
+    for (std::size_t k = 0; k < indices.size(); ++k) {
+      if (!indices[k].fits_) {
+        throw Error(ErrorKind::InvalidSlice, "index " + std::to_string(k) + " of the slice of `" + name_ +
+                                                 "` does not fit in a signed 64-bit integer (above 2^63 - "
+                                                 "1, for example SIZE_MAX); its shape is " +
+                                                 detail::shape_text(shape_));
+      }
+      raw.push_back(indices[k].raw());
+    }
     ::rust::Slice<const ffi::SliceIndex> r{raw.data(), raw.size()};
     auto plan = detail::call([&] { return src_.file->plan_slice(index_, r); });
     return Selection(src_, dtype_, std::move(plan));

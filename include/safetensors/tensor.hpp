@@ -43,7 +43,7 @@ constexpr bool dtype_accepts(Dtype d) {
   if constexpr (std::is_same_v<T, bool>) return d == BOOL;
   else if constexpr (std::is_same_v<T, std::int8_t>) return d == I8;
   else if constexpr (std::is_same_v<T, std::uint8_t>)
-    return d == U8 || d == F8_E5M2 || d == F8_E4M3 || d == F8_E8M0 || d == F8_E4M3FNUZ ||
+    return d == U8 || d == BOOL || d == F8_E5M2 || d == F8_E4M3 || d == F8_E8M0 || d == F8_E4M3FNUZ ||
            d == F8_E5M2FNUZ;
   else if constexpr (std::is_same_v<T, std::int16_t>) return d == I16;
   else if constexpr (std::is_same_v<T, std::uint16_t>) return d == U16 || d == F16 || d == BF16;
@@ -87,6 +87,10 @@ struct TensorView {
   /// byte count, or the data's alignment (files written with an unpadded header can leave data
   /// unaligned; copy the bytes then).
   ///
+  /// BOOL data: `as<bool>()` checks every byte first and throws `TypeMismatch` when one is not
+  /// 0 or 1 (the format, and Python's reader, accept any byte; reading such a byte as `bool` is
+  /// undefined behaviour in C++). `as<std::uint8_t>()` reads BOOL bytes as they are.
+  ///
   /// Only on a view held in a variable: the span borrows the view's `owner`, so calling it on a
   /// temporary (`f.get_tensor("w").as<float>()`) would dangle with the read backend and does not
   /// compile.
@@ -107,6 +111,7 @@ struct TensorView {
                         std::to_string(numel() * sizeof(T)));
       }
       if (data.empty()) return {};
+      if constexpr (std::is_same_v<T, bool>) check_bool_bytes();
       if (reinterpret_cast<std::uintptr_t>(data.data()) % alignof(T) != 0) {
         throw Error(ErrorKind::TypeMismatch,
                     "the tensor's data is not aligned to " + std::to_string(alignof(T)) +
@@ -117,6 +122,19 @@ struct TensorView {
   }
   template <class T>
   std::span<const T> as() const&& = delete;
+
+ private:
+  void check_bool_bytes() const {
+    for (std::size_t i = 0; i < data.size(); ++i) {
+      auto b = static_cast<unsigned>(data[i]);
+      if (b > 1) {
+        throw Error(ErrorKind::TypeMismatch, "BOOL element " + std::to_string(i) + " holds the byte " +
+                                                 std::to_string(b) +
+                                                 ", which is not a C++ bool (0 or 1); read the bytes with "
+                                                 "as<std::uint8_t>() and treat nonzero as true");
+      }
+    }
+  }
 };
 
 }  // namespace safetensors

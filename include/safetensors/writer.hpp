@@ -3,11 +3,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <initializer_list>
+#include <limits>
 #include <map>
+#include <new>
 #include <ranges>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -21,15 +25,39 @@
 
 namespace safetensors {
 
-/// Metadata written as `__metadata__`: string keys to string values. Empty means none.
+/// Metadata written as `__metadata__`: string keys to string values. Empty means none, unless
+/// `SaveOptions::empty_metadata` asks for an empty `__metadata__` object.
 using Metadata = std::map<std::string, std::string>;
 
 struct SaveOptions {
   /// Wait for the disk (fsync the file before the rename, and the directory after), so the file
   /// survives a power loss once `save_file` returns. Without it the write is still atomic for
-  /// readers and against a crash of the process; Python's `save_file` does not sync.
+  /// readers and against a crash of the process; Python's `save_file` does not sync. Ignored by
+  /// `serialize`.
   bool sync = true;
+  /// With an empty `metadata`, still write `"__metadata__":{}`, as Python's
+  /// `save_file(tensors, path, metadata={})` does (byte-identical). Without tensors the
+  /// reference's own output for that case is not valid JSON, so the object is left out there.
+  bool empty_metadata = false;
 };
+
+namespace detail {
+/// What `std::get<1>` yields for a range element `E` (a reference type, or a prvalue element).
+template <class E>
+using tensor_ref_t = decltype(std::get<1>(std::declval<E>()));
+
+/// Whether the writer may keep the address of each element's tensor for the whole call: the
+/// tensor is an lvalue that outlives the element's iteration, which only a forward range
+/// promises (an input range may reuse one cached element). Otherwise the writer keeps a copy
+/// (moved from a temporary element), so ranges of temporaries, such as a `views::transform`
+/// yielding `{name, f.get_tensor(name)}`, are written correctly.
+template <class R>
+inline constexpr bool borrows_tensors =
+    std::ranges::forward_range<R>&&
+        std::is_lvalue_reference_v<tensor_ref_t<std::ranges::range_reference_t<R>&>> &&
+    (std::is_reference_v<std::ranges::range_reference_t<R>> ||
+     std::is_lvalue_reference_v<tensor_ref_t<std::ranges::range_reference_t<R>>>);
+}  // namespace detail
 
 /// Anything with a `dtype`, a `shape` (integers) and contiguous `data` (bytes, or elements of
 /// any trivially copyable type): a `TensorView`, or your own struct.
@@ -42,45 +70,104 @@ concept TensorLike = requires(const T& t) {
 };
 
 /// A range of (name, tensor) pairs: `std::map<std::string, TensorView>`,
-/// `std::vector<std::pair<std::string, MyTensor>>`, ...
+/// `std::vector<std::pair<std::string, MyTensor>>`, a view yielding pairs by value, ... When
+/// the elements are temporaries, their tensors are moved (or copied) and kept until the write
+/// is done, so such a tensor type must be movable or copyable.
 template <class R>
 concept NamedTensorRange = std::ranges::input_range<R> && requires(std::ranges::range_reference_t<R> e) {
   { std::string_view(std::get<0>(e)) };
   requires TensorLike<std::remove_cvref_t<decltype(std::get<1>(e))>>;
+  requires detail::borrows_tensors<R> ||
+      std::constructible_from<std::remove_cvref_t<detail::tensor_ref_t<std::ranges::range_reference_t<R>>>,
+                              detail::tensor_ref_t<std::ranges::range_reference_t<R>>>;
 };
 
 namespace detail {
 
-/// Feeds a writer; every span it is given must outlive the writer's use, which the callers
-/// below guarantee by keeping everything inside one function call.
+/// The tensors a writer reads from, kept alive until it is done: empty when the range's own
+/// elements outlive the call (see `borrows_tensors`). A deque, so that adding one never moves
+/// the others (the writer holds their addresses).
+template <class R>
+using KeptTensors = std::deque<std::remove_cvref_t<tensor_ref_t<std::ranges::range_reference_t<R>>>>;
+
+/// A dtype value outside the enumeration (`static_cast<Dtype>(99)`), named as such rather than
+/// reported as a size mismatch.
+inline void check_dtype(std::string_view name, Dtype dtype) {
+  if (static_cast<std::size_t>(dtype) >= dtype_count) {
+    throw Error(ErrorKind::TensorInvalidInfo,
+                "tensor `" + std::string(name) + "` has an invalid dtype value " +
+                    std::to_string(static_cast<unsigned>(dtype)) + " (safetensors::Dtype has values 0 to " +
+                    std::to_string(dtype_count - 1) + ")");
+  }
+}
+
+template <class Tensor>
+void add_tensor(ffi::Writer& writer, std::string_view name, const Tensor& tensor,
+                std::vector<std::size_t>& shape) {
+  Dtype dtype{tensor.dtype};
+  check_dtype(name, dtype);
+  shape.clear();
+  for (auto d : tensor.shape) {
+    if constexpr (std::is_signed_v<decltype(d)>) {
+      if (d < 0) {
+        throw Error(ErrorKind::TensorInvalidInfo,
+                    "tensor `" + std::string(name) + "` has a negative dimension " + std::to_string(d));
+      }
+    }
+    if constexpr (std::numeric_limits<decltype(d)>::digits > std::numeric_limits<std::size_t>::digits) {
+      if (d > static_cast<decltype(d)>(std::numeric_limits<std::size_t>::max())) {
+        throw Error(ErrorKind::ValidationOverflow,
+                    "tensor `" + std::string(name) + "` has a dimension that does not fit in 64 bits");
+      }
+    }
+    shape.push_back(static_cast<std::size_t>(d));
+  }
+  auto data = std::as_bytes(std::span(tensor.data));
+  ::rust::Slice<const std::uint8_t> raw{reinterpret_cast<const std::uint8_t*>(data.data()), data.size()};
+  ::rust::Slice<const std::size_t> dims{shape.data(), shape.size()};
+  call([&] { writer.add_tensor(bytes(name), static_cast<std::uint8_t>(dtype), dims, raw); });
+}
+
+/// Feeds a writer. It keeps the address of every tensor's data until it is dropped, so the
+/// callers below keep `kept` (and the range) alive until then, inside one function call.
 template <NamedTensorRange R>
-::rust::Box<ffi::Writer> make_writer(const R& tensors, const Metadata& metadata) {
+::rust::Box<ffi::Writer> make_writer(R&& tensors, const Metadata& metadata, bool empty_metadata,
+                                     KeptTensors<R>& kept) {
   auto writer = ffi::new_writer();
   std::vector<std::size_t> shape;
-  for (auto&& entry : tensors) {
-    std::string_view name(std::get<0>(entry));
-    const auto& tensor = std::get<1>(entry);
-    shape.clear();
-    for (auto d : tensor.shape) {
-      if constexpr (std::is_signed_v<decltype(d)>) {
-        if (d < 0) {
-          throw Error(ErrorKind::TensorInvalidInfo,
-                      "tensor `" + std::string(name) + "` has a negative dimension " + std::to_string(d));
-        }
-      }
-      shape.push_back(static_cast<std::size_t>(d));
+  using Ref = std::ranges::range_reference_t<R>;
+  for (auto it = std::ranges::begin(tensors); it != std::ranges::end(tensors); ++it) {
+    // `auto&&` extends the life of a temporary element (and of a name `get` returns by value)
+    // to the end of this iteration; the tensor itself must live longer (see `KeptTensors`).
+    auto&& entry = *it;
+    auto&& name_holder = std::get<0>(entry);
+    std::string_view name(name_holder);
+    if constexpr (borrows_tensors<R>) {
+      add_tensor(*writer, name, std::get<1>(entry), shape);
+    } else if constexpr (std::is_reference_v<Ref>) {
+      add_tensor(*writer, name, kept.emplace_back(std::get<1>(entry)), shape);  // a copy: the range owns it
+    } else {
+      add_tensor(*writer, name, kept.emplace_back(std::get<1>(std::move(entry))), shape);
     }
-    auto data = std::as_bytes(std::span(tensor.data));
-    ::rust::Slice<const std::uint8_t> raw{reinterpret_cast<const std::uint8_t*>(data.data()), data.size()};
-    ::rust::Slice<const std::size_t> dims{shape.data(), shape.size()};
-    call([&] { writer->add_tensor(bytes(name), static_cast<std::uint8_t>(Dtype{tensor.dtype}), dims, raw); });
   }
+  if (empty_metadata) call([&] { writer->keep_metadata(); });
   // Not a structured binding: clang before 16 cannot capture one in a lambda.
   for (const auto& entry : metadata) call([&] { writer->add_metadata(bytes(entry.first), bytes(entry.second)); });
   return writer;
 }
 
 using TensorList = std::initializer_list<std::pair<std::string_view, TensorView>>;
+
+/// Memory for `n` bytes the caller asked for, as a typed error when it cannot be had.
+inline std::vector<std::byte> byte_vector(std::size_t n, std::string_view what) {
+  try {
+    return std::vector<std::byte>(n);
+  } catch (const std::bad_alloc&) {
+  } catch (const std::length_error&) {
+  }
+  throw Error(ErrorKind::Io, "cannot allocate " + std::to_string(n) + " bytes for " + std::string(what) +
+                                 " (out of memory); write to a file with save_file instead");
+}
 
 }  // namespace detail
 
@@ -89,34 +176,40 @@ using TensorList = std::initializer_list<std::pair<std::string_view, TensorView>
 ///
 ///   auto bytes = safetensors::serialize({{"w", view}}, {{"format", "pt"}});
 template <NamedTensorRange R>
-[[nodiscard]] std::vector<std::byte> serialize(const R& tensors, const Metadata& metadata = {}) {
-  auto writer = detail::make_writer(tensors, metadata);
+[[nodiscard]] std::vector<std::byte> serialize(R&& tensors, const Metadata& metadata = {},
+                                               SaveOptions options = {}) {
+  detail::KeptTensors<R> kept;
+  auto writer = detail::make_writer(std::forward<R>(tensors), metadata, options.empty_metadata, kept);
   std::size_t len = detail::call([&] { return writer->file_len(); });
-  std::vector<std::byte> out(len);
+  auto out = detail::byte_vector(len, "the serialized file");
   ::rust::Slice<std::uint8_t> dst{reinterpret_cast<std::uint8_t*>(out.data()), out.size()};
   detail::call([&] { writer->write_into(dst); });
   return out;
 }
-[[nodiscard]] inline std::vector<std::byte> serialize(detail::TensorList tensors, const Metadata& metadata = {}) {
-  return serialize<detail::TensorList>(tensors, metadata);
+[[nodiscard]] inline std::vector<std::byte> serialize(detail::TensorList tensors,
+                                                      const Metadata& metadata = {},
+                                                      SaveOptions options = {}) {
+  return serialize<const detail::TensorList&>(tensors, metadata, options);
 }
 
 /// Writes `tensors` and `metadata` to `path` atomically: a temporary file beside it is written,
 /// synced and renamed over `path`. On any error `path` is left as it was. Errors:
-/// `TensorInvalidInfo` (data length disagrees with dtype × shape), `InvalidTensorName`
-/// (`__metadata__`), `DuplicateKey`, `HeaderTooLarge`, `Io` (for example an unwritable
-/// directory).
+/// `TensorInvalidInfo` (data length disagrees with dtype × shape, or a dtype value outside
+/// `Dtype`), `InvalidTensorName` (`__metadata__`, or a name that is not UTF-8), `InvalidHeader`
+/// (metadata that is not UTF-8), `DuplicateKey`, `HeaderTooLarge`, `Io` (for example an
+/// unwritable directory).
 ///
 ///   safetensors::save_file("out.safetensors", std::map<std::string, TensorView>{{"w", view}});
 template <NamedTensorRange R>
-void save_file(const std::filesystem::path& path, const R& tensors, const Metadata& metadata = {},
+void save_file(const std::filesystem::path& path, R&& tensors, const Metadata& metadata = {},
                SaveOptions options = {}) {
-  auto writer = detail::make_writer(tensors, metadata);
+  detail::KeptTensors<R> kept;
+  auto writer = detail::make_writer(std::forward<R>(tensors), metadata, options.empty_metadata, kept);
   detail::call([&] { writer->write_file(detail::bytes(path.native()), options.sync); });
 }
 inline void save_file(const std::filesystem::path& path, detail::TensorList tensors, const Metadata& metadata = {},
                       SaveOptions options = {}) {
-  save_file<detail::TensorList>(path, tensors, metadata, options);
+  save_file<const detail::TensorList&>(path, tensors, metadata, options);
 }
 
 }  // namespace safetensors

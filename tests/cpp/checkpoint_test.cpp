@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
+#include <functional>
+
 #include "support.hpp"
 
 using safetensors::Checkpoint;
@@ -165,6 +168,32 @@ TEST(Checkpoint, ARelativeIndexPathKeepsItsShardsAfterAChdir) {
   std::filesystem::current_path(before);
   EXPECT_EQ(v.as<std::uint8_t>()[3], 1);
   EXPECT_TRUE(ckpt.shard_of("w0").is_absolute());
+}
+
+TEST(Checkpoint, AMovedFromCheckpointThrowsInsteadOfCrashing) {
+  test::TempDir dir;
+  std::array<float, 2> w{1, 2};
+  safetensors::save_file(dir / "one.safetensors",
+                         {{"w", TensorView{Dtype::F32, {2}, std::as_bytes(std::span(w)), {}}}});
+  Checkpoint c(dir / "one.safetensors");
+  Checkpoint d = std::move(c);
+  // NOLINTBEGIN(bugprone-use-after-move): the point of the test
+  for (const auto& use : std::vector<std::function<void()>>{
+           [&] { (void)c.keys(); }, [&] { (void)c.metadata(); }, [&] { (void)c.has_metadata(); },
+           [&] { (void)c.contains("w"); }, [&] { (void)c.size(); }, [&] { (void)c.info("w"); },
+           [&] { (void)c.get_tensor("w"); }, [&] { (void)c.get_slice("w"); }, [&] { (void)c.shard_count(); },
+           [&] { (void)c.shard_paths(); }, [&] { (void)c.shard_of("w"); },
+           [&] { (void)c.shards_opened(); }}) {
+    try {
+      use();
+      ADD_FAILURE() << "no error from a moved-from Checkpoint";
+    } catch (const safetensors::Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Internal);
+      EXPECT_NE(std::string(e.what()).find("Checkpoint was moved from"), std::string::npos) << e.what();
+    }
+  }
+  // NOLINTEND(bugprone-use-after-move)
+  EXPECT_EQ(d.get_tensor("w").data.size(), 8u);
 }
 
 }  // namespace

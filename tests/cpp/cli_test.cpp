@@ -2,8 +2,12 @@
 // files.
 #include <safetensors/safetensors.hpp>
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 
@@ -182,6 +186,205 @@ TEST_F(Cli, BenchOfABadFileOrBadRunsIsAnErrorNotACrash) {
     EXPECT_TRUE(has(r.err, "--runs takes a number")) << r.err;
   }
   EXPECT_EQ(cli({"bench", good_.string(), "--runs"}).code, 2);
+}
+
+// ---- issue 18: metadata rewrites keep mode and owner, lock, survive signals; output escaped --
+
+std::vector<std::string> hidden_files(const std::filesystem::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().filename().string().rfind('.', 0) == 0) out.push_back(e.path().filename().string());
+  }
+  return out;
+}
+
+/// Starts the tool with output discarded; returns its pid.
+pid_t spawn_cli(const std::vector<std::string>& args) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    std::vector<char*> argv{const_cast<char*>(SAFETENSORS_CLI)};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(SAFETENSORS_CLI, argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+/// A file big enough that a rewrite takes a while: 32 MiB of floats.
+void write_big(const std::filesystem::path& path) {
+  std::vector<float> big(8u << 20);
+  for (std::size_t i = 0; i < big.size(); i += 4096) big[i] = static_cast<float>(i);
+  safetensors::save_file(path,
+                         {{"big", TensorView{Dtype::F32, {big.size()}, std::as_bytes(std::span(big)), {}}}},
+                         {{"format", "pt"}}, {.sync = false});
+}
+
+TEST_F(Cli, MetadataRewriteKeepsTheFilesModeAndOwner) {
+  for (auto mode :
+       {std::filesystem::perms(0600), std::filesystem::perms(0444), std::filesystem::perms(0640)}) {
+    std::filesystem::permissions(good_, mode);
+    bool chowned = ::geteuid() == 0 && ::chown(good_.c_str(), 4242, 4343) == 0;
+    auto r = cli({"metadata", good_.string(), "--set", "k=v"});
+    EXPECT_EQ(r.code, 0) << r.err;
+    struct stat st {};
+    ASSERT_EQ(::stat(good_.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 07777, static_cast<unsigned>(mode)) << std::oct << static_cast<unsigned>(mode);
+    if (chowned) {
+      EXPECT_EQ(st.st_uid, 4242u);
+      EXPECT_EQ(st.st_gid, 4343u);
+    }
+    EXPECT_EQ(safetensors::SafeOpen(good_).metadata().at("k"), "v");
+    EXPECT_TRUE(hidden_files(dir_.path()).empty());
+  }
+}
+
+TEST_F(Cli, MetadataThroughASymlinkEditsTheTargetAndKeepsTheLink) {
+  auto link = dir_ / "link.safetensors";
+  std::filesystem::create_symlink(good_, link);
+  auto r = cli({"metadata", link.string(), "--set", "via=link"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  EXPECT_EQ(safetensors::SafeOpen(good_).metadata().at("via"), "link");
+}
+
+TEST_F(Cli, ConcurrentMetadataSetsAllLand) {
+  auto big = dir_ / "big.safetensors";
+  write_big(big);
+  constexpr int kRuns = 6;
+  std::vector<pid_t> pids;
+  for (int i = 0; i < kRuns; ++i) {
+    pids.push_back(
+        spawn_cli({"metadata", big.string(), "--set", "k" + std::to_string(i) + "=" + std::to_string(i)}));
+  }
+  for (auto pid : pids) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  }
+  auto meta = safetensors::SafeOpen(big).metadata();
+  for (int i = 0; i < kRuns; ++i)
+    EXPECT_EQ(meta.count("k" + std::to_string(i)), 1u) << "update " << i << " was lost";
+  EXPECT_TRUE(hidden_files(dir_.path()).empty());
+}
+
+TEST_F(Cli, ASignalMidRewriteLeavesNoTemporaryFile) {
+  auto big = dir_ / "big.safetensors";
+  write_big(big);
+  bool interrupted = false;
+  for (int sig : {SIGTERM, SIGINT}) {
+    pid_t pid = spawn_cli({"metadata", big.string(), "--set", "k=v"});
+    bool seen = false;
+    for (int i = 0; i < 200000 && !seen; ++i) {
+      seen = !hidden_files(dir_.path()).empty();
+      if (!seen) {
+        int status = 0;
+        if (::waitpid(pid, &status, WNOHANG) == pid) break;  // finished before we saw it
+      }
+    }
+    if (seen) {
+      ::kill(pid, sig);
+      interrupted = true;
+    }
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    EXPECT_EQ(hidden_files(dir_.path()), std::vector<std::string>{}) << "signal " << sig;
+    safetensors::SafeOpen f(big);  // whole: the old file or the rewrite
+    EXPECT_EQ(f.get_tensor("big").data.size(), 32u << 20);
+    if (seen && WIFSIGNALED(status)) {
+      EXPECT_EQ(WTERMSIG(status), sig) << "the signal still ends the process";
+    }
+  }
+  if (!interrupted) GTEST_SKIP() << "every rewrite finished before it could be interrupted";
+}
+
+TEST_F(Cli, AFailedRenameIsAnIoErrorAndLeavesNothingBehind) {
+  if (std::system(("chattr +i " + quote(good_.string()) + " 2>/dev/null").c_str()) != 0) {
+    GTEST_SKIP() << "chattr +i is not available here";
+  }
+  auto r = cli({"metadata", good_.string(), "--set", "k=v"});
+  std::system(("chattr -i " + quote(good_.string())).c_str());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(has(r.err, "safetensors: Io: cannot replace")) << r.err;
+  EXPECT_TRUE(hidden_files(dir_.path()).empty());
+  EXPECT_EQ(safetensors::SafeOpen(good_).metadata().count("k"), 0u);
+}
+
+TEST_F(Cli, NamesMetadataAndPathsArePrintedEscaped) {
+  // Names that try to erase the line and forge an OK, a right-to-left override, a carriage
+  // return in metadata.
+  std::string json = R"({"__metadata__":{"k\r":"v\u001b[31m"},)"
+                     R"("a\u001b[2K\rOK   forged":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                     R"("b\u202e\u007f":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})";
+  auto evil = dir_ / "evil\x1b[1m\n.safetensors";
+  test::write_bytes(evil, test::raw_file(json, 2));
+  std::string bad_json = R"({"x\u001b]0;title\u0007":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}})";
+  auto bad = dir_ / "bad2.safetensors";
+  test::write_bytes(bad, test::raw_file(bad_json, 3));
+  auto clean = [](const std::string& text) {
+    for (char c : text) {
+      if ((c >= 0 && c < 0x20 && c != '\n') || c == 0x7f) return false;
+    }
+    return text.find("\u202e") == std::string::npos;
+  };
+  for (const auto& args :
+       std::vector<std::vector<std::string>>{{"inspect", evil.string()},
+                                             {"inspect", evil.string(), "--json"},
+                                             {"validate", evil.string(), bad.string()},
+                                             {"metadata", evil.string()},
+                                             {"inspect", bad.string()},
+                                             {"metadata", bad.string(), "--set", "a\x1b=b"},
+                                             {"bench", evil.string(), "--runs", "1"},
+                                             {"bench", bad.string()},
+                                             {"inspect", evil.string(), "--frob\rnicate"}}) {
+    auto r = cli(args);
+    EXPECT_TRUE(clean(r.out)) << args[0] << ": " << r.out;
+    EXPECT_TRUE(clean(r.err)) << args[0] << ": " << r.err;
+  }
+  auto inspect = cli({"inspect", evil.string()});
+  EXPECT_TRUE(has(inspect.out, "a\\x1b[2K\\rOK   forged")) << inspect.out;
+  EXPECT_TRUE(has(inspect.out, "b\\u{202e}\\x7f")) << inspect.out;
+  EXPECT_TRUE(has(inspect.out, "k\\r: v\\x1b[31m")) << inspect.out;
+  EXPECT_TRUE(has(inspect.out, "evil\\x1b[1m\\n.safetensors")) << inspect.out;
+  auto json_out = cli({"inspect", evil.string(), "--json"});
+  EXPECT_TRUE(has(json_out.out, R"("name":"a\u001b[2K\rOK   forged")")) << json_out.out;
+  EXPECT_TRUE(has(json_out.out, R"("name":"b\u202e\u007f")")) << json_out.out;
+  auto validate = cli({"validate", bad.string()});
+  EXPECT_TRUE(has(validate.out, "x\\x1b]0;title\\x07")) << validate.out;
+}
+
+TEST_F(Cli, InspectCapsColumnWidthsForHugeNames) {
+  std::string json =
+      "{\"" + std::string(100'000, 'n') + "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}";
+  for (int i = 0; i < 100; ++i) {
+    json += ",\"t" + std::to_string(i) + "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[" +
+            std::to_string(i + 1) + "," + std::to_string(i + 2) + "]}";
+  }
+  json += "}";
+  auto path = dir_ / "wide.safetensors";
+  test::write_bytes(path, test::raw_file(json, 101));
+  auto r = cli({"inspect", path.string()});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_LT(r.out.size(), 100'000u + 100 * 200 + 2'000) << "rows are padded to the longest name";
+  EXPECT_TRUE(has(r.out, std::string(100'000, 'n'))) << "the long name is still printed whole";
+}
+
+TEST_F(Cli, AFailedWriteToStdoutIsAnIoErrorWithExitCode1) {
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  test::TempDir tmp;
+  for (const auto& args :
+       std::vector<std::string>{"inspect " + quote(good_.string()), "inspect --json " + quote(good_.string()),
+                                "validate " + quote(good_.string()), "metadata " + quote(good_.string())}) {
+    std::string cmd = quote(SAFETENSORS_CLI) + " " + args + " >/dev/full 2>" + quote((tmp / "err").string());
+    int status = std::system(cmd.c_str());
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << args;
+    auto err = test::read_bytes(tmp / "err");
+    EXPECT_TRUE(has(std::string(err.begin(), err.end()), "safetensors: Io: cannot write to standard output"))
+        << args;
+  }
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <functional>
 #include <thread>
 
 #include "support.hpp"
@@ -12,6 +14,7 @@
 using safetensors::Backend;
 using safetensors::Dtype;
 using safetensors::ErrorKind;
+using safetensors::Index;
 using safetensors::OpenOptions;
 using safetensors::SafeOpen;
 
@@ -253,6 +256,122 @@ TEST(ErrorKinds, NamesMatchTheEnumerators) {
   EXPECT_EQ(safetensors::to_string(ErrorKind::Io), "Io");
   EXPECT_EQ(safetensors::to_string(ErrorKind::TypeMismatch), "TypeMismatch");
   EXPECT_EQ(safetensors::to_string(static_cast<ErrorKind>(200)), "");
+}
+
+TEST(SafeOpen, BoolBytesOtherThanZeroAndOneAreRefusedByAsBoolAndReadableAsUint8) {
+  test::TempDir dir;
+  // The format and Python's reader accept any byte in a BOOL tensor.
+  auto json =
+      R"({"ok":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]},"odd":{"dtype":"BOOL","shape":[3],"data_offsets":[3,6]}})";
+  auto file = test::raw_file(json, 0);
+  for (int b : {0, 1, 1, 0, 2, 255}) file.push_back(static_cast<std::uint8_t>(b));
+  test::write_bytes(dir / "b.safetensors", file);
+  for (auto backend : kBackends) {
+    SafeOpen f(dir / "b.safetensors", {backend});
+    auto ok = f.get_tensor("ok");
+    auto bools = ok.as<bool>();
+    EXPECT_EQ(std::vector<bool>(bools.begin(), bools.end()), (std::vector<bool>{false, true, true}));
+    auto odd = f.get_tensor("odd");
+    try {
+      (void)odd.as<bool>();
+      ADD_FAILURE() << "as<bool>() accepted the byte 2";
+    } catch (const safetensors::Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::TypeMismatch);
+      EXPECT_NE(std::string(e.what()).find("element 1 holds the byte 2"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("as<std::uint8_t>()"), std::string::npos) << e.what();
+    }
+    auto raw = odd.as<std::uint8_t>();
+    EXPECT_EQ(std::vector<std::uint8_t>(raw.begin(), raw.end()), (std::vector<std::uint8_t>{0, 2, 255}));
+  }
+}
+
+TEST(SafeOpen, MovedFromHandlesThrowInsteadOfCrashing) {
+  test::TempDir dir;
+  test::write_bytes(dir / "t.safetensors", three_tensor_file());
+  SafeOpen f(dir / "t.safetensors");
+  SafeOpen g = std::move(f);
+  auto moved = [&](auto&& use) {
+    try {
+      use();
+      ADD_FAILURE() << "no error from a moved-from SafeOpen";
+    } catch (const safetensors::Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Internal);
+      EXPECT_NE(std::string(e.what()).find("SafeOpen was moved from"), std::string::npos) << e.what();
+    }
+  };
+  // NOLINTBEGIN(bugprone-use-after-move): the point of the test
+  moved([&] { (void)f.keys(); });
+  moved([&] { (void)f.offset_keys(); });
+  moved([&] { (void)f.metadata(); });
+  moved([&] { (void)f.has_metadata(); });
+  moved([&] { (void)f.contains("zeta"); });
+  moved([&] { (void)f.size(); });
+  moved([&] { (void)f.info("zeta"); });
+  moved([&] { (void)f.get_tensor("zeta"); });
+  moved([&] { (void)f.get_slice("zeta"); });
+  std::vector<std::byte> buf(4);
+  moved([&] { f.read_data(0, buf); });
+  moved([&] { (void)f.path(); });
+  moved([&] { (void)f.backend(); });
+  moved([&] { (void)f.header_size(); });
+  moved([&] { (void)f.data_offset(); });
+  moved([&] { (void)f.data_size(); });
+  moved([&] { (void)f.bytes_read(); });
+  // NOLINTEND(bugprone-use-after-move)
+  EXPECT_EQ(g.size(), 3u);
+  f = g;  // assigning makes it usable again
+  EXPECT_EQ(f.size(), 3u);
+}
+
+TEST(SafeOpen, BuffersSizedByAFileThatCannotBeAllocatedAreIoErrors) {
+  // The read backend and slices allocate as many bytes as a header claims. A size no
+  // allocator can give (and that overflowed the huge-page rounding before) is a typed error.
+  std::vector<std::size_t> sizes{SIZE_MAX, SIZE_MAX - 100};
+#if !defined(__SANITIZE_ADDRESS__)  // ASan aborts on an impossible allocation instead of failing it
+  sizes.push_back(SIZE_MAX / 2);
+#endif
+  for (std::size_t n : sizes) {
+    try {
+      (void)safetensors::detail::allocate_bytes(n, "tensor `huge`");
+      ADD_FAILURE() << "allocated " << n << " bytes";
+    } catch (const safetensors::Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Io);
+      EXPECT_NE(std::string(e.what()).find(std::to_string(n) + " bytes for tensor `huge`"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+TEST(SafeOpen, AHugeTensorOnTheReadBackendIsAnIoErrorNotBadAlloc) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "ASan aborts on an impossible allocation instead of failing it";
+#endif
+  // Only where the kernel refuses an 8 TiB allocation outright; with overcommit_memory=1 it
+  // would be granted and then filled.
+  std::ifstream overcommit("/proc/sys/vm/overcommit_memory");
+  int mode = 1;
+  if (!(overcommit >> mode) || mode == 1) GTEST_SKIP() << "overcommit_memory is " << mode;
+  test::TempDir dir;
+  const std::uint64_t size = std::uint64_t{1} << 43;  // a sparse 8 TiB tensor
+  auto json = R"({"huge":{"dtype":"U8","shape":[)" + std::to_string(size) + R"(],"data_offsets":[0,)" +
+              std::to_string(size) + "]}}";
+  auto path = dir / "huge.safetensors";
+  test::write_bytes(path, test::raw_file(json, 0));
+  std::error_code ec;
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) + size, ec);
+  if (ec) GTEST_SKIP() << "no sparse 8 TiB file here: " << ec.message();
+  SafeOpen f(path, {Backend::Read});
+  for (const auto& read :
+       std::vector<std::function<void()>>{[&] { (void)f.get_tensor("huge"); },
+                                          [&] { (void)f.get_slice("huge").select({Index::all()}).read(); }}) {
+    try {
+      read();
+      ADD_FAILURE() << "allocated 8 TiB";
+    } catch (const safetensors::Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Io);
+      EXPECT_NE(std::string(e.what()).find(std::to_string(size) + " bytes"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

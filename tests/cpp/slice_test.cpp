@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
+#include <optional>
 
 #include "support.hpp"
 
@@ -175,6 +177,49 @@ TEST_F(SliceRules, SelectionsOutliveTheirFile) {
   auto view = sel->read();
   auto v = view.as<float>();
   EXPECT_EQ(std::vector<float>(v.begin(), v.end()), (std::vector<float>{5, 11, 17, 23}));
+}
+
+TEST_F(SliceRules, IntegersBeyondInt64AreInvalidSliceNeverWrapped) {
+  SafeOpen f(path_);
+  auto s = f.get_slice("m");
+  // SIZE_MAX cast to int64 is -1, which would select the last row.
+  EXPECT_EQ(kind_of([&] { (void)s.select({SIZE_MAX}); }), ErrorKind::InvalidSlice);
+  EXPECT_EQ(kind_of([&] { (void)s.select({std::uint64_t{1} << 63}); }), ErrorKind::InvalidSlice);
+  EXPECT_EQ(kind_of([&] { (void)s.select({Index::all(), std::size_t(-2)}); }), ErrorKind::InvalidSlice);
+  // As range bounds and steps: 0:SIZE_MAX would be 0:-1, all rows but the last.
+  EXPECT_EQ(kind_of([&] { (void)s.select({Index::range(0, SIZE_MAX)}); }), ErrorKind::InvalidSlice);
+  EXPECT_EQ(kind_of([&] { (void)s.select({Index::range(SIZE_MAX, {})}); }), ErrorKind::InvalidSlice);
+  EXPECT_EQ(kind_of([&] { (void)s.select({Index::range({}, {}, SIZE_MAX)}); }), ErrorKind::InvalidSlice);
+  try {
+    (void)s.select({SIZE_MAX});
+  } catch (const safetensors::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("`m`"), std::string::npos) << e.what();
+  }
+  // Unsigned values that fit, and optional bounds of any integer type, still work.
+  EXPECT_EQ(read({std::size_t{3}, std::uint8_t{5}}), (std::vector<float>{23}));
+  EXPECT_EQ(read({Index::range(std::size_t{1}, std::optional<unsigned>(2))}),
+            (std::vector<float>{6, 7, 8, 9, 10, 11}));
+  EXPECT_EQ(read({Index::range(std::nullopt, 1), Index::range(4, {}, std::size_t{1})}),
+            (std::vector<float>{4, 5}));
+}
+
+TEST_F(SliceRules, MovedFromSlicesAndSelectionsThrowInsteadOfCrashing) {
+  auto s = SafeOpen(path_).get_slice("m");
+  auto moved = std::move(s);
+  EXPECT_EQ(kind_of([&] { (void)s.select({0}); }), ErrorKind::Internal);  // NOLINT(bugprone-use-after-move)
+  auto sel = moved.select({0});
+  auto other = std::move(sel);
+  EXPECT_EQ(kind_of([&] { (void)sel.byte_size(); }), ErrorKind::Internal);  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(kind_of([&] { (void)sel.runs(); }), ErrorKind::Internal);
+  EXPECT_EQ(kind_of([&] { (void)sel.read(); }), ErrorKind::Internal);
+  std::vector<std::byte> buf(24);
+  EXPECT_EQ(kind_of([&] { sel.read_into(buf); }), ErrorKind::Internal);
+  try {
+    (void)sel.read();
+  } catch (const safetensors::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("moved from"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(other.byte_size(), 24u);
 }
 
 }  // namespace

@@ -10,7 +10,9 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <random>
+#include <ranges>
 #include <thread>
 
 #include "support.hpp"
@@ -256,6 +258,153 @@ TEST(Writer, AWriterKilledMidWriteLeavesTheOldFileIntact) {
     }
     EXPECT_NO_THROW(SafeOpen reopened(target));
   }
+}
+
+// ---- issue 18: ranges of temporaries, empty metadata, honest errors ------------------------
+
+/// Four equal-sized tensors with different bytes: if the writer kept the address of a freed
+/// temporary, the allocator hands the same block to the next one and the file shows it.
+std::vector<std::pair<std::string, MyTensor>> four_tensors() {
+  std::vector<std::pair<std::string, MyTensor>> out;
+  for (int t = 0; t < 4; ++t) {
+    MyTensor m{Dtype::F32, {64}, std::vector<float>(64)};
+    for (int i = 0; i < 64; ++i) m.data[static_cast<std::size_t>(i)] = static_cast<float>(t * 1000 + i);
+    out.emplace_back("t" + std::to_string(t), std::move(m));
+  }
+  return out;
+}
+
+/// An input range (not forward) that reuses one element: `*it` is a reference to the range's
+/// own cache, overwritten by `++it`, as single-pass ranges may do.
+class ReusingRange {
+ public:
+  explicit ReusingRange(std::vector<std::pair<std::string, MyTensor>> all) : all_(std::move(all)) {}
+  class iterator {
+   public:
+    using value_type = std::pair<std::string, MyTensor>;
+    using difference_type = std::ptrdiff_t;
+    iterator() = default;
+    explicit iterator(ReusingRange* r) : r_(r) { r_->load(); }
+    value_type& operator*() const { return r_->current_; }
+    iterator& operator++() {
+      ++r_->next_;
+      r_->load();
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    bool operator==(std::default_sentinel_t) const { return r_->next_ >= r_->all_.size(); }
+
+   private:
+    ReusingRange* r_ = nullptr;
+  };
+  iterator begin() { return iterator(this); }
+  std::default_sentinel_t end() { return {}; }
+
+ private:
+  void load() {
+    if (next_ < all_.size()) {
+      current_.first = all_[next_].first;
+      current_.second.dtype = all_[next_].second.dtype;
+      current_.second.shape = all_[next_].second.shape;
+      current_.second.data.assign(all_[next_].second.data.begin(), all_[next_].second.data.end());
+    }
+  }
+  std::vector<std::pair<std::string, MyTensor>> all_;
+  std::pair<std::string, MyTensor> current_;
+  std::size_t next_ = 0;
+};
+
+TEST(Writer, RangesYieldingTemporariesAreWrittenCorrectly) {
+  test::TempDir dir;
+  auto expected_path = dir / "expected.safetensors";
+  const auto source = four_tensors();
+  safetensors::save_file(expected_path, source);
+  const auto expected = test::read_bytes(expected_path);
+
+  // Views read by the read backend, each into a buffer its temporary pair alone owns.
+  SafeOpen f(expected_path, {safetensors::Backend::Read});
+  auto keys = f.keys();
+  auto read_views = keys | std::views::transform([&](const std::string& k) {
+                      return std::pair<std::string, TensorView>{k, f.get_tensor(k)};
+                    });
+  safetensors::save_file(dir / "views.safetensors", read_views);
+  EXPECT_EQ(test::read_bytes(dir / "views.safetensors"), expected);
+  auto bytes = safetensors::serialize(read_views);
+  EXPECT_EQ(std::vector<std::uint8_t>(reinterpret_cast<const std::uint8_t*>(bytes.data()),
+                                      reinterpret_cast<const std::uint8_t*>(bytes.data()) + bytes.size()),
+            expected);
+
+  // A user's struct owning its vector, built on the fly.
+  auto owned = std::views::iota(0, 4) |
+               std::views::transform([&](int t) { return source[static_cast<std::size_t>(t)]; });
+  safetensors::save_file(dir / "owned.safetensors", owned);
+  EXPECT_EQ(test::read_bytes(dir / "owned.safetensors"), expected);
+
+  // A single-pass range whose elements are references to one reused cache.
+  ReusingRange reusing(source);
+  static_assert(std::ranges::input_range<ReusingRange> && !std::ranges::forward_range<ReusingRange>);
+  safetensors::save_file(dir / "reusing.safetensors", reusing);
+  EXPECT_EQ(test::read_bytes(dir / "reusing.safetensors"), expected);
+
+  // Elements given as rvalue references are the caller's: written without being moved from.
+  auto mine = four_tensors();
+  auto as_rvalues = mine | std::views::transform(
+                               [](auto& p) -> std::pair<std::string, MyTensor>&& { return std::move(p); });
+  safetensors::save_file(dir / "rvalues.safetensors", as_rvalues);
+  EXPECT_EQ(test::read_bytes(dir / "rvalues.safetensors"), expected);
+  EXPECT_EQ(mine[3].second.data.size(), 64u);
+}
+
+TEST(Writer, AnEmptyMetadataObjectIsWrittenOnRequestAsPythonWritesIt) {
+  std::array<float, 2> w{1, 2};
+  TensorView v{Dtype::F32, {2}, std::as_bytes(std::span(w)), {}};
+  // Python: safetensors.numpy.save({"w": np.array([1, 2], np.float32)}, metadata={})
+  const std::string python = std::string("H\0\0\0\0\0\0\0", 8) +
+                             R"({"__metadata__":{},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})" +
+                             std::string("\0\0\x80?\0\0\0@", 8);
+  auto ours = safetensors::serialize({{"w", v}}, {}, {.empty_metadata = true});
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(ours.data()), ours.size()), python);
+  // Without the option an empty map still means "no metadata".
+  EXPECT_EQ(header_of(safetensors::serialize({{"w", v}})).find("__metadata__"), std::string::npos);
+
+  test::TempDir dir;
+  safetensors::save_file(dir / "e.safetensors", {{"w", v}}, {}, {.sync = false, .empty_metadata = true});
+  SafeOpen f(dir / "e.safetensors");
+  EXPECT_TRUE(f.has_metadata());
+  EXPECT_TRUE(f.metadata().empty());
+  auto bytes = test::read_bytes(dir / "e.safetensors");
+  EXPECT_EQ(std::string(bytes.begin(), bytes.end()), python);
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const safetensors::Error& e) {
+    return std::string(safetensors::to_string(e.kind())) + ": " + e.what();
+  }
+  return "no error";
+}
+
+TEST(Writer, NonUtf8NamesAndInvalidDtypesGetHonestErrors) {
+  std::array<float, 2> w{1, 2};
+  TensorView v{Dtype::F32, {2}, std::as_bytes(std::span(w)), {}};
+  auto name = message_of([&] { (void)safetensors::serialize({{"bad\xff", v}}); });
+  EXPECT_EQ(name.rfind("InvalidTensorName: ", 0), 0u) << name;
+  EXPECT_NE(name.find("not valid UTF-8"), std::string::npos) << name;
+  EXPECT_EQ(name.find("reserved"), std::string::npos) << name;
+
+  auto key = message_of([&] { (void)safetensors::serialize({{"w", v}}, {{"k\xc3", "v"}}); });
+  EXPECT_EQ(key.rfind("InvalidHeader: ", 0), 0u) << key;
+  EXPECT_NE(key.find("metadata key"), std::string::npos) << key;
+  auto value = message_of([&] { (void)safetensors::serialize({{"w", v}}, {{"k", "\x80"}}); });
+  EXPECT_EQ(value.rfind("InvalidHeader: ", 0), 0u) << value;
+  EXPECT_NE(value.find("metadata value"), std::string::npos) << value;
+  EXPECT_EQ(value.find("reserved"), std::string::npos) << value;
+
+  TensorView bad_dtype{static_cast<Dtype>(99), {2}, std::as_bytes(std::span(w)), {}};
+  auto dtype = message_of([&] { (void)safetensors::serialize({{"w", bad_dtype}}); });
+  EXPECT_EQ(dtype.rfind("TensorInvalidInfo: ", 0), 0u) << dtype;
+  EXPECT_NE(dtype.find("invalid dtype value 99"), std::string::npos) << dtype;
 }
 
 }  // namespace

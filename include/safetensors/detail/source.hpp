@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -52,18 +53,18 @@ struct Source {
 
   /// Bytes `[offset, offset + len)` of the data buffer as a view's data and owner: the mapping
   /// itself when mapped, else a new 64-byte-aligned buffer read from the file.
-  [[nodiscard]] std::pair<std::span<const std::byte>, std::shared_ptr<const void>> bytes_at(std::size_t offset,
-                                                                                            std::size_t len) const {
+  [[nodiscard]] std::pair<std::span<const std::byte>, std::shared_ptr<const void>> bytes_at(
+      std::size_t offset, std::size_t len, std::string_view what) const {
     if (len == 0) return {};
     if (data != nullptr) return {{data + offset, len}, owner};
-    auto buffer = allocate_bytes(len);
+    auto buffer = allocate_bytes(len, what);
     read_data(offset, {buffer.get(), len});
     return {{buffer.get(), len}, std::move(buffer)};
   }
 
   [[nodiscard]] TensorView get_tensor(std::string_view name) const {
     auto m = find(name);
-    auto [bytes_span, keep] = bytes_at(m.begin, m.end - m.begin);
+    auto [bytes_span, keep] = bytes_at(m.begin, m.end - m.begin, "tensor `" + std::string(name) + "`");
     return {static_cast<Dtype>(m.dtype), shape_of(m), bytes_span, std::move(keep)};
   }
 };

@@ -154,6 +154,8 @@ mod ffi {
             shape: &[usize],
             data: &[u8],
         ) -> Result<()>;
+        /// Writes `__metadata__` even if no entry is added.
+        fn keep_metadata(self: &mut Writer);
         /// Adds a metadata entry (refuses a repeated key).
         fn add_metadata(self: &mut Writer, key: &[u8], value: &[u8]) -> Result<()>;
         /// Checks everything and returns the length of the file.

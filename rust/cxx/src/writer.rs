@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use safetensors_core::{Dtype, Durability, Error, Prepared, TensorView};
+use safetensors_core::{Dtype, Durability, Error, ErrorKind, Prepared, TensorView};
 
 use crate::{guard, BridgeError};
 
@@ -10,7 +10,8 @@ use crate::{guard, BridgeError};
 ///
 /// The tensor bytes are not copied: `Writer` keeps their addresses. That is sound because the
 /// only user is the C++ wrapper in `include/safetensors/writer.hpp`, which creates a `Writer`,
-/// feeds it spans that outlive the call, writes, and drops it, all inside one function.
+/// feeds it spans that outlive the call (keeping its own copy of any tensor a range yields as a
+/// temporary), writes, and drops it, all inside one function.
 pub struct Writer {
     names: Vec<String>,
     dtypes: Vec<Dtype>,
@@ -29,12 +30,21 @@ pub fn new_writer() -> Box<Writer> {
     })
 }
 
-fn utf8(bytes: &[u8], what: &str) -> Result<String, Error> {
-    String::from_utf8(bytes.to_vec()).map_err(|_| Error::InvalidTensorName {
-        name: format!(
-            "{what} {:?} is not valid UTF-8",
-            String::from_utf8_lossy(bytes)
-        ),
+/// A name or metadata string as UTF-8, or an honest error: the header is UTF-8 JSON, so such a
+/// string cannot be written. Tensor names get `InvalidTensorName`; metadata keys and values
+/// `InvalidHeader` (the header would not be UTF-8).
+fn utf8(bytes: &[u8], what: &str, kind: ErrorKind) -> Result<String, BridgeError> {
+    String::from_utf8(bytes.to_vec()).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        BridgeError {
+            kind,
+            message: format!(
+                "{what} {:?} is not valid UTF-8 (invalid byte 0x{:02x} at offset {at}); a \
+                 safetensors header is UTF-8 JSON, so convert it to UTF-8 first",
+                String::from_utf8_lossy(bytes),
+                bytes[at],
+            ),
+        }
     })
 }
 
@@ -46,25 +56,33 @@ impl Writer {
         shape: &[usize],
         data: &[u8],
     ) -> Result<(), BridgeError> {
-        guard(|| {
-            let name = utf8(name, "tensor name")?;
-            let dtype = Dtype::from_index(dtype).ok_or_else(|| Error::TensorInvalidInfo {
-                tensor: name.clone(),
-                expected: 0,
-                actual: data.len() as u64,
-            })?;
-            self.names.push(name);
-            self.dtypes.push(dtype);
-            self.shapes.push(shape.to_vec());
-            self.data.push((data.as_ptr(), data.len()));
-            Ok(())
-        })
+        let name = utf8(name, "tensor name", ErrorKind::InvalidTensorName)?;
+        let Some(dtype) = Dtype::from_index(dtype) else {
+            return Err(BridgeError {
+                kind: ErrorKind::TensorInvalidInfo,
+                message: format!(
+                    "tensor `{name}` has an invalid dtype value {dtype} (valid values are 0 to {})",
+                    Dtype::ALL.len() - 1
+                ),
+            });
+        };
+        self.names.push(name);
+        self.dtypes.push(dtype);
+        self.shapes.push(shape.to_vec());
+        self.data.push((data.as_ptr(), data.len()));
+        Ok(())
+    }
+
+    /// Writes `__metadata__` even when no key is added (an empty object, as Python writes for
+    /// `metadata={}`).
+    pub fn keep_metadata(&mut self) {
+        self.metadata.get_or_insert_with(BTreeMap::new);
     }
 
     pub fn add_metadata(&mut self, key: &[u8], value: &[u8]) -> Result<(), BridgeError> {
+        let key = utf8(key, "metadata key", ErrorKind::InvalidHeader)?;
+        let value = utf8(value, "metadata value", ErrorKind::InvalidHeader)?;
         guard(|| {
-            let key = utf8(key, "metadata key")?;
-            let value = utf8(value, "metadata value")?;
             let map = self.metadata.get_or_insert_with(BTreeMap::new);
             if map.contains_key(&key) {
                 return Err(Error::DuplicateKey {
