@@ -36,8 +36,8 @@ namespace {
 namespace fs = std::filesystem;
 using safetensors::Backend;
 using safetensors::Checkpoint;
-using safetensors::SafeOpen;
 using safetensors::OpenOptions;
+using safetensors::SafeOpen;
 
 constexpr const char* kUsage = R"(safetensors: inspect, validate and edit safetensors files
 
@@ -380,7 +380,8 @@ void read_all(const SafeOpen& f, std::size_t index, const fs::path& path, Progre
 void print_quirks(const std::vector<std::string>& missing,
                   const std::vector<std::pair<fs::path, std::uint64_t>>& trailing) {
   for (const auto& name : missing)
-    std::printf("     missing: tensor `%s` is listed in the index but absent from its shard\n", printable(name).c_str());
+    std::printf("     missing: tensor `%s` is listed in the index but absent from its shard\n",
+                printable(name).c_str());
   for (const auto& [shard, n] : trailing)
     std::printf("     trailing: %s has %s bytes after its last tensor\n", printable_path(shard).c_str(),
                 with_commas(n).c_str());
@@ -393,8 +394,10 @@ int validate(const std::vector<std::string>& args) {
   std::vector<fs::path> paths;
   for (const auto& a : args) {
     if (a == "--header-only") header_only = true;
-    else if (a == "--lenient") lenient = true;
-    else if (a == "--allow-trailing-bytes") allow_trailing = true;
+    else if (a == "--lenient")
+      lenient = true;
+    else if (a == "--allow-trailing-bytes")
+      allow_trailing = true;
     else if (is_option(a)) unknown_option("validate", a);
     else paths.emplace_back(a);
   }
@@ -410,7 +413,8 @@ int validate(const std::vector<std::string>& args) {
       std::vector<std::pair<fs::path, std::uint64_t>> trailing;
       const OpenOptions file_options{.backend = Backend::Read, .allow_trailing_bytes = allow_trailing};
       if (is_index(path)) {
-        Checkpoint ckpt(path, {.backend = Backend::Read, .allow_trailing_bytes = allow_trailing, .lenient = lenient});
+        Checkpoint ckpt(
+            path, {.backend = Backend::Read, .allow_trailing_bytes = allow_trailing, .lenient = lenient});
         if (lenient) {
           missing = ckpt.missing();  // opens every shard
         } else {

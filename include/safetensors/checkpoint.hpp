@@ -38,8 +38,9 @@ class Checkpoint {
  public:
   explicit Checkpoint(const std::filesystem::path& path, CheckpointOptions options = {})
       : state_(std::make_shared<const Handle>(detail::call([&] {
-          return ffi::open_checkpoint_with(detail::bytes(path.native()), static_cast<std::uint8_t>(options.backend),
-                                           options.lenient, options.allow_trailing_bytes);
+          return ffi::open_checkpoint_with(detail::bytes(path.native()),
+                                           static_cast<std::uint8_t>(options.backend), options.lenient,
+                                           options.allow_trailing_bytes);
         }))) {}
 
   /// Tensors the index lists but their shard lacks, sorted; opens every shard to know. Always

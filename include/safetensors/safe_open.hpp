@@ -43,7 +43,8 @@ class SafeOpen {
   ///
   ///   auto buf = std::make_shared<std::vector<std::byte>>(download());
   ///   auto f = safetensors::SafeOpen::from_bytes(*buf, buf);
-  [[nodiscard]] static SafeOpen from_bytes(std::span<const std::byte> bytes, std::shared_ptr<const void> keep_alive = {},
+  [[nodiscard]] static SafeOpen from_bytes(std::span<const std::byte> bytes,
+                                           std::shared_ptr<const void> keep_alive = {},
                                            OpenOptions options = {}, std::string name = "<memory>") {
     return SafeOpen(open_memory(bytes, std::move(keep_alive), options, std::move(name)));
   }
@@ -153,7 +154,8 @@ class SafeOpen {
     ::rust::Slice<const std::uint8_t> data{reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()};
     auto file = detail::call(
         [&] { return ffi::open_memory(data, detail::bytes(name), options.allow_trailing_bytes); });
-    auto memory = std::make_shared<const Memory>(Memory{std::move(keep_alive), {std::move(file), std::move(name)}});
+    auto memory =
+        std::make_shared<const Memory>(Memory{std::move(keep_alive), {std::move(file), std::move(name)}});
     // Aliasing constructor: the FileHandle's lifetime is the whole Memory's.
     return std::shared_ptr<const detail::FileHandle>(memory, &memory->handle);
   }

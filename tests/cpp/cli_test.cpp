@@ -396,7 +396,8 @@ TEST(CliQuirks, ValidateReportsMissingTensorsAndTrailingBytesOnlyWhenAllowed) {
   a.push_back(0);
   a.push_back(0);
   test::write_bytes(dir / "a.safetensors", a);
-  test::write_bytes(dir / "b.safetensors", test::raw_file(R"({"w2":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})", 2));
+  test::write_bytes(dir / "b.safetensors",
+                    test::raw_file(R"({"w2":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})", 2));
   std::ofstream(dir / "m.index.json")
       << R"({"weight_map":{"w0":"a.safetensors","w1":"a.safetensors","w2":"b.safetensors"}})";
   const auto index = (dir / "m.index.json").string();

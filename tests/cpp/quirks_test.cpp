@@ -40,12 +40,15 @@ std::vector<std::byte> file_of(const std::vector<std::string>& names, std::uint8
   std::array<std::uint8_t, 4> data{};
   data.fill(fill);
   std::map<std::string, TensorView> tensors;
-  for (const auto& n : names) tensors.emplace(n, TensorView{Dtype::U8, {4}, std::as_bytes(std::span(data)), {}});
+  for (const auto& n : names)
+    tensors.emplace(n, TensorView{Dtype::U8, {4}, std::as_bytes(std::span(data)), {}});
   return safetensors::serialize(tensors);
 }
 
 /// Byte `i` of a view (kept in a variable: `as()` on a temporary does not compile).
-std::uint8_t byte_at(const TensorView& v, std::size_t i) { return v.as<std::uint8_t>()[i]; }
+std::uint8_t byte_at(const TensorView& v, std::size_t i) {
+  return v.as<std::uint8_t>()[i];
+}
 
 void write(const std::filesystem::path& path, const std::vector<std::byte>& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -108,7 +111,8 @@ TEST(TrailingBytes, RefusedByDefaultCountedWhenAllowedOnEverySource) {
   for (char c : std::string("tail!")) bytes.push_back(static_cast<std::byte>(c));
   write(dir / "t.safetensors", bytes);
   for (auto backend : {Backend::Mmap, Backend::Read}) {
-    EXPECT_EQ(kind_of([&] { SafeOpen f(dir / "t.safetensors", {backend}); }), ErrorKind::MetadataIncompleteBuffer);
+    EXPECT_EQ(kind_of([&] { SafeOpen f(dir / "t.safetensors", {backend}); }),
+              ErrorKind::MetadataIncompleteBuffer);
     SafeOpen f(dir / "t.safetensors", {.backend = backend, .allow_trailing_bytes = true});
     EXPECT_EQ(f.trailing_bytes(), 5u);
     EXPECT_EQ(f.data_size(), 4u);
@@ -143,7 +147,8 @@ TEST(LenientCheckpoint, CopiesInShardsTheIndexDoesNotAssignAreIgnored) {
   test::TempDir dir;
   write(dir / "a.safetensors", file_of({"w0"}, 1));
   write(dir / "b.safetensors", file_of({"w0", "w2"}, 9));
-  write_text(dir / "model.safetensors.index.json", R"({"weight_map":{"w0":"a.safetensors","w2":"b.safetensors"}})");
+  write_text(dir / "model.safetensors.index.json",
+             R"({"weight_map":{"w0":"a.safetensors","w2":"b.safetensors"}})");
   Checkpoint strict(dir / "model.safetensors.index.json");
   EXPECT_EQ(kind_of([&] { (void)strict.get_tensor("w2"); }), ErrorKind::ShardMismatch);
   Checkpoint c(dir / "model.safetensors.index.json", {.lenient = true});
@@ -158,7 +163,8 @@ TEST(TrailingBytes, CheckpointShardsReportThem) {
   a.resize(a.size() + 6);
   write(dir / "a.safetensors", a);
   write(dir / "b.safetensors", file_of({"w1"}, 2));
-  write_text(dir / "model.safetensors.index.json", R"({"weight_map":{"w0":"a.safetensors","w1":"b.safetensors"}})");
+  write_text(dir / "model.safetensors.index.json",
+             R"({"weight_map":{"w0":"a.safetensors","w1":"b.safetensors"}})");
   Checkpoint strict(dir / "model.safetensors.index.json");
   EXPECT_EQ(kind_of([&] { (void)strict.get_tensor("w0"); }), ErrorKind::MetadataIncompleteBuffer);
   Checkpoint c(dir / "model.safetensors.index.json", {.allow_trailing_bytes = true});
