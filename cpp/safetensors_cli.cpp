@@ -36,6 +36,7 @@ namespace {
 namespace fs = std::filesystem;
 using safetensors::Backend;
 using safetensors::Checkpoint;
+using safetensors::OpenOptions;
 using safetensors::SafeOpen;
 
 constexpr const char* kUsage = R"(safetensors: inspect, validate and edit safetensors files
@@ -45,10 +46,13 @@ usage:
       Metadata, then every tensor (name, dtype, shape, bytes, offset), then totals
       (parameters, bytes by dtype). Reads only headers. INDEX is a sharded checkpoint's
       model.safetensors.index.json.
-  safetensors validate [--header-only] FILE|INDEX...
+  safetensors validate [--header-only] [--lenient] [--allow-trailing-bytes] FILE|INDEX...
       Checks each file: every header rule, then every data byte readable (unless
       --header-only); for an index, every shard against the index. Prints OK or the error
-      kind, message and hint per file; shows progress on a terminal.
+      kind, message and hint per file; shows progress on a terminal. --lenient reads an
+      index as an allow-list (tensors its shards lack are listed, not fatal; copies in
+      other shards ignored); --allow-trailing-bytes accepts bytes after the last tensor and
+      reports how many.
   safetensors metadata FILE [--set KEY=VALUE]... [--delete KEY]...
       Prints the metadata, or rewrites the file with the changes: atomically, through the
       writer, with every tensor's bytes compared with the original before the file is replaced.
@@ -374,11 +378,28 @@ void read_all(const SafeOpen& f, std::size_t index, const fs::path& path, Progre
   }
 }
 
+/// What lenient reading accepted in one file, printed under its OK line: never silent.
+void print_quirks(const std::vector<std::string>& missing,
+                  const std::vector<std::pair<fs::path, std::uint64_t>>& trailing) {
+  for (const auto& name : missing)
+    std::printf("     missing: tensor `%s` is listed in the index but absent from its shard\n",
+                printable(name).c_str());
+  for (const auto& [shard, n] : trailing)
+    std::printf("     trailing: %s has %s bytes after its last tensor\n", printable_path(shard).c_str(),
+                with_commas(n).c_str());
+}
+
 int validate(const std::vector<std::string>& args) {
   bool header_only = false;
+  bool lenient = false;
+  bool allow_trailing = false;
   std::vector<fs::path> paths;
   for (const auto& a : args) {
     if (a == "--header-only") header_only = true;
+    else if (a == "--lenient")
+      lenient = true;
+    else if (a == "--allow-trailing-bytes")
+      allow_trailing = true;
     else if (is_option(a)) unknown_option("validate", a);
     else paths.emplace_back(a);
   }
@@ -390,24 +411,35 @@ int validate(const std::vector<std::string>& args) {
     try {
       std::size_t tensors = 0;
       std::uint64_t bytes = 0;
+      std::vector<std::string> missing;
+      std::vector<std::pair<fs::path, std::uint64_t>> trailing;
+      const OpenOptions file_options{.backend = Backend::Read, .allow_trailing_bytes = allow_trailing};
       if (is_index(path)) {
-        Checkpoint ckpt(path, {Backend::Read});
-        for (const auto& k : ckpt.keys()) (void)ckpt.info(k);  // opens and checks every shard
+        Checkpoint ckpt(
+            path, {.backend = Backend::Read, .allow_trailing_bytes = allow_trailing, .lenient = lenient});
+        if (lenient) {
+          missing = ckpt.missing();  // opens every shard
+        } else {
+          for (const auto& k : ckpt.keys()) (void)ckpt.info(k);  // opens and checks every shard
+        }
         for (const auto& shard : ckpt.shard_paths()) {
-          SafeOpen f(shard, {Backend::Read});
+          SafeOpen f(shard, file_options);
           if (!header_only) read_all(f, i, shard, progress);
           bytes += file_size_of(shard);
+          if (f.trailing_bytes() > 0) trailing.emplace_back(shard, f.trailing_bytes());
         }
-        tensors = ckpt.size();
+        tensors = ckpt.size() - missing.size();
       } else {
-        SafeOpen f(path, {Backend::Read});
+        SafeOpen f(path, file_options);
         if (!header_only) read_all(f, i, path, progress);
         tensors = f.size();
         bytes = file_size_of(path);
+        if (f.trailing_bytes() > 0) trailing.emplace_back(path, f.trailing_bytes());
       }
       progress.clear();
       std::printf("OK   %s (%zu tensors, %s bytes)\n", printable_path(path).c_str(), tensors,
                   with_commas(bytes).c_str());
+      print_quirks(missing, trailing);
     } catch (const safetensors::Error& e) {
       progress.clear();
       print_error(path, e);

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "safetensors/detail/bridge.hpp"
@@ -35,10 +36,34 @@ namespace safetensors {
 /// does not list are ignored. Copies share the open shards; views keep them alive.
 class Checkpoint {
  public:
-  explicit Checkpoint(const std::filesystem::path& path, OpenOptions options = {})
+  explicit Checkpoint(const std::filesystem::path& path, CheckpointOptions options = {})
       : state_(std::make_shared<const Handle>(detail::call([&] {
-          return ffi::open_checkpoint(detail::bytes(path.native()), static_cast<std::uint8_t>(options.backend));
+          return ffi::open_checkpoint_with(detail::bytes(path.native()),
+                                           static_cast<std::uint8_t>(options.backend), options.lenient,
+                                           options.allow_trailing_bytes);
         }))) {}
+
+  /// Tensors the index lists but their shard lacks, sorted; opens every shard to know. Always
+  /// empty in strict mode, where such a shard fails to open (`ShardMissing`) instead.
+  [[nodiscard]] std::vector<std::string> missing() const {
+    auto names = detail::call([&] { return ckpt().missing(); });
+    std::vector<std::string> out;
+    out.reserve(names.size());
+    for (const auto& n : names) out.emplace_back(std::string(n));
+    return out;
+  }
+
+  /// Shards with bytes after their last tensor, with the count; opens every shard to know.
+  /// Empty unless opened with `allow_trailing_bytes` (without it such a shard fails to open).
+  [[nodiscard]] std::vector<std::pair<std::filesystem::path, std::uint64_t>> trailing_bytes() const {
+    const auto& c = ckpt();
+    std::vector<std::pair<std::filesystem::path, std::uint64_t>> out;
+    for (std::size_t i = 0; i < c.shard_count(); ++i) {
+      const std::uint64_t n = detail::call([&] { return c.shard_trailing_bytes(i); });
+      if (n > 0) out.emplace_back(shard_path(i), n);
+    }
+    return out;
+  }
 
   /// Tensor names, sorted byte-wise.
   [[nodiscard]] std::vector<std::string> keys() const {
@@ -112,7 +137,8 @@ class Checkpoint {
 
   [[nodiscard]] detail::Source source_for(std::string_view name) const {
     const auto& c = ckpt();
-    std::size_t shard = detail::call([&] { return c.shard_of(detail::bytes(name)); });
+    // shard_holding: in lenient mode a listed tensor its shard lacks is `ShardMissing` here.
+    std::size_t shard = detail::call([&] { return c.shard_holding(detail::bytes(name)); });
     auto& slot = handle().files[shard];
     const ffi::File* file = slot.load(std::memory_order_acquire);
     if (file == nullptr) {

@@ -20,6 +20,24 @@ enum class Backend : std::uint8_t {
 
 struct OpenOptions {
   Backend backend = Backend::Mmap;
+  /// Open a file with bytes after its last tensor (some tools append them) instead of refusing
+  /// it with `MetadataIncompleteBuffer`; `SafeOpen::trailing_bytes()` reports how many. Every
+  /// other check still runs, and no view or read reaches those bytes.
+  bool allow_trailing_bytes = false;
+};
+
+/// Options for `Checkpoint`. The default is strict: the index must match its shards exactly.
+///
+///   safetensors::Checkpoint ckpt(index, {.lenient = true});
+struct CheckpointOptions {
+  Backend backend = Backend::Mmap;
+  /// For shards (or the single file) with bytes after their last tensor; see
+  /// `Checkpoint::trailing_bytes()`.
+  bool allow_trailing_bytes = false;
+  /// Read the index as an allow-list, as vLLM and transformers do: a listed tensor its shard
+  /// lacks is `ShardMissing` only when asked for (`Checkpoint::missing()` lists them), and
+  /// copies of a tensor in shards the index does not assign it to are ignored.
+  bool lenient = false;
 };
 
 }  // namespace safetensors

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -32,6 +33,34 @@ class SafeOpen {
  public:
   explicit SafeOpen(const std::filesystem::path& path, OpenOptions options = {})
       : state_(open(path, options)), source_(detail::Source::of(*state_->file, state_)) {}
+
+  /// A file already in memory (downloaded, embedded), validated exactly as a file on disk.
+  /// Views borrow `bytes` (no copy) and hold `keep_alive`, which must own them: then views and
+  /// copies of this SafeOpen keep the bytes alive on their own. Without an owner the caller
+  /// must keep the bytes alive and unchanged as long as this SafeOpen, its copies and every
+  /// view from them. `name` stands for the file in error messages. `options.backend` is
+  /// ignored (`backend()` says `Mmap`: views point into the bytes).
+  ///
+  ///   auto buf = std::make_shared<std::vector<std::byte>>(download());
+  ///   auto f = safetensors::SafeOpen::from_bytes(*buf, buf);
+  [[nodiscard]] static SafeOpen from_bytes(std::span<const std::byte> bytes,
+                                           std::shared_ptr<const void> keep_alive = {},
+                                           OpenOptions options = {}, std::string name = "<memory>") {
+    return SafeOpen(open_memory(bytes, std::move(keep_alive), options, std::move(name)));
+  }
+
+  /// `from_bytes` over a copy of `bytes` (64-byte aligned) that the SafeOpen owns: the caller's
+  /// buffer may go away right after the call.
+  [[nodiscard]] static SafeOpen from_bytes_copy(std::span<const std::byte> bytes, OpenOptions options = {},
+                                                std::string name = "<memory>") {
+    auto copy = detail::allocate_bytes(bytes.size(), "a copy of " + name);
+    if (!bytes.empty()) std::memcpy(copy.get(), bytes.data(), bytes.size());
+    std::span<const std::byte> mine{copy.get(), bytes.size()};
+    return from_bytes(mine, std::move(copy), options, std::move(name));
+  }
+
+  /// Bytes after the last tensor: 0 unless opened with `allow_trailing_bytes`.
+  [[nodiscard]] std::uint64_t trailing_bytes() const { return file().trailing_bytes(); }
 
   /// Tensor names sorted byte-wise, like Python's `safe_open(...).keys()`.
   [[nodiscard]] std::vector<std::string> keys() const {
@@ -110,10 +139,33 @@ class SafeOpen {
                                                         OpenOptions options) {
     const auto& native = path.native();
     auto file = detail::call([&] {
-      return ffi::open_file(detail::bytes(native), static_cast<std::uint8_t>(options.backend));
+      return ffi::open_file_with(detail::bytes(native), static_cast<std::uint8_t>(options.backend),
+                                 options.allow_trailing_bytes);
     });
     return std::make_shared<const detail::FileHandle>(detail::FileHandle{std::move(file), native});
   }
+
+  // The handle owns the keep-alive owner as well as the file; `Memory` declares the owner first
+  // so it is destroyed after the bridge file that borrows its bytes.
+  struct Memory {
+    std::shared_ptr<const void> keep_alive;
+    detail::FileHandle handle;
+  };
+
+  static std::shared_ptr<const detail::FileHandle> open_memory(std::span<const std::byte> bytes,
+                                                               std::shared_ptr<const void> keep_alive,
+                                                               OpenOptions options, std::string name) {
+    ::rust::Slice<const std::uint8_t> data{reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()};
+    auto file = detail::call(
+        [&] { return ffi::open_memory(data, detail::bytes(name), options.allow_trailing_bytes); });
+    auto memory =
+        std::make_shared<const Memory>(Memory{std::move(keep_alive), {std::move(file), std::move(name)}});
+    // Aliasing constructor: the FileHandle's lifetime is the whole Memory's.
+    return std::shared_ptr<const detail::FileHandle>(memory, &memory->handle);
+  }
+
+  explicit SafeOpen(std::shared_ptr<const detail::FileHandle> state)
+      : state_(std::move(state)), source_(detail::Source::of(*state_->file, state_)) {}
 
   // Every method goes through these: a moved-from SafeOpen (null state) throws instead of
   // dereferencing null.

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
 
 #include "support.hpp"
 
@@ -385,6 +386,35 @@ TEST_F(Cli, AFailedWriteToStdoutIsAnIoErrorWithExitCode1) {
     EXPECT_TRUE(has(std::string(err.begin(), err.end()), "safetensors: Io: cannot write to standard output"))
         << args;
   }
+}
+
+// Issue 16: checkpoints as they exist in the wild, reported by validate only when asked for.
+TEST(CliQuirks, ValidateReportsMissingTensorsAndTrailingBytesOnlyWhenAllowed) {
+  test::TempDir dir;
+  auto a = test::raw_file(R"({"w0":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})", 2);
+  a.push_back(0);
+  a.push_back(0);
+  a.push_back(0);
+  test::write_bytes(dir / "a.safetensors", a);
+  test::write_bytes(dir / "b.safetensors",
+                    test::raw_file(R"({"w2":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})", 2));
+  std::ofstream(dir / "m.index.json")
+      << R"({"weight_map":{"w0":"a.safetensors","w1":"a.safetensors","w2":"b.safetensors"}})";
+  const auto index = (dir / "m.index.json").string();
+  auto strict = cli({"validate", index});
+  EXPECT_EQ(strict.code, 1) << strict.out;
+  auto only_lenient = cli({"validate", "--lenient", index});
+  EXPECT_EQ(only_lenient.code, 1) << "trailing bytes still refused: " << only_lenient.out;
+  EXPECT_TRUE(has(only_lenient.out + only_lenient.err, "MetadataIncompleteBuffer")) << only_lenient.out;
+  auto both = cli({"validate", "--lenient", "--allow-trailing-bytes", index});
+  EXPECT_EQ(both.code, 0) << both.out << both.err;
+  EXPECT_TRUE(has(both.out, "(2 tensors,")) << both.out;
+  EXPECT_TRUE(has(both.out, "missing: tensor `w1`")) << both.out;
+  EXPECT_TRUE(has(both.out, "a.safetensors has 3 bytes after its last tensor")) << both.out;
+  auto file = cli({"validate", "--allow-trailing-bytes", (dir / "a.safetensors").string()});
+  EXPECT_EQ(file.code, 0) << file.out << file.err;
+  EXPECT_TRUE(has(file.out, "3 bytes after its last tensor")) << file.out;
+  EXPECT_EQ(cli({"validate", (dir / "a.safetensors").string()}).code, 1);
 }
 
 }  // namespace

@@ -5,6 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <vector>
+
 #include "support.hpp"
 
 using safetensors::Backend;
@@ -74,6 +80,39 @@ TEST_P(Hostile, HintsNameTheLikelyCause) {
   EXPECT_NE(message("data_trailing.safetensors").find("1 extra byte"), std::string::npos);
   EXPECT_NE(message("a_directory.safetensors").find("directory"), std::string::npos);
   EXPECT_NE(message("a_fifo.safetensors").find("not a regular file"), std::string::npos);
+}
+
+// The same corpus in memory: every regular file's bytes through SafeOpen::from_bytes, with the
+// same error kind as from the file, the name given standing for it in the message.
+TEST(HostileInMemory, EveryCaseIsItsExpectedErrorKindNamingTheBuffer) {
+  auto c = corpus();
+  if (!c) return;
+  auto& [dir, cases] = *c;
+  std::size_t checked = 0;
+  for (const auto& k : cases) {
+    auto path = dir / k.file;
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(path, ec)) continue;  // directories, FIFOs: files only
+    std::ifstream in(path, std::ios::binary);
+    std::vector<char> raw{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    // An owned, exactly sized copy: ASan reports any read past the buffer's end.
+    auto owner = std::make_shared<std::vector<std::byte>>(raw.size());
+    if (!raw.empty()) std::memcpy(owner->data(), raw.data(), raw.size());
+    std::string got = "OK";
+    try {
+      auto f = SafeOpen::from_bytes(*owner, owner, {}, k.file);
+      for (const auto& name : f.keys()) {
+        auto view = f.get_tensor(name);
+        EXPECT_EQ(view.data.size(), f.info(name).byte_size()) << k.file;
+      }
+    } catch (const safetensors::Error& e) {
+      got = std::string(safetensors::to_string(e.kind()));
+      EXPECT_NE(std::string(e.what()).find(k.file), std::string::npos) << k.file << ": " << e.what();
+    }
+    EXPECT_EQ(got, k.kind) << k.file << " (" << k.what << ") in memory";
+    ++checked;
+  }
+  EXPECT_GT(checked, 100u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Hostile, ::testing::Values(Backend::Mmap, Backend::Read, Backend::Direct),

@@ -1,5 +1,6 @@
 // libFuzzer target: arbitrary bytes as a file, opened through the public C++ API with both
-// backends, every tensor read, sliced and checked. Only safetensors::Error may come out.
+// backends and in memory (SafeOpen::from_bytes over the fuzzer's own buffer, so ASan sees any
+// read outside it), every tensor read, sliced and checked. Only safetensors::Error may come out.
 // Built by the `fuzz` preset (clang, -fsanitize=fuzzer,address,undefined); see tests/fuzz/run.
 #include <safetensors/safetensors.hpp>
 
@@ -44,6 +45,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     } catch (const safetensors::Error& e) {
       sink = sink + static_cast<std::uint64_t>(e.kind());
     }
+  }
+  try {
+    auto f = safetensors::SafeOpen::from_bytes({reinterpret_cast<const std::byte*>(data), size});
+    sink = sink + exercise(f);
+  } catch (const safetensors::Error& e) {
+    sink = sink + static_cast<std::uint64_t>(e.kind());
   }
   return 0;
 }

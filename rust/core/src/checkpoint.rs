@@ -12,6 +12,13 @@
 //! read backend a shard keeps no descriptor between reads (see `SafeFile::open_unheld`).
 //!
 //! A plain `.safetensors` file opens as a checkpoint of one shard.
+//!
+//! Lenient mode ([`CheckpointOptions::lenient`], opt-in) reads checkpoints as they exist in the
+//! wild, as vLLM and transformers do: the index is an allow-list. A tensor the index lists but
+//! its shard lacks (a stale index) is `ShardMissing` only when someone asks for it, and
+//! [`Checkpoint::missing`] lists them all; a copy of a tensor in a shard the index does not
+//! assign it to (shards reused between checkpoints) is ignored. A shard *file* that does not
+//! exist is still `ShardMissing` at open: that is a broken download, not a quirk.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -23,11 +30,32 @@ use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
 use crate::error::{Error, Result};
-use crate::file::{read_regular, Backend, SafeFile};
+use crate::file::{read_regular, Backend, OpenOptions, SafeFile};
 use crate::header::TensorInfo;
 
 /// Index files are small (a name and a file name per tensor); refuse absurd ones before reading.
 const MAX_INDEX_SIZE: u64 = 256 * 1024 * 1024;
+
+/// Options for [`Checkpoint::open_with`]. The default is strict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CheckpointOptions {
+    /// How tensor bytes are reached.
+    pub backend: Backend,
+    /// Read the index as an allow-list (see the module documentation).
+    pub lenient: bool,
+    /// Open shards (or the single file) with bytes after their last tensor; see
+    /// [`OpenOptions::allow_trailing_bytes`] and [`Checkpoint::trailing_bytes`].
+    pub allow_trailing_bytes: bool,
+}
+
+impl CheckpointOptions {
+    fn file_options(&self) -> OpenOptions {
+        OpenOptions {
+            backend: self.backend,
+            allow_trailing_bytes: self.allow_trailing_bytes,
+        }
+    }
+}
 
 struct Shard {
     /// The file name as the index spells it.
@@ -52,25 +80,46 @@ pub struct Checkpoint {
     shard_of: Vec<u32>,
     shards: Vec<Shard>,
     metadata: Option<BTreeMap<String, String>>,
-    backend: Backend,
+    options: CheckpointOptions,
     opens: AtomicUsize,
 }
 
 impl Checkpoint {
     /// Opens an index (a path ending in `.json`, in any case) or a single safetensors file.
     pub fn open(path: impl AsRef<Path>, backend: Backend) -> Result<Checkpoint> {
+        Checkpoint::open_with(
+            path,
+            CheckpointOptions {
+                backend,
+                ..CheckpointOptions::default()
+            },
+        )
+    }
+
+    /// [`Checkpoint::open`] with every option (lenient mode, trailing bytes).
+    pub fn open_with(path: impl AsRef<Path>, options: CheckpointOptions) -> Result<Checkpoint> {
         let path = path.as_ref();
         if is_index_path(path) {
-            Checkpoint::from_index(path, backend)
+            Self::from_index_inner(path, options).map_err(|e| e.in_file(path))
         } else {
-            Checkpoint::from_file(path, backend)
+            Checkpoint::from_file_with(path, options)
         }
     }
 
     /// A single file as a checkpoint of one shard (opened now).
     pub fn from_file(path: impl AsRef<Path>, backend: Backend) -> Result<Checkpoint> {
+        Checkpoint::from_file_with(
+            path,
+            CheckpointOptions {
+                backend,
+                ..CheckpointOptions::default()
+            },
+        )
+    }
+
+    fn from_file_with(path: impl AsRef<Path>, options: CheckpointOptions) -> Result<Checkpoint> {
         let path = path.as_ref();
-        let file = SafeFile::open(path, backend)?;
+        let file = SafeFile::open_with(path, options.file_options())?;
         let names: Vec<String> = file
             .header()
             .sorted_names()
@@ -93,7 +142,7 @@ impl Checkpoint {
             names,
             shards: vec![shard],
             metadata,
-            backend,
+            options,
             opens: AtomicUsize::new(1),
         })
     }
@@ -101,10 +150,14 @@ impl Checkpoint {
     /// Parses a Hugging Face index: `{"metadata": {...}, "weight_map": {"tensor": "shard", ...}}`.
     pub fn from_index(path: impl AsRef<Path>, backend: Backend) -> Result<Checkpoint> {
         let path = path.as_ref();
-        Self::from_index_inner(path, backend).map_err(|e| e.in_file(path))
+        let options = CheckpointOptions {
+            backend,
+            ..CheckpointOptions::default()
+        };
+        Self::from_index_inner(path, options).map_err(|e| e.in_file(path))
     }
 
-    fn from_index_inner(path: &Path, backend: Backend) -> Result<Checkpoint> {
+    fn from_index_inner(path: &Path, options: CheckpointOptions) -> Result<Checkpoint> {
         let text = read_regular(path, "a checkpoint index", MAX_INDEX_SIZE)?;
         let index: IndexFile = serde_json::from_slice(&text).map_err(|e| Error::InvalidIndex {
             reason: e.to_string(),
@@ -151,7 +204,7 @@ impl Checkpoint {
             shard_of,
             shards,
             metadata,
-            backend,
+            options,
             opens: AtomicUsize::new(0),
         })
     }
@@ -232,19 +285,20 @@ impl Checkpoint {
         if let Some(file) = shard.file.get() {
             return Ok(file);
         }
-        let file = SafeFile::open_unheld(&shard.path, self.backend).map_err(|e| {
-            // Deleted since the index was opened: the same `ShardMissing` as at open.
-            match e.innermost() {
-                Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
-                    Error::ShardMissing {
-                        shard: shard.name.clone(),
-                        tensor: None,
+        let file =
+            SafeFile::open_unheld(&shard.path, self.options.file_options()).map_err(|e| {
+                // Deleted since the index was opened: the same `ShardMissing` as at open.
+                match e.innermost() {
+                    Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                        Error::ShardMissing {
+                            shard: shard.name.clone(),
+                            tensor: None,
+                        }
+                        .in_file(&self.path)
                     }
-                    .in_file(&self.path)
+                    _ => e,
                 }
-                _ => e,
-            }
-        })?;
+            })?;
         self.check_shard(i as u32, &file)
             .map_err(|e| e.in_file(&self.path))?;
         self.opens.fetch_add(1, Ordering::Relaxed);
@@ -253,14 +307,78 @@ impl Checkpoint {
 
     /// The file holding `name` and the tensor's description.
     pub fn locate(&self, name: &str) -> Result<(&SafeFile, TensorInfo<'_>)> {
-        let file = self.shard(self.shard_of(name)?)?;
+        let file = self.shard(self.shard_holding(name)?)?;
         let info = file.info(name)?;
         Ok((file, info))
     }
 
+    /// The shard holding `name`, opened: [`Checkpoint::shard_of`], then (in lenient mode, where
+    /// opening a shard does not check this) `ShardMissing` when the shard lacks the tensor.
+    pub fn shard_holding(&self, name: &str) -> Result<usize> {
+        let i = self.shard_of(name)?;
+        let file = self.shard(i)?;
+        if file.header().position(name).is_none() {
+            return Err(self.missing_in(i, name));
+        }
+        Ok(i)
+    }
+
+    fn missing_in(&self, shard: usize, name: &str) -> Error {
+        Error::ShardMissing {
+            shard: self.shards[shard].name.clone(),
+            tensor: Some(name.to_owned()),
+        }
+        .in_file(&self.path)
+    }
+
+    /// Whether this checkpoint was opened in lenient mode.
+    pub fn is_lenient(&self) -> bool {
+        self.options.lenient
+    }
+
+    /// Tensors the index lists but their shard lacks, sorted, each with its shard's index.
+    /// Opens every shard to know (an error opening one is returned). Always empty in strict
+    /// mode, where such a shard fails to open instead.
+    pub fn missing(&self) -> Result<Vec<(String, usize)>> {
+        let mut out = Vec::new();
+        for i in 0..self.shards.len() {
+            let file = self.shard(i)?;
+            for (name, _) in self
+                .names
+                .iter()
+                .zip(&self.shard_of)
+                .filter(|(_, &s)| s as usize == i)
+            {
+                if file.header().position(name).is_none() {
+                    out.push((name.clone(), i));
+                }
+            }
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    /// Shards with bytes after their last tensor, as (shard index, byte count); opens every
+    /// shard to know. Always empty unless opened with `allow_trailing_bytes`.
+    pub fn trailing_bytes(&self) -> Result<Vec<(usize, u64)>> {
+        let mut out = Vec::new();
+        for i in 0..self.shards.len() {
+            let n = self.shard(i)?.trailing_bytes();
+            if n > 0 {
+                out.push((i, n));
+            }
+        }
+        Ok(out)
+    }
+
     /// The index is the authority: the shard must hold what it is assigned, and nothing that
-    /// is assigned elsewhere.
+    /// is assigned elsewhere. In lenient mode neither is checked here: a missing tensor is an
+    /// error when asked for ([`Checkpoint::shard_holding`]), a copy assigned elsewhere is never
+    /// read (lookups go through the index).
     fn check_shard(&self, id: u32, file: &SafeFile) -> Result<()> {
+        if self.options.lenient {
+            return Ok(());
+        }
         let shard = &self.shards[id as usize];
         for (name, _) in self
             .names

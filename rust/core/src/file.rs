@@ -1,5 +1,9 @@
-//! Opening files: a read-only memory map, or positioned reads on demand; and the one safe way
-//! this crate opens any file for reading ([`open_regular`], [`read_regular`]).
+//! Opening files: a read-only memory map, positioned reads on demand, or bytes already in
+//! memory ([`SafeFile::from_memory`]); and the one safe way this crate opens any file for
+//! reading ([`open_regular`], [`read_regular`]).
+//!
+//! Every source of bytes is validated the same way: [`parse_allowing`] over the header bytes
+//! and the length of the whole input (the mapping's, the file's, or the buffer's).
 
 use std::borrow::Cow;
 use std::fs::File;
@@ -33,10 +37,28 @@ pub enum Backend {
     Direct = 2,
 }
 
+/// Options for [`SafeFile::open_with`] and [`SafeFile::from_memory`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OpenOptions {
+    /// How tensor bytes are reached (ignored for bytes in memory).
+    pub backend: Backend,
+    /// Accept bytes after the last tensor (some tools append them; ComfyUI #15599). Off by
+    /// default: they are `MetadataIncompleteBuffer`, since they usually mean a file that was
+    /// written wrongly. When on, the count is kept and reported by
+    /// [`SafeFile::trailing_bytes`], never silently dropped; every other check still runs.
+    pub allow_trailing_bytes: bool,
+}
+
+/// Bytes a caller holds, for [`SafeFile::from_memory`]: anything that can lend a byte slice
+/// for as long as the file lives (a `Vec<u8>`, an `Arc<[u8]>`, a bridge's borrowed buffer).
+pub type MemoryBytes = Box<dyn AsRef<[u8]> + Send + Sync>;
+
 enum Storage {
     Mapped(Mmap),
     Reader(Reader),
     Direct(DirectFile),
+    /// A complete file in memory; views borrow it like the mapping.
+    Memory(MemoryBytes),
 }
 
 /// How the read backend reaches the file.
@@ -81,6 +103,7 @@ pub struct SafeFile {
     header: Header,
     storage: Storage,
     bytes_read: AtomicU64,
+    trailing: u64,
 }
 
 /// How much of the file is read first: one page, which holds the length prefix and many small
@@ -95,20 +118,63 @@ const HEADER_COPY_LIMIT: usize = 256 * 1024;
 impl SafeFile {
     /// Opens and validates `path`. Errors name the file.
     pub fn open(path: impl AsRef<Path>, backend: Backend) -> Result<SafeFile> {
+        Self::open_with(
+            path,
+            OpenOptions {
+                backend,
+                ..OpenOptions::default()
+            },
+        )
+    }
+
+    /// [`SafeFile::open`] with every option.
+    pub fn open_with(path: impl AsRef<Path>, options: OpenOptions) -> Result<SafeFile> {
         let path = path.as_ref();
-        Self::open_inner(path, backend, true).map_err(|e| e.in_file(path))
+        Self::open_inner(path, options, true).map_err(|e| e.in_file(path))
+    }
+
+    /// Validates a complete safetensors file held in memory; views borrow `bytes` (no copy).
+    /// `name` stands for the file in error messages (e.g. `<memory>` or a URL). The checks are
+    /// the ones a file on disk gets, in the same order, against `bytes.len()`.
+    ///
+    /// ```
+    /// use safetensors_core::{serialize, Dtype, OpenOptions, SafeFile, TensorView};
+    /// let bytes = serialize([("w", TensorView::new(Dtype::U8, &[2], &[1, 2]))], None)?;
+    /// let file = SafeFile::from_memory("<memory>", Box::new(bytes), OpenOptions::default())?;
+    /// assert_eq!(&*file.tensor_bytes("w")?, &[1, 2]);
+    /// # Ok::<(), safetensors_core::Error>(())
+    /// ```
+    pub fn from_memory(
+        name: impl AsRef<Path>,
+        bytes: MemoryBytes,
+        options: OpenOptions,
+    ) -> Result<SafeFile> {
+        let name = name.as_ref();
+        let parsed = {
+            let data: &[u8] = (*bytes).as_ref();
+            parse_allowing(data, data.len() as u64, options.allow_trailing_bytes)
+        };
+        let (header, trailing) = parsed.map_err(|e| e.in_file(name))?;
+        Ok(SafeFile {
+            path: name.to_path_buf(),
+            header,
+            storage: Storage::Memory(bytes),
+            bytes_read: AtomicU64::new(0),
+            trailing,
+        })
     }
 
     /// [`SafeFile::open`] for a checkpoint shard: with the read backend, no descriptor is kept
     /// between reads (see [`Reader::Reopen`]). `path` should be absolute, since it is opened
     /// again later.
-    pub(crate) fn open_unheld(path: &Path, backend: Backend) -> Result<SafeFile> {
-        Self::open_inner(path, backend, false).map_err(|e| e.in_file(path))
+    pub(crate) fn open_unheld(path: &Path, options: OpenOptions) -> Result<SafeFile> {
+        Self::open_inner(path, options, false).map_err(|e| e.in_file(path))
     }
 
-    fn open_inner(path: &Path, backend: Backend, hold: bool) -> Result<SafeFile> {
+    fn open_inner(path: &Path, options: OpenOptions, hold: bool) -> Result<SafeFile> {
+        let allow = options.allow_trailing_bytes;
         let (file, meta) = open_regular(path, "a safetensors file")?;
-        let (header, storage) = match backend {
+        let ((header, trailing), storage) = match options.backend {
             Backend::Mmap => {
                 if meta.len() < N_LEN as u64 {
                     return Err(Error::HeaderTooSmall { len: meta.len() });
@@ -134,14 +200,14 @@ impl SafeFile {
                 let header = match read_header_len(&head, len) {
                     Ok(n) if N_LEN + n <= HEADER_COPY_LIMIT => {
                         read_rest(&file, path, &mut head, N_LEN + n)?;
-                        Header::parse_prefix(&head, len)?
+                        parse_allowing(&head, len, allow)?
                     }
-                    _ => Header::parse(&map)?,
+                    _ => parse_allowing(&map, len, allow)?,
                 };
                 (header, Storage::Mapped(map))
             }
             Backend::Read => {
-                let header = read_header(&file, path, meta.len())?;
+                let header = read_header(&file, path, meta.len(), allow)?;
                 let reader = if hold {
                     Reader::Held(file)
                 } else {
@@ -154,7 +220,7 @@ impl SafeFile {
                 (header, Storage::Reader(reader))
             }
             Backend::Direct => {
-                let header = read_header(&file, path, meta.len())?;
+                let header = read_header(&file, path, meta.len(), allow)?;
                 (header, Storage::Direct(DirectFile::open(path, file)))
             }
         };
@@ -163,7 +229,19 @@ impl SafeFile {
             header,
             storage,
             bytes_read: AtomicU64::new(0),
+            trailing,
         })
+    }
+
+    /// Bytes after the last tensor: 0 unless opened with
+    /// [`OpenOptions::allow_trailing_bytes`] (without it such a file does not open).
+    pub fn trailing_bytes(&self) -> u64 {
+        self.trailing
+    }
+
+    /// Whether the file's bytes are a caller's memory ([`SafeFile::from_memory`]).
+    pub fn is_in_memory(&self) -> bool {
+        matches!(self.storage, Storage::Memory(_))
     }
 
     /// The file's path, as given to [`SafeFile::open`].
@@ -176,10 +254,11 @@ impl SafeFile {
         &self.header
     }
 
-    /// Which backend this file uses.
+    /// Which backend this file uses. Bytes in memory report `Mmap`: views borrow them with no
+    /// copy, as from a mapping ([`SafeFile::is_in_memory`] tells them apart).
     pub fn backend(&self) -> Backend {
         match self.storage {
-            Storage::Mapped(_) => Backend::Mmap,
+            Storage::Mapped(_) | Storage::Memory(_) => Backend::Mmap,
             Storage::Reader(_) => Backend::Read,
             Storage::Direct(_) => Backend::Direct,
         }
@@ -201,6 +280,14 @@ impl SafeFile {
             // `get` keeps that a checked fact rather than an assumption.
             Storage::Mapped(map) => Some(
                 map.get(self.header.data_start()..self.header.file_len())
+                    .unwrap_or(&[]),
+            ),
+            // Validated against this buffer's length, as the mapping is; trailing bytes (when
+            // allowed) lie past `file_len` and are never part of a view.
+            Storage::Memory(bytes) => Some(
+                (**bytes)
+                    .as_ref()
+                    .get(self.header.data_start()..self.header.file_len())
                     .unwrap_or(&[]),
             ),
             Storage::Reader(_) | Storage::Direct(_) => None,
@@ -259,7 +346,7 @@ impl SafeFile {
     /// A descriptor for one read operation (read backend only).
     fn handle(&self) -> Result<Option<Handle<'_>>> {
         match &self.storage {
-            Storage::Mapped(_) => Ok(None),
+            Storage::Mapped(_) | Storage::Memory(_) => Ok(None),
             Storage::Reader(Reader::Held(file)) => Ok(Some(Handle::Borrowed(file))),
             Storage::Direct(d) => Ok(Some(Handle::Direct(d))),
             Storage::Reader(Reader::Reopen { path, dev, ino }) => {
@@ -458,11 +545,29 @@ fn read_rest(file: &File, path: &Path, head: &mut Vec<u8>, needed: usize) -> Res
 
 /// Reads and validates the header with positioned reads: first a small block, then, only once
 /// the length prefix has passed its checks (so a hostile length allocates nothing), the rest.
-fn read_header(file: &File, path: &Path, len: u64) -> Result<Header> {
+fn read_header(file: &File, path: &Path, len: u64, allow_trailing: bool) -> Result<(Header, u64)> {
     let mut head = read_head(file, path, len)?;
     let header_len = read_header_len(&head, len)?;
     read_rest(file, path, &mut head, N_LEN + header_len)?;
-    Header::parse_prefix(&head, len)
+    parse_allowing(&head, len, allow_trailing)
+}
+
+/// Parses and validates the header in `head` (at least its first `8 + N` bytes) of an input of
+/// `len` bytes, returning it with the count of bytes after the last tensor. Bytes left over are
+/// `MetadataIncompleteBuffer` unless `allow_trailing`: that check is the format's last, so
+/// every other one has passed when it fails, and the header is then validated again against
+/// the length it describes (the reparse costs only the files that need it).
+pub(crate) fn parse_allowing(head: &[u8], len: u64, allow_trailing: bool) -> Result<(Header, u64)> {
+    match Header::parse_prefix(head, len) {
+        Ok(header) => Ok((header, 0)),
+        Err(Error::MetadataIncompleteBuffer { expected, actual })
+            if allow_trailing && actual > expected =>
+        {
+            let header = Header::parse_prefix(head, expected)?;
+            Ok((header, actual - expected))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]

@@ -31,11 +31,11 @@ pub mod upload;
 mod view;
 mod writer;
 
-pub use checkpoint::Checkpoint;
+pub use checkpoint::{Checkpoint, CheckpointOptions};
 pub use direct::DIRECT_ALIGN;
 pub use dtype::{Dtype, UnknownDtype};
 pub use error::{Error, ErrorKind, HeaderContents, Result};
-pub use file::{Backend, SafeFile};
+pub use file::{Backend, MemoryBytes, OpenOptions, SafeFile};
 pub use header::{
     paths, read_header_len, Header, TensorInfo, MAX_HEADER_SIZE, METADATA_KEY, N_LEN,
 };

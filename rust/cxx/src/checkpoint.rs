@@ -3,7 +3,7 @@
 use std::os::unix::ffi::OsStrExt;
 use std::sync::OnceLock;
 
-use safetensors_core::Error;
+use safetensors_core::{CheckpointOptions, Error};
 
 use crate::file::{backend, File};
 use crate::{guard, native_path, BridgeError, Metadata};
@@ -16,8 +16,22 @@ pub struct Checkpoint {
 }
 
 pub fn open_checkpoint(path: &[u8], backend_code: u8) -> Result<Box<Checkpoint>, BridgeError> {
+    open_checkpoint_with(path, backend_code, false, false)
+}
+
+pub fn open_checkpoint_with(
+    path: &[u8],
+    backend_code: u8,
+    lenient: bool,
+    allow_trailing_bytes: bool,
+) -> Result<Box<Checkpoint>, BridgeError> {
     guard(|| {
-        let inner = safetensors_core::Checkpoint::open(native_path(path), backend(backend_code))?;
+        let options = CheckpointOptions {
+            backend: backend(backend_code),
+            lenient,
+            allow_trailing_bytes,
+        };
+        let inner = safetensors_core::Checkpoint::open_with(native_path(path), options)?;
         let files = (0..inner.shard_count()).map(|_| OnceLock::new()).collect();
         let metadata = Metadata::new(inner.metadata());
         Ok(Box::new(Checkpoint {
@@ -64,6 +78,25 @@ impl Checkpoint {
             let file = self.inner.shard(shard)?;
             Ok(self.files[shard].get_or_init(|| File::wrap(file.clone())))
         })
+    }
+
+    /// [`Checkpoint::shard_of`], then the shard opened and (lenient mode) checked to hold it.
+    pub fn shard_holding(&self, name: &[u8]) -> Result<usize, BridgeError> {
+        guard(|| match std::str::from_utf8(name) {
+            Ok(name) => self.inner.shard_holding(name),
+            Err(_) => Err(Error::TensorNotFound {
+                name: String::from_utf8_lossy(name).into_owned(),
+            }
+            .in_file(self.inner.path())),
+        })
+    }
+
+    pub fn missing(&self) -> Result<Vec<String>, BridgeError> {
+        guard(|| Ok(self.inner.missing()?.into_iter().map(|(n, _)| n).collect()))
+    }
+
+    pub fn shard_trailing_bytes(&self, shard: usize) -> Result<u64, BridgeError> {
+        guard(|| Ok(self.inner.shard(shard)?.trailing_bytes()))
     }
 
     pub fn shard_count(&self) -> usize {

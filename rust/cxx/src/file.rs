@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use safetensors_core::{Backend, Error, Indexer, SafeFile, TensorInfo};
+use safetensors_core::{Backend, Error, Indexer, OpenOptions, SafeFile, TensorInfo};
 
 use crate::ffi::{ByteRun, SliceIndex};
 use crate::{guard, native_path, BridgeError, Metadata, TensorMeta};
@@ -49,6 +49,69 @@ pub fn open_file(path: &[u8], backend_code: u8) -> Result<Box<File>, BridgeError
     })
 }
 
+/// Opens `path`, accepting trailing bytes when asked.
+pub fn open_file_with(
+    path: &[u8],
+    backend_code: u8,
+    allow_trailing_bytes: bool,
+) -> Result<Box<File>, BridgeError> {
+    guard(|| {
+        let options = OpenOptions {
+            backend: backend(backend_code),
+            allow_trailing_bytes,
+        };
+        let inner = SafeFile::open_with(native_path(path), options)?;
+        Ok(Box::new(File::wrap(Arc::new(inner))))
+    })
+}
+
+/// C++ memory lent to a `File` (see `open_memory`): an address and a length, read only.
+struct Lent {
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the bytes are only read, and `open_memory`'s contract keeps them alive and unchanged
+// for the life of the File, whichever thread uses it.
+unsafe impl Send for Lent {}
+unsafe impl Sync for Lent {}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: see `open_memory`: the caller keeps `len` bytes at `ptr` alive and unchanged.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// Validates a complete file held by C++ and borrows it (no copy), like a mapping.
+///
+/// # Safety
+/// `data` must stay alive, unmoved and unmodified until the returned `File` (and every `File`
+/// sharing its core file) is dropped. The only caller, `SafeOpen::from_bytes` in
+/// `include/safetensors/safe_open.hpp`, keeps the caller's keep-alive owner in the same handle
+/// as the File, destroyed after it, and documents the rule for callers without an owner.
+pub unsafe fn open_memory(
+    data: &[u8],
+    name: &[u8],
+    allow_trailing_bytes: bool,
+) -> Result<Box<File>, BridgeError> {
+    guard(|| {
+        let lent = Lent {
+            ptr: data.as_ptr(),
+            len: data.len(),
+        };
+        let options = OpenOptions {
+            allow_trailing_bytes,
+            ..OpenOptions::default()
+        };
+        let inner = SafeFile::from_memory(native_path(name), Box::new(lent), options)?;
+        Ok(Box::new(File::wrap(Arc::new(inner))))
+    })
+}
+
 fn meta(
     index: usize,
     info: &TensorInfo<'_>,
@@ -77,6 +140,10 @@ impl File {
 
     pub fn tensor_count(&self) -> usize {
         self.inner.header().len()
+    }
+
+    pub fn trailing_bytes(&self) -> u64 {
+        self.inner.trailing_bytes()
     }
 
     pub fn find(&self, name: &[u8]) -> Result<TensorMeta, BridgeError> {

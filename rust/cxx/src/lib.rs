@@ -25,7 +25,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use safetensors_core::{Dtype, Error, ErrorKind};
 
-pub use checkpoint::{open_checkpoint, Checkpoint};
+pub use checkpoint::{open_checkpoint, open_checkpoint_with, Checkpoint};
 pub use convert::{convert_tensor, dequantize_fp8_blocks, dequantize_mxfp4, mxfp4_output_shape};
 pub use cuda::{
     cuda_built, cuda_device_count, cuda_device_name, cuda_download, cuda_free,
@@ -33,7 +33,7 @@ pub use cuda::{
     Uploader,
 };
 pub use distributed::{new_dist_plan_builder, tp_indices, DistPlan, DistPlanBuilder};
-pub use file::{open_file, File, SlicePlan};
+pub use file::{open_file, open_file_with, open_memory, File, SlicePlan};
 pub use writer::{new_writer, Writer};
 
 // cxx needs the explicit lifetime on `shard_file`, which clippy would have us elide.
@@ -111,6 +111,21 @@ mod ffi {
 
         /// Opens and validates `path` (raw bytes of a native path). `backend`: 0 mmap, 1 read, 2 direct.
         fn open_file(path: &[u8], backend: u8) -> Result<Box<File>>;
+        /// `open_file`, accepting bytes after the last tensor when `allow_trailing_bytes`.
+        fn open_file_with(
+            path: &[u8],
+            backend: u8,
+            allow_trailing_bytes: bool,
+        ) -> Result<Box<File>>;
+        /// Validates a complete file in memory. The File borrows `data`: the caller keeps it
+        /// alive, unmoved and unchanged, until the File is dropped. `name` is for messages.
+        unsafe fn open_memory(
+            data: &[u8],
+            name: &[u8],
+            allow_trailing_bytes: bool,
+        ) -> Result<Box<File>>;
+        /// Bytes after the last tensor (0 unless allowed at open).
+        fn trailing_bytes(self: &File) -> u64;
 
         /// Number of tensors.
         fn tensor_count(self: &File) -> usize;
@@ -188,6 +203,19 @@ mod ffi {
         type Checkpoint;
         /// Opens an index (`.json`) or a single safetensors file.
         fn open_checkpoint(path: &[u8], backend: u8) -> Result<Box<Checkpoint>>;
+        /// `open_checkpoint` with the lenient mode and trailing bytes options.
+        fn open_checkpoint_with(
+            path: &[u8],
+            backend: u8,
+            lenient: bool,
+            allow_trailing_bytes: bool,
+        ) -> Result<Box<Checkpoint>>;
+        /// The shard holding `name`, opened, with `ShardMissing` when (lenient) it lacks it.
+        fn shard_holding(self: &Checkpoint, name: &[u8]) -> Result<usize>;
+        /// Tensors the index lists but their shard lacks, sorted (opens every shard).
+        fn missing(self: &Checkpoint) -> Result<Vec<String>>;
+        /// Bytes after the last tensor of shard `shard` (opens it).
+        fn shard_trailing_bytes(self: &Checkpoint, shard: usize) -> Result<u64>;
         /// Number of tensors the index lists.
         fn tensor_count(self: &Checkpoint) -> usize;
         /// Tensor name `i` in sorted order.
