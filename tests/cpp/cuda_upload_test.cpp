@@ -372,6 +372,34 @@ TEST(CudaUpload, ACallersStreamAndDestinationAreChecked) {
   drv.leave_primary(0);
 }
 
+TEST(CudaUpload, ACapacityThatWrapsTheAddressSpaceIsRefused) {
+  // A caller that does not know its buffer's size passes SIZE_MAX. The destination, 256 bytes
+  // into an allocation of exactly the plan's size, has 256 bytes too few: offset + capacity
+  // must not wrap around 2^64 into "fits" (which would let the copies overrun the allocation).
+  Driver drv;
+  if (!gpu()) return;
+  test::TempDir dir;
+  SafeOpen f(make_file(dir));
+  cuda::Uploader up(0, kSmallRing);
+  const std::size_t bytes = cuda::plan(f).first;
+  drv.enter_primary(0);
+  std::uint64_t dst = drv.alloc(bytes);
+  void* to = reinterpret_cast<void*>(static_cast<std::uintptr_t>(dst + 256));
+  for (std::size_t capacity : {SIZE_MAX, SIZE_MAX - 255, bytes}) {
+    try {
+      (void)up.load_into(f, {}, to, capacity, 0);
+      ADD_FAILURE() << capacity << ": no error";
+    } catch (const safetensors::Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Cuda) << capacity << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find(std::to_string(bytes - 256) + " bytes left"), std::string::npos)
+          << e.what();
+    }
+  }
+  up.synchronize();
+  drv.free(dst);
+  drv.leave_primary(0);
+}
+
 TEST(CudaUpload, DeviceTensorsFindsEveryNameAndRefusesOthers) {
   if (!gpu()) return;
   test::TempDir dir;

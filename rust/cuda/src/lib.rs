@@ -325,12 +325,14 @@ impl Gpu {
             "cuPointerGetAttribute(RANGE_SIZE)",
             A::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
         )?;
-        if dst - start + capacity as u64 > size {
+        // Compared as what is left, never as `dst - start + capacity`: a caller's capacity near
+        // 2^64 (SIZE_MAX for "unknown") would wrap that sum into "fits".
+        let left = size.saturating_sub(dst.saturating_sub(start));
+        if capacity as u64 > left {
             return Err(Error::Cuda {
                 message: format!(
-                    "the destination {dst:#x} has {} bytes left in its allocation, not the \
-                     {capacity} bytes of capacity given",
-                    size - (dst - start)
+                    "the destination {dst:#x} has {left} bytes left in its allocation, not the \
+                     {capacity} bytes of capacity given"
                 ),
             });
         }
