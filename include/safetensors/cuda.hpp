@@ -255,8 +255,16 @@ class DeviceTensors {
     return placements_[it->second];
   }
 
-  /// The device address of `name`.
+  /// The device address of `name`. Throws `Internal` once the buffer was given away
+  /// (`release_buffer()`, or moved from): an offset from a null base would look like a device
+  /// address. `at(name).offset` still gives the offset into the released buffer.
   [[nodiscard]] void* data(std::string_view name) const {
+    if (buffer_.data() == nullptr) {
+      throw Error(ErrorKind::Internal, "DeviceTensors::data(\"" + std::string(name) +
+                                           "\"): this DeviceTensors holds no device memory (its buffer was "
+                                           "released or moved away); add at(name).offset to the buffer's "
+                                           "data() instead");
+    }
     return static_cast<std::byte*>(buffer_.data()) + at(name).offset;
   }
 

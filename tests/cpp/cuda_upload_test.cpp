@@ -410,6 +410,15 @@ TEST(CudaUpload, DeviceTensorsFindsEveryNameAndRefusesOthers) {
     EXPECT_EQ(loaded.data(p.name), static_cast<std::byte*>(loaded.buffer().data()) + p.offset);
   }
   EXPECT_EQ(kind_of([&] { (void)loaded.data("nope"); }), ErrorKind::TensorNotFound);
+  // Once the buffer is given away, no address is made up from a null base; offsets remain.
+  auto buffer = loaded.release_buffer();
+  EXPECT_EQ(kind_of([&] { (void)loaded.data("t1"); }), ErrorKind::Internal);
+  EXPECT_EQ(static_cast<std::byte*>(buffer.data()) + loaded.at("t1").offset,
+            static_cast<std::byte*>(buffer.data()) + loaded.placements()[1].offset);
+  auto again = cuda::load(f);
+  cuda::DeviceTensors moved = std::move(again);
+  EXPECT_EQ(kind_of([&] { (void)again.data("t1"); }), ErrorKind::Internal);  // moved from
+  EXPECT_EQ(moved.data("t1"), static_cast<std::byte*>(moved.buffer().data()) + moved.at("t1").offset);
 }
 
 }  // namespace
