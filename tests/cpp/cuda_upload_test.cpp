@@ -275,6 +275,34 @@ TEST(CudaUpload, InjectedFailuresMidUploadThenReuse) {
   drv.leave_primary(0);
 }
 
+TEST(CudaUpload, AnUntrackedCopyIsNeverWaitedForThroughTheCallersStreamLater) {
+  // A copy is enqueued on the caller's stream, its event cannot be recorded and waiting for the
+  // stream fails too. The caller then does what the header asks (synchronise the stream), and
+  // destroys it: later waits on the staging buffer (synchronize, the next upload, the
+  // destructor) must not use that stream's handle, by then dangling (the emulator aborts).
+  Driver drv;
+  if (!gpu()) return;
+  if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's injected failures";
+  test::TempDir dir;
+  SafeOpen f(make_file(dir));
+  cuda::Uploader up(0, kSmallRing);
+  const std::size_t bytes = cuda::plan(f).first;
+  drv.enter_primary(0);
+  std::uint64_t dst = drv.alloc(bytes);
+  void* to = reinterpret_cast<void*>(static_cast<std::uintptr_t>(dst));
+  Stream stream = drv.stream();
+  drv.fail("cuEventRecord:1,cuStreamSynchronize:1");
+  EXPECT_EQ(kind_of([&] { (void)up.load_into(f, {}, to, bytes, reinterpret_cast<std::uintptr_t>(stream)); }),
+            ErrorKind::Cuda);
+  drv.fail("");
+  drv.sync(stream);
+  drv.destroy(stream);
+  up.synchronize();
+  EXPECT_TRUE(same_as_file(f, up.load(f)));
+  drv.free(dst);
+  drv.leave_primary(0);
+}
+
 TEST(CudaUpload, PinnedSlotsAreFreedWhenConstructionFails) {
   Driver drv;
   if (!gpu()) return;
