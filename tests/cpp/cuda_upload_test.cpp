@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <climits>
 #include <cstring>
 #include <thread>
 
@@ -426,6 +427,32 @@ TEST(CudaUpload, ACapacityThatWrapsTheAddressSpaceIsRefused) {
   up.synchronize();
   drv.free(dst);
   drv.leave_primary(0);
+}
+
+TEST(CudaUpload, DeviceOrdinalsOutOfRangeAreCudaErrorsNamingTheDevice) {
+  if (!gpu()) return;
+  test::TempDir dir;
+  SafeOpen f(make_file(dir));
+  const int count = cuda::device_count();
+  std::vector<std::byte> host(16);
+  for (int device : {-1, count, INT_MIN}) {
+    const std::string named = "no CUDA device " + std::to_string(device);
+    auto expect_refused = [&](const char* what, auto&& f_) {
+      try {
+        f_();
+        ADD_FAILURE() << what << "(" << device << "): no error";
+      } catch (const safetensors::Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::Cuda) << what;
+        EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << what << ": " << e.what();
+      }
+    };
+    expect_refused("Uploader", [&] { cuda::Uploader up(device); });
+    expect_refused("load", [&] { (void)cuda::load(f, device); });
+    expect_refused("load with options", [&] { (void)cuda::load(f, device, kSmallRing); });
+    expect_refused("to_device", [&] { (void)cuda::to_device(f, "t0", device); });
+    expect_refused("device_name", [&] { (void)cuda::device_name(device); });
+    expect_refused("copy_to_host", [&] { cuda::copy_to_host(host.data(), host, device); });
+  }
 }
 
 TEST(CudaUpload, DeviceTensorsFindsEveryNameAndRefusesOthers) {
