@@ -36,6 +36,15 @@
 #include "safetensors/slice.hpp"
 
 namespace safetensors::detail {
+/// A device ordinal for the bridge: a negative one is refused here, where its sign is still
+/// known (as a size_t it would name device 18446744073709551615).
+inline std::size_t device_ordinal(int device) {
+  if (device < 0) {
+    throw Error(ErrorKind::Cuda, "no CUDA device " + std::to_string(device) + ": device ordinals start at 0");
+  }
+  return static_cast<std::size_t>(device);
+}
+
 struct Access {
   static const Source& source(const SafeOpen& f) { return f.source(); }
   static Source source(const Checkpoint& c, std::string_view name) { return c.source_for(name); }
@@ -171,7 +180,7 @@ requires std::is_same_v<Source, SafeOpen> || std::is_same_v<Source, Checkpoint>
 }
 
 [[nodiscard]] inline std::string device_name(int device) {
-  auto name = detail::call([&] { return ffi::cuda_device_name(static_cast<std::size_t>(device)); });
+  auto name = detail::call([&] { return ffi::cuda_device_name(detail::device_ordinal(device)); });
   return std::string(name);
 }
 
@@ -179,14 +188,14 @@ requires std::is_same_v<Source, SafeOpen> || std::is_same_v<Source, Checkpoint>
 inline void copy_to_host(const void* src, std::span<std::byte> dst, int device = 0) {
   ::rust::Slice<std::uint8_t> out{reinterpret_cast<std::uint8_t*>(dst.data()), dst.size()};
   detail::call([&] {
-    ffi::cuda_download(static_cast<std::size_t>(device), reinterpret_cast<std::uintptr_t>(src), out);
+    ffi::cuda_download(detail::device_ordinal(device), reinterpret_cast<std::uintptr_t>(src), out);
   });
 }
 
 /// Seconds for one copy of `bytes` from pinned host memory to `device`: the link's practical
 /// limit, for benchmarks.
 [[nodiscard]] inline double pinned_copy_seconds(std::size_t bytes, int device = 0) {
-  return detail::call([&] { return ffi::cuda_pinned_copy_seconds(static_cast<std::size_t>(device), bytes); });
+  return detail::call([&] { return ffi::cuda_pinned_copy_seconds(detail::device_ordinal(device), bytes); });
 }
 
 /// A device allocation this object owns (freed on destruction), unless released.
@@ -255,8 +264,16 @@ class DeviceTensors {
     return placements_[it->second];
   }
 
-  /// The device address of `name`.
+  /// The device address of `name`. Throws `Internal` once the buffer was given away
+  /// (`release_buffer()`, or moved from): an offset from a null base would look like a device
+  /// address. `at(name).offset` still gives the offset into the released buffer.
   [[nodiscard]] void* data(std::string_view name) const {
+    if (buffer_.data() == nullptr) {
+      throw Error(ErrorKind::Internal, "DeviceTensors::data(\"" + std::string(name) +
+                                           "\"): this DeviceTensors holds no device memory (its buffer was "
+                                           "released or moved away); add at(name).offset to the buffer's "
+                                           "data() instead");
+    }
     return static_cast<std::byte*>(buffer_.data()) + at(name).offset;
   }
 
@@ -288,7 +305,7 @@ class Uploader {
  public:
   explicit Uploader(int device = 0, UploadOptions options = {})
       : device_(device), options_(options), impl_(safetensors::detail::share(safetensors::detail::call([&] {
-          return ffi::new_uploader(static_cast<std::size_t>(device), options.staging_slots,
+          return ffi::new_uploader(safetensors::detail::device_ordinal(device), options.staging_slots,
                                    options.slot_bytes, options.readers);
         }))) {}
 
@@ -370,7 +387,7 @@ struct Make {
 
 /// Uploads `job` through the process's uploader for `device` (see the file comment).
 inline cuda::DeviceTensors load_shared(int device, const Job& job) {
-  std::uint64_t ptr = call([&] { return ffi::cuda_shared_upload(static_cast<std::size_t>(device), *job); });
+  std::uint64_t ptr = call([&] { return ffi::cuda_shared_upload(device_ordinal(device), *job); });
   return Make::tensors(ptr, *job, device);
 }
 }  // namespace safetensors::detail::cuda_jobs

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <climits>
 #include <cstring>
 #include <thread>
 
@@ -226,6 +227,9 @@ TEST(CudaUpload, InjectedFailuresMidUploadThenReuse) {
   test::TempDir dir;
   SafeOpen f(make_file(dir));
   cuda::Uploader up(0, kSmallRing);
+  // The one-shot uploader exists, with its slot, before counting (other tests of this process
+  // may have made it already).
+  EXPECT_TRUE(same_as_file(f, cuda::load(f)));
   const int pinned = drv.counter("fakecuda_live_pinned_allocations");
   // Each spec fails one call in the middle of an upload (the file is 5 chunks of 1 MiB).
   for (const char* spec : {"cuMemcpyHtoDAsync:3", "cuEventRecord:2", "cuEventRecord:4",
@@ -241,7 +245,7 @@ TEST(CudaUpload, InjectedFailuresMidUploadThenReuse) {
     EXPECT_TRUE(same_as_file(f, up.load(f))) << "after " << spec;
     EXPECT_TRUE(same_as_file(f, cuda::load(f))) << "one-shot after " << spec;
   }
-  EXPECT_EQ(drv.counter("fakecuda_live_pinned_allocations"), pinned + 1) << "the one-shot uploader's slot";
+  EXPECT_EQ(drv.counter("fakecuda_live_pinned_allocations"), pinned) << "a failed upload's staging leaked";
   EXPECT_EQ(drv.counter("fakecuda_live_device_allocations"), 0) << "a failed upload's allocation leaked";
 
   // On the caller's stream, which the library does not synchronise on error: a copy whose event
@@ -275,17 +279,49 @@ TEST(CudaUpload, InjectedFailuresMidUploadThenReuse) {
   drv.leave_primary(0);
 }
 
+TEST(CudaUpload, AnUntrackedCopyIsNeverWaitedForThroughTheCallersStreamLater) {
+  // A copy is enqueued on the caller's stream, its event cannot be recorded and waiting for the
+  // stream fails too. The caller then does what the header asks (synchronise the stream), and
+  // destroys it: later waits on the staging buffer (synchronize, the next upload, the
+  // destructor) must not use that stream's handle, by then dangling (the emulator aborts).
+  Driver drv;
+  if (!gpu()) return;
+  if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's injected failures";
+  test::TempDir dir;
+  SafeOpen f(make_file(dir));
+  cuda::Uploader up(0, kSmallRing);
+  const std::size_t bytes = cuda::plan(f).first;
+  drv.enter_primary(0);
+  std::uint64_t dst = drv.alloc(bytes);
+  void* to = reinterpret_cast<void*>(static_cast<std::uintptr_t>(dst));
+  Stream stream = drv.stream();
+  drv.fail("cuEventRecord:1,cuStreamSynchronize:1");
+  EXPECT_EQ(kind_of([&] { (void)up.load_into(f, {}, to, bytes, reinterpret_cast<std::uintptr_t>(stream)); }),
+            ErrorKind::Cuda);
+  drv.fail("");
+  drv.sync(stream);
+  drv.destroy(stream);
+  up.synchronize();
+  EXPECT_TRUE(same_as_file(f, up.load(f)));
+  drv.free(dst);
+  drv.leave_primary(0);
+}
+
 TEST(CudaUpload, PinnedSlotsAreFreedWhenConstructionFails) {
   Driver drv;
   if (!gpu()) return;
   if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's injected failures";
+  // Relative counts: the one-shot uploader of other tests in this process may be alive.
+  const int pinned = drv.counter("fakecuda_live_pinned_allocations");
+  const int events = drv.counter("fakecuda_live_events");
+  const int streams = drv.counter("fakecuda_live_streams");
   for (const char* spec : {"cuMemHostAlloc:3", "cuEventCreate:3"}) {
     drv.fail(spec);
     EXPECT_EQ(kind_of([] { cuda::Uploader up(0, kSmallRing); }), ErrorKind::Cuda) << spec;
     drv.fail("");
-    EXPECT_EQ(drv.counter("fakecuda_live_pinned_allocations"), 0) << spec;
-    EXPECT_EQ(drv.counter("fakecuda_live_events"), 0) << spec;
-    EXPECT_EQ(drv.counter("fakecuda_live_streams"), 0) << spec;
+    EXPECT_EQ(drv.counter("fakecuda_live_pinned_allocations"), pinned) << spec;
+    EXPECT_EQ(drv.counter("fakecuda_live_events"), events) << spec;
+    EXPECT_EQ(drv.counter("fakecuda_live_streams"), streams) << spec;
   }
 }
 
@@ -372,6 +408,60 @@ TEST(CudaUpload, ACallersStreamAndDestinationAreChecked) {
   drv.leave_primary(0);
 }
 
+TEST(CudaUpload, ACapacityThatWrapsTheAddressSpaceIsRefused) {
+  // A caller that does not know its buffer's size passes SIZE_MAX. The destination, 256 bytes
+  // into an allocation of exactly the plan's size, has 256 bytes too few: offset + capacity
+  // must not wrap around 2^64 into "fits" (which would let the copies overrun the allocation).
+  Driver drv;
+  if (!gpu()) return;
+  test::TempDir dir;
+  SafeOpen f(make_file(dir));
+  cuda::Uploader up(0, kSmallRing);
+  const std::size_t bytes = cuda::plan(f).first;
+  drv.enter_primary(0);
+  std::uint64_t dst = drv.alloc(bytes);
+  void* to = reinterpret_cast<void*>(static_cast<std::uintptr_t>(dst + 256));
+  for (std::size_t capacity : {SIZE_MAX, SIZE_MAX - 255, bytes}) {
+    try {
+      (void)up.load_into(f, {}, to, capacity, 0);
+      ADD_FAILURE() << capacity << ": no error";
+    } catch (const safetensors::Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Cuda) << capacity << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find(std::to_string(bytes - 256) + " bytes left"), std::string::npos)
+          << e.what();
+    }
+  }
+  up.synchronize();
+  drv.free(dst);
+  drv.leave_primary(0);
+}
+
+TEST(CudaUpload, DeviceOrdinalsOutOfRangeAreCudaErrorsNamingTheDevice) {
+  if (!gpu()) return;
+  test::TempDir dir;
+  SafeOpen f(make_file(dir));
+  const int count = cuda::device_count();
+  std::vector<std::byte> host(16);
+  for (int device : {-1, count, INT_MIN}) {
+    const std::string named = "no CUDA device " + std::to_string(device);
+    auto expect_refused = [&](const char* what, auto&& f_) {
+      try {
+        f_();
+        ADD_FAILURE() << what << "(" << device << "): no error";
+      } catch (const safetensors::Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::Cuda) << what;
+        EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << what << ": " << e.what();
+      }
+    };
+    expect_refused("Uploader", [&] { cuda::Uploader up(device); });
+    expect_refused("load", [&] { (void)cuda::load(f, device); });
+    expect_refused("load with options", [&] { (void)cuda::load(f, device, kSmallRing); });
+    expect_refused("to_device", [&] { (void)cuda::to_device(f, "t0", device); });
+    expect_refused("device_name", [&] { (void)cuda::device_name(device); });
+    expect_refused("copy_to_host", [&] { cuda::copy_to_host(host.data(), host, device); });
+  }
+}
+
 TEST(CudaUpload, DeviceTensorsFindsEveryNameAndRefusesOthers) {
   if (!gpu()) return;
   test::TempDir dir;
@@ -382,6 +472,15 @@ TEST(CudaUpload, DeviceTensorsFindsEveryNameAndRefusesOthers) {
     EXPECT_EQ(loaded.data(p.name), static_cast<std::byte*>(loaded.buffer().data()) + p.offset);
   }
   EXPECT_EQ(kind_of([&] { (void)loaded.data("nope"); }), ErrorKind::TensorNotFound);
+  // Once the buffer is given away, no address is made up from a null base; offsets remain.
+  auto buffer = loaded.release_buffer();
+  EXPECT_EQ(kind_of([&] { (void)loaded.data("t1"); }), ErrorKind::Internal);
+  EXPECT_EQ(static_cast<std::byte*>(buffer.data()) + loaded.at("t1").offset,
+            static_cast<std::byte*>(buffer.data()) + loaded.placements()[1].offset);
+  auto again = cuda::load(f);
+  cuda::DeviceTensors moved = std::move(again);
+  EXPECT_EQ(kind_of([&] { (void)again.data("t1"); }), ErrorKind::Internal);  // moved from
+  EXPECT_EQ(moved.data("t1"), static_cast<std::byte*>(moved.buffer().data()) + moved.at("t1").offset);
 }
 
 }  // namespace

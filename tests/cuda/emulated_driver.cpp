@@ -50,6 +50,7 @@
 //   them; CU_STREAM_PER_THREAD is a blocking stream per thread and context. Synchronous copies
 //   run on the legacy stream and wait. Asynchronous copies from pageable memory take the source
 //   at once (the real driver stages it before returning); to pageable memory they wait.
+//   cuStreamDestroy returns at once and the stream's queued work still runs, as documented.
 // - Events record a position in a stream; query/synchronize look at that stream's progress.
 //   cuStreamWaitEvent may join contexts (documented as allowed); cuEventRecord may not.
 //
@@ -489,8 +490,8 @@ std::uint64_t enqueue(const char* fn, CUstream s, Op op) {
   }
   if (s->legacy) {
     for (auto& [key, other] : drv().streams) {
-      if (other->ctx == s->ctx && other->life == Life::live && other->blocking && !other->legacy)
-        push_wait(s, other.get());
+      // Destroyed streams too: their queued work still runs (push_wait skips drained ones).
+      if (other->ctx == s->ctx && other->blocking && !other->legacy) push_wait(s, other.get());
     }
   } else if (s->blocking && s->ctx->legacy) {
     push_wait(s, s->ctx->legacy);
@@ -603,13 +604,16 @@ void reset_context(Lock& lk, CUcontext c, const char* why) {
   c->resets++;
   if (c->legacy && c->legacy->gen == old) c->legacy = nullptr;
   std::vector<CUstream> doomed;
+  std::vector<CUstream> draining;  // destroyed, with queued work that still runs
   for (auto& [key, s] : d.streams) {
     if (s->ctx == c && s->gen == old && s->life == Life::live) doomed.push_back(s.get());
+    if (s->ctx == c && s->life == Life::destroyed && !s->queue.empty()) draining.push_back(s.get());
   }
   // Pending work completes first (the real driver synchronizes before tearing down).
   for (;;) {
     bool busy = false;
     for (CUstream s : doomed) busy = busy || !s->queue.empty();
+    for (CUstream s : draining) busy = busy || !s->queue.empty();
     if (!busy) break;
     d.progress.wait(lk);
   }
@@ -1021,7 +1025,7 @@ CUresult cuCtxSynchronize(void) {
   if (CUresult r = current(&c)) return r;
   std::vector<std::pair<CUstream, std::uint64_t>> marks;
   for (auto& [key, s] : drv().streams) {
-    if (s->ctx == c && s->life == Life::live) marks.emplace_back(s.get(), s->enqueued);
+    if (s->ctx == c && s->completed < s->enqueued) marks.emplace_back(s.get(), s->enqueued);
   }
   for (auto& [s, seq] : marks) wait_for(lk, s, seq);
   return CUDA_SUCCESS;
@@ -1279,10 +1283,13 @@ CUresult cuStreamDestroy_v2(CUstream stream) {
     return CUDA_ERROR_INVALID_HANDLE;
   CUstream s = nullptr;
   if (CUresult r = resolve_stream("cuStreamDestroy_v2", stream, &s)) return r;
-  // The real call returns at once and releases the stream when its work is done; waiting here
-  // is indistinguishable to the caller.
+  // As the real call does: return at once; the queued work still runs (the worker drains the
+  // queue, then exits). Waiting here would hide a caller that frees a copy's source or
+  // destination right after destroying its stream, which the pending counts then catch.
   s->life = Life::destroyed;
-  stop_stream(lk, s, Life::destroyed);
+  s->stopping = true;
+  s->work.notify_all();
+  s->worker.detach();
   return CUDA_SUCCESS;
 }
 

@@ -5,8 +5,11 @@
 // SAFETENSORS_FAKE_CUDA_DEVICES=2.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -276,6 +279,51 @@ TEST_F(EmulatedDriver, ReleasingTheLastPrimaryReferenceFreesEverythingInTheConte
   CUdeviceptr other = 0;
   EXPECT_EQ(cuMemAlloc_v2(&other, 64), CUDA_ERROR_CONTEXT_IS_DESTROYED) << "the current context was reset";
   CU_OK(cuDevicePrimaryCtxRetain(&ctx0_, 0));  // for TearDown
+}
+
+TEST_F(EmulatedDriver, DestroyingAStreamReturnsAtOnceAndItsQueuedWorkStillRuns) {
+  // As documented for cuStreamDestroy: it returns at once, and the stream's queued work still
+  // completes. A destroy that waited would hide a caller that frees a copy's source or
+  // destination right after destroying its stream.
+  const std::size_t n = 4096;
+  CUdeviceptr d = 0;
+  void* pinned = nullptr;
+  CUstream s = nullptr;
+  CUevent e = nullptr;
+  CU_OK(cuMemAlloc_v2(&d, n));
+  CU_OK(cuMemHostAlloc(&pinned, n, 0));
+  CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CU_OK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  auto want = pattern(n, 5);
+  std::memcpy(pinned, want.data(), n);
+  fakecuda_hold(1);
+  CU_OK(cuMemcpyHtoDAsync_v2(d, pinned, n, s));
+  CU_OK(cuEventRecord(e, s));
+  // Lets the stream run once destroy has returned (or, should destroy wait for the stream, after
+  // a while, so that this test fails instead of hanging).
+  std::mutex m;
+  std::condition_variable cv;
+  bool returned = false;
+  std::thread release([&] {
+    std::unique_lock lk(m);
+    cv.wait_for(lk, std::chrono::seconds(5), [&] { return returned; });
+    fakecuda_hold(0);
+  });
+  EXPECT_EQ(cuStreamDestroy_v2(s), CUDA_SUCCESS);
+  EXPECT_EQ(cuEventQuery(e), CUDA_ERROR_NOT_READY) << "cuStreamDestroy waited for the stream's work";
+  {
+    std::lock_guard lk(m);
+    returned = true;
+  }
+  cv.notify_all();
+  release.join();
+  CU_OK(cuEventSynchronize(e));
+  std::vector<std::uint8_t> back(n);
+  CU_OK(cuMemcpyDtoH_v2(back.data(), d, n));
+  EXPECT_EQ(back, want) << "the destroyed stream's copy ran";
+  CU_OK(cuEventDestroy_v2(e));
+  CU_OK(cuMemFreeHost(pinned));
+  CU_OK(cuMemFree_v2(d));
 }
 
 TEST_F(EmulatedDriver, InjectedFailuresHitTheNthCallOnly) {

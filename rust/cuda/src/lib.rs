@@ -325,12 +325,14 @@ impl Gpu {
             "cuPointerGetAttribute(RANGE_SIZE)",
             A::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
         )?;
-        if dst - start + capacity as u64 > size {
+        // Compared as what is left, never as `dst - start + capacity`: a caller's capacity near
+        // 2^64 (SIZE_MAX for "unknown") would wrap that sum into "fits".
+        let left = size.saturating_sub(dst.saturating_sub(start));
+        if capacity as u64 > left {
             return Err(Error::Cuda {
                 message: format!(
-                    "the destination {dst:#x} has {} bytes left in its allocation, not the \
-                     {capacity} bytes of capacity given",
-                    size - (dst - start)
+                    "the destination {dst:#x} has {left} bytes left in its allocation, not the \
+                     {capacity} bytes of capacity given"
                 ),
             });
         }
@@ -432,9 +434,11 @@ enum Pending {
     None,
     /// The slot's event, recorded after the copy.
     Event,
-    /// The copy was enqueued on this stream but its event could not be recorded: the stream
-    /// itself must be waited for before the buffer is touched.
-    Stream(sys::CUstream),
+    /// The copy was enqueued but its event could not be recorded, and waiting for its stream
+    /// failed too: the whole context (current wherever a slot is waited for) must be waited
+    /// for. Never the stream itself: a caller's stream may be destroyed once the call that
+    /// enqueued the copy has returned, and its handle must not be used after that.
+    Context,
 }
 
 /// A pinned staging buffer and the event that marks its last copy done. Dropping it waits for
@@ -494,11 +498,7 @@ impl PinnedSlot {
             Pending::Event => call("cuEventSynchronize", || unsafe {
                 cu::event::synchronize(self.event)
             })?,
-            // SAFETY: the stream the copy was enqueued on; the caller keeps it alive until the
-            // upload is synchronised.
-            Pending::Stream(s) => call("cuStreamSynchronize", || unsafe {
-                cu::stream::synchronize(s)
-            })?,
+            Pending::Context => call("cuCtxSynchronize", cu::ctx::synchronize)?,
         }
         self.pending = Pending::None;
         Ok(())
@@ -568,10 +568,18 @@ impl Device for Target<'_> {
         match recorded {
             Ok(()) => slot.pending = Pending::Event,
             Err(e) => {
-                // The copy is queued but untracked: wait for the whole stream before the slot
-                // can be refilled, or keep tracking the stream if even that fails.
-                slot.pending = Pending::Stream(self.stream);
-                let _ = slot.wait();
+                // The copy is queued but untracked: wait for its stream now, while the handle is
+                // certainly valid, before the slot can be refilled; if even that fails, track
+                // the whole context instead (see `Pending::Context`).
+                // SAFETY: the stream this call enqueued the copy on.
+                let drained = call("cuStreamSynchronize", || unsafe {
+                    cu::stream::synchronize(self.stream)
+                });
+                slot.pending = if drained.is_ok() {
+                    Pending::None
+                } else {
+                    Pending::Context
+                };
                 return Err(e);
             }
         }
