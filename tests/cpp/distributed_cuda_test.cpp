@@ -65,7 +65,8 @@ bool gpu() {
 /// into every other rank's buffer after that rank's stream has finished with it.
 class LocalGroup {
  public:
-  explicit LocalGroup(std::size_t world) : world_(world), sync_(static_cast<std::ptrdiff_t>(world)), slots_(world) {
+  explicit LocalGroup(std::size_t world)
+      : world_(world), sync_(static_cast<std::ptrdiff_t>(world)), slots_(world) {
     int dev = 0;
     drv_.get<int (*)(int*, int)>("cuDeviceGet")(&dev, 0);
     drv_.get<int (*)(void**, int)>("cuDevicePrimaryCtxRetain")(&ctx_, dev);
@@ -83,7 +84,9 @@ class LocalGroup {
       g_.sync_.arrive_and_wait();
       host_broadcasts++;
     }
-    void all_gather(std::span<const std::byte>, std::span<std::byte>) override { FAIL() << "not used by load"; }
+    void all_gather(std::span<const std::byte>, std::span<std::byte>) override {
+      FAIL() << "not used by load";
+    }
 
    protected:
     LocalGroup& g_;
@@ -106,7 +109,8 @@ class LocalGroup {
       g_.sync_.arrive_and_wait();
       if (rank_ != root && len > 0) {
         auto copy = d.get<int (*)(std::uint64_t, std::uint64_t, std::size_t)>("cuMemcpyDtoD_v2");
-        EXPECT_EQ(copy(reinterpret_cast<std::uintptr_t>(bytes), reinterpret_cast<std::uintptr_t>(g_.slots_[root]), len),
+        EXPECT_EQ(copy(reinterpret_cast<std::uintptr_t>(bytes),
+                       reinterpret_cast<std::uintptr_t>(g_.slots_[root]), len),
                   0);
       }
       g_.sync_.arrive_and_wait();
@@ -249,9 +253,12 @@ std::vector<Want> layer_wants() {
       {"col.weight", [](const Slice& s, std::size_t r, std::size_t w) { return column_parallel(s, r, w); }},
       {"row.weight", [](const Slice& s, std::size_t r, std::size_t w) { return row_parallel(s, r, w); }},
       {"norm.weight", whole},
-      {"attn.qkv.weight", [](const Slice& s, std::size_t r, std::size_t w) { return qkv_shard(s, gqa, r, w).q; }},
-      {"attn.qkv.weight", [](const Slice& s, std::size_t r, std::size_t w) { return qkv_shard(s, gqa, r, w).k; }},
-      {"attn.qkv.weight", [](const Slice& s, std::size_t r, std::size_t w) { return qkv_shard(s, gqa, r, w).v; }}};
+      {"attn.qkv.weight",
+       [](const Slice& s, std::size_t r, std::size_t w) { return qkv_shard(s, gqa, r, w).q; }},
+      {"attn.qkv.weight",
+       [](const Slice& s, std::size_t r, std::size_t w) { return qkv_shard(s, gqa, r, w).k; }},
+      {"attn.qkv.weight",
+       [](const Slice& s, std::size_t r, std::size_t w) { return qkv_shard(s, gqa, r, w).v; }}};
 }
 
 TEST_F(DeviceLayer, HostCollectiveFourRanks) {
@@ -342,7 +349,8 @@ TEST_F(DeviceLayer, InjectedDriverFailuresAreCudaErrorsAndLeakNothing) {
   LocalGroup::DeviceMember me(solo, 0);
   const int live = drv.counter("fakecuda_live_device_allocations");
   const int pinned = drv.counter("fakecuda_live_pinned_allocations");
-  for (const char* spec : {"cuMemAlloc:1", "cuMemHostAlloc:1", "cuMemcpyHtoDAsync:3", "cuStreamSynchronize:1"}) {
+  for (const char* spec :
+       {"cuMemAlloc:1", "cuMemHostAlloc:1", "cuMemcpyHtoDAsync:3", "cuStreamSynchronize:1"}) {
     drv.fail(spec);
     EXPECT_EQ(kind_of([&] { (void)cuda::load(plan, me); }), ErrorKind::Cuda) << spec;
     drv.fail("");
@@ -356,6 +364,18 @@ TEST_F(DeviceLayer, InjectedDriverFailuresAreCudaErrorsAndLeakNothing) {
   std::vector<std::byte> got(p.byte_size);
   cuda::copy_to_host(mine.data("norm.weight"), got);
   EXPECT_TRUE(std::ranges::equal(got, want.data));
+}
+
+TEST_F(DeviceLayer, StagingIsNotRefilledUnderAPendingCopy) {
+  if (!gpu()) return;
+  Driver drv;
+  if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's slow copies";
+  // Slow copies: refilling the pinned buffer before its copies finish would change bytes a
+  // pending copy still reads (the emulator aborts on that) and land wrong bytes on the device.
+  drv.get<void (*)(unsigned)>("fakecuda_set_latency_us")(2000);
+  run_world(2, layer_wants(), cuda::Via::Host);
+  run_world(2, layer_wants(), cuda::Via::Device);
+  drv.get<void (*)(unsigned)>("fakecuda_set_latency_us")(0);
 }
 
 }  // namespace
