@@ -25,10 +25,6 @@ pub struct Stager {
     gpu: Arc<Gpu>,
 }
 
-// SAFETY: every handle is a plain driver handle usable from any thread with the context current
-// (each method makes it current); the pinned buffer is owned and reached through `&mut self`.
-unsafe impl Send for Stager {}
-
 fn out_of_range(what: &str, offset: usize, len: usize, size: usize) -> Error {
     Error::Cuda {
         message: format!(
