@@ -44,8 +44,8 @@ struct DeviceLoad {
   static cuda::DeviceTensors run(const LoadPlan& plan, Collective& c, const cuda::DistributedOptions& o) {
     const std::size_t rank = plan.checked_rank(c);
     if (o.alignment == 0 || (o.alignment & (o.alignment - 1)) != 0) {
-      throw Error(ErrorKind::InvalidSlice,
-                  "the alignment of a device load must be a power of two, not " + std::to_string(o.alignment));
+      throw Error(ErrorKind::InvalidSlice, "the alignment of a device load must be a power of two, not " +
+                                               std::to_string(o.alignment));
     }
     if (o.device < 0) {
       throw Error(ErrorKind::Cuda, "no CUDA device " + std::to_string(o.device));
@@ -60,8 +60,8 @@ struct DeviceLoad {
       const auto len = static_cast<std::size_t>(lens[i]);
       const std::size_t offset = (end + o.alignment - 1) / o.alignment * o.alignment;
       if (offset < end || offset + len < offset) {
-        throw Error(ErrorKind::InvalidSlice, "rank " + std::to_string(rank) +
-                                                 "'s tensors do not fit in one address space");
+        throw Error(ErrorKind::InvalidSlice,
+                    "rank " + std::to_string(rank) + "'s tensors do not fit in one address space");
       }
       placements.push_back({sh.name, sh.dtype, sh.shape, offset, len});
       end = offset + len;
@@ -90,7 +90,8 @@ struct DeviceLoad {
       if (on_device) {
         const std::uint64_t scratch = call([&] { return stage->scratch(len); });
         if (reads) call([&] { stage->host_to_scratch(len); });
-        c.broadcast_device(reinterpret_cast<void*>(static_cast<std::uintptr_t>(scratch)), len, s.reader, stream);
+        c.broadcast_device(reinterpret_cast<void*>(static_cast<std::uintptr_t>(scratch)), len, s.reader,
+                           stream);
       }
       for (; next_piece < pieces.size() && pieces[next_piece].step == i; ++next_piece) {
         const auto& p = pieces[next_piece];
@@ -127,7 +128,8 @@ namespace safetensors::cuda {
 ///
 /// Throws what `LoadPlan::load` throws, `Cuda` for device failures, and whatever the collective
 /// throws; on an error nothing is leaked and the device memory is freed.
-[[nodiscard]] inline DeviceTensors load(const LoadPlan& plan, Collective& c, DistributedOptions options = {}) {
+[[nodiscard]] inline DeviceTensors load(const LoadPlan& plan, Collective& c,
+                                        DistributedOptions options = {}) {
   return detail::DeviceLoad::run(plan, c, options);
 }
 
