@@ -378,6 +378,9 @@ class Uploader {
 
 namespace safetensors::detail::cuda_jobs {
 struct Make {
+  static cuda::DeviceTensors tensors(cuda::DeviceBuffer buffer, std::vector<Placement> placements) {
+    return cuda::DeviceTensors(std::move(buffer), std::move(placements));
+  }
   static cuda::DeviceTensors tensors(std::uint64_t ptr, const ffi::UploadJob& job, int device) {
     return cuda::DeviceTensors(cuda::DeviceBuffer(reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr)),
                                                   job.total_bytes(), device),

@@ -20,6 +20,10 @@
 
 namespace safetensors {
 
+namespace detail {
+struct DeviceLoad;  // the device half of `LoadPlan::load` (safetensors/distributed_cuda.hpp)
+}  // namespace detail
+
 struct LoadOptions {
   /// The longest single read (and broadcast); a rank stages at most this much at a time.
   std::size_t max_step_bytes = std::size_t{64} << 20;
@@ -54,7 +58,7 @@ class LoadPlan {
     for (std::size_t r = 0; r < needs.size(); ++r) {
       for (const auto& sel : needs[r]) {
         detail::call([&] { builder->add_need(r, *sel.src_.file, *sel.plan_); });
-        shapes_[r].push_back({sel.dtype(), sel.shape()});
+        shapes_[r].push_back({sel.name(), sel.dtype(), sel.shape()});
       }
     }
     plan_ = detail::share(detail::call([&] { return builder->build_plan(options.max_step_bytes); }));
@@ -97,12 +101,7 @@ class LoadPlan {
   /// Throws `InvalidSlice` when the collective's size is not the plan's world, `Io` when a read
   /// fails, and whatever the collective throws.
   [[nodiscard]] std::vector<TensorView> load(Collective& c) const {
-    const std::size_t rank = c.rank();
-    if (c.size() != world() || rank >= world()) {
-      throw Error(ErrorKind::InvalidSlice, "the load plan is for " + std::to_string(world()) +
-                                               " ranks but the collective has " + std::to_string(c.size()) +
-                                               " (this is rank " + std::to_string(rank) + ")");
-    }
+    const std::size_t rank = checked_rank(c);
     auto lens = plan_->result_lens(rank);
     std::vector<std::shared_ptr<std::byte[]>> buffers;
     buffers.reserve(lens.size());
@@ -137,15 +136,29 @@ class LoadPlan {
     std::vector<TensorView> out;
     out.reserve(lens.size());
     for (std::size_t i = 0; i < lens.size(); ++i) {
-      const auto& [dtype, shape] = shapes_[rank][i];
+      const auto& sh = shapes_[rank][i];
       std::span<const std::byte> data{buffers[i].get(), static_cast<std::size_t>(lens[i])};
-      out.push_back(TensorView{dtype, shape, data, std::move(buffers[i])});
+      out.push_back(TensorView{sh.dtype, sh.shape, data, std::move(buffers[i])});
     }
     return out;
   }
 
  private:
+  friend struct detail::DeviceLoad;
+
+  /// The collective's rank, once its size is checked against the plan's world.
+  [[nodiscard]] std::size_t checked_rank(const Collective& c) const {
+    const std::size_t rank = c.rank();
+    if (c.size() != world() || rank >= world()) {
+      throw Error(ErrorKind::InvalidSlice, "the load plan is for " + std::to_string(world()) +
+                                               " ranks but the collective has " + std::to_string(c.size()) +
+                                               " (this is rank " + std::to_string(rank) + ")");
+    }
+    return rank;
+  }
+
   struct Shape {
+    std::string name;
     Dtype dtype;
     std::vector<std::size_t> shape;
   };

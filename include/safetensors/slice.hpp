@@ -131,6 +131,8 @@ class Selection {
  public:
   [[nodiscard]] Dtype dtype() const { return dtype_; }
   [[nodiscard]] const std::vector<std::size_t>& shape() const { return shape_; }
+  /// The tensor this selects from.
+  [[nodiscard]] const std::string& name() const { return name_; }
   /// Bytes in the result.
   [[nodiscard]] std::size_t byte_size() const { return plan().byte_len(); }
 
@@ -199,13 +201,14 @@ class Selection {
   }
 
   friend class LoadPlan;  // reads the file and plan a selection came from
-  Selection(detail::Source src, Dtype dtype, ::rust::Box<ffi::SlicePlan> plan)
-      : src_(std::move(src)), dtype_(dtype), plan_(detail::share(std::move(plan))) {
+  Selection(detail::Source src, std::string name, Dtype dtype, ::rust::Box<ffi::SlicePlan> plan)
+      : src_(std::move(src)), name_(std::move(name)), dtype_(dtype), plan_(detail::share(std::move(plan))) {
     auto s = plan_->shape();
     shape_.assign(s.data(), s.data() + s.size());  // not rust::Slice iterators: see detail/bridge.hpp
   }
 
   detail::Source src_;
+  std::string name_;
   Dtype dtype_;
   std::vector<std::size_t> shape_;
   std::shared_ptr<const ffi::SlicePlan> plan_;
@@ -241,7 +244,7 @@ class Slice {
     }
     ::rust::Slice<const ffi::SliceIndex> r{raw.data(), raw.size()};
     auto plan = detail::call([&] { return src_.file->plan_slice(index_, r); });
-    return Selection(src_, dtype_, std::move(plan));
+    return Selection(src_, name_, dtype_, std::move(plan));
   }
   [[nodiscard]] Selection select(std::initializer_list<Index> indices) const {
     return select(std::span<const Index>(indices.begin(), indices.size()));

@@ -16,6 +16,8 @@
 //! duration ([`Current`]) and restores the caller's, on the caller's thread and on each reader
 //! thread.
 
+mod stage;
+
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -24,6 +26,8 @@ use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
 use safetensors_core::upload::{Device, Ring, RingOptions, UploadPlan, UploadStats};
 use safetensors_core::{Error, Result, SafeFile};
+
+pub use stage::Stager;
 
 /// Runs a driver call, turning its error, and the panic `cudarc` raises for a missing driver
 /// library or symbol, into `Error::Cuda` naming what was being done.

@@ -222,6 +222,50 @@ mod enabled {
     pub fn cuda_pinned_copy_seconds(device: usize, bytes: usize) -> Result<f64, BridgeError> {
         guard(|| safetensors_cuda::Gpu::open(device)?.pinned_copy_seconds(bytes))
     }
+
+    /// One rank's device staging for a multi-rank load (`safetensors_cuda::Stager`).
+    pub struct DeviceStage(safetensors_cuda::Stager);
+
+    pub fn new_device_stage(device: usize, total: usize) -> Result<Box<DeviceStage>, BridgeError> {
+        guard(|| safetensors_cuda::Stager::new(device, total).map(|s| Box::new(DeviceStage(s))))
+    }
+
+    impl DeviceStage {
+        pub fn destination(&self) -> u64 {
+            self.0.destination()
+        }
+        pub fn stream(&self) -> u64 {
+            self.0.stream()
+        }
+        pub fn host(&mut self, len: usize) -> Result<&mut [u8], BridgeError> {
+            guard(|| self.0.host(len))
+        }
+        pub fn host_to_destination(
+            &mut self,
+            src_offset: usize,
+            len: usize,
+            dst_offset: usize,
+        ) -> Result<(), BridgeError> {
+            guard(|| self.0.host_to_destination(src_offset, len, dst_offset))
+        }
+        pub fn scratch(&mut self, len: usize) -> Result<u64, BridgeError> {
+            guard(|| self.0.scratch(len))
+        }
+        pub fn host_to_scratch(&mut self, len: usize) -> Result<(), BridgeError> {
+            guard(|| self.0.host_to_scratch(len))
+        }
+        pub fn scratch_to_destination(
+            &mut self,
+            src_offset: usize,
+            len: usize,
+            dst_offset: usize,
+        ) -> Result<(), BridgeError> {
+            guard(|| self.0.scratch_to_destination(src_offset, len, dst_offset))
+        }
+        pub fn finish(&mut self) -> Result<u64, BridgeError> {
+            guard(|| self.0.finish())
+        }
+    }
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -292,6 +336,50 @@ mod enabled {
     }
     pub fn cuda_pinned_copy_seconds(_: usize, _: usize) -> Result<f64, BridgeError> {
         unavailable()
+    }
+
+    /// Never constructed in a build without CUDA.
+    pub struct DeviceStage(());
+
+    pub fn new_device_stage(_: usize, _: usize) -> Result<Box<DeviceStage>, BridgeError> {
+        unavailable()
+    }
+
+    impl DeviceStage {
+        pub fn destination(&self) -> u64 {
+            0
+        }
+        pub fn stream(&self) -> u64 {
+            0
+        }
+        pub fn host(&mut self, _: usize) -> Result<&mut [u8], BridgeError> {
+            unavailable()
+        }
+        pub fn host_to_destination(
+            &mut self,
+            _: usize,
+            _: usize,
+            _: usize,
+        ) -> Result<(), BridgeError> {
+            unavailable()
+        }
+        pub fn scratch(&mut self, _: usize) -> Result<u64, BridgeError> {
+            unavailable()
+        }
+        pub fn host_to_scratch(&mut self, _: usize) -> Result<(), BridgeError> {
+            unavailable()
+        }
+        pub fn scratch_to_destination(
+            &mut self,
+            _: usize,
+            _: usize,
+            _: usize,
+        ) -> Result<(), BridgeError> {
+            unavailable()
+        }
+        pub fn finish(&mut self) -> Result<u64, BridgeError> {
+            unavailable()
+        }
     }
 }
 

@@ -29,8 +29,8 @@ pub use checkpoint::{open_checkpoint, open_checkpoint_with, Checkpoint};
 pub use convert::{convert_tensor, dequantize_fp8_blocks, dequantize_mxfp4, mxfp4_output_shape};
 pub use cuda::{
     cuda_built, cuda_device_count, cuda_device_name, cuda_download, cuda_free,
-    cuda_pinned_copy_seconds, cuda_shared_upload, new_upload_job, new_uploader, UploadJob,
-    Uploader,
+    cuda_pinned_copy_seconds, cuda_shared_upload, new_device_stage, new_upload_job, new_uploader,
+    DeviceStage, UploadJob, Uploader,
 };
 pub use distributed::{new_dist_plan_builder, tp_indices, DistPlan, DistPlanBuilder};
 pub use file::{open_file, open_file_with, open_memory, File, SlicePlan};
@@ -301,6 +301,38 @@ mod ffi {
         fn cuda_download(device: usize, src: u64, dst: &mut [u8]) -> Result<()>;
         /// Seconds for one copy of `bytes` from pinned memory to the device.
         fn cuda_pinned_copy_seconds(device: usize, bytes: usize) -> Result<f64>;
+
+        /// One rank's device staging for a multi-rank load: a destination allocation, a
+        /// pinned staging buffer, a device scratch buffer and a stream.
+        type DeviceStage;
+        /// A stage on `device` whose destination holds `total` bytes.
+        fn new_device_stage(device: usize, total: usize) -> Result<Box<DeviceStage>>;
+        /// The destination's device address (0 once handed over by `finish`).
+        fn destination(self: &DeviceStage) -> u64;
+        /// The stream every copy is ordered on.
+        fn stream(self: &DeviceStage) -> u64;
+        /// The pinned staging buffer (`len` bytes), once the copies out of it are done.
+        fn host(self: &mut DeviceStage, len: usize) -> Result<&mut [u8]>;
+        /// Enqueues staged bytes `[src_offset, +len)` to destination offset `dst_offset`.
+        fn host_to_destination(
+            self: &mut DeviceStage,
+            src_offset: usize,
+            len: usize,
+            dst_offset: usize,
+        ) -> Result<()>;
+        /// A device scratch buffer of at least `len` bytes, by address.
+        fn scratch(self: &mut DeviceStage, len: usize) -> Result<u64>;
+        /// Enqueues the first `len` staged bytes into the scratch buffer.
+        fn host_to_scratch(self: &mut DeviceStage, len: usize) -> Result<()>;
+        /// Enqueues scratch bytes `[src_offset, +len)` to destination offset `dst_offset`.
+        fn scratch_to_destination(
+            self: &mut DeviceStage,
+            src_offset: usize,
+            len: usize,
+            dst_offset: usize,
+        ) -> Result<()>;
+        /// Waits for every copy and hands the destination over, by address.
+        fn finish(self: &mut DeviceStage) -> Result<u64>;
 
         /// Header spelling of dtype index `dtype` ("" when out of range).
         fn dtype_name(dtype: u8) -> &'static str;

@@ -1,0 +1,136 @@
+// The device half of a multi-rank load: `cuda::load(plan, collective)` runs a rank's share of a
+// `LoadPlan` and returns its tensors in ONE device allocation (a `cuda::DeviceTensors` the
+// caller owns), each at a 256-byte-aligned placement. The rank's reads land in pinned staging
+// memory (never pageable: an asynchronous copy from pageable memory is synchronous and staged
+// by the driver), shared reads cross the collective either on the device (`Via::Device`: the
+// collective's `broadcast_device`, e.g. NCCL) or on the host before the upload (`Via::Host`:
+// MPI, an in-process or a user's host collective), and every copy is ordered on one stream.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "safetensors/collective.hpp"
+#include "safetensors/cuda.hpp"
+#include "safetensors/distributed.hpp"
+
+namespace safetensors::cuda {
+
+/// How shared reads reach the ranks that need them.
+enum class Via {
+  /// The collective's host `broadcast`, on the pinned staging buffer, then an upload (MPI,
+  /// in-process, or a user's host communicator).
+  Host,
+  /// The collective's `broadcast_device` on a device scratch buffer (NCCL): only the reading
+  /// rank uploads; the others receive over the device link.
+  Device,
+};
+
+struct DistributedOptions {
+  int device = 0;
+  Via via = Via::Host;
+  /// Every tensor starts on a multiple of this many bytes of the allocation.
+  std::size_t alignment = 256;
+};
+
+}  // namespace safetensors::cuda
+
+namespace safetensors::detail {
+
+struct DeviceLoad {
+  static cuda::DeviceTensors run(const LoadPlan& plan, Collective& c, const cuda::DistributedOptions& o) {
+    const std::size_t rank = plan.checked_rank(c);
+    if (o.alignment == 0 || (o.alignment & (o.alignment - 1)) != 0) {
+      throw Error(ErrorKind::InvalidSlice, "the alignment of a device load must be a power of two, not " +
+                                               std::to_string(o.alignment));
+    }
+    if (o.device < 0) {
+      throw Error(ErrorKind::Cuda, "no CUDA device " + std::to_string(o.device));
+    }
+    // Placements in the order the rank's selections were given, each aligned.
+    auto lens = plan.plan_->result_lens(rank);
+    std::vector<cuda::Placement> placements;
+    placements.reserve(lens.size());
+    std::size_t end = 0;
+    for (std::size_t i = 0; i < lens.size(); ++i) {
+      const auto& sh = plan.shapes_[rank][i];
+      const auto len = static_cast<std::size_t>(lens[i]);
+      const std::size_t offset = (end + o.alignment - 1) / o.alignment * o.alignment;
+      if (offset < end || offset + len < offset) {
+        throw Error(ErrorKind::InvalidSlice,
+                    "rank " + std::to_string(rank) + "'s tensors do not fit in one address space");
+      }
+      placements.push_back({sh.name, sh.dtype, sh.shape, offset, len});
+      end = offset + len;
+    }
+    auto stage = call([&] { return ffi::new_device_stage(static_cast<std::size_t>(o.device), end); });
+    auto* stream = reinterpret_cast<void*>(static_cast<std::uintptr_t>(stage->stream()));
+    auto pieces = plan.plan_->pieces(rank);
+    std::size_t next_piece = 0;
+    const std::size_t steps = plan.plan_->step_count();
+    for (std::size_t i = 0; i < steps; ++i) {
+      auto s = plan.plan_->step(i);
+      const bool reads = s.reader == rank;
+      if (!reads && !s.shared) continue;
+      const auto len = static_cast<std::size_t>(s.len);
+      // Shared bytes travel on the device only when asked; a step this rank alone needs never
+      // leaves it.
+      const bool on_device = s.shared && o.via == cuda::Via::Device;
+      if (reads || !on_device) {
+        // Waits for the copies out of the staging buffer before it is refilled.
+        auto host = call([&] { return stage->host(len); });
+        if (reads) call([&] { plan.plan_->read_step(i, host); });
+        if (s.shared && !on_device) {
+          c.broadcast({reinterpret_cast<std::byte*>(host.data()), host.size()}, s.reader);
+        }
+      }
+      if (on_device) {
+        const std::uint64_t scratch = call([&] { return stage->scratch(len); });
+        if (reads) call([&] { stage->host_to_scratch(len); });
+        c.broadcast_device(reinterpret_cast<void*>(static_cast<std::uintptr_t>(scratch)), len, s.reader,
+                           stream);
+      }
+      for (; next_piece < pieces.size() && pieces[next_piece].step == i; ++next_piece) {
+        const auto& p = pieces[next_piece];
+        const auto from = static_cast<std::size_t>(p.step_offset);
+        const auto n = static_cast<std::size_t>(p.len);
+        const std::size_t to = placements[p.request].offset + static_cast<std::size_t>(p.out_offset);
+        if (on_device) {
+          call([&] { stage->scratch_to_destination(from, n, to); });
+        } else {
+          call([&] { stage->host_to_destination(from, n, to); });
+        }
+      }
+    }
+    const std::uint64_t ptr = call([&] { return stage->finish(); });
+    return cuda_jobs::Make::tensors(
+        cuda::DeviceBuffer(reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr)), end, o.device),
+        std::move(placements));
+  }
+};
+
+}  // namespace safetensors::detail
+
+namespace safetensors::cuda {
+
+/// Runs this rank's share of `plan` (`c.rank()`: its reads and every broadcast, in which all
+/// ranks take part) and returns its tensors in one allocation on `options.device`, complete on
+/// return, at placements in the order its selections were given (`placements()`; `data(name)`
+/// finds the first selection of a tensor). With `Via::Device` the collective's device calls
+/// are made on this load's own stream with the calling thread's current context as it was
+/// (NCCL uses the device its communicator was made on: make it `options.device`).
+///
+///   safetensors::NcclCollective comm(nccl, id, rank, world);
+///   auto mine = safetensors::cuda::load(plan, comm, {.device = 0, .via = cuda::Via::Device});
+///
+/// Throws what `LoadPlan::load` throws, `Cuda` for device failures, and whatever the collective
+/// throws; on an error nothing is leaked and the device memory is freed.
+[[nodiscard]] inline DeviceTensors load(const LoadPlan& plan, Collective& c,
+                                        DistributedOptions options = {}) {
+  return detail::DeviceLoad::run(plan, c, options);
+}
+
+}  // namespace safetensors::cuda
