@@ -204,7 +204,14 @@ std::uint64_t file_size_of(const fs::path& path) {
   return n;
 }
 
-bool is_index(const fs::path& p) { return p.extension() == ".json"; }
+/// Whether `p` names a checkpoint index: as `Checkpoint` decides, by an extension of `json` in
+/// any case (`model.index.JSON` too), so that every command treats the path as the library does.
+bool is_index(const fs::path& p) {
+  std::string ext = p.extension().string();
+  return ext.size() == 5 && std::equal(ext.begin(), ext.end(), ".json", [](char a, char b) {
+           return (a >= 'A' && a <= 'Z' ? static_cast<char>(a - 'A' + 'a') : a) == b;
+         });
+}
 
 void print_error(const fs::path& path, const safetensors::Error& e) {
   std::printf("FAIL %s: %s: %s\n", printable_path(path).c_str(),
@@ -247,7 +254,7 @@ int inspect(const std::vector<std::string>& args) {
     metadata = f.metadata();
     has_metadata = f.has_metadata();
     for (const auto& k : f.offset_keys()) rows.push_back({k, f.info(k), {}});
-    file_bytes = file_size_of(*path);
+    file_bytes = f.data_offset() + f.data_size();  // the length validated, not measured again
     header_bytes = f.header_size();
   }
 
@@ -394,14 +401,16 @@ int validate(const std::vector<std::string>& args) {
         for (const auto& shard : ckpt.shard_paths()) {
           SafeOpen f(shard, {Backend::Read});
           if (!header_only) read_all(f, i, shard, progress);
-          bytes += file_size_of(shard);
+          bytes += f.data_offset() + f.data_size();
         }
         tensors = ckpt.size();
       } else {
         SafeOpen f(path, {Backend::Read});
         if (!header_only) read_all(f, i, path, progress);
         tensors = f.size();
-        bytes = file_size_of(path);
+        // The length of the file just validated: measuring the path again could report another
+        // file's size, or fail, when another process replaces or removes it meanwhile.
+        bytes = f.data_offset() + f.data_size();
       }
       progress.clear();
       std::printf("OK   %s (%zu tensors, %s bytes)\n", printable_path(path).c_str(), tensors,
@@ -517,13 +526,24 @@ void copy_owner_and_mode(const fs::path& staged, const struct stat& original, co
   if (::chmod(staged.c_str(), original.st_mode & 07777) != 0) throw_io("set the mode of", staged, errno);
 }
 
-/// The staged file's name: hidden, beside the target, unique to this process; the target's
-/// name is cut so that the name (and the writer's own temporary name built from it) stays
-/// within NAME_MAX.
-fs::path staged_path(const fs::path& target) {
+/// Creates the staged file: hidden, beside the target, named for this process, the target's
+/// name cut so that it stays within NAME_MAX. It is created here, exclusively and private
+/// (0600), because the writer follows a symlink at the path it is given and keeps an existing
+/// file's mode: a link planted at this predictable name (or a stale file of another user) must
+/// never be written through or have its mode copied. A name already taken gets a suffix.
+fs::path create_staged(const fs::path& target) {
   std::string base = target.filename().string();
   if (base.size() > 100) base.resize(100);
-  return target.parent_path() / ("." + base + ".metadata-" + std::to_string(::getpid()));
+  std::string stem = "." + base + ".metadata-" + std::to_string(::getpid());
+  for (int n = 0;; ++n) {
+    fs::path staged = target.parent_path() / (n == 0 ? stem : stem + "-" + std::to_string(n));
+    int fd = ::open(staged.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      ::close(fd);
+      return staged;
+    }
+    if (errno != EEXIST || n == 99) throw_io("create", staged, errno);
+  }
 }
 
 int metadata(const std::vector<std::string>& args) {
@@ -584,9 +604,10 @@ int metadata(const std::vector<std::string>& args) {
   // Write beside the file, compare every tensor with the original, then swap it in.
   std::vector<std::pair<std::string, safetensors::TensorView>> tensors;
   for (const auto& k : original.keys()) tensors.emplace_back(k, original.get_tensor(k));
-  fs::path staged = staged_path(target);
+  fs::path staged;
   {
     HeldSignals held;
+    staged = create_staged(target);
     // Created private (umask 077) and then given the original's owner and mode, so its bytes are
     // never readable by more users than the original's.
     mode_t old_mask = ::umask(077);
@@ -629,6 +650,19 @@ int metadata(const std::vector<std::string>& args) {
 
 // ---- bench -------------------------------------------------------------------------------
 
+/// Runs a measurement helper from measure.hpp, whose failures (the file changed under the
+/// measurement: replaced, resized, removed) are `Io` errors rather than `Internal` ones.
+template <class F>
+auto io_errors(F&& measurement) {
+  try {
+    return measurement();
+  } catch (const safetensors::Error&) {
+    throw;
+  } catch (const std::runtime_error& e) {
+    throw safetensors::Error(safetensors::ErrorKind::Io, e.what());
+  }
+}
+
 int bench(const std::vector<std::string>& args) {
   std::optional<fs::path> path;
   int runs = 5;
@@ -652,9 +686,12 @@ int bench(const std::vector<std::string>& args) {
   std::uint64_t size = 0;
   {
     SafeOpen probe(*path);  // a missing or malformed file fails here, with its error kind
-    size = file_size_of(*path);
+    size = probe.data_offset() + probe.data_size();  // the length just validated, exactly
   }
-  measure::warm(*path);
+  io_errors([&] {
+    measure::warm(*path);
+    return 0;
+  });
   std::uint64_t sink = 0;
   auto open = measure::median(measure::repeat(std::max(runs, 11), [&] {
     SafeOpen f(*path);
@@ -672,7 +709,10 @@ int bench(const std::vector<std::string>& args) {
     for (const auto& k : f.offset_keys()) sink += f.get_tensor(k).data.size();
   }));
   measure::MappedBuffer target(size);
-  auto read = measure::median(measure::repeat(runs, [&] { measure::read_whole_file(*path, target.data); }));
+  auto read = io_errors([&] {
+    return measure::median(
+        measure::repeat(runs, [&] { measure::read_whole_file(*path, target.data, size); }));
+  });
   auto gbps = [&](double s) { return static_cast<double>(size) / s / 1e9; };
   std::printf("%s: %s bytes, %s\n", printable_path(*path).c_str(), with_commas(size).c_str(),
               measure::machine().c_str());
