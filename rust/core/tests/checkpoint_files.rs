@@ -179,6 +179,9 @@ fn a_repeated_index_metadata_key_is_a_duplicate_key() {
     let err = open_err(&dir.join("m.index.json"));
     assert_eq!(err.kind(), ErrorKind::DuplicateKey, "{err}");
     assert!(err.to_string().contains("`format`"), "{err}");
+    // The index's object is `metadata`; `__metadata__` belongs to safetensors files only.
+    assert!(!err.to_string().contains("__metadata__"), "{err}");
+    assert!(err.to_string().contains("m.index.json"), "{err}");
 }
 
 #[test]
