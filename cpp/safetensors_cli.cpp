@@ -523,7 +523,14 @@ void copy_owner_and_mode(const fs::path& staged, const struct stat& original, co
                    static_cast<unsigned>(original.st_gid));
     }
   }
-  if (::chmod(staged.c_str(), original.st_mode & 07777) != 0) throw_io("set the mode of", staged, errno);
+  // Set-id bits apply only to the identity they were set for: one that could not be kept drops
+  // them (as the library's writer does), else the rewrite would be set-id to the caller.
+  mode_t mode = original.st_mode & 07777;
+  struct stat now {};
+  if (::stat(staged.c_str(), &now) != 0) throw_io("get the status of", staged, errno);
+  if (now.st_uid != original.st_uid) mode &= static_cast<mode_t>(~S_ISUID);
+  if (now.st_gid != original.st_gid) mode &= static_cast<mode_t>(~S_ISGID);
+  if (::chmod(staged.c_str(), mode) != 0) throw_io("set the mode of", staged, errno);
 }
 
 /// Creates the staged file: hidden, beside the target, named for this process, the target's

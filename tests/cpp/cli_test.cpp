@@ -3,6 +3,7 @@
 #include <safetensors/safetensors.hpp>
 
 #include <fcntl.h>
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -261,6 +262,33 @@ TEST_F(Cli, MetadataRewriteKeepsTheFilesModeAndOwner) {
     EXPECT_EQ(safetensors::SafeOpen(good_).metadata().at("k"), "v");
     EXPECT_TRUE(hidden_files(dir_.path()).empty());
   }
+}
+
+// A user who may not keep the file's owner (or group) gets the rewrite as their own file: its
+// setuid (setgid) bit must then go, not make the rewrite set-id to that user.
+TEST_F(Cli, MetadataRewriteByAnotherUserDropsSetIdBits) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to make a file of another user";
+  std::filesystem::permissions(dir_.path(), std::filesystem::perms(0777));
+  ASSERT_EQ(::chown(good_.c_str(), 4242, 4242), 0);
+  ASSERT_EQ(::chmod(good_.c_str(), 06644), 0);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    if (::setgroups(0, nullptr) != 0 || ::setgid(4343) != 0 || ::setuid(4343) != 0) ::_exit(126);
+    ::execl(SAFETENSORS_CLI, SAFETENSORS_CLI, "metadata", good_.c_str(), "--set", "k=v", nullptr);
+    ::_exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  struct stat st {};
+  ASSERT_EQ(::stat(good_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 4343u);
+  EXPECT_EQ(st.st_mode & 07777, 0644u) << std::oct << (st.st_mode & 07777);
+  EXPECT_EQ(safetensors::SafeOpen(good_).metadata().at("k"), "v");
 }
 
 TEST_F(Cli, MetadataThroughASymlinkEditsTheTargetAndKeepsTheLink) {
