@@ -199,10 +199,17 @@ Limits limits(const std::filesystem::path& path, int runs, bool want_write, cons
   Limits l;
   std::size_t size = std::filesystem::file_size(path);
   measure::MappedBuffer target(size);
-  l.read = {"read()", measure::repeat(runs, [&] { measure::read_whole_file(path, target.data); }, setup), size, {}};
-  l.read_fresh = {"read() into new memory",
-                  measure::repeat(runs, [&] { measure::read_whole_file(path, measure::fresh_buffer(size).get()); }, setup),
-                  size, {}};
+  l.read = {"read()",
+            measure::repeat(
+                runs, [&] { measure::read_whole_file(path, target.data, size); }, setup),
+            size,
+            {}};
+  l.read_fresh = {
+      "read() into new memory",
+      measure::repeat(
+          runs, [&] { measure::read_whole_file(path, measure::fresh_buffer(size).get(), size); }, setup),
+      size,
+      {}};
   measure::MemcpyLimit copy(size);
   l.memcpy = {"memcpy", measure::repeat(runs, [&] { copy.run(); }), size, {}};
   if (want_write) {

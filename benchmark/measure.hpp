@@ -70,17 +70,26 @@ struct MappedBuffer {
   std::byte* data;
 };
 
-/// One plain sequential read() of all of `path` into `target`.
-inline void read_whole_file(const std::filesystem::path& path, std::byte* target) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+/// One plain sequential read() of the `size` bytes of `path` into `target`, which holds `size`
+/// bytes. The length is the caller's, never measured again here: a file that another process
+/// grows or replaces meanwhile must not overflow the buffer. One whose length is no longer
+/// `size`, or that is no longer a regular file (O_NONBLOCK: a FIFO must not hang), is an error.
+inline void read_whole_file(const std::filesystem::path& path, std::byte* target, std::size_t size) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw std::runtime_error("open " + path.string() + ": " + std::strerror(errno));
-  std::size_t size = std::filesystem::file_size(path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<std::uint64_t>(st.st_size) != size) {
+    ::close(fd);
+    throw std::runtime_error(path.string() +
+                             " changed while it was measured: it is no longer a regular file of " +
+                             std::to_string(size) + " bytes");
+  }
   std::size_t done = 0;
   while (done < size) {
     ssize_t n = ::read(fd, target + done, size - done);
     if (n <= 0) {
       ::close(fd);
-      throw std::runtime_error("read " + path.string() + " failed");
+      throw std::runtime_error("read " + path.string() + " failed (did it shrink?)");
     }
     done += static_cast<std::size_t>(n);
   }
@@ -128,7 +137,8 @@ inline bool drop_caches() {
 
 /// Reads every page of `path` once, so later runs find it in the page cache.
 inline void warm(const std::filesystem::path& path) {
-  read_whole_file(path, fresh_buffer(std::filesystem::file_size(path)).get());
+  std::size_t size = std::filesystem::file_size(path);
+  read_whole_file(path, fresh_buffer(size).get(), size);
 }
 
 /// "AMD EPYC (2 cores), 23.4 GiB" from /proc.

@@ -210,7 +210,14 @@ std::uint64_t file_size_of(const fs::path& path) {
   return n;
 }
 
-bool is_index(const fs::path& p) { return p.extension() == ".json"; }
+/// Whether `p` names a checkpoint index: as `Checkpoint` decides, by an extension of `json` in
+/// any case (`model.index.JSON` too), so that every command treats the path as the library does.
+bool is_index(const fs::path& p) {
+  std::string ext = p.extension().string();
+  return ext.size() == 5 && std::equal(ext.begin(), ext.end(), ".json", [](char a, char b) {
+           return (a >= 'A' && a <= 'Z' ? static_cast<char>(a - 'A' + 'a') : a) == b;
+         });
+}
 
 void print_error(const fs::path& path, const safetensors::Error& e) {
   std::printf("FAIL %s: %s: %s\n", printable_path(path).c_str(),
@@ -253,7 +260,7 @@ int inspect(const std::vector<std::string>& args) {
     metadata = f.metadata();
     has_metadata = f.has_metadata();
     for (const auto& k : f.offset_keys()) rows.push_back({k, f.info(k), {}});
-    file_bytes = file_size_of(*path);
+    file_bytes = f.data_offset() + f.data_size();  // the length validated, not measured again
     header_bytes = f.header_size();
   }
 
@@ -425,7 +432,7 @@ int validate(const std::vector<std::string>& args) {
         for (const auto& shard : ckpt.shard_paths()) {
           SafeOpen f(shard, file_options);
           if (!header_only) read_all(f, i, shard, progress);
-          bytes += file_size_of(shard);
+          bytes += f.data_offset() + f.data_size() + f.trailing_bytes();
           if (f.trailing_bytes() > 0) trailing.emplace_back(shard, f.trailing_bytes());
         }
         tensors = ckpt.size() - missing.size();
@@ -433,7 +440,9 @@ int validate(const std::vector<std::string>& args) {
         SafeOpen f(path, file_options);
         if (!header_only) read_all(f, i, path, progress);
         tensors = f.size();
-        bytes = file_size_of(path);
+        // The length of the file just validated: measuring the path again could report another
+        // file's size, or fail, when another process replaces or removes it meanwhile.
+        bytes = f.data_offset() + f.data_size() + f.trailing_bytes();
         if (f.trailing_bytes() > 0) trailing.emplace_back(path, f.trailing_bytes());
       }
       progress.clear();
@@ -548,16 +557,34 @@ void copy_owner_and_mode(const fs::path& staged, const struct stat& original, co
                    static_cast<unsigned>(original.st_gid));
     }
   }
-  if (::chmod(staged.c_str(), original.st_mode & 07777) != 0) throw_io("set the mode of", staged, errno);
+  // Set-id bits apply only to the identity they were set for: one that could not be kept drops
+  // them (as the library's writer does), else the rewrite would be set-id to the caller.
+  mode_t mode = original.st_mode & 07777;
+  struct stat now {};
+  if (::stat(staged.c_str(), &now) != 0) throw_io("get the status of", staged, errno);
+  if (now.st_uid != original.st_uid) mode &= static_cast<mode_t>(~S_ISUID);
+  if (now.st_gid != original.st_gid) mode &= static_cast<mode_t>(~S_ISGID);
+  if (::chmod(staged.c_str(), mode) != 0) throw_io("set the mode of", staged, errno);
 }
 
-/// The staged file's name: hidden, beside the target, unique to this process; the target's
-/// name is cut so that the name (and the writer's own temporary name built from it) stays
-/// within NAME_MAX.
-fs::path staged_path(const fs::path& target) {
+/// Creates the staged file: hidden, beside the target, named for this process, the target's
+/// name cut so that it stays within NAME_MAX. It is created here, exclusively and private
+/// (0600), because the writer follows a symlink at the path it is given and keeps an existing
+/// file's mode: a link planted at this predictable name (or a stale file of another user) must
+/// never be written through or have its mode copied. A name already taken gets a suffix.
+fs::path create_staged(const fs::path& target) {
   std::string base = target.filename().string();
   if (base.size() > 100) base.resize(100);
-  return target.parent_path() / ("." + base + ".metadata-" + std::to_string(::getpid()));
+  std::string stem = "." + base + ".metadata-" + std::to_string(::getpid());
+  for (int n = 0;; ++n) {
+    fs::path staged = target.parent_path() / (n == 0 ? stem : stem + "-" + std::to_string(n));
+    int fd = ::open(staged.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      ::close(fd);
+      return staged;
+    }
+    if (errno != EEXIST || n == 99) throw_io("create", staged, errno);
+  }
 }
 
 int metadata(const std::vector<std::string>& args) {
@@ -618,9 +645,10 @@ int metadata(const std::vector<std::string>& args) {
   // Write beside the file, compare every tensor with the original, then swap it in.
   std::vector<std::pair<std::string, safetensors::TensorView>> tensors;
   for (const auto& k : original.keys()) tensors.emplace_back(k, original.get_tensor(k));
-  fs::path staged = staged_path(target);
+  fs::path staged;
   {
     HeldSignals held;
+    staged = create_staged(target);
     // Created private (umask 077) and then given the original's owner and mode, so its bytes are
     // never readable by more users than the original's.
     mode_t old_mask = ::umask(077);
@@ -663,6 +691,19 @@ int metadata(const std::vector<std::string>& args) {
 
 // ---- bench -------------------------------------------------------------------------------
 
+/// Runs a measurement helper from measure.hpp, whose failures (the file changed under the
+/// measurement: replaced, resized, removed) are `Io` errors rather than `Internal` ones.
+template <class F>
+auto io_errors(F&& measurement) {
+  try {
+    return measurement();
+  } catch (const safetensors::Error&) {
+    throw;
+  } catch (const std::runtime_error& e) {
+    throw safetensors::Error(safetensors::ErrorKind::Io, e.what());
+  }
+}
+
 int bench(const std::vector<std::string>& args) {
   std::optional<fs::path> path;
   int runs = 5;
@@ -686,9 +727,12 @@ int bench(const std::vector<std::string>& args) {
   std::uint64_t size = 0;
   {
     SafeOpen probe(*path);  // a missing or malformed file fails here, with its error kind
-    size = file_size_of(*path);
+    size = probe.data_offset() + probe.data_size();  // the length just validated, exactly
   }
-  measure::warm(*path);
+  io_errors([&] {
+    measure::warm(*path);
+    return 0;
+  });
   std::uint64_t sink = 0;
   auto open = measure::median(measure::repeat(std::max(runs, 11), [&] {
     SafeOpen f(*path);
@@ -706,7 +750,10 @@ int bench(const std::vector<std::string>& args) {
     for (const auto& k : f.offset_keys()) sink += f.get_tensor(k).data.size();
   }));
   measure::MappedBuffer target(size);
-  auto read = measure::median(measure::repeat(runs, [&] { measure::read_whole_file(*path, target.data); }));
+  auto read = io_errors([&] {
+    return measure::median(
+        measure::repeat(runs, [&] { measure::read_whole_file(*path, target.data, size); }));
+  });
   auto gbps = [&](double s) { return static_cast<double>(size) / s / 1e9; };
   std::printf("%s: %s bytes, %s\n", printable_path(*path).c_str(), with_commas(size).c_str(),
               measure::machine().c_str());

@@ -59,11 +59,19 @@ inline constexpr std::size_t error_kind_count = 22;
 ///   catch (const safetensors::Error& e) { if (e.kind() == ErrorKind::Io) ...; }
 class Error : public std::runtime_error {
  public:
-  Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  /// A NUL in `message` (a tensor name or path may hold one) is written `\0`: `what()` is a C
+  /// string, and would otherwise end there.
+  Error(ErrorKind kind, const std::string& message) : std::runtime_error(whole(message)), kind_(kind) {}
 
   [[nodiscard]] ErrorKind kind() const noexcept { return kind_; }
 
  private:
+  static std::string whole(std::string text) {
+    for (auto at = text.find('\0'); at != std::string::npos; at = text.find('\0', at + 2))
+      text.replace(at, 1, "\\0");
+    return text;
+  }
+
   ErrorKind kind_;
 };
 

@@ -3,6 +3,7 @@
 #include <safetensors/safetensors.hpp>
 
 #include <fcntl.h>
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -147,6 +148,27 @@ TEST_F(Cli, ValidateChecksEveryShardOfAnIndex) {
   EXPECT_EQ(inspect.code, 1) << inspect.out;
 }
 
+// The library reads any `*.json` path, in any case, as an index; every command must agree with
+// it rather than read `m.index.JSON` as a safetensors file (HeaderTooLarge from its `{"weig`).
+TEST_F(Cli, AnIndexNamedInUpperCaseIsAnIndexForEveryCommand) {
+  std::filesystem::copy_file(good_, dir_ / "part-1.safetensors");
+  auto index = dir_ / "m.index.JSON";
+  std::ofstream(index)
+      << R"({"weight_map":{"layer.weight":"part-1.safetensors","layer.bias":"part-1.safetensors"}})";
+  auto inspect = cli({"inspect", index.string()});
+  EXPECT_EQ(inspect.code, 0) << inspect.err;
+  EXPECT_TRUE(has(inspect.out, "in 1 shards") && has(inspect.out, "part-1.safetensors")) << inspect.out;
+  auto json = cli({"inspect", index.string(), "--json"});
+  EXPECT_EQ(json.code, 0) << json.err;
+  EXPECT_TRUE(has(json.out, R"("shard":"part-1.safetensors")")) << json.out;
+  auto validate = cli({"validate", index.string()});
+  EXPECT_EQ(validate.code, 0) << validate.out;
+  EXPECT_TRUE(has(validate.out, "OK   " + index.string() + " (2 tensors")) << validate.out;
+  auto edit = cli({"metadata", index.string(), "--set", "a=b"});
+  EXPECT_EQ(edit.code, 2) << edit.err;
+  EXPECT_TRUE(has(edit.err, "not an index")) << edit.err;
+}
+
 TEST_F(Cli, MetadataPrintsAndRewritesWithTheDataUnchanged) {
   auto printed = cli({"metadata", good_.string()});
   EXPECT_EQ(printed.code, 0);
@@ -243,6 +265,33 @@ TEST_F(Cli, MetadataRewriteKeepsTheFilesModeAndOwner) {
   }
 }
 
+// A user who may not keep the file's owner (or group) gets the rewrite as their own file: its
+// setuid (setgid) bit must then go, not make the rewrite set-id to that user.
+TEST_F(Cli, MetadataRewriteByAnotherUserDropsSetIdBits) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to make a file of another user";
+  std::filesystem::permissions(dir_.path(), std::filesystem::perms(0777));
+  ASSERT_EQ(::chown(good_.c_str(), 4242, 4242), 0);
+  ASSERT_EQ(::chmod(good_.c_str(), 06644), 0);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    if (::setgroups(0, nullptr) != 0 || ::setgid(4343) != 0 || ::setuid(4343) != 0) ::_exit(126);
+    ::execl(SAFETENSORS_CLI, SAFETENSORS_CLI, "metadata", good_.c_str(), "--set", "k=v", nullptr);
+    ::_exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  struct stat st {};
+  ASSERT_EQ(::stat(good_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 4343u);
+  EXPECT_EQ(st.st_mode & 07777, 0644u) << std::oct << (st.st_mode & 07777);
+  EXPECT_EQ(safetensors::SafeOpen(good_).metadata().at("k"), "v");
+}
+
 TEST_F(Cli, MetadataThroughASymlinkEditsTheTargetAndKeepsTheLink) {
   auto link = dir_ / "link.safetensors";
   std::filesystem::create_symlink(good_, link);
@@ -250,6 +299,97 @@ TEST_F(Cli, MetadataThroughASymlinkEditsTheTargetAndKeepsTheLink) {
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(std::filesystem::is_symlink(link));
   EXPECT_EQ(safetensors::SafeOpen(good_).metadata().at("via"), "link");
+}
+
+// The staged file's name is predictable (`.<name>.metadata-<pid>`): something already there,
+// a symlink planted by another user of the directory or a stale file, must not be written
+// through (the writer follows links) nor replaced; the rewrite stages under another name.
+TEST_F(Cli, MetadataRewriteNeverWritesThroughWhatSitsAtTheStagedName) {
+  auto victim = dir_ / "victim.txt";
+  std::ofstream(victim) << "precious";
+  std::filesystem::permissions(victim, std::filesystem::perms(0600));
+  std::filesystem::permissions(good_, std::filesystem::perms(0644));
+  // `exec` keeps the shell's pid, so `$$` is the pid the tool stages under.
+  std::string cmd = "cd " + quote(dir_.path().string()) +
+                    " && ln -s victim.txt .good.safetensors.metadata-$$ && exec " + quote(SAFETENSORS_CLI) +
+                    " metadata good.safetensors --set k=v >/dev/null 2>&1";
+  int status = std::system(cmd.c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_EQ(test::read_bytes(victim).size(), 8u) << "the link's target was overwritten";
+  struct stat st {};
+  ASSERT_EQ(::stat(victim.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u) << "the link's target had its mode changed";
+  EXPECT_FALSE(std::filesystem::is_symlink(good_)) << "the link was renamed over the file";
+  EXPECT_EQ(safetensors::SafeOpen(good_).metadata().at("k"), "v");
+  auto left = hidden_files(dir_.path());
+  ASSERT_EQ(left.size(), 1u);  // the planted link, untouched
+  EXPECT_TRUE(std::filesystem::is_symlink(dir_ / left[0])) << left[0];
+}
+
+// `bench` sized its read() buffer once and let each read measure the file again: a file that
+// another process replaced by a larger one meanwhile (as every safetensors writer does) was read
+// past the buffer's end, into whatever memory followed (or failed as `Internal`). Each run now
+// reads exactly the validated length, and a file that changed is an `Io` error.
+TEST_F(Cli, BenchOfAFileReplacedMeanwhileNeverReadsPastItsBuffer) {
+  auto small = dir_ / "small.safetensors", big = dir_ / "big.safetensors", path = dir_ / "swap.safetensors";
+  std::filesystem::copy_file(good_, small);
+  write_big(big);
+  std::filesystem::copy_file(small, path);
+  pid_t swapper = ::fork();
+  if (swapper == 0) {
+    // Alternates the two files under `path`, each time through a fresh link and a rename.
+    auto next = dir_ / "next.safetensors";
+    for (unsigned i = 0;; ++i) {
+      ::link((i % 2 ? small : big).c_str(), next.c_str());
+      ::rename(next.c_str(), path.c_str());
+    }
+  }
+  std::vector<decltype(cli({}))> runs;
+  for (int attempt = 0; attempt < 20; ++attempt)
+    runs.push_back(cli({"bench", path.string(), "--runs", "20"}));
+  ::kill(swapper, SIGKILL);
+  ::waitpid(swapper, nullptr, 0);
+  bool changed = false;
+  for (const auto& r : runs) {
+    EXPECT_TRUE(r.code == 0 || r.code == 1) << r.code << " " << r.err;
+    if (r.code == 1) {
+      EXPECT_TRUE(has(r.err, "safetensors: Io:")) << r.err;
+      changed = true;
+    }
+  }
+  if (!changed) GTEST_SKIP() << "no run saw the file change";
+}
+
+// `validate` printed the size of whatever the path named after the check, not of the file it
+// checked: with the file replaced meanwhile, an OK line paired one file's tensor count with the
+// other's size (or the path's removal turned a valid file into FAIL).
+TEST_F(Cli, ValidateReportsTheSizeOfTheFileItChecked) {
+  auto small = dir_ / "small.safetensors", big = dir_ / "big.safetensors", path = dir_ / "swap.safetensors";
+  std::filesystem::copy_file(good_, small);
+  write_big(big);
+  std::filesystem::copy_file(small, path);
+  auto small_line = "(2 tensors, " + std::to_string(std::filesystem::file_size(small)) + " bytes)";
+  auto big_size = std::to_string(std::filesystem::file_size(big));
+  std::string big_line = "(1 tensors, ";
+  for (int i = static_cast<int>(big_size.size()) - 3; i > 0; i -= 3)
+    big_size.insert(static_cast<std::size_t>(i), ",");
+  big_line += big_size + " bytes)";
+  pid_t swapper = ::fork();
+  if (swapper == 0) {
+    auto next = dir_ / "next.safetensors";
+    for (unsigned i = 0;; ++i) {
+      ::link((i % 2 ? small : big).c_str(), next.c_str());
+      ::rename(next.c_str(), path.c_str());
+    }
+  }
+  std::vector<decltype(cli({}))> runs;
+  for (int attempt = 0; attempt < 40; ++attempt) runs.push_back(cli({"validate", path.string()}));
+  ::kill(swapper, SIGKILL);
+  ::waitpid(swapper, nullptr, 0);
+  for (const auto& r : runs) {
+    EXPECT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_TRUE(has(r.out, small_line) || has(r.out, big_line)) << r.out;
+  }
 }
 
 TEST_F(Cli, ConcurrentMetadataSetsAllLand) {

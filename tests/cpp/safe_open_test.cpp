@@ -250,6 +250,24 @@ concept AsOnRvalueCompiles = requires(V&& v) { std::forward<V>(v).template as<fl
 static_assert(!AsOnRvalueCompiles<safetensors::TensorView&&>);
 static_assert(AsOnRvalueCompiles<safetensors::TensorView&>);
 
+// A name may hold U+0000 (valid JSON, accepted by the reference); `what()` is a C string, so a
+// raw NUL in the message cut it there, losing the offsets, sizes and hints after the name.
+TEST(ErrorKinds, MessagesNamingANulCharacterAreWhole) {
+  test::TempDir dir;
+  auto path = dir / "nul.safetensors";
+  test::write_bytes(path,
+                    test::raw_file(R"({"a\u0000b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}})", 3));
+  try {
+    safetensors::SafeOpen f(path);
+    FAIL() << "expected InvalidOffset";
+  } catch (const safetensors::Error& e) {
+    std::string what = e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidOffset);
+    EXPECT_NE(what.find("`a\\0b`"), std::string::npos) << what;
+    EXPECT_NE(what.find("data_offsets [1, 3]"), std::string::npos) << what;
+  }
+}
+
 TEST(ErrorKinds, NamesMatchTheEnumerators) {
   EXPECT_EQ(safetensors::to_string(ErrorKind::HeaderTooSmall), "HeaderTooSmall");
   EXPECT_EQ(safetensors::to_string(ErrorKind::InvalidOffset), "InvalidOffset");

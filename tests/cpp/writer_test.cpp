@@ -405,6 +405,12 @@ TEST(Writer, NonUtf8NamesAndInvalidDtypesGetHonestErrors) {
   auto dtype = message_of([&] { (void)safetensors::serialize({{"w", bad_dtype}}); });
   EXPECT_EQ(dtype.rfind("TensorInvalidInfo: ", 0), 0u) << dtype;
   EXPECT_NE(dtype.find("invalid dtype value 99"), std::string::npos) << dtype;
+
+  // Messages built on the C++ side are C strings too (`what()`): a NUL in the name must not
+  // cut off what follows it.
+  using namespace std::string_literals;
+  auto nul = message_of([&] { (void)safetensors::serialize({{"a\0b"s, bad_dtype}}); });
+  EXPECT_NE(nul.find("`a\\0b` has an invalid dtype value 99"), std::string::npos) << nul;
 }
 
 }  // namespace

@@ -444,7 +444,12 @@ fn confined(shard: &str) -> Result<PathBuf> {
             }
         }
     }
-    if out.as_os_str().is_empty() || shard.ends_with('/') || shard.ends_with("/.") {
+    // A NUL cannot be part of a file name: no file could ever be opened under it.
+    if out.as_os_str().is_empty()
+        || shard.ends_with('/')
+        || shard.ends_with("/.")
+        || shard.contains('\0')
+    {
         return Err(refuse());
     }
     Ok(out)

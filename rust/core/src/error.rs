@@ -516,7 +516,13 @@ impl fmt::Display for Error {
             Error::TensorNotFound { name } => write!(f, "tensor `{name}` not found"),
             Error::DuplicateKey { key, in_metadata } => {
                 if *in_metadata {
-                    write!(f, "duplicate key `{key}` in __metadata__")
+                    // Also raised for a checkpoint index's `metadata` object, so the text names
+                    // no one container (`in_file` adds which file it is).
+                    write!(
+                        f,
+                        "duplicate metadata key `{key}`: each key may appear once (readers \
+                         disagree on which copy wins)"
+                    )
                 } else {
                     write!(
                         f,

@@ -111,6 +111,18 @@ fn one_shard_spelled_two_ways_is_one_shard() {
 }
 
 #[test]
+fn a_shard_path_holding_a_nul_is_invalid() {
+    // JSON can spell U+0000; no file name can hold it, so this is the index's fault (not an
+    // `Io` error about a path the message cannot even show whole).
+    let dir = scratch_dir("nul_shard");
+    shard(&dir, "a.safetensors", &["w"], 1);
+    let index = r#"{"weight_map":{"w":"a.safetensors\u0000x"}}"#;
+    std::fs::write(dir.join("m.index.json"), index).unwrap();
+    let err = open_err(&dir.join("m.index.json"));
+    assert_eq!(err.kind(), ErrorKind::InvalidShardPath, "{err}");
+}
+
+#[test]
 fn shard_paths_naming_the_directory_are_invalid() {
     let dir = scratch_dir("directory_shards");
     std::fs::create_dir(dir.join("sub")).unwrap();
@@ -179,6 +191,9 @@ fn a_repeated_index_metadata_key_is_a_duplicate_key() {
     let err = open_err(&dir.join("m.index.json"));
     assert_eq!(err.kind(), ErrorKind::DuplicateKey, "{err}");
     assert!(err.to_string().contains("`format`"), "{err}");
+    // The index's object is `metadata`; `__metadata__` belongs to safetensors files only.
+    assert!(!err.to_string().contains("__metadata__"), "{err}");
+    assert!(err.to_string().contains("m.index.json"), "{err}");
 }
 
 #[test]

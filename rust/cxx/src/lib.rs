@@ -508,7 +508,14 @@ pub struct BridgeError {
 
 impl fmt::Display for BridgeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.kind as u8, self.message)
+        // C++ reads the text as a C string (`what()`): a NUL (names and paths may hold one)
+        // would cut the message there, so it crosses as the two characters `\0`.
+        write!(
+            f,
+            "{}:{}",
+            self.kind as u8,
+            self.message.replace('\0', "\\0")
+        )
     }
 }
 
@@ -571,6 +578,15 @@ mod tests {
     fn errors_cross_as_kind_colon_message() {
         let e: BridgeError = Error::TensorNotFound { name: "w".into() }.into();
         assert_eq!(e.to_string(), "10:tensor `w` not found");
+    }
+
+    #[test]
+    fn a_nul_in_a_message_crosses_escaped() {
+        let e: BridgeError = Error::TensorNotFound {
+            name: "a\0b".into(),
+        }
+        .into();
+        assert_eq!(e.to_string(), "10:tensor `a\\0b` not found");
     }
 
     #[test]
