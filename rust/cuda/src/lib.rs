@@ -443,6 +443,9 @@ enum Pending {
     /// for. Never the stream itself: a caller's stream may be destroyed once the call that
     /// enqueued the copy has returned, and its handle must not be used after that.
     Context,
+    /// Copies on a stream this library created and still owns (the multi-rank stager's), waited
+    /// for through that stream. Never a caller's stream (see `Context`).
+    OwnStream(sys::CUstream),
 }
 
 /// A pinned staging buffer and the event that marks its last copy done. Dropping it waits for
@@ -503,6 +506,10 @@ impl PinnedSlot {
                 cu::event::synchronize(self.event)
             })?,
             Pending::Context => call("cuCtxSynchronize", cu::ctx::synchronize)?,
+            // SAFETY: the stream is owned by whoever marked the slot, and outlives the slot's use.
+            Pending::OwnStream(stream) => call("cuStreamSynchronize", || unsafe {
+                cu::stream::synchronize(stream)
+            })?,
         }
         self.pending = Pending::None;
         Ok(())

@@ -166,7 +166,7 @@ impl Stager {
             cu::memcpy_htod_async(dst, src, stream)
         });
         // Marked even on failure: a copy the driver may have queued must be waited for.
-        slot.pending = Pending::Stream(stream);
+        slot.pending = Pending::OwnStream(stream);
         queued
     }
 
