@@ -18,6 +18,7 @@ mod decode;
 mod dequant;
 mod encode;
 mod formats;
+mod simd;
 
 pub use dequant::{dequantize_fp8_blocks, dequantize_mxfp4, mxfp4_output_shape};
 
@@ -180,9 +181,19 @@ fn encode_from_f32(src: &[u8], to: Dtype, dst: &mut [u8]) {
                 decode::pack_f6(codes)
             });
         }
-        Dtype::F16 => map::<4, 2>(src, dst, |b| {
-            encode_f32_fast(&formats::F16, bits(b)).to_le_bytes()
-        }),
+        Dtype::F16 => {
+            let portable = |s: &[u8], d: &mut [u8]| {
+                map::<4, 2>(s, d, |b| {
+                    encode_f32_fast(&formats::F16, bits(b)).to_le_bytes()
+                })
+            };
+            #[cfg(target_arch = "x86_64")]
+            if simd::available() {
+                // SAFETY: the CPU has the features the kernel is compiled for.
+                return unsafe { simd::f32_to_f16(src, dst, portable) };
+            }
+            portable(src, dst);
+        }
         _ => {
             // The remaining targets are the 8-bit formats.
             let Some(f) = formats::format_of(to) else {
