@@ -157,8 +157,21 @@ fn encode_narrow(from: Dtype, src: &[u8], to: Dtype, dst: &mut [u8]) {
     }
 }
 
-/// F32 (little-endian bytes) into a narrow float.
+/// F32 (little-endian bytes) into a narrow float, with the x86 AVX2 copy of the loops where the
+/// CPU has it (the same bits; see `simd.rs`).
 fn encode_from_f32(src: &[u8], to: Dtype, dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() {
+        // SAFETY: the CPU has the features the kernels are compiled for.
+        return unsafe { simd::encode_from_f32(src, to, dst) };
+    }
+    encode_from_f32_portable(src, to, dst);
+}
+
+/// F32 (little-endian bytes) into a narrow float, on any CPU. Inlined into
+/// `simd::encode_from_f32`, so that the same loops are also vectorized for AVX2 there.
+#[inline(always)]
+pub(crate) fn encode_from_f32_portable(src: &[u8], to: Dtype, dst: &mut [u8]) {
     let bits = |b: [u8; 4]| u32::from_le_bytes(b);
     match to {
         Dtype::BF16 => map::<4, 2>(src, dst, |b| f32_to_bf16(bits(b)).to_le_bytes()),
