@@ -18,6 +18,7 @@ mod decode;
 mod dequant;
 mod encode;
 mod formats;
+#[cfg(target_arch = "x86_64")]
 mod simd;
 
 pub use dequant::{dequantize_fp8_blocks, dequantize_mxfp4, mxfp4_output_shape};

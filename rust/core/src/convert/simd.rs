@@ -2,7 +2,8 @@
 //! of the portable decode loops (the crate is compiled for baseline x86-64, whose SSE2 the
 //! vectorizer would otherwise be limited to). Every kernel gives the same bits as the portable
 //! path, signalling NaNs included (the in-crate tests below compare both on every F16 code and
-//! on a sweep of F32 bit patterns), so results never depend on the machine.
+//! on a sweep of F32 bit patterns), so results never depend on the machine. Compiled on x86-64
+//! only (`mod.rs`); other targets run the portable loops.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -15,12 +16,6 @@ use crate::Dtype;
 #[inline]
 pub(crate) fn available() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-#[inline]
-pub(crate) fn available() -> bool {
-    false
 }
 
 /// [`super::decode::to_f32`] compiled for AVX2, F16 through F16C.
