@@ -74,6 +74,7 @@ fn f4_pairs() -> &'static [[u8; 8]; 256] {
 
 /// F16 to F32 in blocks of 8 elements, which the compiler turns into vector code (the
 /// per-element closure of `map` does not vectorize as well for this one).
+#[inline(always)]
 fn f16_to_f32(src: &[u8], dst: &mut [u8]) {
     const N: usize = 8;
     let mut s = src.chunks_exact(2 * N);
@@ -92,8 +93,21 @@ fn f16_to_f32(src: &[u8], dst: &mut [u8]) {
     });
 }
 
-/// Decodes any non-complex source into F32 (sizes already checked).
+/// Decodes any non-complex source into F32 (sizes already checked), with the x86 AVX2/F16C
+/// kernels where the CPU has them (the same bits, faster; see `simd.rs`).
 pub(crate) fn to_f32(from: Dtype, src: &[u8], dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::available() {
+        // SAFETY: the CPU has the features the kernels are compiled for.
+        return unsafe { super::simd::to_f32(from, src, dst) };
+    }
+    to_f32_portable(from, src, dst);
+}
+
+/// Decodes any non-complex source into F32 (sizes already checked), on any CPU. Inlined into
+/// `simd::to_f32`, so that the same loops are also vectorized for AVX2 there.
+#[inline(always)]
+pub(crate) fn to_f32_portable(from: Dtype, src: &[u8], dst: &mut [u8]) {
     use Dtype::*;
     match from {
         F8_E5M2 | F8_E4M3 | F8_E8M0 | F8_E4M3FNUZ | F8_E5M2FNUZ => {
@@ -134,9 +148,21 @@ pub(crate) fn to_f32(from: Dtype, src: &[u8], dst: &mut [u8]) {
     }
 }
 
-/// Decodes any non-complex source into F64 (sizes already checked). Narrow floats go through
-/// F32, which holds each of their values exactly.
+/// Decodes any non-complex source into F64 (sizes already checked), with the x86 AVX2/F16C
+/// kernels where the CPU has them (the same bits, faster; see `simd.rs`).
 pub(crate) fn to_f64(from: Dtype, src: &[u8], dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::available() {
+        // SAFETY: the CPU has the features the kernels are compiled for.
+        return unsafe { super::simd::to_f64(from, src, dst) };
+    }
+    to_f64_portable(from, src, dst);
+}
+
+/// Decodes any non-complex source into F64 (sizes already checked), on any CPU. Narrow floats
+/// go through F32, which holds each of their values exactly. Inlined into `simd::to_f64`.
+#[inline(always)]
+pub(crate) fn to_f64_portable(from: Dtype, src: &[u8], dst: &mut [u8]) {
     use Dtype::*;
     let widen = |x: f32| f64::from(x).to_le_bytes();
     match from {

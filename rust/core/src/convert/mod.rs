@@ -18,6 +18,8 @@ mod decode;
 mod dequant;
 mod encode;
 mod formats;
+#[cfg(target_arch = "x86_64")]
+mod simd;
 
 pub use dequant::{dequantize_fp8_blocks, dequantize_mxfp4, mxfp4_output_shape};
 
@@ -156,8 +158,21 @@ fn encode_narrow(from: Dtype, src: &[u8], to: Dtype, dst: &mut [u8]) {
     }
 }
 
-/// F32 (little-endian bytes) into a narrow float.
+/// F32 (little-endian bytes) into a narrow float, with the x86 AVX2 copy of the loops where the
+/// CPU has it (the same bits; see `simd.rs`).
 fn encode_from_f32(src: &[u8], to: Dtype, dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() {
+        // SAFETY: the CPU has the features the kernels are compiled for.
+        return unsafe { simd::encode_from_f32(src, to, dst) };
+    }
+    encode_from_f32_portable(src, to, dst);
+}
+
+/// F32 (little-endian bytes) into a narrow float, on any CPU. Inlined into
+/// `simd::encode_from_f32`, so that the same loops are also vectorized for AVX2 there.
+#[inline(always)]
+pub(crate) fn encode_from_f32_portable(src: &[u8], to: Dtype, dst: &mut [u8]) {
     let bits = |b: [u8; 4]| u32::from_le_bytes(b);
     match to {
         Dtype::BF16 => map::<4, 2>(src, dst, |b| f32_to_bf16(bits(b)).to_le_bytes()),
@@ -180,9 +195,19 @@ fn encode_from_f32(src: &[u8], to: Dtype, dst: &mut [u8]) {
                 decode::pack_f6(codes)
             });
         }
-        Dtype::F16 => map::<4, 2>(src, dst, |b| {
-            encode_f32_fast(&formats::F16, bits(b)).to_le_bytes()
-        }),
+        Dtype::F16 => {
+            let portable = |s: &[u8], d: &mut [u8]| {
+                map::<4, 2>(s, d, |b| {
+                    encode_f32_fast(&formats::F16, bits(b)).to_le_bytes()
+                })
+            };
+            #[cfg(target_arch = "x86_64")]
+            if simd::available() {
+                // SAFETY: the CPU has the features the kernel is compiled for.
+                return unsafe { simd::f32_to_f16(src, dst, portable) };
+            }
+            portable(src, dst);
+        }
         _ => {
             // The remaining targets are the 8-bit formats.
             let Some(f) = formats::format_of(to) else {
