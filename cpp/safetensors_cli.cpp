@@ -174,7 +174,7 @@ std::string padded(std::string text, std::size_t width) {
 /// UTF-8 (possible in paths) as U+FFFD, since JSON cannot carry them.
 std::string json_string(std::string_view v) {
   std::string out = "\"";
-  char buf[8];
+  char buf[16];  // "\\u" and up to 8 hex digits of an unsigned, as far as the compiler can tell
   for (std::size_t i = 0; i < v.size();) {
     auto [c, len] = decode_utf8(v, i);
     if (len == 0) {
