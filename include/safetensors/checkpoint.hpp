@@ -137,8 +137,10 @@ class Checkpoint {
 
   [[nodiscard]] detail::Source source_for(std::string_view name) const {
     const auto& c = ckpt();
-    // shard_holding: in lenient mode a listed tensor its shard lacks is `ShardMissing` here.
-    std::size_t shard = detail::call([&] { return c.shard_holding(detail::bytes(name)); });
+    // The index's shard (no shard is opened for that); the shard itself is opened below, once,
+    // and published through C++ atomics so that ThreadSanitizer sees the ordering (the Rust core
+    // is not instrumented).
+    std::size_t shard = detail::call([&] { return c.shard_of(detail::bytes(name)); });
     auto& slot = handle().files[shard];
     const ffi::File* file = slot.load(std::memory_order_acquire);
     if (file == nullptr) {
@@ -149,6 +151,8 @@ class Checkpoint {
         slot.store(file, std::memory_order_release);
       }
     }
+    // In lenient mode a listed tensor its (now open) shard lacks is `ShardMissing` here.
+    (void)detail::call([&] { return c.shard_holding(detail::bytes(name)); });
     return detail::Source::of(*file, state_);
   }
 

@@ -355,17 +355,27 @@ impl<S: Send> Ring<S> {
         let first_error: Mutex<Option<Error>> = Mutex::new(None);
         let readers = self.readers.min(chunks.max(1));
         std::thread::scope(|scope| {
-            for _ in 0..readers {
-                scope.spawn(|| {
-                    let result = device
-                        .enter_thread()
-                        .and_then(|()| self.read_chunks(device, &job));
-                    device.leave_thread();
-                    if let Err(e) = result {
-                        lock(&first_error).get_or_insert(e);
-                        self.abort(&job);
-                    }
-                });
+            let readers: Vec<_> = (0..readers)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let result = device
+                            .enter_thread()
+                            .and_then(|()| self.read_chunks(device, &job));
+                        device.leave_thread();
+                        if let Err(e) = result {
+                            lock(&first_error).get_or_insert(e);
+                            self.abort(&job);
+                        }
+                    })
+                })
+                .collect();
+            // Joined explicitly (pthread_join) rather than by the end of the scope (a futex wait):
+            // C++ programs built with ThreadSanitizer see the join, so what the readers wrote (an
+            // error, say) is ordered before the caller reads it.
+            for reader in readers {
+                if let Err(panic) = reader.join() {
+                    std::panic::resume_unwind(panic); // as the scope itself would
+                }
             }
         });
         match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
