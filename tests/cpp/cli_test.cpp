@@ -272,13 +272,18 @@ TEST_F(Cli, MetadataRewriteByAnotherUserDropsSetIdBits) {
   std::filesystem::permissions(dir_.path(), std::filesystem::perms(0777));
   ASSERT_EQ(::chown(good_.c_str(), 4242, 4242), 0);
   ASSERT_EQ(::chmod(good_.c_str(), 06644), 0);
+  // The other user runs a copy of the tool inside the test's world-readable directory: the build
+  // tree may sit in a directory only root can enter (a 0700 mktemp directory, say).
+  auto tool = dir_ / "safetensors-tool-copy";
+  std::filesystem::copy_file(SAFETENSORS_CLI, tool);
+  std::filesystem::permissions(tool, std::filesystem::perms(0755));
   pid_t pid = ::fork();
   if (pid == 0) {
     int null = ::open("/dev/null", O_WRONLY);
     ::dup2(null, 1);
     ::dup2(null, 2);
     if (::setgroups(0, nullptr) != 0 || ::setgid(4343) != 0 || ::setuid(4343) != 0) ::_exit(126);
-    ::execl(SAFETENSORS_CLI, SAFETENSORS_CLI, "metadata", good_.c_str(), "--set", "k=v", nullptr);
+    ::execl(tool.c_str(), tool.c_str(), "metadata", good_.c_str(), "--set", "k=v", nullptr);
     ::_exit(127);
   }
   int status = 0;
