@@ -9,7 +9,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::header::{MAX_HEADER_SIZE, METADATA_KEY};
+use crate::format::{LENGTH_PREFIX_SIZE, MAX_HEADER_SIZE, METADATA_KEY};
 
 /// A specialized `Result` for this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -442,7 +442,7 @@ impl fmt::Display for Error {
                 f,
                 "invalid header length: the prefix announces a {header_len}-byte header but only \
                  {} follow it; the file is truncated or not a safetensors file",
-                plural(len.saturating_sub(8), "byte")
+                plural(len.saturating_sub(LENGTH_PREFIX_SIZE as u64), "byte")
             ),
             Error::InvalidHeader { valid_up_to } => write!(
                 f,

@@ -15,7 +15,6 @@
 //! ```
 #![deny(missing_docs)]
 
-mod canonical;
 mod checkpoint;
 pub mod convert;
 mod direct;
@@ -23,6 +22,7 @@ pub mod distributed;
 mod dtype;
 mod error;
 mod file;
+mod format;
 mod header;
 mod prefetch;
 mod slice;
@@ -36,9 +36,8 @@ pub use direct::DIRECT_ALIGN;
 pub use dtype::{Dtype, UnknownDtype};
 pub use error::{Error, ErrorKind, HeaderContents, Result};
 pub use file::{Backend, MemoryBytes, OpenOptions, SafeFile};
-pub use header::{
-    paths, read_header_len, Header, TensorInfo, MAX_HEADER_SIZE, METADATA_KEY, N_LEN,
-};
+pub use format::{LENGTH_PREFIX_SIZE, MAX_HEADER_SIZE, METADATA_KEY};
+pub use header::{paths, read_header_len, Header, TensorInfo};
 pub use prefetch::{advise, Advice, Plan, Prefetch, PrefetchOptions};
 pub use slice::{Indexer, Runs, SlicePlan};
 pub use stream::{StreamTensor, TensorStream};

@@ -12,7 +12,7 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use crate::error::{Error, HeaderContents, Result};
-use crate::header::{MAX_HEADER_SIZE, METADATA_KEY, N_LEN};
+use crate::format::{LENGTH_PREFIX_SIZE, MAX_HEADER_SIZE, METADATA_KEY};
 use crate::view::TensorView;
 
 /// A file ready to be written: every tensor checked, the header laid out, the data borrowed.
@@ -162,7 +162,7 @@ fn layout<'a, S: AsRef<str>>(
         data.push(t.data);
     }
     json.push(b'}');
-    let padded = json.len().next_multiple_of(N_LEN);
+    let padded = json.len().next_multiple_of(LENGTH_PREFIX_SIZE);
     if padded > MAX_HEADER_SIZE {
         return Err(Error::HeaderTooLarge {
             header_len: padded as u64,
@@ -175,10 +175,10 @@ fn layout<'a, S: AsRef<str>>(
             }),
         });
     }
-    let mut head = Vec::with_capacity(N_LEN + padded);
+    let mut head = Vec::with_capacity(LENGTH_PREFIX_SIZE + padded);
     head.extend_from_slice(&(padded as u64).to_le_bytes());
     head.extend_from_slice(&json);
-    head.resize(N_LEN + padded, b' ');
+    head.resize(LENGTH_PREFIX_SIZE + padded, b' ');
     Ok(Prepared {
         head,
         tensors: data,
