@@ -37,11 +37,11 @@ pub use dtype::{Dtype, UnknownDtype};
 pub use error::{Error, ErrorKind, HeaderContents, Result};
 pub use file::{Backend, MemoryBytes, OpenOptions, SafeFile};
 pub use format::{LENGTH_PREFIX_SIZE, MAX_HEADER_SIZE, METADATA_KEY};
-pub use header::{paths, read_header_len, Header, TensorInfo};
+pub use header::{read_header_len, test_hooks, Header, TensorInfo};
 pub use prefetch::{advise, Advice, Plan, Prefetch, PrefetchOptions};
 pub use slice::{Indexer, Runs, SlicePlan};
 pub use stream::{StreamTensor, TensorStream};
 pub use view::{SafeTensors, TensorView};
 pub use writer::{
-    serialize, serialize_to_file, write_atomically, write_atomically_with, Durability, Prepared,
+    serialize, serialize_to_file, write_atomically, write_atomically_with, Durability, PreparedFile,
 };

@@ -19,20 +19,20 @@ use crate::view::TensorView;
 ///
 /// [`serialize`] and [`serialize_to_file`] are built on it; use it directly to size a buffer
 /// first (`len`) and fill it (`write_into`), as the C++ API does.
-pub struct Prepared<'a> {
+pub struct PreparedFile<'a> {
     head: Vec<u8>,
     tensors: Vec<&'a [u8]>,
     data_len: usize,
 }
 
-impl<'a> Prepared<'a> {
+impl<'a> PreparedFile<'a> {
     /// Checks every tensor and lays out the header. Errors: `InvalidTensorName`,
     /// `DuplicateKey`, `ValidationOverflow`, `MisalignedSlice`, `TensorInvalidInfo`,
     /// `HeaderTooLarge`.
     pub fn new<S: AsRef<str>>(
         tensors: impl IntoIterator<Item = (S, TensorView<'a>)>,
         metadata: Option<&BTreeMap<String, String>>,
-    ) -> Result<Prepared<'a>> {
+    ) -> Result<PreparedFile<'a>> {
         layout(tensors, metadata)
     }
 
@@ -46,7 +46,7 @@ impl<'a> Prepared<'a> {
         false
     }
 
-    /// Writes the file into `dst`, which must be exactly [`Prepared::len`] bytes.
+    /// Writes the file into `dst`, which must be exactly [`PreparedFile::len`] bytes.
     pub fn write_into(&self, dst: &mut [u8]) -> Result<()> {
         if dst.len() != self.len() {
             return Err(Error::io(
@@ -77,7 +77,7 @@ impl<'a> Prepared<'a> {
         self.write_file_with(path, Durability::Synced)
     }
 
-    /// [`Prepared::write_file`] with a choice of durability.
+    /// [`PreparedFile::write_file`] with a choice of durability.
     pub fn write_file_with(&self, path: &Path, durability: Durability) -> Result<()> {
         write_atomically_with(path, durability, |out| {
             out.write_all(&self.head)?;
@@ -93,7 +93,7 @@ impl<'a> Prepared<'a> {
 fn layout<'a, S: AsRef<str>>(
     tensors: impl IntoIterator<Item = (S, TensorView<'a>)>,
     metadata: Option<&BTreeMap<String, String>>,
-) -> Result<Prepared<'a>> {
+) -> Result<PreparedFile<'a>> {
     let mut items: Vec<(S, TensorView<'a>)> = tensors.into_iter().collect();
     let mut seen = HashSet::with_capacity(items.len());
     for (name, t) in &items {
@@ -179,7 +179,7 @@ fn layout<'a, S: AsRef<str>>(
     head.extend_from_slice(&(padded as u64).to_le_bytes());
     head.extend_from_slice(&json);
     head.resize(LENGTH_PREFIX_SIZE + padded, b' ');
-    Ok(Prepared {
+    Ok(PreparedFile {
         head,
         tensors: data,
         data_len: offset,

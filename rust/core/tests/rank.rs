@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use common::raw_file;
-use safetensors_core::{paths, ErrorKind, Header};
+use safetensors_core::{test_hooks, ErrorKind, Header};
 
 /// Tracks live and peak heap bytes. A reallocation counts as a new block plus the old one, as
 /// the default `GlobalAlloc::realloc` does: the worst case of a copying allocator.
@@ -73,7 +73,7 @@ fn a_header_of_rank_fifty_million_parses_in_memory_linear_in_its_size() {
     // (with this allocator; glibc moves blocks that large with mremap, without the copy).
     for (path, parse, bound) in [
         ("default", Header::parse as fn(&[u8]) -> _, 5),
-        ("general", paths::parse_general_only, 8),
+        ("general", test_hooks::parse_general_only, 8),
     ] {
         let (header, peak) = peak_during(|| parse(&file).unwrap());
         assert_eq!(header.tensor("t").unwrap().shape.len(), rank);

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
-use safetensors_core::upload::{Device, Ring, RingOptions, UploadPlan, UploadStats};
+use safetensors_core::upload::{Ring, RingOptions, UploadPlan, UploadStats, UploadTarget};
 use safetensors_core::{Error, Result, SafeFile};
 
 pub use stage::Stager;
@@ -219,7 +219,7 @@ impl Gpu {
         let mut slot = PinnedSlot::new(self, bytes)?;
         slot.buffer().fill(1);
         let stream = Stream::new(self)?;
-        let target = Target {
+        let target = GpuTarget {
             gpu: self,
             stream: stream.handle,
             dst: dst.ptr,
@@ -544,17 +544,17 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
-/// The pipeline's view of one upload: a stream and a destination on a device.
-struct Target<'a> {
+/// One upload's destination on a [`Gpu`]: the device pointer and the stream its copies go on.
+struct GpuTarget<'a> {
     gpu: &'a Gpu,
     stream: sys::CUstream,
     dst: sys::CUdeviceptr,
 }
 
 // SAFETY: the stream and device pointer are plain handles valid on any thread with the context.
-unsafe impl Sync for Target<'_> {}
+unsafe impl Sync for GpuTarget<'_> {}
 
-impl Device for Target<'_> {
+impl UploadTarget for GpuTarget<'_> {
     type Slot = PinnedSlot;
 
     fn new_slot(&self, bytes: usize) -> Result<PinnedSlot> {
@@ -643,7 +643,7 @@ impl Uploader {
         let gpu = Gpu::open(ordinal)?;
         let stream = Stream::new(&gpu)?;
         let ring = {
-            let target = Target {
+            let target = GpuTarget {
                 gpu: &gpu,
                 stream: stream.handle,
                 dst: 0,
@@ -682,8 +682,8 @@ impl Uploader {
         self.ring.staging_bytes()
     }
 
-    fn target(&self, stream: sys::CUstream, dst: sys::CUdeviceptr) -> Target<'_> {
-        Target {
+    fn target(&self, stream: sys::CUstream, dst: sys::CUdeviceptr) -> GpuTarget<'_> {
+        GpuTarget {
             gpu: &self.gpu,
             stream,
             dst,

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use safetensors_core::{Dtype, Durability, Error, ErrorKind, Prepared, TensorView};
+use safetensors_core::{Dtype, Durability, Error, ErrorKind, PreparedFile, TensorView};
 
 use crate::{guard, BridgeError};
 
@@ -97,7 +97,7 @@ impl Writer {
 
     /// # Safety
     /// Every span passed to `add_tensor` must still be alive.
-    unsafe fn prepared(&self) -> Result<Prepared<'_>, Error> {
+    unsafe fn prepared(&self) -> Result<PreparedFile<'_>, Error> {
         let views = (0..self.names.len()).map(|i| {
             let (ptr, len) = self.data[i];
             // SAFETY: the caller guarantees the C++ spans are alive (see the type's docs); an
@@ -112,7 +112,7 @@ impl Writer {
                 TensorView::new(self.dtypes[i], &self.shapes[i], bytes),
             )
         });
-        Prepared::new(views, self.metadata.as_ref())
+        PreparedFile::new(views, self.metadata.as_ref())
     }
 
     /// # Safety

@@ -405,9 +405,10 @@ fn finish(builder: Builder) -> Result<Header> {
     Ok(header)
 }
 
-/// Test hooks: each JSON path on its own, so tests and fuzzers can check that they agree.
+/// Test hooks, not API: each JSON parser on its own, so that tests and fuzz targets can check
+/// that the two agree.
 #[doc(hidden)]
-pub mod paths {
+pub mod test_hooks {
     use super::*;
 
     /// The general serde path, validated, for a complete in-memory file.
