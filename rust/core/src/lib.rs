@@ -15,6 +15,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod byte_len;
 mod checkpoint;
 pub mod convert;
 mod direct;

@@ -5,6 +5,7 @@
 //! contiguous inner block is found once, the outer dimensions are walked like an odometer, and
 //! runs that touch (the end of one row meeting the start of the next) are merged as they go.
 
+use crate::byte_len::tensor_byte_len;
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::header::TensorInfo;
@@ -114,26 +115,20 @@ impl SlicePlan {
             .map_err(|_| invalid(format!("no memory for a result of rank {}", shape.len())))?;
         new_shape.extend(dims.iter().filter(|d| d.keep).map(|d| d.count));
         new_shape.extend_from_slice(&shape[k..]);
-        let overflow = || Error::ValidationOverflow {
-            tensor: info.name.to_owned(),
-            shape: shape.to_vec(),
-        };
         let bits = info.dtype.bits();
-        let numel = shape
-            .iter()
-            .try_fold(1usize, |a, &d| a.checked_mul(d))
-            .ok_or_else(overflow)?;
-        let tensor_bits = numel.checked_mul(bits).ok_or_else(overflow)?;
+        // The tensor itself must be one that can exist; every dtype has at least 4 bits, so it
+        // has no elements exactly when it has no bytes.
+        let tensor_len = tensor_byte_len(info.name, info.dtype, shape)?;
         let mut plan = SlicePlan {
             shape: new_shape,
             dtype: info.dtype,
-            tensor_len: tensor_bits / 8,
+            tensor_len,
             base: 0,
             run_len: 0,
             walks: Vec::new(),
             runs: 0,
         };
-        if dims.iter().any(|d| d.count == 0) || numel == 0 {
+        if dims.iter().any(|d| d.count == 0) || tensor_len == 0 {
             return Ok(plan);
         }
         // Element strides of the indexed axes: products of suffixes of a shape whose full
@@ -151,13 +146,7 @@ impl SlicePlan {
         };
         // The last dimension that is not taken whole: everything after it is one contiguous block.
         let Some(last) = (0..k).rev().find(|&a| !full(a)) else {
-            if tensor_bits % 8 != 0 {
-                return Err(misaligned(
-                    info,
-                    "the tensor does not end on a byte boundary".into(),
-                ));
-            }
-            plan.run_len = tensor_bits / 8;
+            plan.run_len = tensor_len;
             plan.runs = 1;
             return Ok(plan);
         };

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::io::{self, Write};
 use std::path::Path;
 
+use crate::byte_len::check_tensor_byte_len;
 use crate::error::{Error, HeaderContents, Result};
 use crate::format::{LENGTH_PREFIX_SIZE, MAX_HEADER_SIZE, METADATA_KEY};
 use crate::view::TensorView;
@@ -193,33 +194,7 @@ fn check_tensor(name: &str, t: &TensorView<'_>) -> Result<()> {
             name: name.to_owned(),
         });
     }
-    let numel = t.numel().ok_or_else(|| Error::ValidationOverflow {
-        tensor: name.to_owned(),
-        shape: t.shape.to_vec(),
-    })?;
-    let bits = numel
-        .checked_mul(t.dtype.bits())
-        .ok_or_else(|| Error::ValidationOverflow {
-            tensor: name.to_owned(),
-            shape: t.shape.to_vec(),
-        })?;
-    if bits % 8 != 0 {
-        return Err(Error::MisalignedSlice {
-            tensor: name.to_owned(),
-            reason: format!(
-                "{numel} elements of {} make {bits} bits, not a whole number of bytes",
-                t.dtype
-            ),
-        });
-    }
-    if bits / 8 != t.data.len() {
-        return Err(Error::TensorInvalidInfo {
-            tensor: name.to_owned(),
-            expected: (bits / 8) as u64,
-            actual: t.data.len() as u64,
-        });
-    }
-    Ok(())
+    check_tensor_byte_len(name, t.dtype, t.shape, t.data.len())
 }
 
 /// serde_json's string escaping: `"`, `\` and control characters escaped, the rest verbatim.

@@ -12,7 +12,7 @@
 //!    (`DuplicateKey`, ours);
 //! 6. in offset order, each tensor begins where the previous one ended (`InvalidOffset`) and
 //!    its byte length is its dtype × shape (`ValidationOverflow`, `MisalignedSlice`,
-//!    `TensorInvalidInfo`);
+//!    `TensorInvalidInfo`; the rule is `byte_len.rs`);
 //! 7. the last tensor ends where the input does (`MetadataIncompleteBuffer`).
 //!
 //! The JSON is read into one [`Builder`] (`builder.rs`) by one of two parsers: the fast scanner
@@ -30,6 +30,7 @@ mod index;
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::byte_len::check_tensor_byte_len;
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::format::{LENGTH_PREFIX_SIZE, LFS_POINTER_PREFIX, MAX_HEADER_SIZE};
@@ -140,42 +141,16 @@ impl Header {
     /// where the previous one ended, and its byte length must match dtype × shape.
     fn validate(&mut self) -> Result<()> {
         let mut start = 0usize;
-        for i in 0..self.entries.len() {
-            let e = self.entries[i];
+        for e in &self.entries {
             if e.begin != start || e.end < e.begin {
                 return Err(Error::InvalidOffset {
-                    tensor: self.name_of(&e).to_owned(),
+                    tensor: self.name_of(e).to_owned(),
                     data_offsets: (e.begin as u64, e.end as u64),
                     expected_begin: start as u64,
                 });
             }
             start = e.end;
-            let shape = self.shape_of(&e);
-            let overflow = || Error::ValidationOverflow {
-                tensor: self.name_of(&e).to_owned(),
-                shape: shape.to_vec(),
-            };
-            let numel = shape
-                .iter()
-                .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-                .ok_or_else(overflow)?;
-            let bits = numel.checked_mul(e.dtype.bits()).ok_or_else(overflow)?;
-            if bits % 8 != 0 {
-                return Err(Error::MisalignedSlice {
-                    tensor: self.name_of(&e).to_owned(),
-                    reason: format!(
-                        "{numel} elements of {} make {bits} bits, not a whole number of bytes",
-                        e.dtype
-                    ),
-                });
-            }
-            if e.end - e.begin != bits / 8 {
-                return Err(Error::TensorInvalidInfo {
-                    tensor: self.name_of(&e).to_owned(),
-                    expected: (bits / 8) as u64,
-                    actual: (e.end - e.begin) as u64,
-                });
-            }
+            check_tensor_byte_len(self.name_of(e), e.dtype, self.shape_of(e), e.end - e.begin)?;
         }
         self.data_len = start;
         Ok(())
