@@ -308,7 +308,7 @@ impl SafeFile {
         };
         let (begin, end) = info.data_offsets;
         if data.get(begin..end).is_none() {
-            return Err(self.outside(begin as u64, end - begin));
+            return Err(self.not_in_memory(name));
         }
         Ok(Some(view_of(info, data)))
     }
@@ -321,7 +321,7 @@ impl SafeFile {
             Some(data) => data
                 .get(begin..end)
                 .map(Cow::Borrowed)
-                .ok_or_else(|| self.outside(begin as u64, end - begin)),
+                .ok_or_else(|| self.not_in_memory(name)),
             None => {
                 let mut out = zeroed(end - begin).map_err(|e| Error::io(&self.path, "read", e))?;
                 self.read_data(begin as u64, &mut out)?;
@@ -330,6 +330,18 @@ impl SafeFile {
         }
     }
 
+    /// Validation put every tensor inside the bytes in memory: one that is not is a defect.
+    fn not_in_memory(&self, name: &str) -> Error {
+        Error::Internal {
+            message: format!(
+                "tensor `{name}` of {} lies outside the bytes in memory, which its header was \
+                 validated against",
+                self.path.display()
+            ),
+        }
+    }
+
+    /// A read outside the data buffer: the caller's range, refused as a failed read.
     fn outside(&self, offset: u64, len: usize) -> Error {
         Error::io(
             &self.path,

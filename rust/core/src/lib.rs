@@ -35,7 +35,7 @@ mod writer;
 pub use checkpoint::{Checkpoint, CheckpointOptions};
 pub use direct::DIRECT_ALIGN;
 pub use dtype::{Dtype, UnknownDtype};
-pub use error::{Error, ErrorKind, HeaderContents, Result};
+pub use error::{Error, ErrorKind, HeaderContents, Result, TextField};
 pub use file::{Backend, MemoryBytes, OpenOptions, SafeFile};
 pub use format::{LENGTH_PREFIX_SIZE, MAX_HEADER_SIZE, METADATA_KEY};
 pub use header::{read_header_len, test_hooks, Header, TensorInfo};
@@ -44,5 +44,6 @@ pub use slice::{Indexer, Runs, SlicePlan};
 pub use stream::{StreamTensor, TensorStream};
 pub use view::{SafeTensors, TensorView};
 pub use writer::{
-    serialize, serialize_to_file, write_atomically, write_atomically_with, Durability, PreparedFile,
+    dtype_to_write, serialize, serialize_to_file, text_to_write, write_atomically,
+    write_atomically_with, Durability, PreparedFile,
 };

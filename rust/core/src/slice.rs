@@ -244,17 +244,24 @@ impl SlicePlan {
 
     /// Copies the selected bytes of `tensor` (all of the tensor's bytes) into `dst`.
     pub fn gather(&self, tensor: &[u8], dst: &mut [u8]) -> Result<()> {
-        if tensor.len() != self.tensor_len || dst.len() != self.byte_len() {
-            return Err(Error::InvalidSlice {
-                tensor: String::new(),
-                reason: format!(
-                    "gather got {} source and {} destination bytes; the plan needs {} and {}",
-                    tensor.len(),
-                    dst.len(),
-                    self.tensor_len,
-                    self.byte_len()
-                ),
-            });
+        let wrong = |buffer, expected: usize, actual: usize| Error::WrongBufferLength {
+            buffer,
+            expected: expected as u64,
+            actual: actual as u64,
+        };
+        if tensor.len() != self.tensor_len {
+            return Err(wrong(
+                "the tensor given to gather from",
+                self.tensor_len,
+                tensor.len(),
+            ));
+        }
+        if dst.len() != self.byte_len() {
+            return Err(wrong(
+                "the destination of a gather",
+                self.byte_len(),
+                dst.len(),
+            ));
         }
         let mut at = 0;
         for (offset, len) in self.runs() {
@@ -562,5 +569,27 @@ mod tests {
         let mut out = vec![0; plan.byte_len()];
         plan.gather(&bytes, &mut out).unwrap();
         assert_eq!(out, [6, 8, 10, 12, 14, 16]);
+        for (src, dst) in [(&bytes[1..], out.len()), (&bytes[..], out.len() + 1)] {
+            let mut dst = vec![0; dst];
+            let e = plan.gather(src, &mut dst).unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::InvalidSlice, "{e}");
+            assert!(e.to_string().starts_with("wrong buffer length: "), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_tensor_that_cannot_exist_has_no_plan() {
+        let i = info(Dtype::F4, &[3]);
+        let e = SlicePlan::new(&i, &[Indexer::range(0, 2)]).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::MisalignedSlice);
+        let huge = [usize::MAX, 2];
+        let i = TensorInfo {
+            name: "t",
+            dtype: Dtype::U8,
+            shape: &huge,
+            data_offsets: (0, 0),
+        };
+        let e = SlicePlan::new(&i, &[Indexer::Select(0)]).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::ValidationOverflow);
     }
 }

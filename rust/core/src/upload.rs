@@ -329,9 +329,17 @@ impl<S: Send> Ring<S> {
         // Each chunk's pieces, found by binary search over pieces sorted by destination.
         let mut pieces = plan.pieces.clone();
         pieces.sort_by_key(|p| p.dst);
+        // Source numbers are the caller's own, not a checkpoint index's: the bridge numbers the
+        // files as it adds them, so from C++ a number without a file is a defect here, and a Rust
+        // caller gets one only by running the plan on other files than it was made for. Either
+        // way a broken contract, hence `Internal`.
         if let Some(bad) = pieces.iter().find(|p| p.source >= files.len()) {
-            return Err(Error::InvalidIndex {
-                reason: format!("upload plan names source {} of {}", bad.source, files.len()),
+            return Err(Error::Internal {
+                message: format!(
+                    "the upload plan reads source {} but only {} files were given",
+                    bad.source,
+                    files.len()
+                ),
             });
         }
         // This run numbers its chunks from 0; the run lock keeps other runs off the turns.

@@ -12,7 +12,8 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use crate::byte_len::check_tensor_byte_len;
-use crate::error::{Error, HeaderContents, Result};
+use crate::dtype::Dtype;
+use crate::error::{Error, HeaderContents, Result, TextField};
 use crate::format::{LENGTH_PREFIX_SIZE, MAX_HEADER_SIZE, METADATA_KEY};
 use crate::view::TensorView;
 
@@ -50,18 +51,11 @@ impl<'a> PreparedFile<'a> {
     /// Writes the file into `dst`, which must be exactly [`PreparedFile::len`] bytes.
     pub fn write_into(&self, dst: &mut [u8]) -> Result<()> {
         if dst.len() != self.len() {
-            return Err(Error::io(
-                Path::new("<buffer>"),
-                "serialize",
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!(
-                        "buffer holds {} bytes; the file needs {}",
-                        dst.len(),
-                        self.len()
-                    ),
-                ),
-            ));
+            return Err(Error::WrongBufferLength {
+                buffer: "the buffer to serialize into",
+                expected: self.len() as u64,
+                actual: dst.len() as u64,
+            });
         }
         let (head, mut rest) = dst.split_at_mut(self.head.len());
         head.copy_from_slice(&self.head);
@@ -195,6 +189,29 @@ fn check_tensor(name: &str, t: &TensorView<'_>) -> Result<()> {
         });
     }
     check_tensor_byte_len(name, t.dtype, t.shape, t.data.len())
+}
+
+/// Header text handed over as bytes (a tensor name, a metadata key or value, from C++), as
+/// UTF-8: the header is UTF-8 JSON, so other bytes cannot be written ([`Error::NotUtf8`]).
+pub fn text_to_write(bytes: &[u8], field: TextField) -> Result<String> {
+    String::from_utf8(bytes.to_vec()).map_err(|e| {
+        let offset = e.utf8_error().valid_up_to();
+        Error::NotUtf8 {
+            field,
+            lossy: String::from_utf8_lossy(bytes).into_owned(),
+            offset,
+            byte: bytes[offset],
+        }
+    })
+}
+
+/// The dtype with enumeration value `value` (as C++ passes it) of tensor `tensor`, to be
+/// written ([`Error::InvalidDtypeValue`] when there is none).
+pub fn dtype_to_write(tensor: &str, value: u8) -> Result<Dtype> {
+    Dtype::from_index(value).ok_or_else(|| Error::InvalidDtypeValue {
+        value,
+        tensor: Some(tensor.to_owned()),
+    })
 }
 
 /// serde_json's string escaping: `"`, `\` and control characters escaped, the rest verbatim.

@@ -346,6 +346,19 @@ fn plans_refuse_unknown_tensors_and_bad_slices() {
 }
 
 #[test]
+fn a_plan_run_on_fewer_files_than_it_reads_is_an_internal_error() {
+    let dir = scratch_dir("upload_missing_source");
+    let files = files(&dir);
+    let mut plan = UploadPlan::new(256);
+    plan.add_tensor(1, &files[1], "t1").unwrap();
+    let target = HostTarget::new(plan.total());
+    let ring = Ring::lazy(RingOptions::default());
+    let err = ring.upload(&target, &[&files[0]], &plan).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Internal, "{err}");
+    assert!(err.to_string().contains("reads source 1"), "{err}");
+}
+
+#[test]
 fn staging_memory_stays_bounded_by_the_ring() {
     // A plan far larger than the ring uploads through the same few staging buffers.
     let dir = scratch_dir("upload_bounded");

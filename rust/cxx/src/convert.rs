@@ -2,17 +2,13 @@
 //! bytes as slices; everything else is `safetensors_core::convert`.
 
 use safetensors_core::convert;
-use safetensors_core::{Dtype, ErrorKind, TensorView};
+use safetensors_core::{Dtype, TensorView};
 
 use crate::{guard, BridgeError};
 
-/// The dtype with index `d`, or a `TypeMismatch` error (C++ passes `Dtype` values, but a
-/// `static_cast` can make any byte).
+/// The dtype with index `d` (C++ passes `Dtype` values, but a `static_cast` can make any byte).
 fn dtype(d: u8) -> Result<Dtype, BridgeError> {
-    Dtype::from_index(d).ok_or_else(|| BridgeError {
-        kind: ErrorKind::TypeMismatch,
-        message: format!("dtype index {d} is not a safetensors dtype (there are 22)"),
-    })
+    guard(|| convert::dtype_to_convert(d))
 }
 
 pub fn convert_tensor(

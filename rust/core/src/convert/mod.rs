@@ -64,6 +64,15 @@ pub fn check_conversion(from: Dtype, to: Dtype) -> Result<()> {
     })
 }
 
+/// The dtype with enumeration value `value` (as C++ passes it) for a conversion
+/// ([`Error::InvalidDtypeValue`], of kind `TypeMismatch`, when there is none).
+pub fn dtype_to_convert(value: u8) -> Result<Dtype> {
+    Dtype::from_index(value).ok_or(Error::InvalidDtypeValue {
+        value,
+        tensor: None,
+    })
+}
+
 /// Number of elements of `shape`, checked.
 pub(crate) fn numel(dtype: Dtype, shape: &[usize]) -> Result<usize> {
     checked_numel(shape).ok_or_else(|| Error::ValidationOverflow {
