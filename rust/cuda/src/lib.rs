@@ -76,11 +76,6 @@ fn driver() -> Result<()> {
     .map_err(|message| Error::Cuda { message })
 }
 
-/// Whether CUDA can be used here, and if not, why.
-pub fn status() -> std::result::Result<usize, Error> {
-    device_count()
-}
-
 /// Number of CUDA devices (an error when there is no driver).
 pub fn device_count() -> Result<usize> {
     driver()?;
@@ -752,17 +747,6 @@ impl Uploader {
     pub fn synchronize(&self) -> Result<()> {
         let _current = self.gpu.enter()?;
         self.ring.wait_all(&self.target(self.stream.handle, 0))
-    }
-
-    /// Seconds for uploading `plan` into a new allocation, for benchmarks.
-    pub fn timed_upload(
-        &self,
-        files: &[&SafeFile],
-        plan: &UploadPlan,
-    ) -> Result<(DeviceBuffer, f64)> {
-        let start = std::time::Instant::now();
-        let b = self.upload(files, plan)?;
-        Ok((b, start.elapsed().as_secs_f64()))
     }
 }
 
