@@ -159,35 +159,6 @@ fn random_file(rng: &mut Rng) -> Vec<u8> {
     out
 }
 
-/// Numbers as JSON text: in and out of `u64`, `i64` and `f64` range, every form, some malformed.
-const NUMBERS: &[&str] = &[
-    "0",
-    "-0",
-    "7",
-    "-7",
-    "1.5",
-    "-2.25e-3",
-    "1E+2",
-    "1e-0",
-    "18446744073709551615",
-    "18446744073709551616",
-    "-9223372036854775808",
-    "-9223372036854775809",
-    "1e308",
-    "1e309",
-    "-1e309",
-    "1e400",
-    "1e-400",
-    "4.9e-324",
-    "2.5e-324",
-    "01",
-    "1.",
-    ".5",
-    "+1",
-    "1e",
-    "-",
-];
-
 /// Pieces of string content: plain text, every escape, surrogates paired and lone, invalid
 /// escapes, and raw control characters (which JSON forbids inside strings).
 const STRING_PIECES: &[&str] = &[
@@ -238,7 +209,7 @@ fn json_string(rng: &mut Rng) -> String {
 fn json_value(rng: &mut Rng, depth: usize) -> String {
     match rng.below(if depth > 3 { 5 } else { 9 }) {
         0 => (*rng.pick(&["true", "false", "null", "nul", "tru"])).to_string(),
-        1 | 2 => (*rng.pick(NUMBERS)).to_string(),
+        1 | 2 => (*rng.pick(common::json::NUMBERS)).to_string(),
         3 => match rng.below(3) {
             0 => "9".repeat(300 + rng.below(200) as usize),
             1 => format!("0.{}1", "0".repeat(300 + rng.below(200) as usize)),
