@@ -113,15 +113,13 @@ fn layout<'a, S: AsRef<str>>(
     // An empty map is written as the reference writes it, except in the one case where the
     // reference's own output is invalid JSON (no tensors): there we write `{}`.
     if let Some(meta) = metadata.filter(|m| !m.is_empty() || !items.is_empty()) {
-        json.extend_from_slice(b"\"__metadata__\":{");
-        for (i, (k, v)) in meta.iter().enumerate() {
-            if i > 0 {
-                json.push(b',');
-            }
-            write_json_str(&mut json, k);
+        write_json_str(&mut json, METADATA_KEY);
+        json.extend_from_slice(b":{");
+        write_separated(&mut json, meta, |json, (k, v)| {
+            write_json_str(json, k);
             json.push(b':');
-            write_json_str(&mut json, v);
-        }
+            write_json_str(json, v);
+        });
         json.push(b'}');
         first = false;
     }
@@ -142,12 +140,7 @@ fn layout<'a, S: AsRef<str>>(
         json.extend_from_slice(b":{\"dtype\":\"");
         json.extend_from_slice(t.dtype.name().as_bytes());
         json.extend_from_slice(b"\",\"shape\":[");
-        for (i, d) in t.shape.iter().enumerate() {
-            if i > 0 {
-                json.push(b',');
-            }
-            write_usize(&mut json, *d);
-        }
+        write_separated(&mut json, t.shape, |json, d| write_usize(json, *d));
         json.extend_from_slice(b"],\"data_offsets\":[");
         write_usize(&mut json, offset);
         json.push(b',');
@@ -218,6 +211,20 @@ pub fn dtype_to_write(tensor: &str, value: u8) -> Result<Dtype> {
 fn write_json_str(out: &mut Vec<u8>, s: &str) {
     // Writing into a Vec cannot fail.
     let _ = serde_json::to_writer(&mut *out, s);
+}
+
+/// Writes `items` with `write_one`, separated by commas.
+fn write_separated<T>(
+    out: &mut Vec<u8>,
+    items: impl IntoIterator<Item = T>,
+    mut write_one: impl FnMut(&mut Vec<u8>, T),
+) {
+    for (i, item) in items.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_one(out, item);
+    }
 }
 
 fn write_usize(out: &mut Vec<u8>, n: usize) {
