@@ -1,4 +1,5 @@
-//! The one error type of the library.
+//! The one error type of the library, [`Error`], with its stable identity [`ErrorKind`] and its
+//! messages.
 //!
 //! Every variant names what went wrong in terms a user can act on: the file, the tensor, the sizes
 //! involved, and a hint where a common cause is known (git-lfs pointer files, truncated

@@ -4,6 +4,18 @@
 //!
 //! Pure Rust, no FFI: the C++ bridge (`rust/cxx`) is a thin layer over this crate.
 //!
+//! Where each behaviour lives:
+//! - `format.rs`: the format's constants (length prefix, header size limit, `__metadata__`);
+//! - `header/`: parsing and validating a header (`mod.rs`: the checks in order; `canonical.rs`
+//!   and `general.rs`: the two JSON parsers; `builder.rs`: what they fill; `index.rs`: names);
+//! - `byte_len.rs`: the tensor byte-length rule (dtype × shape) every layer applies;
+//! - `error.rs`: the one error enum and its messages; `dtype.rs`: the element types;
+//! - `file.rs` (with `direct.rs`): opening files and reading bytes; `view.rs`: files in memory;
+//! - `slice.rs`: slice plans; `writer.rs` (with `writer/atomic.rs`): writing;
+//! - `checkpoint.rs`: sharded checkpoints; `convert/`: dtype conversion and dequantization;
+//! - `distributed/`: tensor-parallel rules and multi-rank plans; `upload.rs`: the staged upload
+//!   ring (CUDA lives in `rust/cuda`); `prefetch.rs` and `stream.rs`: cold loads.
+//!
 //! ```
 //! use safetensors_core::{serialize, Dtype, SafeTensors, TensorView};
 //!

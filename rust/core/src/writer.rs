@@ -1,4 +1,7 @@
-//! Writing files laid out exactly as the reference writes them.
+//! Writing files laid out exactly as the reference writes them: the check of every tensor
+//! (name, byte length), the header layout ([`PreparedFile`]), the entry points `serialize` and
+//! `serialize_to_file`, and the checks of bytes and dtype values handed over by C++. Replacing
+//! the file on disk is `writer/atomic.rs`.
 //!
 //! Tensors are sorted by dtype, descending (so that large elements come first and stay aligned),
 //! then by name; the header is compact JSON with `__metadata__` first and its keys sorted; the

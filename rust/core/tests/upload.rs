@@ -1,5 +1,5 @@
-//! The staged upload pipeline against a destination in host memory: every byte must land at the offset
-//! the plan gives it, whatever the ring size, chunk size, reader count and timing.
+//! The staged upload pipeline against a destination in host memory: every byte must land at the
+//! offset the plan gives it, whatever the ring size, chunk size, reader count and timing.
 
 mod common;
 
