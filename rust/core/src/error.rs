@@ -1,4 +1,5 @@
-//! The one error type of the library.
+//! The one error type of the library, [`Error`], with its stable identity [`ErrorKind`] and its
+//! messages.
 //!
 //! Every variant names what went wrong in terms a user can act on: the file, the tensor, the sizes
 //! involved, and a hint where a common cause is known (git-lfs pointer files, truncated
@@ -9,7 +10,8 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::header::{MAX_HEADER_SIZE, METADATA_KEY};
+use crate::dtype::Dtype;
+use crate::format::{LENGTH_PREFIX_SIZE, MAX_HEADER_SIZE, METADATA_KEY};
 
 /// A specialized `Result` for this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -101,7 +103,7 @@ pub enum Error {
         /// `true` when the key is inside `__metadata__`.
         in_metadata: bool,
     },
-    /// A tensor may not have this name: `__metadata__` is reserved, and names must be UTF-8.
+    /// A tensor may not have this name: `__metadata__` is reserved for the metadata map.
     InvalidTensorName {
         /// The refused name.
         name: String,
@@ -157,11 +159,50 @@ pub enum Error {
     /// target, wrong scale shape); its kind is [`ErrorKind::TypeMismatch`].
     Conversion {
         /// The source dtype.
-        from: crate::Dtype,
+        from: Dtype,
         /// The target dtype.
-        to: crate::Dtype,
+        to: Dtype,
         /// Why it is refused.
         reason: String,
+    },
+    /// Text handed to the writer as bytes (by C++) is not UTF-8, which a header, being JSON,
+    /// must be. Its kind is [`ErrorKind::InvalidTensorName`] for a tensor name and
+    /// [`ErrorKind::InvalidHeader`] for a metadata key or value.
+    NotUtf8 {
+        /// What the text was to be.
+        field: TextField,
+        /// The text, each invalid sequence replaced by U+FFFD.
+        lossy: String,
+        /// Offset of the first invalid byte.
+        offset: usize,
+        /// That byte.
+        byte: u8,
+    },
+    /// A dtype given by its enumeration value (as C++ passes it) that is no dtype, such as
+    /// `static_cast<Dtype>(99)`. Its kind is [`ErrorKind::TensorInvalidInfo`] for a tensor to
+    /// write (a dtype is part of a tensor's info) and [`ErrorKind::TypeMismatch`] for a
+    /// conversion (which makes no sense without one).
+    InvalidDtypeValue {
+        /// The value given.
+        value: u8,
+        /// The tensor to write that has it; `None` for a conversion.
+        tensor: Option<String>,
+    },
+    /// A buffer a caller handed over does not have the length the operation needs; its kind is
+    /// [`ErrorKind::InvalidSlice`], the kind of every wrong-size buffer.
+    WrongBufferLength {
+        /// Which buffer, e.g. "the buffer to serialize into".
+        buffer: &'static str,
+        /// Bytes needed.
+        expected: u64,
+        /// Bytes given.
+        actual: u64,
+    },
+    /// A broken internal contract: a defect in this library (please report it), or a Rust
+    /// caller that ran a plan on other inputs than it was made for.
+    Internal {
+        /// What was broken.
+        message: String,
     },
     /// An error that happened in a named file: the wrapped error says what.
     InFile {
@@ -182,6 +223,28 @@ pub struct HeaderContents {
     pub name_bytes: usize,
     /// Bytes of all metadata keys and values together.
     pub metadata_bytes: usize,
+}
+
+/// What a piece of header text handed to the writer was to be (see [`Error::NotUtf8`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextField {
+    /// A tensor name.
+    TensorName,
+    /// A key of `__metadata__`.
+    MetadataKey,
+    /// A value of `__metadata__`.
+    MetadataValue,
+}
+
+impl TextField {
+    /// How messages name it, e.g. `"tensor name"`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            TextField::TensorName => "tensor name",
+            TextField::MetadataKey => "metadata key",
+            TextField::MetadataValue => "metadata value",
+        }
+    }
 }
 
 /// The stable identity of an [`Error`], without its details.
@@ -230,7 +293,7 @@ pub enum ErrorKind {
     InvalidShardPath = 18,
     /// See [`Error::Cuda`].
     Cuda = 19,
-    /// A defect in this library (a caught panic); please report it.
+    /// A defect in this library (a caught panic, a broken internal contract); please report it.
     Internal = 20,
     /// `TensorView::as<T>()` (C++) with a `T` whose type, size or alignment does not fit the
     /// tensor, or a dtype conversion that makes no sense ([`Error::Conversion`]).
@@ -324,6 +387,17 @@ impl Error {
             Error::InvalidShardPath { .. } => ErrorKind::InvalidShardPath,
             Error::Cuda { .. } => ErrorKind::Cuda,
             Error::Conversion { .. } => ErrorKind::TypeMismatch,
+            Error::NotUtf8 {
+                field: TextField::TensorName,
+                ..
+            } => ErrorKind::InvalidTensorName,
+            Error::NotUtf8 { .. } => ErrorKind::InvalidHeader,
+            Error::InvalidDtypeValue {
+                tensor: Some(_), ..
+            } => ErrorKind::TensorInvalidInfo,
+            Error::InvalidDtypeValue { tensor: None, .. } => ErrorKind::TypeMismatch,
+            Error::WrongBufferLength { .. } => ErrorKind::InvalidSlice,
+            Error::Internal { .. } => ErrorKind::Internal,
             Error::InFile { source, .. } => source.kind(),
         }
     }
@@ -442,7 +516,7 @@ impl fmt::Display for Error {
                 f,
                 "invalid header length: the prefix announces a {header_len}-byte header but only \
                  {} follow it; the file is truncated or not a safetensors file",
-                plural(len.saturating_sub(8), "byte")
+                plural(len.saturating_sub(LENGTH_PREFIX_SIZE as u64), "byte")
             ),
             Error::InvalidHeader { valid_up_to } => write!(
                 f,
@@ -531,13 +605,11 @@ impl fmt::Display for Error {
                     )
                 }
             }
-            // Raised for the reserved name, and by the bridge for names that are not UTF-8
-            // (with `name` then saying so): only the first is about the reservation.
             Error::InvalidTensorName { name } if name == METADATA_KEY => write!(
                 f,
-                "invalid tensor name `{name}`: `__metadata__` is reserved for the metadata map"
+                "invalid tensor name `{name}`: `{METADATA_KEY}` is reserved for the metadata map"
             ),
-            Error::InvalidTensorName { name } => write!(f, "invalid tensor name: {name}"),
+            Error::InvalidTensorName { name } => write!(f, "invalid tensor name `{name}`"),
             Error::InvalidSlice { tensor, reason } => {
                 write!(f, "invalid slice of tensor `{tensor}`: {reason}")
             }
@@ -580,6 +652,47 @@ impl fmt::Display for Error {
             Error::Conversion { from, to, reason } => {
                 write!(f, "cannot convert {from} to {to}: {reason}")
             }
+            Error::NotUtf8 {
+                field,
+                lossy,
+                offset,
+                byte,
+            } => write!(
+                f,
+                "{} {lossy:?} is not valid UTF-8 (invalid byte 0x{byte:02x} at offset {offset}); \
+                 a safetensors header is UTF-8 JSON, so convert it to UTF-8 first",
+                field.describe()
+            ),
+            Error::InvalidDtypeValue {
+                value,
+                tensor: Some(tensor),
+            } => write!(
+                f,
+                "tensor `{tensor}` has an invalid dtype value {value} (valid values are 0 to {})",
+                Dtype::ALL.len() - 1
+            ),
+            Error::InvalidDtypeValue {
+                value,
+                tensor: None,
+            } => write!(
+                f,
+                "dtype index {value} is not a safetensors dtype (there are {})",
+                Dtype::ALL.len()
+            ),
+            Error::WrongBufferLength {
+                buffer,
+                expected,
+                actual,
+            } => write!(
+                f,
+                "wrong buffer length: {buffer} holds {} but {} are needed",
+                plural(*actual, "byte"),
+                plural(*expected, "byte")
+            ),
+            Error::Internal { message } => write!(
+                f,
+                "internal error in the safetensors library (please report): {message}"
+            ),
             Error::InFile { path, source } => write!(f, "{}: {source}", path.display()),
         }
     }

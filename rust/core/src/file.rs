@@ -16,7 +16,8 @@ use memmap2::Mmap;
 
 use crate::direct::DirectFile;
 use crate::error::{Error, Result};
-use crate::header::{read_header_len, Header, TensorInfo, N_LEN};
+use crate::format::LENGTH_PREFIX_SIZE;
+use crate::header::{read_header_len, Header, TensorInfo};
 use crate::slice::{Indexer, SlicePlan};
 use crate::view::{view_of, TensorView};
 
@@ -176,7 +177,7 @@ impl SafeFile {
         let (file, meta) = open_regular(path, "a safetensors file")?;
         let ((header, trailing), storage) = match options.backend {
             Backend::Mmap => {
-                if meta.len() < N_LEN as u64 {
+                if meta.len() < LENGTH_PREFIX_SIZE as u64 {
                     return Err(Error::HeaderTooSmall { len: meta.len() });
                 }
                 #[cfg(test)]
@@ -190,7 +191,7 @@ impl SafeFile {
                 // exists for files that may change.
                 let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, "mmap", e))?;
                 let len = map.len() as u64;
-                if len < N_LEN as u64 {
+                if len < LENGTH_PREFIX_SIZE as u64 {
                     return Err(Error::HeaderTooSmall { len });
                 }
                 // Small headers are read with pread and parsed from that copy; larger ones are
@@ -198,8 +199,8 @@ impl SafeFile {
                 // check is against `len`, the mapping's length.
                 let mut head = read_head(&file, path, len)?;
                 let header = match read_header_len(&head, len) {
-                    Ok(n) if N_LEN + n <= HEADER_COPY_LIMIT => {
-                        read_rest(&file, path, &mut head, N_LEN + n)?;
+                    Ok(n) if LENGTH_PREFIX_SIZE + n <= HEADER_COPY_LIMIT => {
+                        read_rest(&file, path, &mut head, LENGTH_PREFIX_SIZE + n)?;
                         parse_allowing(&head, len, allow)?
                     }
                     _ => parse_allowing(&map, len, allow)?,
@@ -307,7 +308,7 @@ impl SafeFile {
         };
         let (begin, end) = info.data_offsets;
         if data.get(begin..end).is_none() {
-            return Err(self.outside(begin as u64, end - begin));
+            return Err(self.not_in_memory(name));
         }
         Ok(Some(view_of(info, data)))
     }
@@ -320,7 +321,7 @@ impl SafeFile {
             Some(data) => data
                 .get(begin..end)
                 .map(Cow::Borrowed)
-                .ok_or_else(|| self.outside(begin as u64, end - begin)),
+                .ok_or_else(|| self.not_in_memory(name)),
             None => {
                 let mut out = zeroed(end - begin).map_err(|e| Error::io(&self.path, "read", e))?;
                 self.read_data(begin as u64, &mut out)?;
@@ -329,6 +330,18 @@ impl SafeFile {
         }
     }
 
+    /// Validation put every tensor inside the bytes in memory: one that is not is a defect.
+    fn not_in_memory(&self, name: &str) -> Error {
+        Error::Internal {
+            message: format!(
+                "tensor `{name}` of {} lies outside the bytes in memory, which its header was \
+                 validated against",
+                self.path.display()
+            ),
+        }
+    }
+
+    /// A read outside the data buffer: the caller's range, refused as a failed read.
     fn outside(&self, offset: u64, len: usize) -> Error {
         Error::io(
             &self.path,
@@ -548,7 +561,7 @@ fn read_rest(file: &File, path: &Path, head: &mut Vec<u8>, needed: usize) -> Res
 fn read_header(file: &File, path: &Path, len: u64, allow_trailing: bool) -> Result<(Header, u64)> {
     let mut head = read_head(file, path, len)?;
     let header_len = read_header_len(&head, len)?;
-    read_rest(file, path, &mut head, N_LEN + header_len)?;
+    read_rest(file, path, &mut head, LENGTH_PREFIX_SIZE + header_len)?;
     parse_allowing(&head, len, allow_trailing)
 }
 

@@ -4,6 +4,18 @@
 //!
 //! Pure Rust, no FFI: the C++ bridge (`rust/cxx`) is a thin layer over this crate.
 //!
+//! Where each behaviour lives:
+//! - `format.rs`: the format's constants (length prefix, header size limit, `__metadata__`);
+//! - `header/`: parsing and validating a header (`mod.rs`: the checks in order; `canonical.rs`
+//!   and `general.rs`: the two JSON parsers; `builder.rs`: what they fill; `index.rs`: names);
+//! - `byte_len.rs`: the tensor byte-length rule (dtype × shape) every layer applies;
+//! - `error.rs`: the one error enum and its messages; `dtype.rs`: the element types;
+//! - `file.rs` (with `direct.rs`): opening files and reading bytes; `view.rs`: files in memory;
+//! - `slice.rs`: slice plans; `writer.rs` (with `writer/atomic.rs`): writing;
+//! - `checkpoint.rs`: sharded checkpoints; `convert/`: dtype conversion and dequantization;
+//! - `distributed/`: tensor-parallel rules and multi-rank plans; `upload.rs`: the staged upload
+//!   ring (CUDA lives in `rust/cuda`); `prefetch.rs` and `stream.rs`: cold loads.
+//!
 //! ```
 //! use safetensors_core::{serialize, Dtype, SafeTensors, TensorView};
 //!
@@ -15,7 +27,7 @@
 //! ```
 #![deny(missing_docs)]
 
-mod canonical;
+mod byte_len;
 mod checkpoint;
 pub mod convert;
 mod direct;
@@ -23,6 +35,7 @@ pub mod distributed;
 mod dtype;
 mod error;
 mod file;
+mod format;
 mod header;
 mod prefetch;
 mod slice;
@@ -34,15 +47,15 @@ mod writer;
 pub use checkpoint::{Checkpoint, CheckpointOptions};
 pub use direct::DIRECT_ALIGN;
 pub use dtype::{Dtype, UnknownDtype};
-pub use error::{Error, ErrorKind, HeaderContents, Result};
+pub use error::{Error, ErrorKind, HeaderContents, Result, TextField};
 pub use file::{Backend, MemoryBytes, OpenOptions, SafeFile};
-pub use header::{
-    paths, read_header_len, Header, TensorInfo, MAX_HEADER_SIZE, METADATA_KEY, N_LEN,
-};
+pub use format::{LENGTH_PREFIX_SIZE, MAX_HEADER_SIZE, METADATA_KEY};
+pub use header::{read_header_len, test_hooks, Header, TensorInfo};
 pub use prefetch::{advise, Advice, Plan, Prefetch, PrefetchOptions};
 pub use slice::{Indexer, Runs, SlicePlan};
 pub use stream::{StreamTensor, TensorStream};
 pub use view::{SafeTensors, TensorView};
 pub use writer::{
-    serialize, serialize_to_file, write_atomically, write_atomically_with, Durability, Prepared,
+    dtype_to_write, serialize, serialize_to_file, text_to_write, write_atomically,
+    write_atomically_with, Durability, PreparedFile,
 };

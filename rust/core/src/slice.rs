@@ -5,6 +5,7 @@
 //! contiguous inner block is found once, the outer dimensions are walked like an odometer, and
 //! runs that touch (the end of one row meeting the start of the next) are merged as they go.
 
+use crate::byte_len::tensor_byte_len;
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::header::TensorInfo;
@@ -114,26 +115,20 @@ impl SlicePlan {
             .map_err(|_| invalid(format!("no memory for a result of rank {}", shape.len())))?;
         new_shape.extend(dims.iter().filter(|d| d.keep).map(|d| d.count));
         new_shape.extend_from_slice(&shape[k..]);
-        let overflow = || Error::ValidationOverflow {
-            tensor: info.name.to_owned(),
-            shape: shape.to_vec(),
-        };
         let bits = info.dtype.bits();
-        let numel = shape
-            .iter()
-            .try_fold(1usize, |a, &d| a.checked_mul(d))
-            .ok_or_else(overflow)?;
-        let tensor_bits = numel.checked_mul(bits).ok_or_else(overflow)?;
+        // The tensor itself must be one that can exist; every dtype has at least 4 bits, so it
+        // has no elements exactly when it has no bytes.
+        let tensor_len = tensor_byte_len(info.name, info.dtype, shape)?;
         let mut plan = SlicePlan {
             shape: new_shape,
             dtype: info.dtype,
-            tensor_len: tensor_bits / 8,
+            tensor_len,
             base: 0,
             run_len: 0,
             walks: Vec::new(),
             runs: 0,
         };
-        if dims.iter().any(|d| d.count == 0) || numel == 0 {
+        if dims.iter().any(|d| d.count == 0) || tensor_len == 0 {
             return Ok(plan);
         }
         // Element strides of the indexed axes: products of suffixes of a shape whose full
@@ -151,13 +146,7 @@ impl SlicePlan {
         };
         // The last dimension that is not taken whole: everything after it is one contiguous block.
         let Some(last) = (0..k).rev().find(|&a| !full(a)) else {
-            if tensor_bits % 8 != 0 {
-                return Err(misaligned(
-                    info,
-                    "the tensor does not end on a byte boundary".into(),
-                ));
-            }
-            plan.run_len = tensor_bits / 8;
+            plan.run_len = tensor_len;
             plan.runs = 1;
             return Ok(plan);
         };
@@ -255,17 +244,24 @@ impl SlicePlan {
 
     /// Copies the selected bytes of `tensor` (all of the tensor's bytes) into `dst`.
     pub fn gather(&self, tensor: &[u8], dst: &mut [u8]) -> Result<()> {
-        if tensor.len() != self.tensor_len || dst.len() != self.byte_len() {
-            return Err(Error::InvalidSlice {
-                tensor: String::new(),
-                reason: format!(
-                    "gather got {} source and {} destination bytes; the plan needs {} and {}",
-                    tensor.len(),
-                    dst.len(),
-                    self.tensor_len,
-                    self.byte_len()
-                ),
-            });
+        let wrong = |buffer, expected: usize, actual: usize| Error::WrongBufferLength {
+            buffer,
+            expected: expected as u64,
+            actual: actual as u64,
+        };
+        if tensor.len() != self.tensor_len {
+            return Err(wrong(
+                "the tensor given to gather from",
+                self.tensor_len,
+                tensor.len(),
+            ));
+        }
+        if dst.len() != self.byte_len() {
+            return Err(wrong(
+                "the destination of a gather",
+                self.byte_len(),
+                dst.len(),
+            ));
         }
         let mut at = 0;
         for (offset, len) in self.runs() {
@@ -573,5 +569,27 @@ mod tests {
         let mut out = vec![0; plan.byte_len()];
         plan.gather(&bytes, &mut out).unwrap();
         assert_eq!(out, [6, 8, 10, 12, 14, 16]);
+        for (src, dst) in [(&bytes[1..], out.len()), (&bytes[..], out.len() + 1)] {
+            let mut dst = vec![0; dst];
+            let e = plan.gather(src, &mut dst).unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::InvalidSlice, "{e}");
+            assert!(e.to_string().starts_with("wrong buffer length: "), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_tensor_that_cannot_exist_has_no_plan() {
+        let i = info(Dtype::F4, &[3]);
+        let e = SlicePlan::new(&i, &[Indexer::range(0, 2)]).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::MisalignedSlice);
+        let huge = [usize::MAX, 2];
+        let i = TensorInfo {
+            name: "t",
+            dtype: Dtype::U8,
+            shape: &huge,
+            data_offsets: (0, 0),
+        };
+        let e = SlicePlan::new(&i, &[Indexer::Select(0)]).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::ValidationOverflow);
     }
 }

@@ -1,7 +1,7 @@
 //! Staged uploads: tensors (or slices), from one or more files, into one destination buffer,
 //! through a small ring of staging buffers filled by several reader threads.
 //!
-//! The destination is abstract ([`Device`]): the CUDA path (`rust/cuda`) implements it with
+//! The destination is abstract ([`UploadTarget`]): the CUDA path (`rust/cuda`) implements it with
 //! pinned host memory, a non-blocking stream and events; the tests implement it over host
 //! memory and check that every byte lands where the plan says. Host memory stays bounded by the
 //! ring (`slots × slot_bytes`) whatever the size of the model.
@@ -155,10 +155,11 @@ impl UploadPlan {
     }
 }
 
-/// A destination that takes asynchronous copies out of staging buffers.
-pub trait Device: Sync {
+/// Where an upload goes: staging buffers the readers fill, and asynchronous copies out of them
+/// into the destination (the CUDA path: pinned memory, events, a stream and a device pointer).
+pub trait UploadTarget: Sync {
     /// A staging buffer plus whatever tracks its last copy (an event). Dropping a slot frees
-    /// it; the ring drops a slot only after [`Device::wait`] returned `Ok` for it.
+    /// it; the ring drops a slot only after [`UploadTarget::wait`] returned `Ok` for it.
     type Slot: Send;
     /// A staging buffer of `bytes` bytes.
     fn new_slot(&self, bytes: usize) -> Result<Self::Slot>;
@@ -248,13 +249,13 @@ pub struct UploadStats {
 }
 
 impl<S: Send> Ring<S> {
-    /// Allocates every staging buffer on `device` now (a dedicated uploader: no allocation,
+    /// Allocates every staging buffer on `target` now (a dedicated uploader: no allocation,
     /// which on CUDA synchronises the device, happens during a later upload).
-    pub fn new<D: Device<Slot = S>>(device: &D, options: RingOptions) -> Result<Ring<S>> {
+    pub fn new<T: UploadTarget<Slot = S>>(target: &T, options: RingOptions) -> Result<Ring<S>> {
         let ring = Ring::lazy(options);
         for (state, _) in &ring.slots {
             let mut st = lock(state);
-            st.slot = Some(device.new_slot(ring.slot_bytes)?);
+            st.slot = Some(target.new_slot(ring.slot_bytes)?);
             st.capacity = ring.slot_bytes;
         }
         Ok(ring)
@@ -290,36 +291,36 @@ impl<S: Send> Ring<S> {
     }
 
     /// Copies everything `plan` names from `files` (indexed by the plan's source numbers) into
-    /// the device. Returns once every chunk is submitted; call [`Ring::wait_all`] for completion.
+    /// the target. Returns once every chunk is submitted; call [`Ring::wait_all`] for completion.
     /// Concurrent runs through one ring take turns.
-    pub fn run<D: Device<Slot = S>>(
+    pub fn run<T: UploadTarget<Slot = S>>(
         &self,
-        device: &D,
+        target: &T,
         files: &[&SafeFile],
         plan: &UploadPlan,
     ) -> Result<UploadStats> {
         let _running = lock(&self.running);
-        self.run_locked(device, files, plan)
+        self.run_locked(target, files, plan)
     }
 
     /// [`Ring::run`] then [`Ring::wait_all`] in one turn: on return, successful or not, no copy
     /// of this upload is pending (unless waiting itself failed, which the error says).
-    pub fn upload<D: Device<Slot = S>>(
+    pub fn upload<T: UploadTarget<Slot = S>>(
         &self,
-        device: &D,
+        target: &T,
         files: &[&SafeFile],
         plan: &UploadPlan,
     ) -> Result<UploadStats> {
         let _running = lock(&self.running);
-        let run = self.run_locked(device, files, plan);
-        let waited = self.wait_all_locked(device);
+        let run = self.run_locked(target, files, plan);
+        let waited = self.wait_all_locked(target);
         let stats = run?;
         waited.map(|()| stats)
     }
 
-    fn run_locked<D: Device<Slot = S>>(
+    fn run_locked<T: UploadTarget<Slot = S>>(
         &self,
-        device: &D,
+        target: &T,
         files: &[&SafeFile],
         plan: &UploadPlan,
     ) -> Result<UploadStats> {
@@ -328,9 +329,17 @@ impl<S: Send> Ring<S> {
         // Each chunk's pieces, found by binary search over pieces sorted by destination.
         let mut pieces = plan.pieces.clone();
         pieces.sort_by_key(|p| p.dst);
+        // Source numbers are the caller's own, not a checkpoint index's: the bridge numbers the
+        // files as it adds them, so from C++ a number without a file is a defect here, and a Rust
+        // caller gets one only by running the plan on other files than it was made for. Either
+        // way a broken contract, hence `Internal`.
         if let Some(bad) = pieces.iter().find(|p| p.source >= files.len()) {
-            return Err(Error::InvalidIndex {
-                reason: format!("upload plan names source {} of {}", bad.source, files.len()),
+            return Err(Error::Internal {
+                message: format!(
+                    "the upload plan reads source {} but only {} files were given",
+                    bad.source,
+                    files.len()
+                ),
             });
         }
         // This run numbers its chunks from 0; the run lock keeps other runs off the turns.
@@ -358,10 +367,10 @@ impl<S: Send> Ring<S> {
             let readers: Vec<_> = (0..readers)
                 .map(|_| {
                     scope.spawn(|| {
-                        let result = device
+                        let result = target
                             .enter_thread()
-                            .and_then(|()| self.read_chunks(device, &job));
-                        device.leave_thread();
+                            .and_then(|()| self.read_chunks(target, &job));
+                        target.leave_thread();
                         if let Err(e) = result {
                             lock(&first_error).get_or_insert(e);
                             self.abort(&job);
@@ -397,7 +406,7 @@ impl<S: Send> Ring<S> {
         }
     }
 
-    fn read_chunks<D: Device<Slot = S>>(&self, device: &D, job: &Job<'_>) -> Result<()> {
+    fn read_chunks<T: UploadTarget<Slot = S>>(&self, target: &T, job: &Job<'_>) -> Result<()> {
         let ring = self.slots.len();
         loop {
             let k = job.next.fetch_add(1, Ordering::SeqCst);
@@ -414,7 +423,7 @@ impl<S: Send> Ring<S> {
             }
             let st = &mut *st;
             if let Some(slot) = st.slot.as_mut() {
-                device.wait(slot)?;
+                target.wait(slot)?;
             }
             let start = k as u64 * self.slot_bytes as u64;
             let len = (job.total - start).min(self.slot_bytes as u64) as usize;
@@ -423,12 +432,12 @@ impl<S: Send> Ring<S> {
                 st.slot = None;
                 st.capacity = 0;
                 let cap = job.want.max(len);
-                st.slot = Some(device.new_slot(cap)?);
+                st.slot = Some(target.new_slot(cap)?);
                 st.capacity = cap;
             }
             let slot = st.slot.as_mut().expect("allocated above");
-            fill(device.buffer(slot), start, len, job.files, job.pieces)?;
-            device.submit(slot, len, start)?;
+            fill(target.buffer(slot), start, len, job.files, job.pieces)?;
+            target.submit(slot, len, start)?;
             st.turn = k + ring;
             turn_changed.notify_all();
         }
@@ -437,16 +446,16 @@ impl<S: Send> Ring<S> {
     /// Blocks until every submitted copy is done. Waits on every slot even after an error (a
     /// caller frees the destination on error, which must not happen under a pending copy) and
     /// returns the first error.
-    pub fn wait_all<D: Device<Slot = S>>(&self, device: &D) -> Result<()> {
+    pub fn wait_all<T: UploadTarget<Slot = S>>(&self, target: &T) -> Result<()> {
         let _running = lock(&self.running);
-        self.wait_all_locked(device)
+        self.wait_all_locked(target)
     }
 
-    fn wait_all_locked<D: Device<Slot = S>>(&self, device: &D) -> Result<()> {
+    fn wait_all_locked<T: UploadTarget<Slot = S>>(&self, target: &T) -> Result<()> {
         let mut first = Ok(());
         for (state, _) in &self.slots {
             if let Some(slot) = lock(state).slot.as_mut() {
-                let r = device.wait(slot);
+                let r = target.wait(slot);
                 if first.is_ok() {
                     first = r;
                 }

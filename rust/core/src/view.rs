@@ -1,5 +1,6 @@
 //! Zero-copy views over a safetensors file that is already in memory.
 
+use crate::byte_len::checked_numel;
 use crate::dtype::Dtype;
 use crate::error::Result;
 use crate::header::{Header, TensorInfo};
@@ -23,9 +24,7 @@ impl<'a> TensorView<'a> {
 
     /// Number of elements (1 for a scalar), or `None` on overflow.
     pub fn numel(&self) -> Option<usize> {
-        self.shape
-            .iter()
-            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        checked_numel(self.shape)
     }
 }
 

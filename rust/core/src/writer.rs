@@ -1,4 +1,7 @@
-//! Writing files laid out exactly as the reference writes them.
+//! Writing files laid out exactly as the reference writes them: the check of every tensor
+//! (name, byte length), the header layout ([`PreparedFile`]), the entry points `serialize` and
+//! `serialize_to_file`, and the checks of bytes and dtype values handed over by C++. Replacing
+//! the file on disk is `writer/atomic.rs`.
 //!
 //! Tensors are sorted by dtype, descending (so that large elements come first and stay aligned),
 //! then by name; the header is compact JSON with `__metadata__` first and its keys sorted; the
@@ -11,28 +14,30 @@ use std::collections::{BTreeMap, HashSet};
 use std::io::{self, Write};
 use std::path::Path;
 
-use crate::error::{Error, HeaderContents, Result};
-use crate::header::{MAX_HEADER_SIZE, METADATA_KEY, N_LEN};
+use crate::byte_len::check_tensor_byte_len;
+use crate::dtype::Dtype;
+use crate::error::{Error, HeaderContents, Result, TextField};
+use crate::format::{LENGTH_PREFIX_SIZE, MAX_HEADER_SIZE, METADATA_KEY};
 use crate::view::TensorView;
 
 /// A file ready to be written: every tensor checked, the header laid out, the data borrowed.
 ///
 /// [`serialize`] and [`serialize_to_file`] are built on it; use it directly to size a buffer
 /// first (`len`) and fill it (`write_into`), as the C++ API does.
-pub struct Prepared<'a> {
+pub struct PreparedFile<'a> {
     head: Vec<u8>,
     tensors: Vec<&'a [u8]>,
     data_len: usize,
 }
 
-impl<'a> Prepared<'a> {
+impl<'a> PreparedFile<'a> {
     /// Checks every tensor and lays out the header. Errors: `InvalidTensorName`,
     /// `DuplicateKey`, `ValidationOverflow`, `MisalignedSlice`, `TensorInvalidInfo`,
     /// `HeaderTooLarge`.
     pub fn new<S: AsRef<str>>(
         tensors: impl IntoIterator<Item = (S, TensorView<'a>)>,
         metadata: Option<&BTreeMap<String, String>>,
-    ) -> Result<Prepared<'a>> {
+    ) -> Result<PreparedFile<'a>> {
         layout(tensors, metadata)
     }
 
@@ -46,21 +51,14 @@ impl<'a> Prepared<'a> {
         false
     }
 
-    /// Writes the file into `dst`, which must be exactly [`Prepared::len`] bytes.
+    /// Writes the file into `dst`, which must be exactly [`PreparedFile::len`] bytes.
     pub fn write_into(&self, dst: &mut [u8]) -> Result<()> {
         if dst.len() != self.len() {
-            return Err(Error::io(
-                Path::new("<buffer>"),
-                "serialize",
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!(
-                        "buffer holds {} bytes; the file needs {}",
-                        dst.len(),
-                        self.len()
-                    ),
-                ),
-            ));
+            return Err(Error::WrongBufferLength {
+                buffer: "the buffer to serialize into",
+                expected: self.len() as u64,
+                actual: dst.len() as u64,
+            });
         }
         let (head, mut rest) = dst.split_at_mut(self.head.len());
         head.copy_from_slice(&self.head);
@@ -77,7 +75,7 @@ impl<'a> Prepared<'a> {
         self.write_file_with(path, Durability::Synced)
     }
 
-    /// [`Prepared::write_file`] with a choice of durability.
+    /// [`PreparedFile::write_file`] with a choice of durability.
     pub fn write_file_with(&self, path: &Path, durability: Durability) -> Result<()> {
         write_atomically_with(path, durability, |out| {
             out.write_all(&self.head)?;
@@ -93,7 +91,7 @@ impl<'a> Prepared<'a> {
 fn layout<'a, S: AsRef<str>>(
     tensors: impl IntoIterator<Item = (S, TensorView<'a>)>,
     metadata: Option<&BTreeMap<String, String>>,
-) -> Result<Prepared<'a>> {
+) -> Result<PreparedFile<'a>> {
     let mut items: Vec<(S, TensorView<'a>)> = tensors.into_iter().collect();
     let mut seen = HashSet::with_capacity(items.len());
     for (name, t) in &items {
@@ -118,15 +116,13 @@ fn layout<'a, S: AsRef<str>>(
     // An empty map is written as the reference writes it, except in the one case where the
     // reference's own output is invalid JSON (no tensors): there we write `{}`.
     if let Some(meta) = metadata.filter(|m| !m.is_empty() || !items.is_empty()) {
-        json.extend_from_slice(b"\"__metadata__\":{");
-        for (i, (k, v)) in meta.iter().enumerate() {
-            if i > 0 {
-                json.push(b',');
-            }
-            write_json_str(&mut json, k);
+        write_json_str(&mut json, METADATA_KEY);
+        json.extend_from_slice(b":{");
+        write_separated(&mut json, meta, |json, (k, v)| {
+            write_json_str(json, k);
             json.push(b':');
-            write_json_str(&mut json, v);
-        }
+            write_json_str(json, v);
+        });
         json.push(b'}');
         first = false;
     }
@@ -147,12 +143,7 @@ fn layout<'a, S: AsRef<str>>(
         json.extend_from_slice(b":{\"dtype\":\"");
         json.extend_from_slice(t.dtype.name().as_bytes());
         json.extend_from_slice(b"\",\"shape\":[");
-        for (i, d) in t.shape.iter().enumerate() {
-            if i > 0 {
-                json.push(b',');
-            }
-            write_usize(&mut json, *d);
-        }
+        write_separated(&mut json, t.shape, |json, d| write_usize(json, *d));
         json.extend_from_slice(b"],\"data_offsets\":[");
         write_usize(&mut json, offset);
         json.push(b',');
@@ -162,7 +153,7 @@ fn layout<'a, S: AsRef<str>>(
         data.push(t.data);
     }
     json.push(b'}');
-    let padded = json.len().next_multiple_of(N_LEN);
+    let padded = json.len().next_multiple_of(LENGTH_PREFIX_SIZE);
     if padded > MAX_HEADER_SIZE {
         return Err(Error::HeaderTooLarge {
             header_len: padded as u64,
@@ -175,11 +166,11 @@ fn layout<'a, S: AsRef<str>>(
             }),
         });
     }
-    let mut head = Vec::with_capacity(N_LEN + padded);
+    let mut head = Vec::with_capacity(LENGTH_PREFIX_SIZE + padded);
     head.extend_from_slice(&(padded as u64).to_le_bytes());
     head.extend_from_slice(&json);
-    head.resize(N_LEN + padded, b' ');
-    Ok(Prepared {
+    head.resize(LENGTH_PREFIX_SIZE + padded, b' ');
+    Ok(PreparedFile {
         head,
         tensors: data,
         data_len: offset,
@@ -193,39 +184,50 @@ fn check_tensor(name: &str, t: &TensorView<'_>) -> Result<()> {
             name: name.to_owned(),
         });
     }
-    let numel = t.numel().ok_or_else(|| Error::ValidationOverflow {
-        tensor: name.to_owned(),
-        shape: t.shape.to_vec(),
-    })?;
-    let bits = numel
-        .checked_mul(t.dtype.bits())
-        .ok_or_else(|| Error::ValidationOverflow {
-            tensor: name.to_owned(),
-            shape: t.shape.to_vec(),
-        })?;
-    if bits % 8 != 0 {
-        return Err(Error::MisalignedSlice {
-            tensor: name.to_owned(),
-            reason: format!(
-                "{numel} elements of {} make {bits} bits, not a whole number of bytes",
-                t.dtype
-            ),
-        });
-    }
-    if bits / 8 != t.data.len() {
-        return Err(Error::TensorInvalidInfo {
-            tensor: name.to_owned(),
-            expected: (bits / 8) as u64,
-            actual: t.data.len() as u64,
-        });
-    }
-    Ok(())
+    check_tensor_byte_len(name, t.dtype, t.shape, t.data.len())
+}
+
+/// Header text handed over as bytes (a tensor name, a metadata key or value, from C++), as
+/// UTF-8: the header is UTF-8 JSON, so other bytes cannot be written ([`Error::NotUtf8`]).
+pub fn text_to_write(bytes: &[u8], field: TextField) -> Result<String> {
+    String::from_utf8(bytes.to_vec()).map_err(|e| {
+        let offset = e.utf8_error().valid_up_to();
+        Error::NotUtf8 {
+            field,
+            lossy: String::from_utf8_lossy(bytes).into_owned(),
+            offset,
+            byte: bytes[offset],
+        }
+    })
+}
+
+/// The dtype with enumeration value `value` (as C++ passes it) of tensor `tensor`, to be
+/// written ([`Error::InvalidDtypeValue`] when there is none).
+pub fn dtype_to_write(tensor: &str, value: u8) -> Result<Dtype> {
+    Dtype::from_index(value).ok_or_else(|| Error::InvalidDtypeValue {
+        value,
+        tensor: Some(tensor.to_owned()),
+    })
 }
 
 /// serde_json's string escaping: `"`, `\` and control characters escaped, the rest verbatim.
 fn write_json_str(out: &mut Vec<u8>, s: &str) {
     // Writing into a Vec cannot fail.
     let _ = serde_json::to_writer(&mut *out, s);
+}
+
+/// Writes `items` with `write_one`, separated by commas.
+fn write_separated<T>(
+    out: &mut Vec<u8>,
+    items: impl IntoIterator<Item = T>,
+    mut write_one: impl FnMut(&mut Vec<u8>, T),
+) {
+    for (i, item) in items.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_one(out, item);
+    }
 }
 
 fn write_usize(out: &mut Vec<u8>, n: usize) {

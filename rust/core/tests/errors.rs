@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use common::{raw_file, raw_file_bytes, scratch_dir};
 use safetensors_core::{
-    serialize, Backend, Dtype, ErrorKind, Header, Indexer, SafeFile, SafeTensors, SlicePlan,
-    TensorView, MAX_HEADER_SIZE,
+    convert, dtype_to_write, serialize, text_to_write, Backend, Dtype, ErrorKind, Header, Indexer,
+    PreparedFile, SafeFile, SafeTensors, SlicePlan, TensorView, TextField, MAX_HEADER_SIZE,
 };
 
 fn kind(bytes: &[u8]) -> ErrorKind {
@@ -253,6 +253,57 @@ fn writer_refuses_a_header_over_the_limit() {
     meta.insert("k".to_string(), "v".repeat(MAX_HEADER_SIZE));
     let err = serialize(Vec::<(&str, TensorView)>::new(), Some(&meta)).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::HeaderTooLarge);
+}
+
+#[test]
+fn writer_refuses_text_that_is_not_utf8() {
+    let name = text_to_write(b"bad\xff", TextField::TensorName).unwrap_err();
+    assert_eq!(name.kind(), ErrorKind::InvalidTensorName);
+    assert_eq!(
+        name.to_string(),
+        "tensor name \"bad\u{fffd}\" is not valid UTF-8 (invalid byte 0xff at offset 3); a \
+         safetensors header is UTF-8 JSON, so convert it to UTF-8 first"
+    );
+    for field in [TextField::MetadataKey, TextField::MetadataValue] {
+        let e = text_to_write(b"k\xc3", field).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidHeader);
+        assert!(e.to_string().starts_with(field.describe()), "{e}");
+    }
+    assert_eq!(
+        text_to_write("é".as_bytes(), TextField::TensorName).unwrap(),
+        "é"
+    );
+}
+
+#[test]
+fn dtype_values_outside_the_enumeration_are_named() {
+    let e = dtype_to_write("w", 99).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TensorInvalidInfo);
+    assert_eq!(
+        e.to_string(),
+        "tensor `w` has an invalid dtype value 99 (valid values are 0 to 21)"
+    );
+    assert_eq!(dtype_to_write("w", 17).unwrap(), Dtype::F32);
+    let e = convert::dtype_to_convert(22).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TypeMismatch);
+    assert!(e.to_string().contains("dtype index 22"), "{e}");
+}
+
+#[test]
+fn writer_refuses_a_buffer_of_the_wrong_size() {
+    let d = [1u8; 4];
+    let file = PreparedFile::new([("w", TensorView::new(Dtype::U8, &[4], &d))], None).unwrap();
+    let mut short = vec![0u8; file.len() - 1];
+    let e = file.write_into(&mut short).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidSlice);
+    assert!(
+        e.to_string().contains(&format!(
+            "holds {} bytes but {} bytes are needed",
+            file.len() - 1,
+            file.len()
+        )),
+        "{e}"
+    );
 }
 
 #[test]

@@ -10,7 +10,7 @@
 mod common;
 
 use common::raw_file;
-use safetensors_core::{paths, ErrorKind, Header};
+use safetensors_core::{test_hooks, ErrorKind, Header};
 
 /// A one-tensor file whose entry carries `"extra": <value>` (raw JSON text).
 fn with_unknown_field(value: &str) -> Vec<u8> {
@@ -25,7 +25,7 @@ fn assert_same_verdict(file: &[u8], what: &str) {
     let theirs = safetensors::SafeTensors::deserialize(file);
     for (path, ours) in [
         ("default", Header::parse(file)),
-        ("general", paths::parse_general_only(file)),
+        ("general", test_hooks::parse_general_only(file)),
     ] {
         match (&ours, &theirs) {
             (Ok(_), Ok(_)) => {}
@@ -58,40 +58,17 @@ fn nested(depth: usize) -> String {
 
 #[test]
 fn unknown_field_numbers_follow_the_reference() {
-    let cases = [
-        "0",
-        "-0",
-        "1.5",
-        "-1.5e-7",
-        "1e308",
-        "1.7976931348623157e308",
-        "1e309",
-        "-1e309",
-        "1e400",
-        "1e-400",
-        "-1e-400",
-        "18446744073709551615",
-        "18446744073709551616",
-        "-9223372036854775808",
-        "-9223372036854775809",
-        "1E+2",
-        "1e-0",
-        // 400 digits: an integer that only an f64 can hold, and one too big even for that.
-        &"9".repeat(300),
-        &"9".repeat(400),
-        &format!("0.{}1", "0".repeat(400)),
-        &format!("1{}e-400", "0".repeat(100)),
-        // Malformed either way.
-        "01",
-        "1.",
-        ".5",
-        "+1",
-        "1e",
-        "-",
-        "0x10",
-        "NaN",
-        "Infinity",
+    // Digits only an f64 can hold, and too many even for that.
+    let long = [
+        "9".repeat(300),
+        "9".repeat(400),
+        format!("0.{}1", "0".repeat(400)),
+        format!("1{}e-400", "0".repeat(100)),
     ];
+    let cases = common::json::NUMBERS
+        .iter()
+        .copied()
+        .chain(long.iter().map(String::as_str));
     for value in cases {
         assert_same_verdict(&with_unknown_field(value), &format!("number {value:.40}"));
     }

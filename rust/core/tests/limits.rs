@@ -4,52 +4,18 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::Write;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 
+use common::alloc::{measuring, peak_during};
 use common::scratch_dir;
 use safetensors_core::{Backend, ErrorKind, SafeFile};
 
-/// Tracks live and peak heap bytes.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc(layout);
-        if !p.is_null() {
-            let now = LIVE.fetch_add(layout.size(), Ordering::SeqCst) + layout.size();
-            PEAK.fetch_max(now, Ordering::SeqCst);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout);
-        LIVE.fetch_sub(layout.size(), Ordering::SeqCst);
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-/// The counters are process-wide: tests that measure take turns.
-static MEASURING: Mutex<()> = Mutex::new(());
-
-/// Peak heap growth while `f` runs.
-fn peak_during<T>(f: impl FnOnce() -> T) -> (T, usize) {
-    let base = LIVE.load(Ordering::SeqCst);
-    PEAK.store(base, Ordering::SeqCst);
-    let out = f();
-    (out, PEAK.load(Ordering::SeqCst) - base)
-}
+static ALLOCATOR: common::alloc::Counting = common::alloc::Counting;
 
 #[test]
 fn headers_over_the_limit_are_refused_before_they_are_read() {
-    let _turn = MEASURING.lock().unwrap();
+    let _turn = measuring();
     let dir = scratch_dir("limits_over");
     // A sparse 300 MB file whose prefix claims a 150 MB header.
     let path = dir.join("huge.safetensors");
@@ -69,7 +35,7 @@ fn headers_over_the_limit_are_refused_before_they_are_read() {
 
 #[test]
 fn a_100_mb_header_of_tiny_entries_opens_in_proportional_memory() {
-    let _turn = MEASURING.lock().unwrap();
+    let _turn = measuring();
     let dir = scratch_dir("limits_100mb");
     let path = dir.join("tiny-entries.safetensors");
     let (bytes, count) = common::inputs::tiny_entries_at_the_limit();

@@ -3,47 +3,12 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
-
+use common::alloc::{measuring, peak_during};
 use common::raw_file;
-use safetensors_core::{paths, ErrorKind, Header};
-
-/// Tracks live and peak heap bytes. A reallocation counts as a new block plus the old one, as
-/// the default `GlobalAlloc::realloc` does: the worst case of a copying allocator.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc(layout);
-        if !p.is_null() {
-            let now = LIVE.fetch_add(layout.size(), Ordering::SeqCst) + layout.size();
-            PEAK.fetch_max(now, Ordering::SeqCst);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout);
-        LIVE.fetch_sub(layout.size(), Ordering::SeqCst);
-    }
-}
+use safetensors_core::{test_hooks, ErrorKind, Header};
 
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-/// The counters are process-wide: tests that measure take turns.
-static MEASURING: Mutex<()> = Mutex::new(());
-
-fn peak_during<T>(f: impl FnOnce() -> T) -> (T, usize) {
-    let base = LIVE.load(Ordering::SeqCst);
-    PEAK.store(base, Ordering::SeqCst);
-    let out = f();
-    (out, PEAK.load(Ordering::SeqCst) - base)
-}
+static ALLOCATOR: common::alloc::Counting = common::alloc::Counting;
 
 /// `{"t":{"dtype":"U8","shape":[d,d,...],"data_offsets":[0,n]}}` with `rank` dims, padded.
 fn high_rank_file(rank: usize, dim: &str, end: usize, spaced: bool) -> Vec<u8> {
@@ -62,7 +27,7 @@ fn high_rank_file(rank: usize, dim: &str, end: usize, spaced: bool) -> Vec<u8> {
 
 #[test]
 fn a_header_of_rank_fifty_million_parses_in_memory_linear_in_its_size() {
-    let _turn = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
+    let _turn = measuring();
     // 49,999,970 dims of 1 in a header just under the 100 MB limit.
     let rank = 49_999_970;
     let file = high_rank_file(rank, "1", 1, false);
@@ -73,7 +38,7 @@ fn a_header_of_rank_fifty_million_parses_in_memory_linear_in_its_size() {
     // (with this allocator; glibc moves blocks that large with mremap, without the copy).
     for (path, parse, bound) in [
         ("default", Header::parse as fn(&[u8]) -> _, 5),
-        ("general", paths::parse_general_only, 8),
+        ("general", test_hooks::parse_general_only, 8),
     ] {
         let (header, peak) = peak_during(|| parse(&file).unwrap());
         assert_eq!(header.tensor("t").unwrap().shape.len(), rank);
@@ -92,7 +57,7 @@ fn a_header_of_rank_fifty_million_parses_in_memory_linear_in_its_size() {
 
 #[test]
 fn an_overflowing_rank_fifty_million_shape_is_refused_with_a_short_message() {
-    let _turn = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
+    let _turn = measuring();
     let rank = 49_999_970;
     let file = high_rank_file(rank, "2", 1, false);
     let (err, peak) = peak_during(|| Header::parse(&file).unwrap_err());

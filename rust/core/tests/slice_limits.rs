@@ -4,53 +4,20 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
-
+use common::alloc::{measuring, peak_during};
 use common::scratch_dir;
 use safetensors_core::{
     serialize, Backend, Dtype, Indexer, SafeFile, SlicePlan, TensorInfo, TensorView,
 };
 
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc(layout);
-        if !p.is_null() {
-            let now = LIVE.fetch_add(layout.size(), Ordering::SeqCst) + layout.size();
-            PEAK.fetch_max(now, Ordering::SeqCst);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout);
-        LIVE.fetch_sub(layout.size(), Ordering::SeqCst);
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-/// The counters are process-wide: tests that measure take turns.
-static MEASURING: Mutex<()> = Mutex::new(());
-
-fn peak_during<T>(f: impl FnOnce() -> T) -> (T, usize) {
-    let base = LIVE.load(Ordering::SeqCst);
-    PEAK.store(base, Ordering::SeqCst);
-    let out = f();
-    (out, PEAK.load(Ordering::SeqCst).saturating_sub(base))
-}
+static ALLOCATOR: common::alloc::Counting = common::alloc::Counting;
 
 const RANK: usize = 4_000_000;
 
 #[test]
 fn planning_a_slice_of_a_huge_rank_tensor_costs_about_its_result_shape() {
-    let _turn = MEASURING.lock().unwrap_or_else(|p| p.into_inner());
+    let _turn = measuring();
     let mut shape = vec![1usize; RANK];
     shape[0] = 4;
     shape[RANK - 1] = 2;
@@ -83,7 +50,7 @@ fn planning_a_slice_of_a_huge_rank_tensor_costs_about_its_result_shape() {
 
 #[test]
 fn a_slice_error_about_a_huge_rank_tensor_is_short() {
-    let _turn = MEASURING.lock().unwrap_or_else(|p| p.into_inner());
+    let _turn = measuring();
     let shape = vec![1usize; RANK];
     let info = TensorInfo {
         name: "deep",
@@ -103,7 +70,7 @@ fn a_slice_error_about_a_huge_rank_tensor_is_short() {
 
 #[test]
 fn slicing_a_huge_rank_tensor_from_a_file_reads_the_right_bytes() {
-    let _turn = MEASURING.lock().unwrap_or_else(|p| p.into_inner());
+    let _turn = measuring();
     let dir = scratch_dir("huge_rank_file");
     let rank = 500_000;
     let mut shape = vec![1usize; rank];

@@ -1,5 +1,5 @@
-//! The staged upload pipeline against a host-memory device: every byte must land at the offset
-//! the plan gives it, whatever the ring size, chunk size, reader count and timing.
+//! The staged upload pipeline against a destination in host memory: every byte must land at the
+//! offset the plan gives it, whatever the ring size, chunk size, reader count and timing.
 
 mod common;
 
@@ -9,7 +9,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use common::scratch_dir;
-use safetensors_core::upload::{Device, Ring, RingOptions, UploadPlan};
+use safetensors_core::upload::{Ring, RingOptions, UploadPlan, UploadTarget};
 use safetensors_core::{
     serialize_to_file, Backend, Dtype, ErrorKind, Indexer, SafeFile, TensorView,
 };
@@ -17,7 +17,7 @@ use safetensors_core::{
 /// A destination in host memory whose copies happen late: `submit` only records the copy (and
 /// its destination), and `wait` performs it from the slot as it is then. A pipeline that
 /// refilled a slot before waiting for its copy would therefore upload the wrong bytes.
-struct HostDevice {
+struct HostTarget {
     dst: Dst,
     submits: AtomicUsize,
     fail_at: Option<usize>,
@@ -48,9 +48,9 @@ impl Drop for HostSlot {
     }
 }
 
-impl HostDevice {
-    fn new(len: u64) -> HostDevice {
-        HostDevice {
+impl HostTarget {
+    fn new(len: u64) -> HostTarget {
+        HostTarget {
             dst: Arc::new(Mutex::new(vec![0xAB; len as usize])),
             submits: AtomicUsize::new(0),
             fail_at: None,
@@ -66,7 +66,7 @@ impl HostDevice {
     }
 }
 
-impl Device for HostDevice {
+impl UploadTarget for HostTarget {
     type Slot = HostSlot;
 
     fn new_slot(&self, bytes: usize) -> safetensors_core::Result<HostSlot> {
@@ -224,12 +224,12 @@ fn every_byte_lands_at_its_planned_offset() {
         for p in plan.placements() {
             assert_eq!(p.offset % alignment as u64, 0, "{p:?}");
         }
-        let device = HostDevice {
+        let target = HostTarget {
             jitter: true,
-            ..HostDevice::new(plan.total())
+            ..HostTarget::new(plan.total())
         };
         let ring = Ring::new(
-            &device,
+            &target,
             RingOptions {
                 slots,
                 slot_bytes,
@@ -238,15 +238,15 @@ fn every_byte_lands_at_its_planned_offset() {
         )
         .unwrap();
         assert_eq!(ring.staging_bytes(), slots * slot_bytes.max(4096));
-        let stats = ring.run(&device, &refs, &plan).unwrap();
-        ring.wait_all(&device).unwrap();
+        let stats = ring.run(&target, &refs, &plan).unwrap();
+        ring.wait_all(&target).unwrap();
         assert_eq!(stats.bytes, plan.total());
-        let got = device.bytes();
+        let got = target.bytes();
         assert!(
             got == expected,
             "slots {slots}, slot {slot_bytes}, readers {readers}: bytes differ"
         );
-        assert_eq!(device.submits.load(Ordering::SeqCst), stats.chunks);
+        assert_eq!(target.submits.load(Ordering::SeqCst), stats.chunks);
     }
 }
 
@@ -256,9 +256,9 @@ fn a_ring_is_reusable_across_uploads() {
     let files = files(&dir);
     let refs: Vec<&SafeFile> = files.iter().collect();
     let (plan, expected) = plan_and_expected(&files, 256);
-    let device = HostDevice::new(plan.total());
+    let target = HostTarget::new(plan.total());
     let ring = Ring::new(
-        &device,
+        &target,
         RingOptions {
             slots: 3,
             slot_bytes: 4096,
@@ -267,10 +267,10 @@ fn a_ring_is_reusable_across_uploads() {
     )
     .unwrap();
     for _ in 0..3 {
-        device.dst.lock().unwrap().fill(0x11);
-        ring.run(&device, &refs, &plan).unwrap();
-        ring.wait_all(&device).unwrap();
-        assert!(*device.dst.lock().unwrap() == expected);
+        target.dst.lock().unwrap().fill(0x11);
+        ring.run(&target, &refs, &plan).unwrap();
+        ring.wait_all(&target).unwrap();
+        assert!(*target.dst.lock().unwrap() == expected);
     }
 }
 
@@ -281,12 +281,12 @@ fn a_failed_copy_stops_the_upload_with_its_error() {
     let refs: Vec<&SafeFile> = files.iter().collect();
     let (plan, _) = plan_and_expected(&files, 256);
     for readers in [1, 4] {
-        let device = HostDevice {
+        let target = HostTarget {
             fail_at: Some(3),
-            ..HostDevice::new(plan.total())
+            ..HostTarget::new(plan.total())
         };
         let ring = Ring::new(
-            &device,
+            &target,
             RingOptions {
                 slots: 2,
                 slot_bytes: 4096,
@@ -294,7 +294,7 @@ fn a_failed_copy_stops_the_upload_with_its_error() {
             },
         )
         .unwrap();
-        let err = ring.upload(&device, &refs, &plan).unwrap_err();
+        let err = ring.upload(&target, &refs, &plan).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Cuda);
         assert!(err.to_string().contains("injected failure"), "{err}");
     }
@@ -311,9 +311,9 @@ fn a_file_that_shrinks_mid_upload_is_an_io_error() {
         .unwrap()
         .set_len(100)
         .unwrap();
-    let device = HostDevice::new(plan.total());
+    let target = HostTarget::new(plan.total());
     let ring = Ring::new(
-        &device,
+        &target,
         RingOptions {
             slots: 2,
             slot_bytes: 4096,
@@ -323,7 +323,7 @@ fn a_file_that_shrinks_mid_upload_is_an_io_error() {
     .unwrap();
     let refs: Vec<&SafeFile> = files.iter().collect();
     assert_eq!(
-        ring.upload(&device, &refs, &plan).unwrap_err().kind(),
+        ring.upload(&target, &refs, &plan).unwrap_err().kind(),
         ErrorKind::Io
     );
 }
@@ -346,6 +346,19 @@ fn plans_refuse_unknown_tensors_and_bad_slices() {
 }
 
 #[test]
+fn a_plan_run_on_fewer_files_than_it_reads_is_an_internal_error() {
+    let dir = scratch_dir("upload_missing_source");
+    let files = files(&dir);
+    let mut plan = UploadPlan::new(256);
+    plan.add_tensor(1, &files[1], "t1").unwrap();
+    let target = HostTarget::new(plan.total());
+    let ring = Ring::lazy(RingOptions::default());
+    let err = ring.upload(&target, &[&files[0]], &plan).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Internal, "{err}");
+    assert!(err.to_string().contains("reads source 1"), "{err}");
+}
+
+#[test]
 fn staging_memory_stays_bounded_by_the_ring() {
     // A plan far larger than the ring uploads through the same few staging buffers.
     let dir = scratch_dir("upload_bounded");
@@ -360,9 +373,9 @@ fn staging_memory_stays_bounded_by_the_ring() {
     let file = SafeFile::open(&path, Backend::Read).unwrap();
     let mut plan = UploadPlan::new(256);
     plan.add_tensor(0, &file, "big").unwrap();
-    let device = HostDevice::new(plan.total());
+    let target = HostTarget::new(plan.total());
     let ring = Ring::new(
-        &device,
+        &target,
         RingOptions {
             slots: 2,
             slot_bytes: 64 << 10,
@@ -370,11 +383,11 @@ fn staging_memory_stays_bounded_by_the_ring() {
         },
     )
     .unwrap();
-    let stats = ring.run(&device, &[&file], &plan).unwrap();
-    ring.wait_all(&device).unwrap();
+    let stats = ring.run(&target, &[&file], &plan).unwrap();
+    ring.wait_all(&target).unwrap();
     assert_eq!(stats.chunks, 128);
     assert_eq!(ring.staging_bytes(), 128 << 10);
-    assert!(device.bytes() == big);
+    assert!(target.bytes() == big);
 }
 
 /// A file holding one U8 tensor of `n` bytes, and those bytes.
@@ -410,14 +423,14 @@ fn sixteen_threads_share_one_ring() {
                 scope.spawn(move || {
                     let refs: Vec<&SafeFile> = files.iter().collect();
                     for round in 0..3 {
-                        let device = HostDevice {
+                        let target = HostTarget {
                             jitter: t % 4 == 0,
-                            ..HostDevice::new(plan.total())
+                            ..HostTarget::new(plan.total())
                         };
-                        ring.run(&device, &refs, plan).unwrap();
-                        ring.wait_all(&device).unwrap();
+                        ring.run(&target, &refs, plan).unwrap();
+                        ring.wait_all(&target).unwrap();
                         assert!(
-                            device.bytes() == **expected,
+                            target.bytes() == **expected,
                             "thread {t}, round {round}: bytes differ"
                         );
                     }
@@ -442,11 +455,11 @@ fn a_failure_wakes_every_waiting_reader() {
             readers: 8,
         });
         for i in 0..300 {
-            let device = HostDevice {
+            let target = HostTarget {
                 fail_at: Some(i % 4),
-                ..HostDevice::new(plan.total())
+                ..HostTarget::new(plan.total())
             };
-            let err = ring.upload(&device, &refs, &plan).unwrap_err();
+            let err = ring.upload(&target, &refs, &plan).unwrap_err();
             assert!(err.to_string().contains("injected failure"), "{err}");
         }
     });
@@ -461,12 +474,12 @@ fn wait_all_waits_on_every_slot_after_a_failed_wait() {
     let (file, bytes) = one_tensor_file(&dir, 4 * 4096);
     let mut plan = UploadPlan::new(256);
     plan.add_tensor(0, &file, "x").unwrap();
-    let device = HostDevice {
+    let target = HostTarget {
         fail_wait_at: Some(0),
-        ..HostDevice::new(plan.total())
+        ..HostTarget::new(plan.total())
     };
     let ring = Ring::new(
-        &device,
+        &target,
         RingOptions {
             slots: 4,
             slot_bytes: 4096,
@@ -474,20 +487,20 @@ fn wait_all_waits_on_every_slot_after_a_failed_wait() {
         },
     )
     .unwrap();
-    assert_eq!(ring.run(&device, &[&file], &plan).unwrap().chunks, 4);
-    let err = ring.wait_all(&device).unwrap_err();
+    assert_eq!(ring.run(&target, &[&file], &plan).unwrap().chunks, 4);
+    let err = ring.wait_all(&target).unwrap_err();
     assert!(
         err.to_string().contains("injected failure at wait 0"),
         "{err}"
     );
-    let got = device.bytes();
+    let got = target.bytes();
     assert!(
         got[4096..] == bytes[4096..],
         "copies after the failed wait were not waited for"
     );
     assert!(got[..4096].iter().all(|&b| b == 0xAB));
-    ring.wait_all(&device).unwrap();
-    assert!(device.bytes() == bytes);
+    ring.wait_all(&target).unwrap();
+    assert!(target.bytes() == bytes);
 }
 
 #[test]
@@ -496,12 +509,12 @@ fn a_failed_upload_leaves_the_ring_reusable() {
     let files = files(&dir);
     let refs: Vec<&SafeFile> = files.iter().collect();
     let (plan, expected) = plan_and_expected(&files, 256);
-    let device = HostDevice {
+    let target = HostTarget {
         fail_at: Some(2),
-        ..HostDevice::new(plan.total())
+        ..HostTarget::new(plan.total())
     };
     let ring = Ring::new(
-        &device,
+        &target,
         RingOptions {
             slots: 3,
             slot_bytes: 4096,
@@ -509,15 +522,15 @@ fn a_failed_upload_leaves_the_ring_reusable() {
         },
     )
     .unwrap();
-    let err = ring.upload(&device, &refs, &plan).unwrap_err();
+    let err = ring.upload(&target, &refs, &plan).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Cuda);
     for _ in 0..2 {
-        device.dst.lock().unwrap().fill(0);
-        ring.upload(&device, &refs, &plan).unwrap();
-        assert!(device.bytes() == expected);
+        target.dst.lock().unwrap().fill(0);
+        ring.upload(&target, &refs, &plan).unwrap();
+        assert!(target.bytes() == expected);
     }
     drop(ring);
-    assert_eq!(device.live.load(Ordering::SeqCst), 0, "slots leaked");
+    assert_eq!(target.live.load(Ordering::SeqCst), 0, "slots leaked");
 }
 
 #[test]
@@ -526,28 +539,28 @@ fn a_lazy_ring_stages_no_more_than_the_plan_needs() {
     let (file, bytes) = one_tensor_file(&dir, 1000);
     let mut plan = UploadPlan::new(256);
     plan.add_tensor(0, &file, "x").unwrap();
-    let device = HostDevice::new(plan.total());
+    let target = HostTarget::new(plan.total());
     let ring = Ring::lazy(RingOptions {
         slots: 4,
         slot_bytes: 1 << 20,
         readers: 4,
     });
     assert_eq!(ring.staging_bytes(), 0);
-    ring.upload(&device, &[&file], &plan).unwrap();
-    assert!(device.bytes() == bytes);
+    ring.upload(&target, &[&file], &plan).unwrap();
+    assert!(target.bytes() == bytes);
     // One chunk, so one slot, of one page rather than 1 MiB.
     assert_eq!(ring.staging_bytes(), 4096);
-    assert_eq!(device.live.load(Ordering::SeqCst), 1);
+    assert_eq!(target.live.load(Ordering::SeqCst), 1);
     // A larger upload grows the slots it uses, freeing the small one.
     let (big, big_bytes) = one_tensor_file(&dir, 3 << 20);
     let mut plan = UploadPlan::new(256);
     plan.add_tensor(0, &big, "x").unwrap();
-    let device2 = HostDevice {
-        live: device.live.clone(),
-        ..HostDevice::new(plan.total())
+    let target2 = HostTarget {
+        live: target.live.clone(),
+        ..HostTarget::new(plan.total())
     };
-    ring.upload(&device2, &[&big], &plan).unwrap();
-    assert!(device2.bytes() == big_bytes);
+    ring.upload(&target2, &[&big], &plan).unwrap();
+    assert!(target2.bytes() == big_bytes);
     assert_eq!(ring.staging_bytes(), 3 << 20);
-    assert_eq!(device.live.load(Ordering::SeqCst), 3);
+    assert_eq!(target.live.load(Ordering::SeqCst), 3);
 }

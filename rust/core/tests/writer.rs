@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use common::scratch_dir;
 use safetensors_core::{
-    serialize_to_file, write_atomically, Dtype, ErrorKind, Header, Prepared, TensorView,
+    serialize_to_file, write_atomically, Dtype, ErrorKind, Header, PreparedFile, TensorView,
     MAX_HEADER_SIZE,
 };
 
@@ -249,7 +249,7 @@ fn a_header_too_large_to_write_is_reported_as_such() {
     let meta: BTreeMap<String, String> =
         [("notes".to_string(), "x".repeat(MAX_HEADER_SIZE))].into();
     let data = [0u8; 2];
-    let err = Prepared::new(
+    let err = PreparedFile::new(
         [
             ("a", TensorView::new(Dtype::U8, &[1], &data[..1])),
             ("b", TensorView::new(Dtype::U8, &[1], &data[1..])),

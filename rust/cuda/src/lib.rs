@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
-use safetensors_core::upload::{Device, Ring, RingOptions, UploadPlan, UploadStats};
+use safetensors_core::upload::{Ring, RingOptions, UploadPlan, UploadStats, UploadTarget};
 use safetensors_core::{Error, Result, SafeFile};
 
 pub use stage::Stager;
@@ -74,11 +74,6 @@ fn driver() -> Result<()> {
     })
     .clone()
     .map_err(|message| Error::Cuda { message })
-}
-
-/// Whether CUDA can be used here, and if not, why.
-pub fn status() -> std::result::Result<usize, Error> {
-    device_count()
 }
 
 /// Number of CUDA devices (an error when there is no driver).
@@ -219,7 +214,7 @@ impl Gpu {
         let mut slot = PinnedSlot::new(self, bytes)?;
         slot.buffer().fill(1);
         let stream = Stream::new(self)?;
-        let target = Target {
+        let target = GpuTarget {
             gpu: self,
             stream: stream.handle,
             dst: dst.ptr,
@@ -544,17 +539,17 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
-/// The pipeline's view of one upload: a stream and a destination on a device.
-struct Target<'a> {
+/// One upload's destination on a [`Gpu`]: the device pointer and the stream its copies go on.
+struct GpuTarget<'a> {
     gpu: &'a Gpu,
     stream: sys::CUstream,
     dst: sys::CUdeviceptr,
 }
 
 // SAFETY: the stream and device pointer are plain handles valid on any thread with the context.
-unsafe impl Sync for Target<'_> {}
+unsafe impl Sync for GpuTarget<'_> {}
 
-impl Device for Target<'_> {
+impl UploadTarget for GpuTarget<'_> {
     type Slot = PinnedSlot;
 
     fn new_slot(&self, bytes: usize) -> Result<PinnedSlot> {
@@ -643,7 +638,7 @@ impl Uploader {
         let gpu = Gpu::open(ordinal)?;
         let stream = Stream::new(&gpu)?;
         let ring = {
-            let target = Target {
+            let target = GpuTarget {
                 gpu: &gpu,
                 stream: stream.handle,
                 dst: 0,
@@ -682,8 +677,8 @@ impl Uploader {
         self.ring.staging_bytes()
     }
 
-    fn target(&self, stream: sys::CUstream, dst: sys::CUdeviceptr) -> Target<'_> {
-        Target {
+    fn target(&self, stream: sys::CUstream, dst: sys::CUdeviceptr) -> GpuTarget<'_> {
+        GpuTarget {
             gpu: &self.gpu,
             stream,
             dst,
@@ -752,17 +747,6 @@ impl Uploader {
     pub fn synchronize(&self) -> Result<()> {
         let _current = self.gpu.enter()?;
         self.ring.wait_all(&self.target(self.stream.handle, 0))
-    }
-
-    /// Seconds for uploading `plan` into a new allocation, for benchmarks.
-    pub fn timed_upload(
-        &self,
-        files: &[&SafeFile],
-        plan: &UploadPlan,
-    ) -> Result<(DeviceBuffer, f64)> {
-        let start = std::time::Instant::now();
-        let b = self.upload(files, plan)?;
-        Ok((b, start.elapsed().as_secs_f64()))
     }
 }
 

@@ -2,17 +2,13 @@
 //! bytes as slices; everything else is `safetensors_core::convert`.
 
 use safetensors_core::convert;
-use safetensors_core::{Dtype, ErrorKind, TensorView};
+use safetensors_core::{Dtype, TensorView};
 
 use crate::{guard, BridgeError};
 
-/// The dtype with index `d`, or a `TypeMismatch` error (C++ passes `Dtype` values, but a
-/// `static_cast` can make any byte).
+/// The dtype with index `d` (C++ passes `Dtype` values, but a `static_cast` can make any byte).
 fn dtype(d: u8) -> Result<Dtype, BridgeError> {
-    Dtype::from_index(d).ok_or_else(|| BridgeError {
-        kind: ErrorKind::TypeMismatch,
-        message: format!("dtype index {d} is not a safetensors dtype (there are 22)"),
-    })
+    guard(|| convert::dtype_to_convert(d))
 }
 
 pub fn convert_tensor(
@@ -26,15 +22,13 @@ pub fn convert_tensor(
     guard(|| convert::convert(from, shape, src, to, dst))
 }
 
-/// A tensor as it crosses the bridge.
-pub struct Part<'a> {
-    pub dtype: u8,
-    pub shape: &'a [usize],
-    pub data: &'a [u8],
-}
-
-fn view(p: Part<'_>) -> Result<TensorView<'_>, BridgeError> {
-    Ok(TensorView::new(dtype(p.dtype)?, p.shape, p.data))
+/// A tensor as it crosses the bridge: its dtype index, shape and bytes.
+fn view<'a>(
+    dtype_index: u8,
+    shape: &'a [usize],
+    data: &'a [u8],
+) -> Result<TensorView<'a>, BridgeError> {
+    Ok(TensorView::new(dtype(dtype_index)?, shape, data))
 }
 
 #[allow(clippy::too_many_arguments)] // cxx bridges take no structs holding slices
@@ -50,16 +44,8 @@ pub fn dequantize_fp8_blocks(
     to: u8,
     dst: &mut [u8],
 ) -> Result<(), BridgeError> {
-    let w = view(Part {
-        dtype: weight_dtype,
-        shape: weight_shape,
-        data: weight,
-    })?;
-    let s = view(Part {
-        dtype: scale_dtype,
-        shape: scale_shape,
-        data: scale,
-    })?;
+    let w = view(weight_dtype, weight_shape, weight)?;
+    let s = view(scale_dtype, scale_shape, scale)?;
     let to = dtype(to)?;
     guard(|| convert::dequantize_fp8_blocks(w, s, (block_rows, block_cols), to, dst))
 }
@@ -82,16 +68,8 @@ pub fn dequantize_mxfp4(
     to: u8,
     dst: &mut [u8],
 ) -> Result<(), BridgeError> {
-    let b = view(Part {
-        dtype: blocks_dtype,
-        shape: blocks_shape,
-        data: blocks,
-    })?;
-    let s = view(Part {
-        dtype: scales_dtype,
-        shape: scales_shape,
-        data: scales,
-    })?;
+    let b = view(blocks_dtype, blocks_shape, blocks)?;
+    let s = view(scales_dtype, scales_shape, scales)?;
     let to = dtype(to)?;
     guard(|| convert::dequantize_mxfp4(b, s, to, dst))
 }

@@ -28,14 +28,14 @@ pub fn new_upload_job(alignment: usize) -> Box<UploadJob> {
 }
 
 impl UploadJob {
-    /// The source number of `file`, adding it on first use.
-    fn source(&mut self, file: &File) -> usize {
+    /// The source number of `file`, adding it on first use, and the file.
+    fn source(&mut self, file: &File) -> (usize, Arc<SafeFile>) {
         let shared = file.shared();
         match self.files.iter().position(|f| Arc::ptr_eq(f, &shared)) {
-            Some(i) => i,
+            Some(i) => (i, shared),
             None => {
-                self.files.push(shared);
-                self.files.len() - 1
+                self.files.push(shared.clone());
+                (self.files.len() - 1, shared)
             }
         }
     }
@@ -44,8 +44,7 @@ impl UploadJob {
     /// for a whole file instead of one per tensor.
     pub fn add_file(&mut self, file: &File) -> Result<(), BridgeError> {
         guard(|| {
-            let source = self.source(file);
-            let f = self.files[source].clone();
+            let (source, f) = self.source(file);
             for name in f.header().sorted_names() {
                 self.plan.add_tensor(source, &f, name)?;
             }
@@ -62,8 +61,7 @@ impl UploadJob {
             // SAFETY: `shard_file` has no requirement; `unsafe` only names its lifetime.
             let file = unsafe { ckpt.shard_file(shard) }?;
             guard(|| {
-                let source = self.source(file);
-                let f = self.files[source].clone();
+                let (source, f) = self.source(file);
                 self.plan.add_tensor(source, &f, name).map(drop)
             })?;
         }
@@ -72,8 +70,7 @@ impl UploadJob {
 
     pub fn add_tensor(&mut self, file: &File, name: &[u8]) -> Result<(), BridgeError> {
         guard(|| {
-            let source = self.source(file);
-            let f = self.files[source].clone();
+            let (source, f) = self.source(file);
             self.plan
                 .add_tensor(source, &f, &utf8_name(name)?)
                 .map(drop)
@@ -87,8 +84,7 @@ impl UploadJob {
         indices: &[SliceIndex],
     ) -> Result<(), BridgeError> {
         guard(|| {
-            let source = self.source(file);
-            let f = self.files[source].clone();
+            let (source, f) = self.source(file);
             let indexers: Vec<Indexer> = indices.iter().map(indexer).collect();
             self.plan
                 .add_slice(source, &f, &utf8_name(name)?, &indexers)

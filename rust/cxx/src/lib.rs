@@ -546,12 +546,7 @@ pub(crate) fn guard<T>(f: impl FnOnce() -> Result<T, Error>) -> Result<T, Bridge
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_default();
-            Err(BridgeError {
-                kind: ErrorKind::Internal,
-                message: format!(
-                    "internal error in the safetensors library (please report): {what}"
-                ),
-            })
+            Err(Error::Internal { message: what }.into())
         }
     }
 }

@@ -2,7 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use safetensors_core::{Dtype, Durability, Error, ErrorKind, Prepared, TensorView};
+use safetensors_core::{
+    dtype_to_write, text_to_write, Dtype, Durability, Error, PreparedFile, TensorView, TextField,
+};
 
 use crate::{guard, BridgeError};
 
@@ -30,24 +32,6 @@ pub fn new_writer() -> Box<Writer> {
     })
 }
 
-/// A name or metadata string as UTF-8, or an honest error: the header is UTF-8 JSON, so such a
-/// string cannot be written. Tensor names get `InvalidTensorName`; metadata keys and values
-/// `InvalidHeader` (the header would not be UTF-8).
-fn utf8(bytes: &[u8], what: &str, kind: ErrorKind) -> Result<String, BridgeError> {
-    String::from_utf8(bytes.to_vec()).map_err(|e| {
-        let at = e.utf8_error().valid_up_to();
-        BridgeError {
-            kind,
-            message: format!(
-                "{what} {:?} is not valid UTF-8 (invalid byte 0x{:02x} at offset {at}); a \
-                 safetensors header is UTF-8 JSON, so convert it to UTF-8 first",
-                String::from_utf8_lossy(bytes),
-                bytes[at],
-            ),
-        }
-    })
-}
-
 impl Writer {
     pub fn add_tensor(
         &mut self,
@@ -56,21 +40,15 @@ impl Writer {
         shape: &[usize],
         data: &[u8],
     ) -> Result<(), BridgeError> {
-        let name = utf8(name, "tensor name", ErrorKind::InvalidTensorName)?;
-        let Some(dtype) = Dtype::from_index(dtype) else {
-            return Err(BridgeError {
-                kind: ErrorKind::TensorInvalidInfo,
-                message: format!(
-                    "tensor `{name}` has an invalid dtype value {dtype} (valid values are 0 to {})",
-                    Dtype::ALL.len() - 1
-                ),
-            });
-        };
-        self.names.push(name);
-        self.dtypes.push(dtype);
-        self.shapes.push(shape.to_vec());
-        self.data.push((data.as_ptr(), data.len()));
-        Ok(())
+        guard(|| {
+            let name = text_to_write(name, TextField::TensorName)?;
+            let dtype = dtype_to_write(&name, dtype)?;
+            self.names.push(name);
+            self.dtypes.push(dtype);
+            self.shapes.push(shape.to_vec());
+            self.data.push((data.as_ptr(), data.len()));
+            Ok(())
+        })
     }
 
     /// Writes `__metadata__` even when no key is added (an empty object, as Python writes for
@@ -80,9 +58,9 @@ impl Writer {
     }
 
     pub fn add_metadata(&mut self, key: &[u8], value: &[u8]) -> Result<(), BridgeError> {
-        let key = utf8(key, "metadata key", ErrorKind::InvalidHeader)?;
-        let value = utf8(value, "metadata value", ErrorKind::InvalidHeader)?;
         guard(|| {
+            let key = text_to_write(key, TextField::MetadataKey)?;
+            let value = text_to_write(value, TextField::MetadataValue)?;
             let map = self.metadata.get_or_insert_with(BTreeMap::new);
             if map.contains_key(&key) {
                 return Err(Error::DuplicateKey {
@@ -97,7 +75,7 @@ impl Writer {
 
     /// # Safety
     /// Every span passed to `add_tensor` must still be alive.
-    unsafe fn prepared(&self) -> Result<Prepared<'_>, Error> {
+    unsafe fn prepared(&self) -> Result<PreparedFile<'_>, Error> {
         let views = (0..self.names.len()).map(|i| {
             let (ptr, len) = self.data[i];
             // SAFETY: the caller guarantees the C++ spans are alive (see the type's docs); an
@@ -112,7 +90,7 @@ impl Writer {
                 TensorView::new(self.dtypes[i], &self.shapes[i], bytes),
             )
         });
-        Prepared::new(views, self.metadata.as_ref())
+        PreparedFile::new(views, self.metadata.as_ref())
     }
 
     /// # Safety

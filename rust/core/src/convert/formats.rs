@@ -34,6 +34,15 @@ pub(crate) struct Format {
 }
 
 impl Format {
+    const fn new(ebits: u32, mbits: u32, bias: i32, specials: Specials) -> Format {
+        Format {
+            ebits,
+            mbits,
+            bias,
+            specials,
+        }
+    }
+
     /// Total bits, sign included.
     pub const fn bits(&self) -> u32 {
         1 + self.ebits + self.mbits
@@ -58,60 +67,16 @@ impl Format {
     }
 }
 
-pub(crate) const F16: Format = Format {
-    ebits: 5,
-    mbits: 10,
-    bias: 15,
-    specials: Specials::Ieee,
-};
-pub(crate) const BF16: Format = Format {
-    ebits: 8,
-    mbits: 7,
-    bias: 127,
-    specials: Specials::Ieee,
-};
-pub(crate) const E5M2: Format = Format {
-    ebits: 5,
-    mbits: 2,
-    bias: 15,
-    specials: Specials::Ieee,
-};
-pub(crate) const E4M3: Format = Format {
-    ebits: 4,
-    mbits: 3,
-    bias: 7,
-    specials: Specials::FiniteNanOnes,
-};
-pub(crate) const E4M3FNUZ: Format = Format {
-    ebits: 4,
-    mbits: 3,
-    bias: 8,
-    specials: Specials::FiniteNanNegZero,
-};
-pub(crate) const E5M2FNUZ: Format = Format {
-    ebits: 5,
-    mbits: 2,
-    bias: 16,
-    specials: Specials::FiniteNanNegZero,
-};
-pub(crate) const E2M1: Format = Format {
-    ebits: 2,
-    mbits: 1,
-    bias: 1,
-    specials: Specials::FiniteOnly,
-};
-pub(crate) const E2M3: Format = Format {
-    ebits: 2,
-    mbits: 3,
-    bias: 1,
-    specials: Specials::FiniteOnly,
-};
-pub(crate) const E3M2: Format = Format {
-    ebits: 3,
-    mbits: 2,
-    bias: 3,
-    specials: Specials::FiniteOnly,
-};
+// Exponent bits, mantissa bits, bias, special codes.
+pub(crate) const F16: Format = Format::new(5, 10, 15, Specials::Ieee);
+pub(crate) const BF16: Format = Format::new(8, 7, 127, Specials::Ieee);
+pub(crate) const E5M2: Format = Format::new(5, 2, 15, Specials::Ieee);
+pub(crate) const E4M3: Format = Format::new(4, 3, 7, Specials::FiniteNanOnes);
+pub(crate) const E4M3FNUZ: Format = Format::new(4, 3, 8, Specials::FiniteNanNegZero);
+pub(crate) const E5M2FNUZ: Format = Format::new(5, 2, 16, Specials::FiniteNanNegZero);
+pub(crate) const E2M1: Format = Format::new(2, 1, 1, Specials::FiniteOnly);
+pub(crate) const E2M3: Format = Format::new(2, 3, 1, Specials::FiniteOnly);
+pub(crate) const E3M2: Format = Format::new(3, 2, 3, Specials::FiniteOnly);
 
 /// The sign-exponent-mantissa format of a dtype (`F8_E8M0` has none: it is handled apart).
 pub(crate) fn format_of(dtype: Dtype) -> Option<Format> {

@@ -23,6 +23,7 @@ mod simd;
 
 pub use dequant::{dequantize_fp8_blocks, dequantize_mxfp4, mxfp4_output_shape};
 
+use crate::byte_len::checked_numel;
 use crate::{Dtype, Error, Result};
 use decode::map;
 use encode::{encode, encode_e8m0, encode_f32_fast, f32_to_bf16, split_f64};
@@ -63,15 +64,21 @@ pub fn check_conversion(from: Dtype, to: Dtype) -> Result<()> {
     })
 }
 
+/// The dtype with enumeration value `value` (as C++ passes it) for a conversion
+/// ([`Error::InvalidDtypeValue`], of kind `TypeMismatch`, when there is none).
+pub fn dtype_to_convert(value: u8) -> Result<Dtype> {
+    Dtype::from_index(value).ok_or(Error::InvalidDtypeValue {
+        value,
+        tensor: None,
+    })
+}
+
 /// Number of elements of `shape`, checked.
 pub(crate) fn numel(dtype: Dtype, shape: &[usize]) -> Result<usize> {
-    shape
-        .iter()
-        .try_fold(1usize, |n, &d| n.checked_mul(d))
-        .ok_or_else(|| Error::ValidationOverflow {
-            tensor: format!("({dtype} conversion)"),
-            shape: shape.to_vec(),
-        })
+    checked_numel(shape).ok_or_else(|| Error::ValidationOverflow {
+        tensor: format!("({dtype} conversion)"),
+        shape: shape.to_vec(),
+    })
 }
 
 /// Checks a buffer's length against `numel` elements of `dtype`.

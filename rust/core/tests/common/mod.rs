@@ -1,7 +1,9 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod alloc;
 pub mod inputs;
+pub mod json;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -15,16 +15,17 @@
 
 use std::collections::BTreeMap;
 
+use super::builder::{grow_dims, Builder, Entry};
 use crate::dtype::Dtype;
-use crate::header::{Builder, Entry, METADATA_KEY};
+use crate::format::METADATA_KEY;
 
 /// Not canonical: fall back to the general parser.
-pub(crate) struct GiveUp;
+pub(super) struct GiveUp;
 
 type Scan<T> = Result<T, GiveUp>;
 
 /// Parses `text` into `b`, or gives up leaving `b` in an unspecified state.
-pub(crate) fn parse(text: &str, b: &mut Builder) -> Scan<()> {
+pub(super) fn parse(text: &str, b: &mut Builder) -> Scan<()> {
     let mut s = Scanner {
         text,
         bytes: text.as_bytes(),
@@ -219,7 +220,7 @@ impl<'a> Scanner<'a> {
         } else {
             self.reserve_dims(b);
             loop {
-                crate::header::grow_dims(&mut b.shapes, b.max_dims);
+                grow_dims(&mut b.shapes, b.max_dims);
                 b.shapes.push(self.integer()?);
                 self.ws();
                 match self.next()? {
