@@ -4,13 +4,12 @@
 #include <safetensors/safetensors.hpp>
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdio>
 #include <limits>
 
-#include "support.hpp"
+#include "program.hpp"
 
 #ifndef SAFETENSORS_CLI
 #error "SAFETENSORS_CLI must name the built tool"
@@ -21,30 +20,7 @@ using safetensors::TensorView;
 
 namespace {
 
-struct Run {
-  int code;
-  std::string out;
-  std::string err;
-};
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-Run cli(const std::vector<std::string>& args) {
-  test::TempDir tmp;
-  std::string cmd = quote(SAFETENSORS_CLI);
-  for (const auto& a : args) cmd += " " + quote(a);
-  cmd += " >" + quote((tmp / "out").string()) + " 2>" + quote((tmp / "err").string());
-  int status = std::system(cmd.c_str());
-  auto text = [&](const char* f) {
-    auto b = test::read_bytes(tmp / f);
-    return std::string(b.begin(), b.end());
-  };
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text("out"), text("err")};
-}
+test::Run cli(const std::vector<std::string>& args) { return test::run(SAFETENSORS_CLI, args); }
 
 /// The number after `"key": ` in one line of --json output (NaN for null).
 double field(const std::string& line, const std::string& key) {

@@ -13,7 +13,7 @@
 #include <cstdio>
 #include <fstream>
 
-#include "support.hpp"
+#include "program.hpp"
 
 #ifndef SAFETENSORS_CLI
 #error "SAFETENSORS_CLI must name the built tool"
@@ -24,32 +24,10 @@ using safetensors::TensorView;
 
 namespace {
 
-struct Run {
-  int code;
-  std::string out;
-  std::string err;
-};
+using test::has;
+using test::quote;
 
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-Run cli(const std::vector<std::string>& args) {
-  test::TempDir tmp;
-  std::string cmd = quote(SAFETENSORS_CLI);
-  for (const auto& a : args) cmd += " " + quote(a);
-  cmd += " >" + quote((tmp / "out").string()) + " 2>" + quote((tmp / "err").string());
-  int status = std::system(cmd.c_str());
-  auto text = [&](const char* f) {
-    auto b = test::read_bytes(tmp / f);
-    return std::string(b.begin(), b.end());
-  };
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text("out"), text("err")};
-}
-
-bool has(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
+test::Run cli(const std::vector<std::string>& args) { return test::run(SAFETENSORS_CLI, args); }
 
 class Cli : public ::testing::Test {
  protected:
