@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "safetensors/detail/allocate.hpp"
 #include "safetensors/detail/bridge.hpp"
 #include "safetensors/detail/source.hpp"
 #include "safetensors/dtype.hpp"

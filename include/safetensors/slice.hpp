@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "safetensors/convert.hpp"
+#include "safetensors/detail/allocate.hpp"
 #include "safetensors/detail/bridge.hpp"
 #include "safetensors/detail/source.hpp"
 #include "safetensors/tensor.hpp"

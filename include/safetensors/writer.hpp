@@ -180,6 +180,10 @@ template <NamedTensorRange R>
                                                SaveOptions options = {}) {
   detail::KeptTensors<R> kept;
   auto writer = detail::make_writer(std::forward<R>(tensors), metadata, options.empty_metadata, kept);
+  // The buffer is sized before it is filled, so the header is laid out twice: the bridge's
+  // `file_len` and `write_into` each build the core's `Prepared` afresh (tensor bytes are
+  // copied once). Once would need the bridge's `Writer` to keep the `Prepared` from the first
+  // call for the second; C++ cannot size the file without the core's layout rule.
   std::size_t len = detail::call([&] { return writer->file_len(); });
   auto out = detail::byte_vector(len, "the serialized file");
   ::rust::Slice<std::uint8_t> dst{reinterpret_cast<std::uint8_t*>(out.data()), out.size()};

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "safetensors/detail/allocate.hpp"
 #include "safetensors/detail/bridge.hpp"
 #include "safetensors/tensor.hpp"
 
