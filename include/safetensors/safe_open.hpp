@@ -25,7 +25,10 @@ namespace safetensors {
 /// An open, validated safetensors file.
 ///
 ///   safetensors::SafeOpen f("model.safetensors");
-///   for (const auto& name : f.keys()) auto w = f.get_tensor(name).as<float>();
+///   for (const auto& name : f.keys()) {
+///     safetensors::TensorView w = f.get_tensor(name);  // the view keeps the mapping alive
+///     std::span<const float> values = w.as<float>();   // so the span needs it in a variable
+///   }
 ///
 /// Opening reads and validates the whole header (every check of the format) and nothing else.
 /// Copies share one open file. Views returned by `get_tensor` keep it alive on their own.
