@@ -10,6 +10,7 @@
 #include <string_view>
 #include <thread>
 
+#include "gpu_support.hpp"
 #include "support.hpp"
 
 using safetensors::Dtype;
@@ -67,31 +68,13 @@ TEST(CudaPlan, PlacesEveryTensorAlignedWithoutAGpu) {
   EXPECT_EQ(kind_of([&] { (void)cuda::plan(f, std::vector<cuda::Request>{{"nope", {}}}); }), ErrorKind::TensorNotFound);
 }
 
-/// Whether ctest put the emulated driver (tests/cuda) on the library path: there a GPU is
-/// always available, and the GPU tests must run, never skip.
-bool emulated_driver_expected() {
-  const char* path = std::getenv("LD_LIBRARY_PATH");
-  return path && std::string_view(path).find(SAFETENSORS_TEST_EMULATED_DRIVER) != std::string_view::npos;
-}
-
 /// Under the emulated driver the GPU tests get two devices (unless the environment says
 /// otherwise), so that cross-device cases run too; the driver reads this in cuInit. (One ctest
 /// ENVIRONMENT entry is all gtest_discover_tests passes through, and it names the driver.)
 [[maybe_unused]] const bool two_emulated_devices = [] {
-  if (emulated_driver_expected()) ::setenv("SAFETENSORS_FAKE_CUDA_DEVICES", "2", 0);
+  if (test::emulated_driver_expected()) ::setenv("SAFETENSORS_FAKE_CUDA_DEVICES", "2", 0);
   return true;
 }();
-
-/// Reports, once, why the GPU tests skip (a failure under the emulated driver).
-bool gpu_or_skip() {
-  if (cuda::available()) return true;
-  if (emulated_driver_expected()) {
-    ADD_FAILURE() << "the emulated CUDA driver is on the library path, yet: " << cuda::why_unavailable();
-    return false;
-  }
-  std::cout << "[  SKIPPED ] no usable GPU: " << cuda::why_unavailable() << "\n";
-  return false;
-}
 
 TEST(Cuda, WithoutAGpuEveryEntryPointIsACudaError) {
   if (cuda::available()) GTEST_SKIP() << "a GPU is present; the no-GPU path is not reachable here";
@@ -159,7 +142,7 @@ void check_upload(const SafeOpen& f, const cuda::DeviceTensors& up) {
 }
 
 TEST(CudaGpu, WholeFilesLandByteForByte) {
-  if (!gpu_or_skip()) return;
+  if (!test::gpu_or_skip()) return;
   test::TempDir dir;
   for (const auto& path : gpu_files(dir)) {
     for (auto backend : {safetensors::Backend::Mmap, safetensors::Backend::Read}) {
@@ -175,7 +158,7 @@ TEST(CudaGpu, WholeFilesLandByteForByte) {
 }
 
 TEST(CudaGpu, SubsetsSlicesAndSingleTensors) {
-  if (!gpu_or_skip()) return;
+  if (!test::gpu_or_skip()) return;
   test::TempDir dir;
   SafeOpen f(make_file(dir));
   std::vector<cuda::Request> req{{"t4", {Index::all(), Index::range(1024, 2048)}}, {"t2", {}}, {"t0", {1}}};
@@ -190,7 +173,7 @@ TEST(CudaGpu, SubsetsSlicesAndSingleTensors) {
 }
 
 TEST(CudaGpu, ShardedCheckpointsLoadIntoOneAllocation) {
-  if (!gpu_or_skip()) return;
+  if (!test::gpu_or_skip()) return;
   auto dir = test::fixture("shards", "manifest.tsv");
   if (!dir) return;
   safetensors::Checkpoint ckpt(*dir / "model.safetensors.index.json");
@@ -214,7 +197,7 @@ struct Driver {
 };
 
 TEST(CudaGpu, CallerBufferAndStream) {
-  if (!gpu_or_skip()) return;
+  if (!test::gpu_or_skip()) return;
   test::TempDir dir;
   SafeOpen f(make_file(dir));
   cuda::Uploader up(0, {.slot_bytes = 1u << 20});
@@ -257,7 +240,7 @@ TEST(CudaGpu, CallerBufferAndStream) {
 }
 
 TEST(CudaGpu, ManyThreadsLoadAtOnce) {
-  if (!gpu_or_skip()) return;
+  if (!test::gpu_or_skip()) return;
   test::TempDir dir;
   auto path = make_file(dir);
   std::vector<std::thread> threads;
@@ -278,7 +261,7 @@ TEST(CudaGpu, ManyThreadsLoadAtOnce) {
 }
 
 TEST(CudaGpu, ReleasedBuffersBelongToTheCaller) {
-  if (!gpu_or_skip()) return;
+  if (!test::gpu_or_skip()) return;
   test::TempDir dir;
   SafeOpen f(make_file(dir));
   auto loaded = cuda::load(f);

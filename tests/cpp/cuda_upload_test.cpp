@@ -15,6 +15,7 @@
 #include <cstring>
 #include <thread>
 
+#include "gpu_support.hpp"
 #include "support.hpp"
 
 using safetensors::Dtype;
@@ -30,82 +31,9 @@ namespace {
 const bool kTwoDevices = (::setenv("SAFETENSORS_FAKE_CUDA_DEVICES", "2", 0), true);
 
 using test::kind_of;
-using Ctx = void*;
-using Stream = void*;
-
-/// The driver entry points the tests call themselves, as an engine would.
-struct Driver {
-  Driver() : lib(::dlopen("libcuda.so.1", RTLD_NOW)) {
-    if (!lib) lib = ::dlopen("libcuda.so", RTLD_NOW);
-  }
-  template <class F>
-  F get(const char* name) const {
-    return lib ? reinterpret_cast<F>(::dlsym(lib, name)) : nullptr;
-  }
-  [[nodiscard]] bool emulated() const { return get<void*>("fakecuda_hold") != nullptr; }
-
-  Ctx current() const {
-    Ctx c = nullptr;
-    EXPECT_EQ(get<int (*)(Ctx*)>("cuCtxGetCurrent")(&c), 0);
-    return c;
-  }
-  void set_current(Ctx c) const { ASSERT_EQ(get<int (*)(Ctx)>("cuCtxSetCurrent")(c), 0); }
-  /// A context of the caller's own on `device` (not the primary one), made current.
-  Ctx create_context(int device) const {
-    int dev = 0;
-    EXPECT_EQ(get<int (*)(int*, int)>("cuDeviceGet")(&dev, device), 0);
-    Ctx c = nullptr;
-    EXPECT_EQ(get<int (*)(Ctx*, unsigned, int)>("cuCtxCreate_v2")(&c, 0, dev), 0);
-    return c;
-  }
-  void destroy_context(Ctx c) const { EXPECT_EQ(get<int (*)(Ctx)>("cuCtxDestroy_v2")(c), 0); }
-  /// Retains `device`'s primary context (as the CUDA runtime would) and makes it current.
-  Ctx enter_primary(int device) const {
-    int dev = 0;
-    EXPECT_EQ(get<int (*)(int*, int)>("cuDeviceGet")(&dev, device), 0);
-    Ctx c = nullptr;
-    EXPECT_EQ(get<int (*)(Ctx*, int)>("cuDevicePrimaryCtxRetain")(&c, dev), 0);
-    set_current(c);
-    return c;
-  }
-  void leave_primary(int device) const {
-    set_current(nullptr);
-    EXPECT_EQ(get<int (*)(int)>("cuDevicePrimaryCtxRelease_v2")(device), 0);
-  }
-  std::uint64_t alloc(std::size_t bytes) const {
-    std::uint64_t p = 0;
-    EXPECT_EQ(get<int (*)(std::uint64_t*, std::size_t)>("cuMemAlloc_v2")(&p, bytes), 0);
-    return p;
-  }
-  void free(std::uint64_t p) const { EXPECT_EQ(get<int (*)(std::uint64_t)>("cuMemFree_v2")(p), 0); }
-  Stream stream() const {
-    Stream s = nullptr;
-    EXPECT_EQ(get<int (*)(Stream*, unsigned)>("cuStreamCreate")(&s, 1 /* non-blocking */), 0);
-    return s;
-  }
-  void sync(Stream s) const { EXPECT_EQ(get<int (*)(Stream)>("cuStreamSynchronize")(s), 0); }
-  void destroy(Stream s) const { EXPECT_EQ(get<int (*)(Stream)>("cuStreamDestroy_v2")(s), 0); }
-  int counter(const char* name) const { return get<int (*)()>(name)(); }
-  int ctx_resets(int device) const { return get<int (*)(int)>("fakecuda_primary_ctx_resets")(device); }
-  void fail(const char* spec) const {
-    ASSERT_EQ(get<int (*)(const char*)>("fakecuda_set_failures")(spec), 0);
-  }
-
-  void* lib;
-};
-
-/// Skips (reporting why) unless a GPU, real or emulated, is usable; under the emulated driver
-/// (ctest puts it on the library path) an unusable GPU is a failure, never a skip.
-bool gpu() {
-  if (cuda::available()) return true;
-  const char* path = std::getenv("LD_LIBRARY_PATH");
-  if (path && std::string_view(path).find(SAFETENSORS_TEST_EMULATED_DRIVER) != std::string_view::npos) {
-    ADD_FAILURE() << "the emulated CUDA driver is on the library path, yet: " << cuda::why_unavailable();
-    return false;
-  }
-  std::cout << "[  SKIPPED ] no usable GPU: " << cuda::why_unavailable() << "\n";
-  return false;
-}
+using test::Ctx;
+using test::Driver;
+using test::Stream;
 
 /// A file of assorted tensors, one spanning several 1 MiB chunks.
 std::filesystem::path make_file(const test::TempDir& dir) {
@@ -141,7 +69,7 @@ bool same_as_file(const SafeOpen& f, const cuda::DeviceTensors& up) {
 constexpr cuda::UploadOptions kSmallRing{.staging_slots = 3, .slot_bytes = 1u << 20, .readers = 2};
 
 TEST(CudaUpload, DeviceMemoryOutlivesEveryUploader) {
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   Driver drv;
   test::TempDir dir;
   SafeOpen f(make_file(dir));
@@ -164,7 +92,7 @@ TEST(CudaUpload, DeviceMemoryOutlivesEveryUploader) {
 }
 
 TEST(CudaUpload, TheCallersCurrentContextIsKept) {
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   Driver drv;
   test::TempDir dir;
   SafeOpen f(make_file(dir));
@@ -202,7 +130,7 @@ TEST(CudaUpload, TheCallersCurrentContextIsKept) {
 }
 
 TEST(CudaUpload, SixteenThreadsShareOneUploader) {
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   test::TempDir dir;
   auto path = make_file(dir);
   cuda::Uploader shared(0, kSmallRing);
@@ -222,7 +150,7 @@ TEST(CudaUpload, SixteenThreadsShareOneUploader) {
 
 TEST(CudaUpload, InjectedFailuresMidUploadThenReuse) {
   Driver drv;
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's injected failures";
   test::TempDir dir;
   SafeOpen f(make_file(dir));
@@ -285,7 +213,7 @@ TEST(CudaUpload, AnUntrackedCopyIsNeverWaitedForThroughTheCallersStreamLater) {
   // destroys it: later waits on the staging buffer (synchronize, the next upload, the
   // destructor) must not use that stream's handle, by then dangling (the emulator aborts).
   Driver drv;
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's injected failures";
   test::TempDir dir;
   SafeOpen f(make_file(dir));
@@ -309,7 +237,7 @@ TEST(CudaUpload, AnUntrackedCopyIsNeverWaitedForThroughTheCallersStreamLater) {
 
 TEST(CudaUpload, PinnedSlotsAreFreedWhenConstructionFails) {
   Driver drv;
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's injected failures";
   // Relative counts: the one-shot uploader of other tests in this process may be alive.
   const int pinned = drv.counter("fakecuda_live_pinned_allocations");
@@ -327,7 +255,7 @@ TEST(CudaUpload, PinnedSlotsAreFreedWhenConstructionFails) {
 
 TEST(CudaUpload, OneShotCallsShareOneUploaderAndStageOnlyWhatTheyNeed) {
   Driver drv;
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's counters";
   test::TempDir dir;
   SafeOpen f(make_file(dir));
@@ -349,7 +277,7 @@ TEST(CudaUpload, OneShotCallsShareOneUploaderAndStageOnlyWhatTheyNeed) {
 
 TEST(CudaUpload, ACallersStreamAndDestinationAreChecked) {
   Driver drv;
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   test::TempDir dir;
   SafeOpen f(make_file(dir));
   cuda::Uploader up(0, kSmallRing);
@@ -413,7 +341,7 @@ TEST(CudaUpload, ACapacityThatWrapsTheAddressSpaceIsRefused) {
   // into an allocation of exactly the plan's size, has 256 bytes too few: offset + capacity
   // must not wrap around 2^64 into "fits" (which would let the copies overrun the allocation).
   Driver drv;
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   test::TempDir dir;
   SafeOpen f(make_file(dir));
   cuda::Uploader up(0, kSmallRing);
@@ -437,7 +365,7 @@ TEST(CudaUpload, ACapacityThatWrapsTheAddressSpaceIsRefused) {
 }
 
 TEST(CudaUpload, DeviceOrdinalsOutOfRangeAreCudaErrorsNamingTheDevice) {
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   test::TempDir dir;
   SafeOpen f(make_file(dir));
   const int count = cuda::device_count();
@@ -463,7 +391,7 @@ TEST(CudaUpload, DeviceOrdinalsOutOfRangeAreCudaErrorsNamingTheDevice) {
 }
 
 TEST(CudaUpload, DeviceTensorsFindsEveryNameAndRefusesOthers) {
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   test::TempDir dir;
   SafeOpen f(make_file(dir));
   auto loaded = cuda::load(f);

@@ -20,6 +20,7 @@
 #include <numeric>
 #include <thread>
 
+#include "gpu_support.hpp"
 #include "multi_rank.hpp"
 
 namespace {
@@ -27,38 +28,7 @@ namespace {
 using namespace safetensors;
 using test::kind_of;
 
-/// The emulated driver's entry points the tests call (absent on a real driver).
-struct Driver {
-  Driver() : lib(::dlopen("libcuda.so.1", RTLD_NOW)) {
-    if (!lib) lib = ::dlopen("libcuda.so", RTLD_NOW);
-  }
-  template <class F>
-  F get(const char* name) const {
-    return lib ? reinterpret_cast<F>(::dlsym(lib, name)) : nullptr;
-  }
-  [[nodiscard]] bool emulated() const { return get<void*>("fakecuda_hold") != nullptr; }
-  [[nodiscard]] int counter(const char* name) const { return get<int (*)()>(name)(); }
-  [[nodiscard]] unsigned long long pageable_copies() const {
-    return get<unsigned long long (*)()>("fakecuda_pageable_async_copies")();
-  }
-  void fail(const char* spec) const {
-    ASSERT_EQ(get<int (*)(const char*)>("fakecuda_set_failures")(spec), 0);
-  }
-  void* lib;
-};
-
-/// Skips (reporting why) unless a GPU, real or emulated, is usable; under the emulated driver
-/// (ctest puts it on the library path) an unusable GPU is a failure, never a skip.
-bool gpu() {
-  if (cuda::available()) return true;
-  const char* path = std::getenv("LD_LIBRARY_PATH");
-  if (path && std::string_view(path).find(SAFETENSORS_TEST_EMULATED_DRIVER) != std::string_view::npos) {
-    ADD_FAILURE() << "the emulated CUDA driver is on the library path, yet: " << cuda::why_unavailable();
-    return false;
-  }
-  std::cout << "[  SKIPPED ] no usable GPU: " << cuda::why_unavailable() << "\n";
-  return false;
-}
+using test::Driver;
 
 /// The host group with a device path, as NcclCollective has: the root's bytes, once its stream
 /// has them, are copied into every other rank's buffer after that rank's stream has finished
@@ -194,22 +164,22 @@ class DeviceLayer : public test::LayerFile {
 };
 
 TEST_F(DeviceLayer, HostCollectiveFourRanks) {
-  if (gpu()) run_four_ranks_copying_only_from_pinned_memory(cuda::Via::Host);
+  if (test::gpu_or_skip()) run_four_ranks_copying_only_from_pinned_memory(cuda::Via::Host);
 }
 
 TEST_F(DeviceLayer, DeviceCollectiveFourRanks) {
-  if (gpu()) run_four_ranks_copying_only_from_pinned_memory(cuda::Via::Device);
+  if (test::gpu_or_skip()) run_four_ranks_copying_only_from_pinned_memory(cuda::Via::Device);
 }
 
 TEST_F(DeviceLayer, WorldLargerThanKvHeadsBothPaths) {
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   // 8 ranks, 2 KV heads: ranks 0-3 share KV head 0, ranks 4-7 KV head 1.
   run_world(8, layer_wants(), cuda::Via::Device);
   run_world(8, layer_wants(), cuda::Via::Host);
 }
 
 TEST_F(DeviceLayer, UnevenEmptyAndSingleRankShares) {
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   auto uneven = [](const Slice& s, std::size_t r, std::size_t w) { return shard(s, 0, r, w, Split::Uneven); };
   // 10 rows over 16 ranks: 6 ranks get nothing (a zero-byte placement), yet take part.
   run_world(16, {{"odd", uneven}, {"norm.weight", whole}}, cuda::Via::Device);
@@ -217,7 +187,7 @@ TEST_F(DeviceLayer, UnevenEmptyAndSingleRankShares) {
 }
 
 TEST_F(DeviceLayer, HostOnlyCollectiveRefusesDeviceBroadcastAndLeaksNothing) {
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   Driver drv;
   const int live = drv.emulated() ? drv.counter("fakecuda_live_device_allocations") : 0;
   // Two ranks both need the norm: the first shared read asks for a device broadcast, which a
@@ -241,7 +211,7 @@ TEST_F(DeviceLayer, HostOnlyCollectiveRefusesDeviceBroadcastAndLeaksNothing) {
 }
 
 TEST_F(DeviceLayer, PlanAndCollectiveOfDifferentWorldsOrBadOptionsAreRefused) {
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   SafeOpen f(path());
   LoadPlan plan(test::needs_of(f, layer_wants(), 2));
   DeviceGroup group(3);
@@ -258,7 +228,7 @@ TEST_F(DeviceLayer, PlanAndCollectiveOfDifferentWorldsOrBadOptionsAreRefused) {
 }
 
 TEST_F(DeviceLayer, InjectedDriverFailuresAreCudaErrorsAndLeakNothing) {
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   Driver drv;
   if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's injected failures";
   SafeOpen f(path());
@@ -285,7 +255,7 @@ TEST_F(DeviceLayer, InjectedDriverFailuresAreCudaErrorsAndLeakNothing) {
 }
 
 TEST_F(DeviceLayer, StagingIsNotRefilledUnderAPendingCopy) {
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   Driver drv;
   if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's slow copies";
   // Slow copies: refilling the pinned buffer before its copies finish would change bytes a
