@@ -68,6 +68,47 @@ bool same_as_file(const SafeOpen& f, const cuda::DeviceTensors& up) {
 
 constexpr cuda::UploadOptions kSmallRing{.staging_slots = 3, .slot_bytes = 1u << 20, .readers = 2};
 
+/// What an engine hands `load_into`: `bytes` of device memory on device 0 and a non-blocking
+/// stream of its own, made in device 0's primary context, which is current while this lives.
+struct CallersDestination {
+  CallersDestination(const Driver& d, std::size_t bytes) : drv(d) {
+    drv.enter_primary(0);
+    device = drv.alloc(bytes);
+    stream = drv.stream();
+  }
+  ~CallersDestination() {
+    if (stream) drv.destroy(stream);
+    drv.free(device);
+    drv.leave_primary(0);
+  }
+  CallersDestination(const CallersDestination&) = delete;
+  CallersDestination& operator=(const CallersDestination&) = delete;
+
+  [[nodiscard]] void* at(std::uint64_t offset = 0) const {
+    return reinterpret_cast<void*>(static_cast<std::uintptr_t>(device + offset));
+  }
+  [[nodiscard]] std::uintptr_t on() const { return reinterpret_cast<std::uintptr_t>(stream); }
+  /// The caller destroys its stream now (having synchronised it), before the test ends.
+  void destroy_stream() {
+    drv.destroy(stream);
+    stream = nullptr;
+  }
+
+  const Driver& drv;
+  std::uint64_t device = 0;
+  Stream stream = nullptr;
+};
+
+/// Every placement, read back from `base`, holds the file's bytes.
+void expect_placed_as_file(const SafeOpen& f, const std::vector<cuda::Placement>& placed, const void* base) {
+  for (const auto& p : placed) {
+    auto want = f.get_tensor(p.name);
+    std::vector<std::byte> got(p.byte_size);
+    cuda::copy_to_host(static_cast<const std::byte*>(base) + p.offset, got);
+    EXPECT_EQ(std::memcmp(got.data(), want.data.data(), got.size()), 0) << p.name;
+  }
+}
+
 TEST(CudaUpload, DeviceMemoryOutlivesEveryUploader) {
   if (!test::gpu_or_skip()) return;
   Driver drv;
@@ -180,31 +221,19 @@ TEST(CudaUpload, InjectedFailuresMidUploadThenReuse) {
   // could not be recorded is still pending (slow copies make sure), and the next upload must
   // not refill its staging buffer under it (the emulator aborts if it does).
   const std::size_t bytes = cuda::plan(f).first;
-  drv.enter_primary(0);
-  std::uint64_t dst = drv.alloc(bytes);
-  Stream stream = drv.stream();
-  auto on = reinterpret_cast<std::uintptr_t>(stream);
-  void* to = reinterpret_cast<void*>(static_cast<std::uintptr_t>(dst));
+  CallersDestination dst(drv, bytes);
   drv.get<void (*)(unsigned)>("fakecuda_set_latency_us")(20000);
   drv.fail("cuEventRecord:1");
-  EXPECT_EQ(kind_of([&] { (void)up.load_into(f, {}, to, bytes, on); }), ErrorKind::Cuda);
+  EXPECT_EQ(kind_of([&] { (void)up.load_into(f, {}, dst.at(), bytes, dst.on()); }), ErrorKind::Cuda);
   drv.fail("");
   // Other bytes through the same slots (the same ones would hide a refill).
   std::vector<cuda::Request> last{{"t3", {}}};
-  auto placed = up.load_into(f, last, to, bytes, on);
+  auto placed = up.load_into(f, last, dst.at(), bytes, dst.on());
   ASSERT_EQ(placed.size(), 1u);
-  drv.sync(stream);
+  drv.sync(dst.stream);
   drv.get<void (*)(unsigned)>("fakecuda_set_latency_us")(100);
-  for (const auto& p : placed) {
-    auto want = f.get_tensor(p.name);
-    std::vector<std::byte> got(p.byte_size);
-    cuda::copy_to_host(static_cast<std::byte*>(to) + p.offset, got);
-    EXPECT_EQ(std::memcmp(got.data(), want.data.data(), got.size()), 0) << p.name;
-  }
+  expect_placed_as_file(f, placed, dst.at());
   up.synchronize();
-  drv.destroy(stream);
-  drv.free(dst);
-  drv.leave_primary(0);
 }
 
 TEST(CudaUpload, AnUntrackedCopyIsNeverWaitedForThroughTheCallersStreamLater) {
@@ -219,20 +248,14 @@ TEST(CudaUpload, AnUntrackedCopyIsNeverWaitedForThroughTheCallersStreamLater) {
   SafeOpen f(make_file(dir));
   cuda::Uploader up(0, kSmallRing);
   const std::size_t bytes = cuda::plan(f).first;
-  drv.enter_primary(0);
-  std::uint64_t dst = drv.alloc(bytes);
-  void* to = reinterpret_cast<void*>(static_cast<std::uintptr_t>(dst));
-  Stream stream = drv.stream();
+  CallersDestination dst(drv, bytes);
   drv.fail("cuEventRecord:1,cuStreamSynchronize:1");
-  EXPECT_EQ(kind_of([&] { (void)up.load_into(f, {}, to, bytes, reinterpret_cast<std::uintptr_t>(stream)); }),
-            ErrorKind::Cuda);
+  EXPECT_EQ(kind_of([&] { (void)up.load_into(f, {}, dst.at(), bytes, dst.on()); }), ErrorKind::Cuda);
   drv.fail("");
-  drv.sync(stream);
-  drv.destroy(stream);
+  drv.sync(dst.stream);
+  dst.destroy_stream();
   up.synchronize();
   EXPECT_TRUE(same_as_file(f, up.load(f)));
-  drv.free(dst);
-  drv.leave_primary(0);
 }
 
 TEST(CudaUpload, PinnedSlotsAreFreedWhenConstructionFails) {
@@ -282,9 +305,9 @@ TEST(CudaUpload, ACallersStreamAndDestinationAreChecked) {
   SafeOpen f(make_file(dir));
   cuda::Uploader up(0, kSmallRing);
   auto [bytes, placements] = cuda::plan(f);
-  drv.enter_primary(0);
-  std::uint64_t dst = drv.alloc(bytes + 512);
-  Stream stream = drv.stream();
+  CallersDestination mine(drv, bytes + 512);
+  const std::uint64_t dst = mine.device;
+  Stream stream = mine.stream;
   auto as_ptr = [](std::uint64_t p) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)); };
   auto handle = [](Stream s) { return reinterpret_cast<std::uintptr_t>(s); };
   auto refused = [&](void* to, std::size_t capacity, std::uintptr_t on) {
@@ -324,16 +347,8 @@ TEST(CudaUpload, ACallersStreamAndDestinationAreChecked) {
     ASSERT_EQ(placed.size(), placements.size());
     if (on != 0) drv.sync(stream);
     up.synchronize();
-    for (const auto& p : placed) {
-      auto want = f.get_tensor(p.name);
-      std::vector<std::byte> got(p.byte_size);
-      cuda::copy_to_host(as_ptr(dst + 256 + p.offset), got);
-      EXPECT_EQ(std::memcmp(got.data(), want.data.data(), got.size()), 0) << p.name;
-    }
+    expect_placed_as_file(f, placed, mine.at(256));
   }
-  drv.destroy(stream);
-  drv.free(dst);
-  drv.leave_primary(0);
 }
 
 TEST(CudaUpload, ACapacityThatWrapsTheAddressSpaceIsRefused) {
@@ -346,9 +361,8 @@ TEST(CudaUpload, ACapacityThatWrapsTheAddressSpaceIsRefused) {
   SafeOpen f(make_file(dir));
   cuda::Uploader up(0, kSmallRing);
   const std::size_t bytes = cuda::plan(f).first;
-  drv.enter_primary(0);
-  std::uint64_t dst = drv.alloc(bytes);
-  void* to = reinterpret_cast<void*>(static_cast<std::uintptr_t>(dst + 256));
+  CallersDestination dst(drv, bytes);
+  void* to = dst.at(256);
   for (std::size_t capacity : {SIZE_MAX, SIZE_MAX - 255, bytes}) {
     try {
       (void)up.load_into(f, {}, to, capacity, 0);
@@ -360,8 +374,6 @@ TEST(CudaUpload, ACapacityThatWrapsTheAddressSpaceIsRefused) {
     }
   }
   up.synchronize();
-  drv.free(dst);
-  drv.leave_primary(0);
 }
 
 TEST(CudaUpload, DeviceOrdinalsOutOfRangeAreCudaErrorsNamingTheDevice) {
