@@ -11,16 +11,12 @@
 
 #include "program.hpp"
 
-#ifndef SAFETENSORS_CLI
-#error "SAFETENSORS_CLI must name the built tool"
-#endif
-
 using safetensors::Dtype;
 using safetensors::TensorView;
 
 namespace {
 
-test::Run cli(const std::vector<std::string>& args) { return test::run(SAFETENSORS_CLI, args); }
+using test::cli;
 
 /// The number after `"key": ` in one line of --json output (NaN for null).
 double field(const std::string& line, const std::string& key) {

@@ -12,12 +12,9 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
 
 #include "program.hpp"
-
-#ifndef SAFETENSORS_CLI
-#error "SAFETENSORS_CLI must name the built tool"
-#endif
 
 using safetensors::Dtype;
 using safetensors::TensorView;
@@ -27,7 +24,7 @@ namespace {
 using test::has;
 using test::quote;
 
-test::Run cli(const std::vector<std::string>& args) { return test::run(SAFETENSORS_CLI, args); }
+using test::cli;
 
 class Cli : public ::testing::Test {
  protected:
@@ -309,29 +306,39 @@ TEST_F(Cli, MetadataRewriteNeverWritesThroughWhatSitsAtTheStagedName) {
   EXPECT_TRUE(std::filesystem::is_symlink(dir_ / left[0])) << left[0];
 }
 
-// `bench` sized its read() buffer once and let each read measure the file again: a file that
-// another process replaced by a larger one meanwhile (as every safetensors writer does) was read
-// past the buffer's end, into whatever memory followed (or failed as `Internal`). Each run now
-// reads exactly the validated length, and a file that changed is an `Io` error.
-TEST_F(Cli, BenchOfAFileReplacedMeanwhileNeverReadsPastItsBuffer) {
-  auto small = dir_ / "small.safetensors", big = dir_ / "big.safetensors", path = dir_ / "swap.safetensors";
-  std::filesystem::copy_file(good_, small);
+/// `swap.safetensors` in `dir`, replaced again and again by a small file (a copy of `good`) and a
+/// 32 MiB one, each time through a fresh link and a rename (as every safetensors writer
+/// replaces a file), while `runs` runs the tool on it.
+std::vector<test::Run> run_while_replaced(const test::TempDir& dir, const std::filesystem::path& good,
+                                          const std::function<std::vector<test::Run>(const std::filesystem::path&)>& runs) {
+  auto small = dir / "small.safetensors", big = dir / "big.safetensors", path = dir / "swap.safetensors";
+  std::filesystem::copy_file(good, small);
   write_big(big);
   std::filesystem::copy_file(small, path);
   pid_t swapper = ::fork();
   if (swapper == 0) {
-    // Alternates the two files under `path`, each time through a fresh link and a rename.
-    auto next = dir_ / "next.safetensors";
+    auto next = dir / "next.safetensors";
     for (unsigned i = 0;; ++i) {
       ::link((i % 2 ? small : big).c_str(), next.c_str());
       ::rename(next.c_str(), path.c_str());
     }
   }
-  std::vector<decltype(cli({}))> runs;
-  for (int attempt = 0; attempt < 20; ++attempt)
-    runs.push_back(cli({"bench", path.string(), "--runs", "20"}));
+  auto out = runs(path);
   ::kill(swapper, SIGKILL);
   ::waitpid(swapper, nullptr, 0);
+  return out;
+}
+
+// `bench` sized its read() buffer once and let each read measure the file again: a file that
+// another process replaced by a larger one meanwhile (as every safetensors writer does) was read
+// past the buffer's end, into whatever memory followed (or failed as `Internal`). Each run now
+// reads exactly the validated length, and a file that changed is an `Io` error.
+TEST_F(Cli, BenchOfAFileReplacedMeanwhileNeverReadsPastItsBuffer) {
+  auto runs = run_while_replaced(dir_, good_, [](const std::filesystem::path& path) {
+    std::vector<test::Run> out;
+    for (int attempt = 0; attempt < 20; ++attempt) out.push_back(cli({"bench", path.string(), "--runs", "20"}));
+    return out;
+  });
   bool changed = false;
   for (const auto& r : runs) {
     EXPECT_TRUE(r.code == 0 || r.code == 1) << r.code << " " << r.err;
@@ -347,28 +354,17 @@ TEST_F(Cli, BenchOfAFileReplacedMeanwhileNeverReadsPastItsBuffer) {
 // checked: with the file replaced meanwhile, an OK line paired one file's tensor count with the
 // other's size (or the path's removal turned a valid file into FAIL).
 TEST_F(Cli, ValidateReportsTheSizeOfTheFileItChecked) {
-  auto small = dir_ / "small.safetensors", big = dir_ / "big.safetensors", path = dir_ / "swap.safetensors";
-  std::filesystem::copy_file(good_, small);
-  write_big(big);
-  std::filesystem::copy_file(small, path);
-  auto small_line = "(2 tensors, " + std::to_string(std::filesystem::file_size(small)) + " bytes)";
-  auto big_size = std::to_string(std::filesystem::file_size(big));
+  auto runs = run_while_replaced(dir_, good_, [](const std::filesystem::path& path) {
+    std::vector<test::Run> out;
+    for (int attempt = 0; attempt < 40; ++attempt) out.push_back(cli({"validate", path.string()}));
+    return out;
+  });
+  auto small_line = "(2 tensors, " + std::to_string(std::filesystem::file_size(dir_ / "small.safetensors")) + " bytes)";
+  auto big_size = std::to_string(std::filesystem::file_size(dir_ / "big.safetensors"));
   std::string big_line = "(1 tensors, ";
   for (int i = static_cast<int>(big_size.size()) - 3; i > 0; i -= 3)
     big_size.insert(static_cast<std::size_t>(i), ",");
   big_line += big_size + " bytes)";
-  pid_t swapper = ::fork();
-  if (swapper == 0) {
-    auto next = dir_ / "next.safetensors";
-    for (unsigned i = 0;; ++i) {
-      ::link((i % 2 ? small : big).c_str(), next.c_str());
-      ::rename(next.c_str(), path.c_str());
-    }
-  }
-  std::vector<decltype(cli({}))> runs;
-  for (int attempt = 0; attempt < 40; ++attempt) runs.push_back(cli({"validate", path.string()}));
-  ::kill(swapper, SIGKILL);
-  ::waitpid(swapper, nullptr, 0);
   for (const auto& r : runs) {
     EXPECT_EQ(r.code, 0) << r.out << r.err;
     EXPECT_TRUE(has(r.out, small_line) || has(r.out, big_line)) << r.out;
