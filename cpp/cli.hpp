@@ -9,6 +9,9 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <initializer_list>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -71,6 +74,35 @@ inline bool is_option(const std::string& a) {
 /// than a file name (a file whose name starts with "-" can be given as ./-name).
 [[noreturn]] inline void unknown_option(const std::string& command, const std::string& arg) {
   throw UsageError(command + ": unknown option '" + printable(arg) + "'");
+}
+
+/// The arguments of a command that takes a file and flags without values: the flags of `known`
+/// that were given, the file (the first other argument), and the arguments after it. Any other
+/// option, or no file, is a usage error.
+struct FileArguments {
+  fs::path path;
+  std::set<std::string, std::less<>> flags;
+  std::vector<std::string> more;
+};
+
+inline FileArguments read_file_arguments(const std::string& command, const std::vector<std::string>& args,
+                                         std::initializer_list<std::string_view> known) {
+  FileArguments out;
+  bool have_path = false;
+  for (const auto& a : args) {
+    if (std::find(known.begin(), known.end(), a) != known.end()) {
+      out.flags.insert(a);
+    } else if (is_option(a)) {
+      unknown_option(command, a);
+    } else if (!have_path) {
+      out.path = a;
+      have_path = true;
+    } else {
+      out.more.push_back(a);
+    }
+  }
+  if (!have_path) throw UsageError(command + " needs a file");
+  return out;
 }
 
 // ---- files ------------------------------------------------------------------------------------

@@ -20,30 +20,6 @@ namespace {
 
 using safetensors::Backend;
 
-struct Arguments {
-  fs::path path;
-  bool json = false;
-};
-
-Arguments read_arguments(const std::vector<std::string>& args) {
-  Arguments out;
-  std::optional<fs::path> path;
-  for (const auto& a : args) {
-    if (a == "--json") {
-      out.json = true;
-    } else if (is_option(a)) {
-      unknown_option("inspect", a);
-    } else if (!path) {
-      path = a;
-    } else {
-      throw UsageError("inspect takes one file");
-    }
-  }
-  if (!path) throw UsageError("inspect needs a file");
-  out.path = *path;
-  return out;
-}
-
 struct Row {
   std::string name;
   safetensors::TensorInfo info;
@@ -193,7 +169,10 @@ void print_totals(const Totals& t) {
 }  // namespace
 
 int inspect_command(const std::vector<std::string>& args) {
-  auto [path, json] = read_arguments(args);
+  auto a = read_file_arguments("inspect", args, {"--json"});
+  if (!a.more.empty()) throw UsageError("inspect takes one file");
+  const fs::path& path = a.path;
+  const bool json = a.flags.count("--json") > 0;
   Listing listing = is_index(path) ? list_checkpoint(path) : list_file(path);
   Totals totals = totals_of(listing.rows);
   if (json) {

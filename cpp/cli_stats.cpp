@@ -92,37 +92,6 @@ Stats stats_of(const safetensors::TensorView& t, const std::function<void(std::s
   return s;
 }
 
-struct Arguments {
-  fs::path path;
-  std::vector<std::string> names;  // empty: every tensor
-  bool json = false;
-};
-
-/// The arguments, or a usage error printed with this command's own usage text (exit code 2).
-std::optional<Arguments> read_arguments(const std::vector<std::string>& args) {
-  Arguments out;
-  std::optional<fs::path> path;
-  for (const auto& a : args) {
-    if (a == "--json") {
-      out.json = true;
-    } else if (is_option(a)) {
-      std::fprintf(stderr, "safetensors: stats: unknown option '%s'\n\n%s", printable(a).c_str(),
-                   kStatsUsage);
-      return std::nullopt;
-    } else if (!path) {
-      path = a;
-    } else {
-      out.names.push_back(a);
-    }
-  }
-  if (!path) {
-    std::fprintf(stderr, "safetensors: stats needs a file\n\n%s", kStatsUsage);
-    return std::nullopt;
-  }
-  out.path = *path;
-  return out;
-}
-
 /// Percent done of one tensor on stderr when it is a terminal, at most ten updates a second.
 class Progress {
  public:
@@ -205,30 +174,37 @@ void print_row(const Figures& f) {
 
 /// Entry point, dispatched from safetensors_cli.cpp's main.
 int stats_command(const std::vector<std::string>& args) {
-  auto a = read_arguments(args);
-  if (!a) return 2;
-  safetensors::Checkpoint ckpt(a->path);
-  if (a->names.empty()) a->names = ckpt.keys();
-  for (const auto& n : a->names) (void)ckpt.info(n);  // TensorNotFound before any work
+  FileArguments a;
+  try {
+    a = read_file_arguments("stats", args, {"--json"});
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "safetensors: %s\n\n%s", e.what(), kStatsUsage);  // this command's own usage
+    return 2;
+  }
+  const bool json = a.flags.count("--json") > 0;
+  std::vector<std::string>& names = a.more;  // empty: every tensor
+  safetensors::Checkpoint ckpt(a.path);
+  if (names.empty()) names = ckpt.keys();
+  for (const auto& n : names) (void)ckpt.info(n);  // TensorNotFound before any work
   Progress progress;
-  if (a->json) {
+  if (json) {
     std::printf("{\"tensors\": [");
   } else {
     print_table_heading();
   }
-  for (std::size_t i = 0; i < a->names.size(); ++i) {
-    const auto& name = a->names[i];
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto& name = names[i];
     auto t = ckpt.get_tensor(name);
     Figures f{name, t.dtype, t.shape, t.numel(), std::nullopt};
-    if (t.dtype != Dtype::C64) f.stats = stats_of(t, progress.of(i, a->names.size(), name, f.numel));
+    if (t.dtype != Dtype::C64) f.stats = stats_of(t, progress.of(i, names.size(), name, f.numel));
     progress.clear();
-    if (a->json) {
+    if (json) {
       std::printf("%s\n  %s", i ? "," : "", json_text(figures_json(f), JsonLayout::Spaced).c_str());
     } else {
       print_row(f);
     }
   }
-  if (a->json) std::printf("\n]}\n");
+  if (json) std::printf("\n]}\n");
   return 0;
 }
 
