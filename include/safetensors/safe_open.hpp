@@ -122,7 +122,9 @@ class SafeOpen {
 
   /// With `Backend::Direct`: why reads go through the page cache after all (the filesystem
   /// refused `O_DIRECT`); empty while they bypass it, and with the other backends.
-  [[nodiscard]] std::string direct_fallback() const { return std::string(detail::view(file().direct_fallback())); }
+  [[nodiscard]] std::string direct_fallback() const {
+    return std::string(detail::view(file().direct_fallback()));
+  }
 
   /// The header length `N` from the file's first 8 bytes.
   [[nodiscard]] std::size_t header_size() const { return file().header_len(); }

@@ -143,7 +143,8 @@ class Selection {
     auto raw = plan().runs();
     std::vector<ByteRun> out;
     out.reserve(raw.size());
-    for (const auto& r : raw) out.push_back({static_cast<std::size_t>(r.offset), static_cast<std::size_t>(r.length)});
+    for (const auto& r : raw)
+      out.push_back({static_cast<std::size_t>(r.offset), static_cast<std::size_t>(r.length)});
     return out;
   }
 

@@ -75,7 +75,7 @@ concept TensorLike = requires(const T& t) {
 /// is done, so such a tensor type must be movable or copyable.
 template <class R>
 concept NamedTensorRange = std::ranges::input_range<R> && requires(std::ranges::range_reference_t<R> e) {
-  { std::string_view(std::get<0>(e)) };
+  {std::string_view(std::get<0>(e))};
   requires TensorLike<std::remove_cvref_t<decltype(std::get<1>(e))>>;
   requires detail::borrows_tensors<R> ||
       std::constructible_from<std::remove_cvref_t<detail::tensor_ref_t<std::ranges::range_reference_t<R>>>,
@@ -152,7 +152,8 @@ template <NamedTensorRange R>
   }
   if (empty_metadata) call([&] { writer->keep_metadata(); });
   // Not a structured binding: clang before 16 cannot capture one in a lambda.
-  for (const auto& entry : metadata) call([&] { writer->add_metadata(bytes(entry.first), bytes(entry.second)); });
+  for (const auto& entry : metadata)
+    call([&] { writer->add_metadata(bytes(entry.first), bytes(entry.second)); });
   return writer;
 }
 
@@ -211,8 +212,8 @@ void save_file(const std::filesystem::path& path, R&& tensors, const Metadata& m
   auto writer = detail::make_writer(std::forward<R>(tensors), metadata, options.empty_metadata, kept);
   detail::call([&] { writer->write_file(detail::bytes(path.native()), options.sync); });
 }
-inline void save_file(const std::filesystem::path& path, detail::TensorList tensors, const Metadata& metadata = {},
-                      SaveOptions options = {}) {
+inline void save_file(const std::filesystem::path& path, detail::TensorList tensors,
+                      const Metadata& metadata = {}, SaveOptions options = {}) {
   save_file<const detail::TensorList&>(path, tensors, metadata, options);
 }
 

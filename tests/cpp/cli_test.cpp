@@ -30,16 +30,19 @@ class Cli : public ::testing::Test {
  protected:
   void SetUp() override {
     for (std::size_t i = 0; i < w_.size(); ++i) w_[i] = static_cast<float>(i);
-    safetensors::save_file(good_, {{"layer.weight", TensorView{Dtype::F32, {2, 3}, std::as_bytes(std::span(w_)), {}}},
-                                   {"layer.bias", TensorView{Dtype::F16, {3}, std::as_bytes(std::span(b_)), {}}}},
-                           {{"format", "pt"}});
+    safetensors::save_file(
+        good_,
+        {{"layer.weight", TensorView{Dtype::F32, {2, 3}, std::as_bytes(std::span(w_)), {}}},
+         {"layer.bias", TensorView{Dtype::F16, {3}, std::as_bytes(std::span(b_)), {}}}},
+        {{"format", "pt"}});
     std::string bad_json = R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}})";
     test::write_bytes(bad_, test::raw_file(bad_json, 3));
     std::string lfs = "version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 548105171\n";
     test::write_bytes(lfs_, std::vector<std::uint8_t>(lfs.begin(), lfs.end()));
   }
   test::TempDir dir_;
-  std::filesystem::path good_ = dir_ / "good.safetensors", bad_ = dir_ / "bad.safetensors", lfs_ = dir_ / "lfs.safetensors";
+  std::filesystem::path good_ = dir_ / "good.safetensors", bad_ = dir_ / "bad.safetensors",
+                        lfs_ = dir_ / "lfs.safetensors";
   std::array<float, 6> w_{};
   std::array<std::uint16_t, 3> b_{0x3c00, 0x4000, 0x4200};
 };
@@ -87,7 +90,9 @@ TEST_F(Cli, InspectJsonListsEveryTensor) {
   auto r = cli({"inspect", good_.string(), "--json"});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(has(r.out, R"("metadata":{"format":"pt"})")) << r.out;
-  EXPECT_TRUE(has(r.out, R"({"name":"layer.weight","dtype":"F32","shape":[2,3],"bytes":24,"data_offsets":[0,24]})")) << r.out;
+  EXPECT_TRUE(
+      has(r.out, R"({"name":"layer.weight","dtype":"F32","shape":[2,3],"bytes":24,"data_offsets":[0,24]})"))
+      << r.out;
   EXPECT_TRUE(has(r.out, R"("totals":{"tensors":2,"parameters":9,"bytes":30)")) << r.out;
 }
 
@@ -104,7 +109,8 @@ TEST_F(Cli, ValidateReportsEachFileAndFailsIfAnyIsBad) {
   auto mixed = cli({"validate", good_.string(), bad_.string(), lfs_.string()});
   EXPECT_EQ(mixed.code, 1);
   EXPECT_TRUE(has(mixed.out, "FAIL " + bad_.string() + ": InvalidOffset:")) << mixed.out;
-  EXPECT_TRUE(has(mixed.out, "FAIL " + lfs_.string() + ": HeaderTooLarge:") && has(mixed.out, "git-lfs pointer"))
+  EXPECT_TRUE(has(mixed.out, "FAIL " + lfs_.string() + ": HeaderTooLarge:") &&
+              has(mixed.out, "git-lfs pointer"))
       << mixed.out;
   EXPECT_TRUE(has(mixed.out, "1 of 3 files valid")) << mixed.out;
   EXPECT_EQ(cli({"validate", "--header-only", good_.string()}).code, 0);
@@ -112,10 +118,12 @@ TEST_F(Cli, ValidateReportsEachFileAndFailsIfAnyIsBad) {
 
 TEST_F(Cli, ValidateChecksEveryShardOfAnIndex) {
   std::filesystem::copy_file(good_, dir_ / "part-1.safetensors");
-  std::ofstream(dir_ / "m.index.json") << R"({"weight_map":{"layer.weight":"part-1.safetensors","layer.bias":"part-1.safetensors"}})";
+  std::ofstream(dir_ / "m.index.json")
+      << R"({"weight_map":{"layer.weight":"part-1.safetensors","layer.bias":"part-1.safetensors"}})";
   auto ok = cli({"validate", (dir_ / "m.index.json").string()});
   EXPECT_EQ(ok.code, 0) << ok.out;
-  std::ofstream(dir_ / "m.index.json") << R"({"weight_map":{"layer.weight":"part-1.safetensors","gone":"part-2.safetensors"}})";
+  std::ofstream(dir_ / "m.index.json")
+      << R"({"weight_map":{"layer.weight":"part-1.safetensors","gone":"part-2.safetensors"}})";
   auto bad = cli({"validate", (dir_ / "m.index.json").string()});
   EXPECT_EQ(bad.code, 1);
   EXPECT_TRUE(has(bad.out, "ShardMissing") && has(bad.out, "part-2.safetensors")) << bad.out;
@@ -150,7 +158,8 @@ TEST_F(Cli, MetadataPrintsAndRewritesWithTheDataUnchanged) {
   EXPECT_EQ(printed.out, "format: pt\n");
   auto before = safetensors::SafeOpen(good_).get_tensor("layer.weight");
   std::vector<std::byte> old_bytes(before.data.begin(), before.data.end());
-  auto set = cli({"metadata", good_.string(), "--set", "source=cli", "--set", "note=a=b", "--delete", "format"});
+  auto set =
+      cli({"metadata", good_.string(), "--set", "source=cli", "--set", "note=a=b", "--delete", "format"});
   EXPECT_EQ(set.code, 0) << set.err;
   safetensors::SafeOpen after(good_);
   EXPECT_EQ(after.metadata(), (std::map<std::string, std::string>{{"note", "a=b"}, {"source", "cli"}}));
@@ -158,7 +167,8 @@ TEST_F(Cli, MetadataPrintsAndRewritesWithTheDataUnchanged) {
   EXPECT_TRUE(std::equal(w.data.begin(), w.data.end(), old_bytes.begin(), old_bytes.end()));
   EXPECT_EQ(after.size(), 2u);
   std::vector<std::string> names;
-  for (const auto& e : std::filesystem::directory_iterator(dir_.path())) names.push_back(e.path().filename().string());
+  for (const auto& e : std::filesystem::directory_iterator(dir_.path()))
+    names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{"bad.safetensors", "good.safetensors", "lfs.safetensors"}));
   EXPECT_EQ(cli({"metadata", good_.string(), "--set", "novalue"}).code, 2);
@@ -309,8 +319,9 @@ TEST_F(Cli, MetadataRewriteNeverWritesThroughWhatSitsAtTheStagedName) {
 /// `swap.safetensors` in `dir`, replaced again and again by a small file (a copy of `good`) and a
 /// 32 MiB one, each time through a fresh link and a rename (as every safetensors writer
 /// replaces a file), while `runs` runs the tool on it.
-std::vector<test::Run> run_while_replaced(const test::TempDir& dir, const std::filesystem::path& good,
-                                          const std::function<std::vector<test::Run>(const std::filesystem::path&)>& runs) {
+std::vector<test::Run> run_while_replaced(
+    const test::TempDir& dir, const std::filesystem::path& good,
+    const std::function<std::vector<test::Run>(const std::filesystem::path&)>& runs) {
   auto small = dir / "small.safetensors", big = dir / "big.safetensors", path = dir / "swap.safetensors";
   std::filesystem::copy_file(good, small);
   write_big(big);
@@ -336,7 +347,8 @@ std::vector<test::Run> run_while_replaced(const test::TempDir& dir, const std::f
 TEST_F(Cli, BenchOfAFileReplacedMeanwhileNeverReadsPastItsBuffer) {
   auto runs = run_while_replaced(dir_, good_, [](const std::filesystem::path& path) {
     std::vector<test::Run> out;
-    for (int attempt = 0; attempt < 20; ++attempt) out.push_back(cli({"bench", path.string(), "--runs", "20"}));
+    for (int attempt = 0; attempt < 20; ++attempt)
+      out.push_back(cli({"bench", path.string(), "--runs", "20"}));
     return out;
   });
   bool changed = false;
@@ -359,7 +371,8 @@ TEST_F(Cli, ValidateReportsTheSizeOfTheFileItChecked) {
     for (int attempt = 0; attempt < 40; ++attempt) out.push_back(cli({"validate", path.string()}));
     return out;
   });
-  auto small_line = "(2 tensors, " + std::to_string(std::filesystem::file_size(dir_ / "small.safetensors")) + " bytes)";
+  auto small_line =
+      "(2 tensors, " + std::to_string(std::filesystem::file_size(dir_ / "small.safetensors")) + " bytes)";
   auto big_size = std::to_string(std::filesystem::file_size(dir_ / "big.safetensors"));
   std::string big_line = "(1 tensors, ";
   for (int i = static_cast<int>(big_size.size()) - 3; i > 0; i -= 3)

@@ -29,8 +29,11 @@ using test::kind_of;
 std::filesystem::path make_file(const test::TempDir& dir) {
   std::vector<std::vector<std::uint8_t>> storage;
   std::vector<std::pair<std::string, TensorView>> tensors;
-  const std::vector<std::pair<Dtype, std::vector<std::size_t>>> specs = {
-      {Dtype::F32, {3, 5}}, {Dtype::BF16, {7}}, {Dtype::U8, {5, 3}}, {Dtype::F64, {2, 2}}, {Dtype::F32, {1024, 3072}}};
+  const std::vector<std::pair<Dtype, std::vector<std::size_t>>> specs = {{Dtype::F32, {3, 5}},
+                                                                         {Dtype::BF16, {7}},
+                                                                         {Dtype::U8, {5, 3}},
+                                                                         {Dtype::F64, {2, 2}},
+                                                                         {Dtype::F32, {1024, 3072}}};
   for (std::size_t i = 0; i < specs.size(); ++i) {
     auto& [d, shape] = specs[i];
     std::size_t n = 1;
@@ -65,7 +68,10 @@ TEST(CudaPlan, PlacesEveryTensorAlignedWithoutAGpu) {
   EXPECT_EQ(sub[0].byte_size, 1024u * 1536 * 4);
   EXPECT_EQ(sub[1].offset % 512, 0u);
   EXPECT_EQ(sub_total, sub[1].offset + sub[1].byte_size);
-  EXPECT_EQ(kind_of([&] { (void)cuda::plan(f, std::vector<cuda::Request>{{"nope", {}}}); }), ErrorKind::TensorNotFound);
+  EXPECT_EQ(kind_of([&] {
+              (void)cuda::plan(f, std::vector<cuda::Request>{{"nope", {}}});
+            }),
+            ErrorKind::TensorNotFound);
 }
 
 /// Under the emulated driver the GPU tests get two devices (unless the environment says
@@ -78,7 +84,8 @@ TEST(CudaPlan, PlacesEveryTensorAlignedWithoutAGpu) {
 
 TEST(Cuda, WithoutAGpuEveryEntryPointIsACudaError) {
   if (cuda::available()) GTEST_SKIP() << "a GPU is present; the no-GPU path is not reachable here";
-  if (std::getenv("SAFETENSORS_FAKE_LIBCUDA")) GTEST_SKIP() << "covered by CudaNoDevice under the fake driver";
+  if (std::getenv("SAFETENSORS_FAKE_LIBCUDA"))
+    GTEST_SKIP() << "covered by CudaNoDevice under the fake driver";
   auto why = cuda::why_unavailable();
   if (cuda::built()) {
     EXPECT_NE(why.find("libcuda"), std::string::npos) << why;
@@ -95,7 +102,8 @@ TEST(Cuda, WithoutAGpuEveryEntryPointIsACudaError) {
 }
 
 TEST(CudaNoDevice, ADriverWithoutAGpuIsACudaErrorSayingSo) {
-  if (!std::getenv("SAFETENSORS_FAKE_LIBCUDA")) GTEST_SKIP() << "runs under the fake driver (ctest cuda_no_device)";
+  if (!std::getenv("SAFETENSORS_FAKE_LIBCUDA"))
+    GTEST_SKIP() << "runs under the fake driver (ctest cuda_no_device)";
   if (!cuda::built()) GTEST_SKIP() << "this build has no CUDA support";
   try {
     (void)cuda::device_count();
@@ -114,7 +122,8 @@ std::vector<std::byte> download(const void* ptr, std::size_t n, int device = 0) 
   return out;
 }
 
-void expect_same(const std::vector<std::byte>& device_bytes, std::span<const std::byte> file_bytes, const std::string& what) {
+void expect_same(const std::vector<std::byte>& device_bytes, std::span<const std::byte> file_bytes,
+                 const std::string& what) {
   ASSERT_EQ(device_bytes.size(), file_bytes.size()) << what;
   EXPECT_EQ(std::memcmp(device_bytes.data(), file_bytes.data(), file_bytes.size()), 0) << what;
 }
@@ -222,14 +231,17 @@ TEST(CudaGpu, CallerBufferAndStream) {
   void* stream = nullptr;
   ASSERT_EQ(mem_alloc(&dst, bytes), 0);
   ASSERT_EQ(stream_create(&stream, 1 /* non-blocking */), 0);
-  auto placed = up.load_into(f, {}, reinterpret_cast<void*>(dst), bytes, reinterpret_cast<std::uintptr_t>(stream));
+  auto placed =
+      up.load_into(f, {}, reinterpret_cast<void*>(dst), bytes, reinterpret_cast<std::uintptr_t>(stream));
   EXPECT_EQ(placed.size(), placements.size());
   ASSERT_EQ(stream_sync(stream), 0);  // completion is visible on the caller's stream
   for (const auto& p : placed) {
-    expect_same(download(reinterpret_cast<void*>(dst + p.offset), p.byte_size), f.get_tensor(p.name).data, p.name);
+    expect_same(download(reinterpret_cast<void*>(dst + p.offset), p.byte_size), f.get_tensor(p.name).data,
+                p.name);
   }
   EXPECT_EQ(kind_of([&] {
-              (void)up.load_into(f, {}, reinterpret_cast<void*>(dst), bytes - 1, reinterpret_cast<std::uintptr_t>(stream));
+              (void)up.load_into(f, {}, reinterpret_cast<void*>(dst), bytes - 1,
+                                 reinterpret_cast<std::uintptr_t>(stream));
             }),
             ErrorKind::Cuda);
   up.synchronize();
@@ -252,7 +264,8 @@ TEST(CudaGpu, ManyThreadsLoadAtOnce) {
       for (const auto& p : loaded.placements()) {
         auto got = download(loaded.data(p.name), p.byte_size);
         auto want = f.get_tensor(p.name);
-        if (got.size() != want.data.size() || std::memcmp(got.data(), want.data.data(), got.size()) != 0) ++bad;
+        if (got.size() != want.data.size() || std::memcmp(got.data(), want.data.data(), got.size()) != 0)
+          ++bad;
       }
     });
   }

@@ -30,9 +30,9 @@ namespace {
 // real driver ignores it).
 const bool kTwoDevices = (::setenv("SAFETENSORS_FAKE_CUDA_DEVICES", "2", 0), true);
 
-using test::kind_of;
 using test::Ctx;
 using test::Driver;
+using test::kind_of;
 using test::Stream;
 
 /// A file of assorted tensors, one spanning several 1 MiB chunks.

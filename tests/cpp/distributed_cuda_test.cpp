@@ -72,8 +72,8 @@ class DeviceGroup : public test::LocalGroup {
 };
 
 using test::layer_wants;
-using test::whole;
 using test::Want;
+using test::whole;
 
 /// The layer file of multi_rank.hpp, loaded by W threads onto device 0.
 class DeviceLayer : public test::LayerFile {
@@ -148,7 +148,6 @@ class DeviceLayer : public test::LayerFile {
       EXPECT_GT(shared, 0u) << "the replicated norm is a shared read";
     }
   }
-
 
   /// Four ranks load the layer; under the emulated driver, no copy came from pageable memory
   /// and no device memory is left (scratch freed, results freed by the test).

@@ -25,8 +25,8 @@ using namespace safetensors;
 using test::kind_of;
 
 using test::LocalGroup;
-using test::whole;
 using test::Want;
+using test::whole;
 
 /// Runs a world of `world` threads; each opens `open()` itself (as separate processes would),
 /// plans every rank's `wants`, loads its share and checks it against a single-process read.

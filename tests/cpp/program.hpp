@@ -48,7 +48,9 @@ inline Run run(const std::string& program, const std::vector<std::string>& args)
 
 #ifdef SAFETENSORS_CLI
 /// The built `safetensors` tool (tests/CMakeLists.txt names it) with `args`.
-inline Run cli(const std::vector<std::string>& args) { return run(SAFETENSORS_CLI, args); }
+inline Run cli(const std::vector<std::string>& args) {
+  return run(SAFETENSORS_CLI, args);
+}
 #endif
 
 inline bool has(const std::string& text, const std::string& needle) {

@@ -548,8 +548,8 @@ DevAlloc* device_range(const char* fn, CUdeviceptr p, std::size_t n, CUdeviceptr
     return &it->second;
   }
   if (auto dead = holding(d.dev_dead, p); dead != d.dev_dead.end()) {
-    die(fn, "device address %s lies in memory that was freed (allocation %s of %zu bytes): %s", hex(p).c_str(),
-        hex(dead->first).c_str(), dead->second.size, dead->second.why.c_str());
+    die(fn, "device address %s lies in memory that was freed (allocation %s of %zu bytes): %s",
+        hex(p).c_str(), hex(dead->first).c_str(), dead->second.size, dead->second.why.c_str());
   }
   return nullptr;
 }

@@ -14,8 +14,8 @@
 #include "safetensors/error.hpp"
 #include "safetensors/version.hpp"
 // cxx.h first: it defines rust::Error, which the generated header leaves out.
-#include "safetensors/ffi/rust/cxx.h"
 #include "safetensors/ffi/lib.rs.h"
+#include "safetensors/ffi/rust/cxx.h"
 
 namespace safetensors::detail {
 
@@ -24,8 +24,7 @@ namespace safetensors::detail {
   std::string_view text = e.what();
   unsigned kind = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), kind);
-  if (ec != std::errc{} || end == text.data() + text.size() || *end != ':' ||
-      kind >= error_kind_count) {
+  if (ec != std::errc{} || end == text.data() + text.size() || *end != ':' || kind >= error_kind_count) {
     throw Error(ErrorKind::Internal, "unexpected error from the safetensors core: " + std::string(text));
   }
   throw Error(static_cast<ErrorKind>(kind), std::string(end + 1, text.data() + text.size()));
@@ -63,7 +62,9 @@ inline ::rust::Slice<const std::uint8_t> bytes(std::string_view s) {
   return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
 }
 
-inline std::string_view view(::rust::Str s) { return {s.data(), s.size()}; }
+inline std::string_view view(::rust::Str s) {
+  return {s.data(), s.size()};
+}
 
 // Copy out of `rust::Slice` through data() and size(), never its iterators: instantiating their
 // arithmetic trips -Wsign-conversion inside cxx.h, which would break users building with
@@ -85,7 +86,8 @@ struct FileHandle {
 /// Shared ownership of a Rust object, so the C++ value types holding it stay copyable.
 template <class T>
 std::shared_ptr<const T> share(::rust::Box<T> box) {
-  return std::shared_ptr<const T>(box.into_raw(), [](const T* p) { ::rust::Box<T>::from_raw(const_cast<T*>(p)); });
+  return std::shared_ptr<const T>(box.into_raw(),
+                                  [](const T* p) { ::rust::Box<T>::from_raw(const_cast<T*>(p)); });
 }
 
 }  // namespace safetensors::detail
