@@ -2,6 +2,7 @@
 """bench.py: the same work items as bench_cpp, with Python's safetensors 0.8.0 and NumPy.
 
     bench.py [--runs N] [--items open,load,load_copy,slice,save,gpu] [--json OUT] FILE...
+    bench.py [--items open,load,load_copy,gpu] [--json OUT] MODEL... ITERATIONS
 
     open       safe_open(path, "np"), keys(), get_slice(k).get_shape() for every key
     load       safetensors.numpy.load_file(path): every tensor into NumPy arrays
@@ -14,7 +15,11 @@
 
 Files with dtypes NumPy lacks (bf16, fp8) go through safetensors.torch when torch is installed,
 else those items are reported as skipped. Writes the same JSON schema as bench_cpp (tool
-"bench.py"). Medians of --runs runs after one warm-up; the page cache is warm.
+"bench.py"). Medians of --runs runs after one warm-up; the page cache is warm. With a number
+ITERATIONS after the files instead (the seed README's `bench.py MODEL ITERATIONS`): the time per
+iteration of each load over ITERATIONS iterations, the first one included, as bench_cpp's same
+form. A bad argument or a missing file is a usage message and exit code 2; a file that is not
+valid safetensors, exit code 1. Arguments are checked before NumPy and safetensors are imported.
 """
 import argparse
 import datetime
@@ -25,23 +30,26 @@ import statistics
 import sys
 import time
 
-import numpy as np
-import safetensors
-from safetensors import safe_open
-from safetensors.numpy import load_file, save_file
+ITEMS = {"open", "load", "load_copy", "slice", "save", "save_nosync", "gpu", "convert"}
+ITERATION_ITEMS = {"open", "load", "load_copy", "gpu"}
+
+
+def timings(n, body, setup=lambda: None):
+    """Timings of `n` calls of `body`, each after `setup` (untimed), with no warm-up."""
+    out = []
+    for _ in range(n):
+        setup()
+        t = time.perf_counter()
+        body()
+        out.append(time.perf_counter() - t)
+    return out
 
 
 def timed(runs, body, setup=lambda: None):
     """Timings of `runs` calls of `body` after one untimed warm-up call, as bench_cpp does."""
     setup()
     body()
-    out = []
-    for _ in range(runs):
-        setup()
-        t = time.perf_counter()
-        body()
-        out.append(time.perf_counter() - t)
-    return out
+    return timings(runs, body, setup)
 
 
 def result(item, runs, nbytes=0, skipped=None):
@@ -87,6 +95,13 @@ def frameworks(path):
     return st_torch.load_file, st_torch.save_file, "pt"
 
 
+def open_all(path):
+    """The `open` item: open the file, list keys, take every tensor's slice shape."""
+    with safe_open(path, framework="np") as f:
+        for k in f.keys():
+            f.get_slice(k).get_shape()
+
+
 def bench_file(path, runs, items):
     size = os.path.getsize(path)
     with open(path, "rb") as f:  # warm the page cache
@@ -104,13 +119,8 @@ def bench_file(path, runs, items):
     else:
         load_file_fw, save_file_fw, framework = fw
 
-    def open_all():
-        with safe_open(path, framework="np") as f:
-            for k in f.keys():
-                f.get_slice(k).get_shape()
-
     if "open" in items:
-        out.append(result("open", timed(max(runs, 21), open_all)))
+        out.append(result("open", timed(max(runs, 21), lambda: open_all(path))))
     if "load" in items or "load_copy" in items:
         held = []
         t = timed(runs, lambda: held.append(load_file_fw(path)), held.clear)
@@ -149,19 +159,30 @@ def bench_file(path, runs, items):
     return {"name": os.path.basename(path), "bytes": size, "tensors": len(keys), "items": out, "limits": []}
 
 
-def gpu_items(path, runs, size):
+def gpu_loader(path):
+    """safetensors.torch.load_file(path, device="cuda:0"), synchronized, or why it cannot run."""
     try:
         import torch
         from safetensors.torch import load_file as torch_load
     except ImportError:
-        return [result("gpu", None, skipped="torch is not installed")]
+        return "torch is not installed"
     if not torch.cuda.is_available():
-        return [result("gpu", None, skipped="no CUDA device")]
+        return "no CUDA device"
 
     def load():
         tensors = torch_load(path, device="cuda:0")
         torch.cuda.synchronize()
         return tensors
+
+    return load
+
+
+def gpu_items(path, runs, size):
+    load = gpu_loader(path)
+    if isinstance(load, str):
+        return [result("gpu", None, skipped=load)]
+    import torch
+    from safetensors.torch import load_file as torch_load
 
     def naive():
         tensors = {k: t.to("cuda:0") for k, t in torch_load(path).items()}
@@ -217,28 +238,122 @@ def convert_items(runs, elements=64 << 20):
     return out
 
 
-def main(argv):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("files", nargs="*")
-    p.add_argument("--runs", type=int, default=0)
-    p.add_argument("--items", default="open,load,load_copy,slice,save_nosync,gpu")
+def iterate_file(path, iterations, items):
+    """`MODEL ITERATIONS`: each load's timings over `iterations` iterations, the first included."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:  # warm the page cache, as bench_cpp does
+        while f.read(1 << 24):
+            pass
+    with safe_open(path, framework="np") as f:
+        tensors = len(f.keys())
+    out = []
+    if "open" in items:
+        out.append(result("open", timings(iterations, lambda: open_all(path))))
+    if "load" in items or "load_copy" in items:
+        fw = frameworks(path)
+        held = []
+        t = None if isinstance(fw, str) else timings(iterations, lambda: held.append(fw[0](path)), held.clear)
+        for item in ("load", "load_copy"):
+            if item in items:
+                out.append(result(item, t, size, skipped=fw if t is None else None))
+    if "gpu" in items:
+        load = gpu_loader(path)
+        out.append(result("gpu", None, skipped=load) if isinstance(load, str) else result("gpu", timings(iterations, load), size))
+    for r in out:
+        if "skipped" not in r:
+            r["per_iteration_s"] = statistics.mean(r["runs_s"])
+    return {"name": os.path.basename(path), "bytes": size, "tensors": tensors, "iterations": iterations, "items": out}
+
+
+def print_medians(entry, runs):
+    print(f"{entry['name']} ({entry['bytes']} bytes, {entry['tensors']} tensors, {runs} runs)")
+    for r in entry["items"]:
+        if "skipped" in r:
+            print(f"  {r['item']:<10} skipped: {r['skipped']}")
+        else:
+            print(f"  {r['item']:<10} {r['median_s'] * 1e3:10.3f} ms")
+
+
+def print_iterations(entry):
+    print(f"{entry['name']} ({entry['bytes']} bytes, {entry['tensors']} tensors, "
+          f"{entry['iterations']} iterations): time per iteration")
+    for r in entry["items"]:
+        if "skipped" in r:
+            print(f"  {r['item']:<14} skipped: {r['skipped']}")
+            continue
+        line = f"  {r['item']:<14} {r['per_iteration_s']:12.6f} s"
+        if r["bytes"]:
+            line += f"  {r['bytes'] / r['per_iteration_s'] / 1e9:6.2f} GB/s"
+        print(line)
+
+
+def parse(argv):
+    """The command line, checked as a whole (argparse's usage message and exit code 2)."""
+    p = argparse.ArgumentParser(prog="bench.py", description=__doc__.splitlines()[0],
+                                usage="%(prog)s [--runs N] [--items ITEM,...] [--json OUT] FILE...\n"
+                                      "       %(prog)s [--items ITEM,...] [--json OUT] MODEL... ITERATIONS")
+    p.add_argument("files", nargs="*", help="safetensors files; a last argument made of digits is ITERATIONS")
+    p.add_argument("--runs", type=int)
+    p.add_argument("--items")
     p.add_argument("--json")
     a = p.parse_args(argv)
-    items = set(a.items.split(","))
+    numbers = [f for f in a.files if f.isdigit()]
+    a.files = [f for f in a.files if not f.isdigit()]
+    if len(numbers) > 1:
+        p.error(f"ITERATIONS is given twice ({', '.join(numbers)}); name a file like ./{numbers[1]}")
+    a.iterations = int(numbers[0]) if numbers else 0
+    if numbers and not 1 <= a.iterations <= 1_000_000:
+        p.error(f"ITERATIONS takes a number from 1 to 1000000, got '{numbers[0]}'")
+    if a.runs is not None and not 1 <= a.runs <= 1_000_000:
+        p.error(f"--runs takes a number from 1 to 1000000, got '{a.runs}'")
+    default = ITERATION_ITEMS if a.iterations else {"open", "load", "load_copy", "slice", "save_nosync", "gpu"}
+    a.items = set(a.items.split(",")) if a.items else default
+    for item in sorted(a.items - ITEMS):
+        p.error(f"unknown item '{item}' in --items")
+    if a.iterations:
+        if a.runs is not None:
+            p.error("give either --runs N or ITERATIONS, not both")
+        if not a.files:
+            p.error("ITERATIONS needs a MODEL file before it")
+        for item in sorted(a.items - ITERATION_ITEMS):
+            p.error(f"item '{item}' is not timed per iteration")
+    if not a.files and "convert" not in a.items:
+        p.error("no file given")
+    for f in a.files:
+        if not os.path.isfile(f):
+            p.error(f"no such file '{f}'")
+    return a
+
+
+def main(argv):
+    a = parse(argv)
+    try:
+        global np, safetensors, safe_open, load_file, save_file
+        import numpy as np
+        import safetensors
+        from safetensors import safe_open
+        from safetensors.numpy import load_file, save_file
+    except ImportError as e:
+        print(f"bench.py: {e}: needs safetensors==0.8.0 and NumPy (pip install -r benchmark/requirements.txt)",
+              file=sys.stderr)
+        return 1
     report = {"tool": "bench.py", "safetensors": safetensors.__version__, "numpy": np.__version__,
               "date": datetime.date.today().isoformat(), "machine": machine(), "cache": "warm", "files": []}
     print(f"bench.py | safetensors {safetensors.__version__} | {report['machine']} | page cache warm")
     for path in a.files:
-        runs = a.runs or (3 if os.path.getsize(path) > (2 << 30) else 7)
-        entry = bench_file(path, runs, items)
-        report["files"].append(entry)
-        print(f"{entry['name']} ({entry['bytes']} bytes, {entry['tensors']} tensors, {runs} runs)")
-        for r in entry["items"]:
-            if "skipped" in r:
-                print(f"  {r['item']:<10} skipped: {r['skipped']}")
+        try:
+            if a.iterations:
+                entry = iterate_file(path, a.iterations, a.items)
+                print_iterations(entry)
             else:
-                print(f"  {r['item']:<10} {r['median_s'] * 1e3:10.3f} ms")
-    if "convert" in items:
+                runs = a.runs or (3 if os.path.getsize(path) > (2 << 30) else 7)
+                entry = bench_file(path, runs, a.items)
+                print_medians(entry, runs)
+        except (safetensors.SafetensorError, OSError, ValueError) as e:
+            print(f"bench.py: {path}: {e}", file=sys.stderr)
+            return 1
+        report["files"].append(entry)
+    if "convert" in a.items:
         print("convert (64 Mi elements)")
         report["convert"] = convert_items(a.runs or 3)
     text = json.dumps(report)

@@ -2,6 +2,7 @@
 // public API only, next to what the machine's own limits are for the same bytes.
 //
 //   bench_cpp [--runs N] [--items open,load,load_copy,slice,save,gpu] [--cold] [--json OUT] FILE...
+//   bench_cpp [--items open,load,load_copy,gpu] [--cold] [--json OUT] MODEL... ITERATIONS
 //
 // Work items (bench.py measures the same ones with Python's safetensors):
 //   open       open the file, list keys, take every tensor's view (no data touched)
@@ -21,12 +22,19 @@
 //   convert    not per file, and only when asked for (--items convert, no FILE needed): each
 //              dtype to F32 and F32 to BF16/F16/F8_E4M3 on 64 Mi elements (bench_convert.hpp)
 // Limits also measured: read() into fresh memory (what any copy into new memory pays for page
-// faults), and one memcpy of the file's size.
+// faults), and one memcpy of the file's size. open, load and load_copy are the loads that
+// `safetensors bench` times too (cpp/measure.hpp).
 //
-// Medians of --runs runs (default 7; 3 for files over 2 GB). The page cache is warm unless
-// --cold (needs root), which drops it before every run.
+// Medians of --runs runs (default 7; 3 for files over 2 GB), after one warm-up run. With a
+// number ITERATIONS after the files instead (the seed README's `bench_cpp MODEL ITERATIONS`):
+// the time per iteration of each load over ITERATIONS iterations, the first one included, as in
+// its table of 1, 10 and 100 iterations. The page cache is warm unless --cold (needs root),
+// which drops it before every run. A bad argument or a missing file is a usage message and exit
+// code 2; a file that is not valid safetensors, exit code 1.
 #include <safetensors/safetensors.hpp>
 
+#include <algorithm>
+#include <charconv>
 #include <cinttypes>
 #include <cstdio>
 #include <ctime>
@@ -36,74 +44,57 @@
 #include <sstream>
 
 #include "bench_convert.hpp"
-#include "measure.hpp"
+#include "limits.hpp"
 
 namespace {
 
+namespace fs = std::filesystem;
 using safetensors::Backend;
 using safetensors::Index;
 using safetensors::SafeOpen;
 using safetensors::TensorView;
 
+constexpr const char* kUsage =
+    "usage: bench_cpp [--runs N] [--items open,load,load_copy,slice,save,gpu,convert] [--cold] [--json OUT] "
+    "FILE...\n"
+    "       bench_cpp [--items open,load,load_copy,gpu] [--cold] [--json OUT] MODEL... ITERATIONS\n"
+    "  The first form prints medians of N runs (default 7; 3 for files over 2 GB) next to the\n"
+    "  machine's limits for the same bytes; the second, the time per iteration of each load over\n"
+    "  ITERATIONS iterations (the first one included). --cold drops the page cache before every\n"
+    "  run (needs root). A file named like a number is given as ./10.\n";
+
+const std::set<std::string> kAllItems{"open", "load", "load_copy", "slice", "save", "gpu", "convert"};
+const std::set<std::string> kIterationItems{"open", "load", "load_copy", "gpu"};
+
 struct Options {
-  int runs = 0;
+  int runs = 0;        // 0: the default for the file's size
+  int iterations = 0;  // > 0: the MODEL ITERATIONS form
   bool cold = false;
-  std::set<std::string> items{"open", "load", "load_copy", "slice", "save", "gpu"};
+  bool help = false;
+  std::set<std::string> items;
   std::string json;
-  std::vector<std::filesystem::path> files;
+  std::vector<fs::path> files;
 };
 
 struct Result {
   std::string item;
   std::vector<double> runs;
-  std::size_t bytes = 0;      // bytes moved per run, for GB/s
-  std::string skipped;        // non-empty: why the item did not run
+  std::size_t bytes = 0;  // bytes moved per run, for GB/s
+  std::string skipped;    // non-empty: why the item did not run
 };
 
 std::uint64_t sink = 0;  // keeps results observable so nothing is optimized away
 
-Result open_item(const std::filesystem::path& path, int runs, const std::function<void()>& setup) {
-  Result r{"open", {}, 0, {}};
-  r.runs = measure::repeat(runs, [&] {
-    SafeOpen f(path);
-    for (const auto& k : f.keys()) sink += f.get_tensor(k).shape.size();
-  }, setup);
-  return r;
-}
-
-Result load_copy_item(const std::filesystem::path& path, int runs, const std::function<void()>& setup) {
-  Result r{"load_copy", {}, std::filesystem::file_size(path), {}};
-  std::vector<TensorView> kept;
-  r.runs = measure::repeat(runs, [&] {
-    SafeOpen f(path, {Backend::Read});
-    kept.clear();
-    for (const auto& k : f.offset_keys()) kept.push_back(f.get_tensor(k));
-    sink += kept.size();
-  }, [&] {
-    kept.clear();  // freeing the previous run's buffers is not part of the next load
-    setup();
-  });
-  return r;
-}
-
-Result load_item(const std::filesystem::path& path, int runs, const std::function<void()>& setup) {
-  Result r{"load", {}, std::filesystem::file_size(path), {}};
-  r.runs = measure::repeat(runs, [&] {
-    SafeOpen f(path);
-    std::uint64_t sum = 0;
-    for (const auto& k : f.offset_keys()) {
-      auto view = f.get_tensor(k);
-      auto bytes = view.data;
-      std::size_t i = 0;
-      for (; i + 8 <= bytes.size(); i += 8) {
-        std::uint64_t w;
-        std::memcpy(&w, bytes.data() + i, 8);
-        sum += w;
-      }
-      for (; i < bytes.size(); ++i) sum += static_cast<std::uint8_t>(bytes[i]);
-    }
-    sink += sum;
-  }, setup);
+/// One of the loads shared with `safetensors bench` (cpp/measure.hpp), timed `runs` times.
+Result load_result(measure::LoadItem::Kind kind, const std::filesystem::path& path, int runs,
+                   const std::function<void()>& setup) {
+  measure::LoadItem item(kind, path);
+  bool reads_data = kind != measure::LoadItem::Kind::Open;
+  Result r{std::string(item.name()),
+           measure::repeat(runs, item, setup),
+           reads_data ? std::filesystem::file_size(path) : 0,
+           {}};
+  sink += item.sink();
   return r;
 }
 
@@ -117,19 +108,23 @@ Result slice_item(const std::filesystem::path& path, int runs, const std::functi
     }
   }
   std::vector<TensorView> kept;
-  r.runs = measure::repeat(runs, [&] {
-    SafeOpen f(path);
-    kept.clear();
-    for (const auto& k : f.keys()) {
-      auto s = f.get_slice(k);
-      if (s.shape().size() != 2) continue;
-      kept.push_back(s.select({Index::all(), Index::range(0, static_cast<std::int64_t>(s.shape()[1] / 2))}).read());
-    }
-    sink += kept.size();
-  }, [&] {
-    kept.clear();
-    setup();
-  });
+  r.runs = measure::repeat(
+      runs,
+      [&] {
+        SafeOpen f(path);
+        kept.clear();
+        for (const auto& k : f.keys()) {
+          auto s = f.get_slice(k);
+          if (s.shape().size() != 2) continue;
+          kept.push_back(
+              s.select({Index::all(), Index::range(0, static_cast<std::int64_t>(s.shape()[1] / 2))}).read());
+        }
+        sink += kept.size();
+      },
+      [&] {
+        kept.clear();
+        setup();
+      });
   return r;
 }
 
@@ -139,10 +134,12 @@ Result save_item(const std::filesystem::path& path, int runs, const std::functio
   std::vector<std::pair<std::string, TensorView>> tensors;
   for (const auto& k : f.keys()) tensors.emplace_back(k, f.get_tensor(k));
   auto out = path.parent_path() / ".bench-save.safetensors";
-  r.runs = measure::repeat(runs, [&] { safetensors::save_file(out, tensors, f.metadata(), {sync}); }, [&] {
-    std::filesystem::remove(out);
-    setup();
-  });
+  r.runs = measure::repeat(
+      runs, [&] { safetensors::save_file(out, tensors, f.metadata(), {sync}); },
+      [&] {
+        std::filesystem::remove(out);
+        setup();
+      });
   std::filesystem::remove(out);
   return r;
 }
@@ -157,18 +154,25 @@ std::size_t rss_anon() {
   return 0;
 }
 
+/// The `gpu` items of one file and what they are compared with.
+struct GpuResults {
+  Result gpu;
+  Result one_shot{"gpu one-shot", {}, 0, "no GPU"};
+  Result pinned{"pinned H2D", {}, 0, "no GPU"};
+  std::size_t host_extra = 0;  // host memory the upload added (RssAnon), in bytes
+};
+
 /// Every tensor of the file into one device allocation, complete, through a reused `Uploader`
 /// (`gpu`) and through the one-shot `cuda::load` (`gpu one-shot`, the process's shared
 /// uploader); and the limit for the same bytes, one copy from pinned host memory. The file is
 /// opened inside the timed body, as Python's `load_file` does (so each run pays its page faults,
 /// and `--cold` can evict what no live mapping holds); the device memory is freed outside it,
 /// before the next run. Also reports the host memory the upload adds.
-Result gpu_item(const std::filesystem::path& path, int runs, const std::function<void()>& setup, Result& pinned,
-                Result& one_shot, std::size_t& host_extra) {
+GpuResults gpu_item(const std::filesystem::path& path, int runs, const std::function<void()>& setup) {
   namespace cuda = safetensors::cuda;
-  if (!cuda::available()) return {"gpu", {}, 0, "no usable GPU: " + cuda::why_unavailable()};
+  if (!cuda::available()) return {{"gpu", {}, 0, "no usable GPU: " + cuda::why_unavailable()}};
   std::size_t size = std::filesystem::file_size(path);
-  Result r{"gpu", {}, size, {}};
+  GpuResults g{{"gpu", {}, size, {}}};
   std::size_t before = rss_anon();
   std::optional<cuda::DeviceTensors> loaded;  // freed by the untimed setup of the next run
   auto free_then = [&] {
@@ -177,25 +181,45 @@ Result gpu_item(const std::filesystem::path& path, int runs, const std::function
   };
   {
     cuda::Uploader up(0);
-    r.runs = measure::repeat(runs, [&] { loaded = up.load(SafeOpen(path)); }, free_then);
+    g.gpu.runs = measure::repeat(
+        runs, [&] { loaded = up.load(SafeOpen(path)); }, free_then);
     loaded.reset();
   }
-  one_shot = {"gpu one-shot", measure::repeat(runs, [&] { loaded = cuda::load(SafeOpen(path)); }, free_then), size,
-              {}};
+  g.one_shot = {"gpu one-shot",
+                measure::repeat(
+                    runs, [&] { loaded = cuda::load(SafeOpen(path)); }, free_then),
+                size,
+                {}};
   loaded.reset();
-  host_extra = rss_anon() - std::min(before, rss_anon());
+  g.host_extra = rss_anon() - std::min(before, rss_anon());
   // pinned_copy_seconds times the copy itself, not the allocation around it.
-  pinned = {"pinned H2D", {}, size, {}};
+  g.pinned = {"pinned H2D", {}, size, {}};
   (void)cuda::pinned_copy_seconds(size);
-  for (int i = 0; i < runs; ++i) pinned.runs.push_back(cuda::pinned_copy_seconds(size));
-  return r;
+  for (int i = 0; i < runs; ++i) g.pinned.runs.push_back(cuda::pinned_copy_seconds(size));
+  return g;
+}
+
+/// `gpu` for ITERATIONS: `iterations` uploads through one `Uploader`, the first one included.
+Result gpu_iterations(const std::filesystem::path& path, int iterations, const std::function<void()>& setup) {
+  namespace cuda = safetensors::cuda;
+  if (!cuda::available()) return {"gpu", {}, 0, "no usable GPU: " + cuda::why_unavailable()};
+  cuda::Uploader up(0);
+  std::optional<cuda::DeviceTensors> loaded;
+  auto runs = measure::timings(
+      iterations, [&] { loaded = up.load(SafeOpen(path)); },
+      [&] {
+        loaded.reset();
+        setup();
+      });
+  return {"gpu", std::move(runs), std::filesystem::file_size(path), {}};
 }
 
 struct Limits {
   Result read, read_fresh, memcpy, write_sync, write_nosync;
 };
 
-Limits limits(const std::filesystem::path& path, int runs, bool want_write, const std::function<void()>& setup) {
+Limits limits(const std::filesystem::path& path, int runs, bool want_write,
+              const std::function<void()>& setup) {
   Limits l;
   std::size_t size = std::filesystem::file_size(path);
   measure::MappedBuffer target(size);
@@ -216,20 +240,30 @@ Limits limits(const std::filesystem::path& path, int runs, bool want_write, cons
     std::vector<std::byte> bytes(size, std::byte{3});
     auto dir = path.parent_path();
     auto remove = [&] { std::filesystem::remove(measure::raw_write_path(dir)); };
-    l.write_sync = {"write()+fsync", measure::repeat(runs, [&] { measure::write_file(dir, bytes, true); }, remove), size, {}};
-    l.write_nosync = {"write()", measure::repeat(runs, [&] { measure::write_file(dir, bytes, false); }, remove), size, {}};
+    l.write_sync = {"write()+fsync",
+                    measure::repeat(
+                        runs, [&] { measure::write_file(dir, bytes, true); }, remove),
+                    size,
+                    {}};
+    l.write_nosync = {"write()",
+                      measure::repeat(
+                          runs, [&] { measure::write_file(dir, bytes, false); }, remove),
+                      size,
+                      {}};
     remove();
   }
   return l;
 }
 
-std::string json_result(const Result& r) {
+/// One item in the JSON report: its median, or with `per_iteration` its time per iteration.
+std::string json_result(const Result& r, bool per_iteration = false) {
   std::ostringstream o;
   o << "{\"item\":\"" << r.item << "\"";
   if (!r.skipped.empty()) {
     o << ",\"skipped\":\"" << r.skipped << "\"}";
     return o.str();
   }
+  if (per_iteration) o << ",\"per_iteration_s\":" << measure::mean(r.runs);
   o << ",\"median_s\":" << measure::median(r.runs) << ",\"bytes\":" << r.bytes << ",\"runs_s\":[";
   for (std::size_t i = 0; i < r.runs.size(); ++i) o << (i ? "," : "") << r.runs[i];
   o << "]}";
@@ -251,35 +285,239 @@ void print_result(const Result& r, const Result* limit) {
   std::printf("\n");
 }
 
-Options parse(int argc, char** argv) {
+// ---- the command line ----------------------------------------------------------------------
+
+/// A command line bench_cpp cannot run: printed with the usage text, exit code 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// `text` as a count from 1 to 1,000,000, or a usage error naming `what`.
+int count(const std::string& text, const std::string& what) {
+  int n = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc{} || end != text.data() + text.size() || n < 1 || n > 1'000'000) {
+    throw UsageError(what + " takes a number from 1 to 1000000, got '" + text + "'");
+  }
+  return n;
+}
+
+std::set<std::string> item_list(const std::string& text) {
+  std::set<std::string> items;
+  std::istringstream s(text);
+  for (std::string it; std::getline(s, it, ',');) {
+    if (!kAllItems.count(it)) throw UsageError("unknown item '" + it + "' in --items");
+    items.insert(it);
+  }
+  return items;
+}
+
+bool is_number(const std::string& a) {
+  return !a.empty() && std::all_of(a.begin(), a.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+/// Options and positional arguments as given, every value checked.
+Options read_arguments(int argc, char** argv) {
   Options o;
+  bool items_given = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::runtime_error(a + " needs a value");
+      if (i + 1 >= argc) throw UsageError(a + " needs a value");
       return argv[++i];
     };
-    if (a == "--runs") o.runs = std::stoi(value());
-    else if (a == "--cold") o.cold = true;
-    else if (a == "--json") o.json = value();
-    else if (a == "--items") {
-      o.items.clear();
-      std::istringstream s(value());
-      for (std::string it; std::getline(s, it, ',');) o.items.insert(it);
+    if (a == "--runs") {
+      o.runs = count(value(), "--runs");
+    } else if (a == "--cold") {
+      o.cold = true;
+    } else if (a == "--json") {
+      o.json = value();
+    } else if (a == "--items") {
+      o.items = item_list(value());
+      items_given = true;
     } else if (a == "--help" || a == "-h") {
-      std::puts("usage: bench_cpp [--runs N] [--items open,load,load_copy,slice,save,gpu] [--cold] [--json OUT] FILE...");
-      std::exit(0);
-    } else o.files.emplace_back(a);
+      o.help = true;
+    } else if (a.size() > 1 && a[0] == '-') {
+      throw UsageError("unknown option '" + a + "'");
+    } else if (is_number(a)) {
+      if (o.iterations) throw UsageError("ITERATIONS is given twice ('" + a + "'); name a file like ./" + a);
+      o.iterations = count(a, "ITERATIONS");
+    } else {
+      o.files.emplace_back(a);
+    }
   }
-  if (o.files.empty() && !o.items.count("convert")) throw std::runtime_error("no file given (see --help)");
+  if (!items_given)
+    o.items = o.iterations ? kIterationItems
+                           : std::set<std::string>{"open", "load", "load_copy", "slice", "save", "gpu"};
   return o;
+}
+
+/// The command line, checked as a whole: every combination it runs, every file it reads present.
+Options parse(int argc, char** argv) {
+  Options o = read_arguments(argc, argv);
+  if (o.help) return o;
+  if (o.iterations) {
+    if (o.runs) throw UsageError("give either --runs N or ITERATIONS, not both");
+    if (o.files.empty()) throw UsageError("ITERATIONS needs a MODEL file before it");
+    for (const auto& item : o.items) {
+      if (!kIterationItems.count(item)) throw UsageError("item '" + item + "' is not timed per iteration");
+    }
+  }
+  if (o.files.empty() && !o.items.count("convert")) throw UsageError("no file given");
+  for (const auto& f : o.files) {
+    std::error_code ec;
+    if (!fs::is_regular_file(f, ec)) throw UsageError("no such file '" + f.string() + "'");
+  }
+  return o;
+}
+
+// ---- FILE...: medians next to the limits -------------------------------------------------------
+
+/// What runs before every timed run: nothing with a warm page cache (warmed once here), or
+/// dropping the cache (--cold).
+std::function<void()> cache_setup(const Options& opt, const fs::path& path) {
+  if (!opt.cold) {
+    measure::warm(path);
+    return [] {};
+  }
+  if (!measure::drop_caches())
+    throw std::runtime_error("--cold needs root and a writable /proc/sys/vm/drop_caches");
+  return [] { measure::drop_caches(); };
+}
+
+/// Every requested item of one file, each beside the limit it is compared with.
+struct FileResults {
+  std::vector<std::pair<Result, const Result*>> items;
+  Limits limits;
+  bool with_save = false;
+  GpuResults gpu;
+};
+
+void run_items(const Options& opt, const fs::path& path, int runs, const std::function<void()>& setup,
+               FileResults& out) {
+  using Kind = measure::LoadItem::Kind;
+  std::size_t size = fs::file_size(path);
+  out.with_save = opt.items.count("save") && size < (2ull << 30);
+  out.limits = limits(path, runs, out.with_save, setup);
+  if (opt.items.count("open"))
+    out.items.push_back({load_result(Kind::Open, path, std::max(runs, 21), setup), nullptr});
+  if (opt.items.count("load"))
+    out.items.push_back({load_result(Kind::Load, path, runs, setup), &out.limits.read});
+  if (opt.items.count("load_copy")) {
+    out.items.push_back({load_result(Kind::LoadCopy, path, runs, setup), &out.limits.read});
+  }
+  if (opt.items.count("slice")) out.items.push_back({slice_item(path, runs, setup), nullptr});
+  if (out.with_save) {
+    out.items.push_back({save_item(path, runs, setup, true), &out.limits.write_sync});
+    out.items.push_back({save_item(path, runs, setup, false), &out.limits.write_nosync});
+  }
+  if (opt.items.count("gpu")) {
+    out.gpu = gpu_item(path, runs, setup);
+    bool ran = out.gpu.pinned.skipped.empty();
+    out.items.push_back({out.gpu.gpu, ran ? &out.gpu.pinned : nullptr});
+    if (ran) out.items.push_back({out.gpu.one_shot, &out.gpu.pinned});
+  }
+}
+
+void print_file(const FileResults& r) {
+  for (const auto& [item, limit] : r.items) print_result(item, limit);
+  print_result(r.limits.read, nullptr);
+  print_result(r.limits.read_fresh, nullptr);
+  print_result(r.limits.memcpy, nullptr);
+  if (r.with_save) {
+    print_result(r.limits.write_sync, nullptr);
+    print_result(r.limits.write_nosync, nullptr);
+  }
+  if (r.gpu.pinned.skipped.empty()) {
+    print_result(r.gpu.pinned, nullptr);
+    std::printf("  host memory added by the GPU upload (RssAnon): %.1f MiB\n",
+                static_cast<double>(r.gpu.host_extra) / (1 << 20));
+  }
+}
+
+/// The file's entry in the JSON report.
+std::string file_json(const fs::path& path, std::size_t size, std::size_t tensors, const FileResults& r) {
+  std::ostringstream json;
+  json << "{\"name\":\"" << path.filename().string() << "\",\"bytes\":" << size << ",\"tensors\":" << tensors
+       << ",\"items\":[";
+  for (std::size_t i = 0; i < r.items.size(); ++i) json << (i ? "," : "") << json_result(r.items[i].first);
+  json << "],\"limits\":[" << json_result(r.limits.read) << "," << json_result(r.limits.read_fresh) << ","
+       << json_result(r.limits.memcpy);
+  if (r.with_save)
+    json << "," << json_result(r.limits.write_sync) << "," << json_result(r.limits.write_nosync);
+  if (r.gpu.pinned.skipped.empty()) json << "," << json_result(r.gpu.pinned);
+  json << "],\"gpu_host_extra_bytes\":" << r.gpu.host_extra << "}";
+  return json.str();
+}
+
+std::string bench_file(const Options& opt, const fs::path& path) {
+  std::size_t size = fs::file_size(path);
+  int runs = opt.runs ? opt.runs : (size > (2ull << 30) ? 3 : 7);
+  auto setup = cache_setup(opt, path);
+  std::size_t tensors = SafeOpen(path).size();
+  std::printf("%s (%zu bytes, %zu tensors, %d runs)\n", path.filename().c_str(), size, tensors, runs);
+  FileResults results;
+  run_items(opt, path, runs, setup, results);
+  print_file(results);
+  return file_json(path, size, tensors, results);
+}
+
+// ---- MODEL ITERATIONS: time per iteration ------------------------------------------------------
+
+std::string bench_iterations(const Options& opt, const fs::path& path) {
+  std::size_t size = fs::file_size(path);
+  auto setup = cache_setup(opt, path);
+  std::size_t tensors = SafeOpen(path).size();
+  std::printf("%s (%zu bytes, %zu tensors, %d iterations): time per iteration\n", path.filename().c_str(),
+              size, tensors, opt.iterations);
+  std::ostringstream json;
+  json << "{\"name\":\"" << path.filename().string() << "\",\"bytes\":" << size << ",\"tensors\":" << tensors
+       << ",\"iterations\":" << opt.iterations << ",\"items\":[";
+  bool first = true;
+  auto report = [&](const Result& r) {
+    if (r.skipped.empty()) {
+      double per = measure::mean(r.runs);
+      std::printf("  %-14s %12.6f s", r.item.c_str(), per);
+      if (r.bytes) std::printf("  %6.2f GB/s", static_cast<double>(r.bytes) / per / 1e9);
+      std::printf("\n");
+    } else {
+      std::printf("  %-14s skipped: %s\n", r.item.c_str(), r.skipped.c_str());
+    }
+    json << (first ? "" : ",") << json_result(r, /*per_iteration=*/true);
+    first = false;
+  };
+  for (auto kind : measure::LoadItem::kAll) {
+    measure::LoadItem item(kind, path);
+    if (!opt.items.count(std::string(item.name()))) continue;
+    auto runs = measure::timings(
+        opt.iterations, [&] { item.run(); },
+        [&] {
+          item.release();
+          setup();
+        });
+    sink += item.sink();
+    report({std::string(item.name()), std::move(runs), kind == measure::LoadItem::Kind::Open ? 0 : size, {}});
+  }
+  if (opt.items.count("gpu")) report(gpu_iterations(path, opt.iterations, setup));
+  json << "]}";
+  return json.str();
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  Options opt;
   try {
-    auto opt = parse(argc, argv);
+    opt = parse(argc, argv);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "bench_cpp: %s\n\n%s", e.what(), kUsage);
+    return 2;
+  }
+  if (opt.help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  try {
     std::time_t now = std::time(nullptr);
     char date[32];
     std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
@@ -287,62 +525,11 @@ int main(int argc, char** argv) {
     std::string cache = opt.cold ? "cold" : "warm";
     std::printf("bench_cpp | %s | page cache %s | %s\n", machine.c_str(), cache.c_str(), date);
     std::ostringstream json;
-    json << "{\"tool\":\"bench_cpp\",\"date\":\"" << date << "\",\"machine\":\"" << machine << "\",\"cache\":\""
-         << cache << "\",\"files\":[";
-    for (std::size_t fi = 0; fi < opt.files.size(); ++fi) {
-      const auto& path = opt.files[fi];
-      std::size_t size = std::filesystem::file_size(path);
-      int runs = opt.runs ? opt.runs : (size > (2ull << 30) ? 3 : 7);
-      std::function<void()> setup = [] {};
-      if (opt.cold) {
-        if (!measure::drop_caches()) throw std::runtime_error("--cold needs root and a writable /proc/sys/vm/drop_caches");
-        setup = [] { measure::drop_caches(); };
-      } else {
-        measure::warm(path);
-      }
-      std::size_t tensors = SafeOpen(path).size();
-      std::printf("%s (%zu bytes, %zu tensors, %d runs)\n", path.filename().c_str(), size, tensors, runs);
-      bool want_save = opt.items.count("save") && size < (2ull << 30);
-      auto lim = limits(path, runs, want_save, setup);
-      std::vector<std::pair<Result, const Result*>> results;
-      if (opt.items.count("open")) results.push_back({open_item(path, std::max(runs, 21), setup), nullptr});
-      if (opt.items.count("load")) results.push_back({load_item(path, runs, setup), &lim.read});
-      if (opt.items.count("load_copy")) results.push_back({load_copy_item(path, runs, setup), &lim.read});
-      if (opt.items.count("slice")) results.push_back({slice_item(path, runs, setup), nullptr});
-      if (want_save) {
-        results.push_back({save_item(path, runs, setup, true), &lim.write_sync});
-        results.push_back({save_item(path, runs, setup, false), &lim.write_nosync});
-      }
-      Result pinned{"pinned H2D", {}, 0, "no GPU"};
-      Result one_shot{"gpu one-shot", {}, 0, "no GPU"};
-      std::size_t host_extra = 0;
-      if (opt.items.count("gpu")) {
-        results.push_back({gpu_item(path, runs, setup, pinned, one_shot, host_extra), nullptr});
-        if (pinned.skipped.empty()) {
-          results.back().second = &pinned;
-          results.push_back({one_shot, &pinned});
-        }
-      }
-      for (const auto& [r, l] : results) print_result(r, l);
-      print_result(lim.read, nullptr);
-      print_result(lim.read_fresh, nullptr);
-      print_result(lim.memcpy, nullptr);
-      if (want_save) {
-        print_result(lim.write_sync, nullptr);
-        print_result(lim.write_nosync, nullptr);
-      }
-      if (pinned.skipped.empty()) {
-        print_result(pinned, nullptr);
-        std::printf("  host memory added by the GPU upload (RssAnon): %.1f MiB\n", static_cast<double>(host_extra) / (1 << 20));
-      }
-      json << (fi ? "," : "") << "{\"name\":\"" << path.filename().string() << "\",\"bytes\":" << size
-           << ",\"tensors\":" << tensors << ",\"items\":[";
-      for (std::size_t i = 0; i < results.size(); ++i) json << (i ? "," : "") << json_result(results[i].first);
-      json << "],\"limits\":[" << json_result(lim.read) << "," << json_result(lim.read_fresh) << ","
-           << json_result(lim.memcpy);
-      if (want_save) json << "," << json_result(lim.write_sync) << "," << json_result(lim.write_nosync);
-      if (pinned.skipped.empty()) json << "," << json_result(pinned);
-      json << "],\"gpu_host_extra_bytes\":" << host_extra << "}";
+    json << "{\"tool\":\"bench_cpp\",\"date\":\"" << date << "\",\"machine\":\"" << machine
+         << "\",\"cache\":\"" << cache << "\",\"files\":[";
+    for (std::size_t i = 0; i < opt.files.size(); ++i) {
+      json << (i ? "," : "")
+           << (opt.iterations ? bench_iterations(opt, opt.files[i]) : bench_file(opt, opt.files[i]));
     }
     json << "]";
     if (opt.items.count("convert")) {
@@ -358,6 +545,10 @@ int main(int argc, char** argv) {
     }
     std::fprintf(stderr, "%s", sink == 42 ? " " : "");
     return 0;
+  } catch (const safetensors::Error& e) {
+    std::fprintf(stderr, "bench_cpp: %s: %s\n", std::string(safetensors::to_string(e.kind())).c_str(),
+                 e.what());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_cpp: %s\n", e.what());
     return 1;

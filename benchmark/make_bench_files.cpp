@@ -34,13 +34,22 @@ std::vector<Spec> gpt2() {
                          {"ln_f.weight", Dtype::F32, {768}},
                          {"ln_f.bias", Dtype::F32, {768}}};
   const std::vector<std::pair<std::string, std::vector<std::size_t>>> layer = {
-      {"ln_1.weight", {768}},          {"ln_1.bias", {768}},         {"attn.bias", {1, 1, 1024, 1024}},
-      {"attn.c_attn.weight", {768, 2304}}, {"attn.c_attn.bias", {2304}}, {"attn.c_proj.weight", {768, 768}},
-      {"attn.c_proj.bias", {768}},     {"ln_2.weight", {768}},       {"ln_2.bias", {768}},
-      {"mlp.c_fc.weight", {768, 3072}}, {"mlp.c_fc.bias", {3072}},   {"mlp.c_proj.weight", {3072, 768}},
+      {"ln_1.weight", {768}},
+      {"ln_1.bias", {768}},
+      {"attn.bias", {1, 1, 1024, 1024}},
+      {"attn.c_attn.weight", {768, 2304}},
+      {"attn.c_attn.bias", {2304}},
+      {"attn.c_proj.weight", {768, 768}},
+      {"attn.c_proj.bias", {768}},
+      {"ln_2.weight", {768}},
+      {"ln_2.bias", {768}},
+      {"mlp.c_fc.weight", {768, 3072}},
+      {"mlp.c_fc.bias", {3072}},
+      {"mlp.c_proj.weight", {3072, 768}},
       {"mlp.c_proj.bias", {768}}};
   for (int l = 0; l < 12; ++l) {
-    for (const auto& [name, shape] : layer) t.push_back({"h." + std::to_string(l) + "." + name, Dtype::F32, shape});
+    for (const auto& [name, shape] : layer)
+      t.push_back({"h." + std::to_string(l) + "." + name, Dtype::F32, shape});
   }
   return t;
 }
@@ -74,7 +83,8 @@ std::vector<Spec> many() {
     int layer = i / 400, expert = (i / 4) % 100;
     t.push_back({"model.layers." + std::to_string(layer) + ".mlp.experts." + std::to_string(expert) + "." +
                      proj[i % 4] + ".weight",
-                 i % 4 == 3 ? Dtype::F32 : Dtype::F16, {4, 8}});
+                 i % 4 == 3 ? Dtype::F32 : Dtype::F16,
+                 {4, 8}});
   }
   return t;
 }
@@ -125,8 +135,8 @@ void make(const std::filesystem::path& path, const std::vector<Spec>& specs) {
     tensors.emplace_back(s.name, safetensors::TensorView{s.dtype, s.shape, bytes, {}});
   }
   safetensors::save_file(path, tensors, {{"format", "pt"}});
-  std::printf("%s: %ju bytes, %zu tensors\n", path.c_str(), static_cast<std::uintmax_t>(std::filesystem::file_size(path)),
-              specs.size());
+  std::printf("%s: %ju bytes, %zu tensors\n", path.c_str(),
+              static_cast<std::uintmax_t>(std::filesystem::file_size(path)), specs.size());
 }
 
 }  // namespace

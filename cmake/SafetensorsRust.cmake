@@ -2,6 +2,8 @@
 #   safetensors_rust                    INTERFACE target linking it, with its system libraries
 #   SAFETENSORS_GENERATED_INCLUDE_DIR   where the generated bridge header and cxx.h land
 #   SAFETENSORS_RUST_STATICLIB          the built archive (for install)
+#   SAFETENSORS_CARGO_BUILD             (cargo step only) the `cargo build` command for a package
+#                                       of the workspace, as this build runs it
 #
 # Corrosion is used when find_package(Corrosion) finds it, when FETCHCONTENT_SOURCE_DIR_CORROSION
 # points to a checkout, or when SAFETENSORS_FETCH_CORROSION=ON (pinned tag); otherwise a plain
@@ -84,14 +86,18 @@ else()
   if(_st_features)
     set(_st_feature_args --features ${_st_features})
   endif()
+  # `cargo build` of a library of this workspace as this build wants it (environment, profile,
+  # target directory and triple); callers add `-p <package>`. One command for every package, so
+  # that they share the target directory without rebuilding each other's dependencies.
+  set(SAFETENSORS_CARGO_BUILD
+      ${CMAKE_COMMAND} -E env "SAFETENSORS_CXX_INCLUDE_DIR=${SAFETENSORS_GENERATED_INCLUDE_DIR}"
+      "CXX=${CMAKE_CXX_COMPILER}" "RUSTFLAGS=${SAFETENSORS_CARGO_RUSTFLAGS}" ${SAFETENSORS_CARGO} build --locked --lib
+      --profile ${_st_profile} --target-dir ${SAFETENSORS_CARGO_TARGET_DIR} ${_st_target_args}
+      --manifest-path ${PROJECT_SOURCE_DIR}/Cargo.toml)
   # Always runs: cargo decides what is stale. The byproducts let Ninja know who makes them.
   add_custom_target(
     safetensors_cargo_build ALL
-    COMMAND
-      ${CMAKE_COMMAND} -E env "SAFETENSORS_CXX_INCLUDE_DIR=${SAFETENSORS_GENERATED_INCLUDE_DIR}"
-      "CXX=${CMAKE_CXX_COMPILER}" "RUSTFLAGS=${SAFETENSORS_CARGO_RUSTFLAGS}" ${SAFETENSORS_CARGO} build --locked --lib
-      -p safetensors-cxx --profile ${_st_profile} --target-dir ${SAFETENSORS_CARGO_TARGET_DIR} ${_st_target_args}
-      --manifest-path ${PROJECT_SOURCE_DIR}/Cargo.toml ${_st_feature_args}
+    COMMAND ${SAFETENSORS_CARGO_BUILD} -p safetensors-cxx ${_st_feature_args}
     BYPRODUCTS "${SAFETENSORS_RUST_STATICLIB}" "${SAFETENSORS_GENERATED_INCLUDE_DIR}/safetensors/ffi/lib.rs.h"
                "${SAFETENSORS_GENERATED_INCLUDE_DIR}/safetensors/ffi/rust/cxx.h"
     WORKING_DIRECTORY "${PROJECT_SOURCE_DIR}"

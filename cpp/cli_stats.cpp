@@ -6,6 +6,7 @@
 #include <safetensors/safetensors.hpp>
 
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -19,9 +20,12 @@
 #include <string>
 #include <vector>
 
+#include "cli.hpp"
+
+namespace cli {
+
 namespace {
 
-namespace fs = std::filesystem;
 using safetensors::Dtype;
 
 constexpr const char* kStatsUsage =
@@ -88,125 +92,120 @@ Stats stats_of(const safetensors::TensorView& t, const std::function<void(std::s
   return s;
 }
 
-std::string json_text(std::string_view v) {
-  std::string out = "\"";
-  for (char ch : v) {
-    auto c = static_cast<unsigned char>(ch);
-    if (c == '"' || c == '\\')
-      out += {'\\', ch};
-    else if (c < 0x20 || c == 0x7F) {
-      char esc[8];
-      std::snprintf(esc, sizeof esc, "\\u%04x", c);
-      out += esc;
-    } else
-      out += ch;
+/// Percent done of one tensor on stderr when it is a terminal, at most ten updates a second.
+class Progress {
+ public:
+  Progress() : on_(::isatty(2) == 1) {}
+  /// The callback for tensor `i` of `count`.
+  std::function<void(std::size_t)> of(std::size_t i, std::size_t count, const std::string& name,
+                                      std::size_t numel) {
+    return [this, i, count, name = printable(name), numel](std::size_t done) {
+      auto now = std::chrono::steady_clock::now();
+      if (!on_ || now - last_ < std::chrono::milliseconds(100)) return;
+      last_ = now;
+      std::fprintf(stderr, "\r\033[K[%zu/%zu] %s %3.0f%%", i + 1, count, name.c_str(),
+                   numel ? 100.0 * static_cast<double>(done) / static_cast<double>(numel) : 100.0);
+    };
   }
-  return out + "\"";
-}
-
-/// A name for a terminal: control characters escaped, so output stays data.
-std::string printable(std::string_view v) {
-  std::string out;
-  for (char ch : v) {
-    auto c = static_cast<unsigned char>(ch);
-    if (c < 0x20 || c == 0x7F) {
-      char esc[8];
-      std::snprintf(esc, sizeof esc, "\\x%02x", c);
-      out += esc;
-    } else
-      out += ch;
+  void clear() {
+    if (on_) std::fprintf(stderr, "\r\033[K");
   }
-  return out;
+
+ private:
+  bool on_;
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+};
+
+/// One tensor's figures; `stats` is empty for a tensor whose values have no order (C64).
+struct Figures {
+  std::string name;
+  Dtype dtype;
+  std::vector<std::size_t> shape;
+  std::size_t numel;
+  std::optional<Stats> stats;
+};
+
+constexpr const char* kSkipped = "complex values have no order";
+
+Json figures_json(const Figures& f) {
+  Json t{
+      {"name", f.name}, {"dtype", safetensors::to_string(f.dtype)}, {"shape", f.shape}, {"numel", f.numel}};
+  if (!f.stats) {
+    t["skipped"] = kSkipped;
+    return t;
+  }
+  const Stats& s = *f.stats;
+  auto value = [&](double x) { return s.count ? Json(x) : Json(nullptr); };
+  t["min"] = value(s.min);
+  t["max"] = value(s.max);
+  t["mean"] = value(s.mean);
+  t["std"] = value(s.stddev());
+  t["nan"] = s.nan;
+  t["pos_inf"] = s.pos_inf;
+  t["neg_inf"] = s.neg_inf;
+  t["zeros"] = s.zeros;
+  return t;
 }
 
-std::string num(double x) {
-  char b[40];
-  std::snprintf(b, sizeof b, "%.17g", x);
-  return b;
+void print_table_heading() {
+  std::printf("%-40s %-11s %14s %14s %14s %14s %14s %8s %8s %8s %10s\n", "name", "dtype", "numel", "min",
+              "max", "mean", "std", "nan", "+inf", "-inf", "zeros");
 }
 
-std::string shape_text(const std::vector<std::size_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
+void print_row(const Figures& f) {
+  std::string dtype(safetensors::to_string(f.dtype));
+  if (!f.stats) {
+    std::printf("%-40s %-11s %14zu  skipped: %s\n", printable(f.name).c_str(), dtype.c_str(), f.numel,
+                kSkipped);
+    return;
+  }
+  const Stats& s = *f.stats;
+  auto g = [&](double x) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.6g", x);
+    return s.count ? std::string(b) : std::string("-");
+  };
+  std::printf("%-40s %-11s %14zu %14s %14s %14s %14s %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %10" PRIu64 "\n",
+              printable(f.name).c_str(), dtype.c_str(), f.numel, g(s.min).c_str(), g(s.max).c_str(),
+              g(s.mean).c_str(), g(s.stddev()).c_str(), s.nan, s.pos_inf, s.neg_inf, s.zeros);
 }
 
 }  // namespace
 
 /// Entry point, dispatched from safetensors_cli.cpp's main.
 int stats_command(const std::vector<std::string>& args) {
-  bool json = false;
-  std::optional<fs::path> path;
-  std::vector<std::string> names;
-  for (const auto& a : args) {
-    if (a == "--json")
-      json = true;
-    else if (a.size() > 1 && a[0] == '-') {
-      std::fprintf(stderr, "safetensors: stats: unknown option '%s'\n\n%s", a.c_str(), kStatsUsage);
-      return 2;
-    } else if (!path)
-      path = a;
-    else
-      names.push_back(a);
-  }
-  if (!path) {
-    std::fprintf(stderr, "safetensors: stats needs a file\n\n%s", kStatsUsage);
+  FileArguments a;
+  try {
+    a = read_file_arguments("stats", args, {"--json"});
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "safetensors: %s\n\n%s", e.what(), kStatsUsage);  // this command's own usage
     return 2;
   }
-  safetensors::Checkpoint ckpt(*path);
+  const bool json = a.flags.count("--json") > 0;
+  std::vector<std::string>& names = a.more;  // empty: every tensor
+  safetensors::Checkpoint ckpt(a.path);
   if (names.empty()) names = ckpt.keys();
   for (const auto& n : names) (void)ckpt.info(n);  // TensorNotFound before any work
-  const bool tty = ::isatty(2) == 1;
-  auto last = std::chrono::steady_clock::now();
-  if (json)
+  Progress progress;
+  if (json) {
     std::printf("{\"tensors\": [");
-  else
-    std::printf("%-40s %-11s %14s %14s %14s %14s %14s %8s %8s %8s %10s\n", "name", "dtype", "numel", "min",
-                "max", "mean", "std", "nan", "+inf", "-inf", "zeros");
+  } else {
+    print_table_heading();
+  }
   for (std::size_t i = 0; i < names.size(); ++i) {
     const auto& name = names[i];
     auto t = ckpt.get_tensor(name);
-    std::size_t numel = t.numel();
-    auto progress = [&](std::size_t done) {
-      auto now = std::chrono::steady_clock::now();
-      if (!tty || now - last < std::chrono::milliseconds(100)) return;
-      last = now;
-      std::fprintf(stderr, "\r\033[K[%zu/%zu] %s %3.0f%%", i + 1, names.size(), printable(name).c_str(),
-                   numel ? 100.0 * static_cast<double>(done) / static_cast<double>(numel) : 100.0);
-    };
-    bool skipped = t.dtype == Dtype::C64;
-    Stats s = skipped ? Stats{} : stats_of(t, progress);
-    if (tty) std::fprintf(stderr, "\r\033[K");
-    std::string dtype(safetensors::to_string(t.dtype));
-    bool any = s.count > 0;
+    Figures f{name, t.dtype, t.shape, t.numel(), std::nullopt};
+    if (t.dtype != Dtype::C64) f.stats = stats_of(t, progress.of(i, names.size(), name, f.numel));
+    progress.clear();
     if (json) {
-      std::printf("%s\n  {\"name\": %s, \"dtype\": \"%s\", \"shape\": %s, \"numel\": %zu", i ? "," : "",
-                  json_text(name).c_str(), dtype.c_str(), shape_text(t.shape).c_str(), numel);
-      if (skipped) {
-        std::printf(", \"skipped\": \"complex values have no order\"}");
-        continue;
-      }
-      std::printf(", \"min\": %s, \"max\": %s, \"mean\": %s, \"std\": %s", any ? num(s.min).c_str() : "null",
-                  any ? num(s.max).c_str() : "null", any ? num(s.mean).c_str() : "null",
-                  any ? num(s.stddev()).c_str() : "null");
-      std::printf(", \"nan\": %" PRIu64 ", \"pos_inf\": %" PRIu64 ", \"neg_inf\": %" PRIu64
-                  ", \"zeros\": %" PRIu64 "}",
-                  s.nan, s.pos_inf, s.neg_inf, s.zeros);
-    } else if (skipped) {
-      std::printf("%-40s %-11s %14zu  skipped: complex values have no order\n", printable(name).c_str(),
-                  dtype.c_str(), numel);
+      std::printf("%s\n  %s", i ? "," : "", json_text(figures_json(f), JsonLayout::Spaced).c_str());
     } else {
-      auto g = [&](double x) {
-        char b[32];
-        std::snprintf(b, sizeof b, "%.6g", x);
-        return any ? std::string(b) : std::string("-");
-      };
-      std::printf("%-40s %-11s %14zu %14s %14s %14s %14s %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %10" PRIu64
-                  "\n",
-                  printable(name).c_str(), dtype.c_str(), numel, g(s.min).c_str(), g(s.max).c_str(),
-                  g(s.mean).c_str(), g(s.stddev()).c_str(), s.nan, s.pos_inf, s.neg_inf, s.zeros);
+      print_row(f);
     }
   }
   if (json) std::printf("\n]}\n");
   return 0;
 }
+
+}  // namespace cli

@@ -87,7 +87,9 @@ class Checkpoint {
   [[nodiscard]] std::size_t size() const { return ckpt().tensor_count(); }
 
   [[nodiscard]] TensorInfo info(std::string_view name) const { return source_for(name).info(name); }
-  [[nodiscard]] TensorView get_tensor(std::string_view name) const { return source_for(name).get_tensor(name); }
+  [[nodiscard]] TensorView get_tensor(std::string_view name) const {
+    return source_for(name).get_tensor(name);
+  }
   [[nodiscard]] Slice get_slice(std::string_view name) const { return Slice(source_for(name), name); }
 
   /// Number of shard files.

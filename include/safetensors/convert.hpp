@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "safetensors/detail/allocate.hpp"
 #include "safetensors/detail/bridge.hpp"
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "safetensors/collective.hpp"
+#include "safetensors/detail/allocate.hpp"
 #include "safetensors/detail/bridge.hpp"
 #include "safetensors/slice.hpp"
 #include "safetensors/tensor.hpp"

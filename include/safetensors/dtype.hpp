@@ -12,8 +12,28 @@ namespace safetensors {
 /// A tensor's element type. The enumerators are in the format's order (also its alignment
 /// order); their values match the Rust core's, which the bridge relies on.
 enum class Dtype : std::uint8_t {
-  BOOL, F4, F6_E2M3, F6_E3M2, U8, I8, F8_E5M2, F8_E4M3, F8_E8M0,
-  F8_E4M3FNUZ, F8_E5M2FNUZ, I16, U16, F16, BF16, I32, U32, F32, C64, F64, I64, U64
+  BOOL,
+  F4,
+  F6_E2M3,
+  F6_E3M2,
+  U8,
+  I8,
+  F8_E5M2,
+  F8_E4M3,
+  F8_E8M0,
+  F8_E4M3FNUZ,
+  F8_E5M2FNUZ,
+  I16,
+  U16,
+  F16,
+  BF16,
+  I32,
+  U32,
+  F32,
+  C64,
+  F64,
+  I64,
+  U64
 };
 
 /// Number of dtypes.
@@ -21,9 +41,9 @@ inline constexpr std::size_t dtype_count = 22;
 
 namespace detail {
 inline constexpr std::array<std::string_view, dtype_count> dtype_names = {
-    "BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0",
-    "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64",
-    "F64", "I64", "U64"};
+    "BOOL",    "F4",          "F6_E2M3",     "F6_E3M2", "U8",  "I8",  "F8_E5M2", "F8_E4M3",
+    "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16",     "U16", "F16", "BF16",    "I32",
+    "U32",     "F32",         "C64",         "F64",     "I64", "U64"};
 inline constexpr std::array<std::uint8_t, dtype_count> dtype_bits = {
     8, 4, 6, 6, 8, 8, 8, 8, 8, 8, 8, 16, 16, 16, 16, 32, 32, 32, 64, 64, 64, 64};
 }  // namespace detail

@@ -42,12 +42,28 @@ inline constexpr std::size_t error_kind_count = 22;
 
 /// The enumerator's name, e.g. `to_string(ErrorKind::InvalidOffset) == "InvalidOffset"`.
 [[nodiscard]] constexpr std::string_view to_string(ErrorKind kind) {
-  constexpr std::array<std::string_view, error_kind_count> names = {
-      "HeaderTooSmall", "HeaderTooLarge", "InvalidHeaderLength", "InvalidHeader",
-      "InvalidHeaderDeserialization", "InvalidOffset", "ValidationOverflow", "MisalignedSlice",
-      "TensorInvalidInfo", "MetadataIncompleteBuffer", "TensorNotFound", "DuplicateKey",
-      "InvalidTensorName", "InvalidSlice", "Io", "InvalidIndex", "ShardMissing", "ShardMismatch",
-      "InvalidShardPath", "Cuda", "Internal", "TypeMismatch"};
+  constexpr std::array<std::string_view, error_kind_count> names = {"HeaderTooSmall",
+                                                                    "HeaderTooLarge",
+                                                                    "InvalidHeaderLength",
+                                                                    "InvalidHeader",
+                                                                    "InvalidHeaderDeserialization",
+                                                                    "InvalidOffset",
+                                                                    "ValidationOverflow",
+                                                                    "MisalignedSlice",
+                                                                    "TensorInvalidInfo",
+                                                                    "MetadataIncompleteBuffer",
+                                                                    "TensorNotFound",
+                                                                    "DuplicateKey",
+                                                                    "InvalidTensorName",
+                                                                    "InvalidSlice",
+                                                                    "Io",
+                                                                    "InvalidIndex",
+                                                                    "ShardMissing",
+                                                                    "ShardMismatch",
+                                                                    "InvalidShardPath",
+                                                                    "Cuda",
+                                                                    "Internal",
+                                                                    "TypeMismatch"};
   auto i = static_cast<std::size_t>(kind);
   return i < error_kind_count ? names[i] : std::string_view{};
 }

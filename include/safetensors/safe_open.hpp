@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "safetensors/detail/allocate.hpp"
 #include "safetensors/detail/bridge.hpp"
 #include "safetensors/detail/source.hpp"
 #include "safetensors/dtype.hpp"
@@ -24,7 +25,10 @@ namespace safetensors {
 /// An open, validated safetensors file.
 ///
 ///   safetensors::SafeOpen f("model.safetensors");
-///   for (const auto& name : f.keys()) auto w = f.get_tensor(name).as<float>();
+///   for (const auto& name : f.keys()) {
+///     safetensors::TensorView w = f.get_tensor(name);  // the view keeps the mapping alive
+///     std::span<const float> values = w.as<float>();   // so the span needs it in a variable
+///   }
 ///
 /// Opening reads and validates the whole header (every check of the format) and nothing else.
 /// Copies share one open file. Views returned by `get_tensor` keep it alive on their own.
@@ -118,7 +122,9 @@ class SafeOpen {
 
   /// With `Backend::Direct`: why reads go through the page cache after all (the filesystem
   /// refused `O_DIRECT`); empty while they bypass it, and with the other backends.
-  [[nodiscard]] std::string direct_fallback() const { return std::string(detail::view(file().direct_fallback())); }
+  [[nodiscard]] std::string direct_fallback() const {
+    return std::string(detail::view(file().direct_fallback()));
+  }
 
   /// The header length `N` from the file's first 8 bytes.
   [[nodiscard]] std::size_t header_size() const { return file().header_len(); }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "safetensors/convert.hpp"
+#include "safetensors/detail/allocate.hpp"
 #include "safetensors/detail/bridge.hpp"
 #include "safetensors/detail/source.hpp"
 #include "safetensors/tensor.hpp"
@@ -142,7 +143,8 @@ class Selection {
     auto raw = plan().runs();
     std::vector<ByteRun> out;
     out.reserve(raw.size());
-    for (const auto& r : raw) out.push_back({static_cast<std::size_t>(r.offset), static_cast<std::size_t>(r.length)});
+    for (const auto& r : raw)
+      out.push_back({static_cast<std::size_t>(r.offset), static_cast<std::size_t>(r.length)});
     return out;
   }
 

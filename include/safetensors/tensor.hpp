@@ -40,21 +40,33 @@ namespace detail {
 template <class T>
 constexpr bool dtype_accepts(Dtype d) {
   using enum Dtype;
-  if constexpr (std::is_same_v<T, bool>) return d == BOOL;
-  else if constexpr (std::is_same_v<T, std::int8_t>) return d == I8;
+  if constexpr (std::is_same_v<T, bool>)
+    return d == BOOL;
+  else if constexpr (std::is_same_v<T, std::int8_t>)
+    return d == I8;
   else if constexpr (std::is_same_v<T, std::uint8_t>)
     return d == U8 || d == BOOL || d == F8_E5M2 || d == F8_E4M3 || d == F8_E8M0 || d == F8_E4M3FNUZ ||
            d == F8_E5M2FNUZ;
-  else if constexpr (std::is_same_v<T, std::int16_t>) return d == I16;
-  else if constexpr (std::is_same_v<T, std::uint16_t>) return d == U16 || d == F16 || d == BF16;
-  else if constexpr (std::is_same_v<T, std::int32_t>) return d == I32;
-  else if constexpr (std::is_same_v<T, std::uint32_t>) return d == U32;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return d == I64;
-  else if constexpr (std::is_same_v<T, std::uint64_t>) return d == U64;
-  else if constexpr (std::is_same_v<T, float>) return d == F32;
-  else if constexpr (std::is_same_v<T, double>) return d == F64;
-  else if constexpr (std::is_same_v<T, std::complex<float>>) return d == C64;
-  else return bit_size(d) == sizeof(T) * 8;
+  else if constexpr (std::is_same_v<T, std::int16_t>)
+    return d == I16;
+  else if constexpr (std::is_same_v<T, std::uint16_t>)
+    return d == U16 || d == F16 || d == BF16;
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return d == I32;
+  else if constexpr (std::is_same_v<T, std::uint32_t>)
+    return d == U32;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return d == I64;
+  else if constexpr (std::is_same_v<T, std::uint64_t>)
+    return d == U64;
+  else if constexpr (std::is_same_v<T, float>)
+    return d == F32;
+  else if constexpr (std::is_same_v<T, double>)
+    return d == F64;
+  else if constexpr (std::is_same_v<T, std::complex<float>>)
+    return d == C64;
+  else
+    return bit_size(d) == sizeof(T) * 8;
 }
 
 template <class T>
@@ -101,14 +113,14 @@ struct TensorView {
       return {reinterpret_cast<const T*>(data.data()), data.size()};
     } else {
       if (!detail::dtype_accepts<T>(dtype)) {
-        throw Error(ErrorKind::TypeMismatch,
-                    "cannot view a " + std::string(to_string(dtype)) + " tensor as elements of " +
-                        std::to_string(sizeof(T)) + " bytes of a different type");
+        throw Error(ErrorKind::TypeMismatch, "cannot view a " + std::string(to_string(dtype)) +
+                                                 " tensor as elements of " + std::to_string(sizeof(T)) +
+                                                 " bytes of a different type");
       }
       if (data.size() != numel() * sizeof(T)) {
-        throw Error(ErrorKind::TypeMismatch,
-                    "the view holds " + std::to_string(data.size()) + " bytes but its shape needs " +
-                        std::to_string(numel() * sizeof(T)));
+        throw Error(ErrorKind::TypeMismatch, "the view holds " + std::to_string(data.size()) +
+                                                 " bytes but its shape needs " +
+                                                 std::to_string(numel() * sizeof(T)));
       }
       if (data.empty()) return {};
       if constexpr (std::is_same_v<T, bool>) check_bool_bytes();

@@ -75,7 +75,7 @@ concept TensorLike = requires(const T& t) {
 /// is done, so such a tensor type must be movable or copyable.
 template <class R>
 concept NamedTensorRange = std::ranges::input_range<R> && requires(std::ranges::range_reference_t<R> e) {
-  { std::string_view(std::get<0>(e)) };
+  {std::string_view(std::get<0>(e))};
   requires TensorLike<std::remove_cvref_t<decltype(std::get<1>(e))>>;
   requires detail::borrows_tensors<R> ||
       std::constructible_from<std::remove_cvref_t<detail::tensor_ref_t<std::ranges::range_reference_t<R>>>,
@@ -152,7 +152,8 @@ template <NamedTensorRange R>
   }
   if (empty_metadata) call([&] { writer->keep_metadata(); });
   // Not a structured binding: clang before 16 cannot capture one in a lambda.
-  for (const auto& entry : metadata) call([&] { writer->add_metadata(bytes(entry.first), bytes(entry.second)); });
+  for (const auto& entry : metadata)
+    call([&] { writer->add_metadata(bytes(entry.first), bytes(entry.second)); });
   return writer;
 }
 
@@ -180,6 +181,10 @@ template <NamedTensorRange R>
                                                SaveOptions options = {}) {
   detail::KeptTensors<R> kept;
   auto writer = detail::make_writer(std::forward<R>(tensors), metadata, options.empty_metadata, kept);
+  // The buffer is sized before it is filled, so the header is laid out twice: the bridge's
+  // `file_len` and `write_into` each build the core's `Prepared` afresh (tensor bytes are
+  // copied once). Once would need the bridge's `Writer` to keep the `Prepared` from the first
+  // call for the second; C++ cannot size the file without the core's layout rule.
   std::size_t len = detail::call([&] { return writer->file_len(); });
   auto out = detail::byte_vector(len, "the serialized file");
   ::rust::Slice<std::uint8_t> dst{reinterpret_cast<std::uint8_t*>(out.data()), out.size()};
@@ -207,8 +212,8 @@ void save_file(const std::filesystem::path& path, R&& tensors, const Metadata& m
   auto writer = detail::make_writer(std::forward<R>(tensors), metadata, options.empty_metadata, kept);
   detail::call([&] { writer->write_file(detail::bytes(path.native()), options.sync); });
 }
-inline void save_file(const std::filesystem::path& path, detail::TensorList tensors, const Metadata& metadata = {},
-                      SaveOptions options = {}) {
+inline void save_file(const std::filesystem::path& path, detail::TensorList tensors,
+                      const Metadata& metadata = {}, SaveOptions options = {}) {
   save_file<const detail::TensorList&>(path, tensors, metadata, options);
 }
 

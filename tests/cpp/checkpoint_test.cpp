@@ -74,7 +74,8 @@ void build(Built& b, const std::vector<std::pair<std::string, std::vector<std::s
   std::vector<std::uint8_t> data(4, 1);
   for (const auto& [file, names] : shards) {
     std::vector<std::pair<std::string, TensorView>> tensors;
-    for (const auto& n : names) tensors.emplace_back(n, TensorView{Dtype::U8, {4}, std::as_bytes(std::span(data)), {}});
+    for (const auto& n : names)
+      tensors.emplace_back(n, TensorView{Dtype::U8, {4}, std::as_bytes(std::span(data)), {}});
     safetensors::save_file(b.dir / file, tensors);
   }
   std::ofstream(b.index()) << R"({"metadata":{"total_size":8},"weight_map":)" << weight_map_json << "}";

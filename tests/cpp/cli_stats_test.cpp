@@ -4,47 +4,19 @@
 #include <safetensors/safetensors.hpp>
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdio>
 #include <limits>
 
-#include "support.hpp"
-
-#ifndef SAFETENSORS_CLI
-#error "SAFETENSORS_CLI must name the built tool"
-#endif
+#include "program.hpp"
 
 using safetensors::Dtype;
 using safetensors::TensorView;
 
 namespace {
 
-struct Run {
-  int code;
-  std::string out;
-  std::string err;
-};
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-Run cli(const std::vector<std::string>& args) {
-  test::TempDir tmp;
-  std::string cmd = quote(SAFETENSORS_CLI);
-  for (const auto& a : args) cmd += " " + quote(a);
-  cmd += " >" + quote((tmp / "out").string()) + " 2>" + quote((tmp / "err").string());
-  int status = std::system(cmd.c_str());
-  auto text = [&](const char* f) {
-    auto b = test::read_bytes(tmp / f);
-    return std::string(b.begin(), b.end());
-  };
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text("out"), text("err")};
-}
+using test::cli;
 
 /// The number after `"key": ` in one line of --json output (NaN for null).
 double field(const std::string& line, const std::string& key) {

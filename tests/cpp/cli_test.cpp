@@ -12,59 +12,37 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
 
-#include "support.hpp"
-
-#ifndef SAFETENSORS_CLI
-#error "SAFETENSORS_CLI must name the built tool"
-#endif
+#include "program.hpp"
 
 using safetensors::Dtype;
 using safetensors::TensorView;
 
 namespace {
 
-struct Run {
-  int code;
-  std::string out;
-  std::string err;
-};
+using test::has;
+using test::quote;
 
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-Run cli(const std::vector<std::string>& args) {
-  test::TempDir tmp;
-  std::string cmd = quote(SAFETENSORS_CLI);
-  for (const auto& a : args) cmd += " " + quote(a);
-  cmd += " >" + quote((tmp / "out").string()) + " 2>" + quote((tmp / "err").string());
-  int status = std::system(cmd.c_str());
-  auto text = [&](const char* f) {
-    auto b = test::read_bytes(tmp / f);
-    return std::string(b.begin(), b.end());
-  };
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text("out"), text("err")};
-}
-
-bool has(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
+using test::cli;
 
 class Cli : public ::testing::Test {
  protected:
   void SetUp() override {
     for (std::size_t i = 0; i < w_.size(); ++i) w_[i] = static_cast<float>(i);
-    safetensors::save_file(good_, {{"layer.weight", TensorView{Dtype::F32, {2, 3}, std::as_bytes(std::span(w_)), {}}},
-                                   {"layer.bias", TensorView{Dtype::F16, {3}, std::as_bytes(std::span(b_)), {}}}},
-                           {{"format", "pt"}});
+    safetensors::save_file(
+        good_,
+        {{"layer.weight", TensorView{Dtype::F32, {2, 3}, std::as_bytes(std::span(w_)), {}}},
+         {"layer.bias", TensorView{Dtype::F16, {3}, std::as_bytes(std::span(b_)), {}}}},
+        {{"format", "pt"}});
     std::string bad_json = R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}})";
     test::write_bytes(bad_, test::raw_file(bad_json, 3));
     std::string lfs = "version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 548105171\n";
     test::write_bytes(lfs_, std::vector<std::uint8_t>(lfs.begin(), lfs.end()));
   }
   test::TempDir dir_;
-  std::filesystem::path good_ = dir_ / "good.safetensors", bad_ = dir_ / "bad.safetensors", lfs_ = dir_ / "lfs.safetensors";
+  std::filesystem::path good_ = dir_ / "good.safetensors", bad_ = dir_ / "bad.safetensors",
+                        lfs_ = dir_ / "lfs.safetensors";
   std::array<float, 6> w_{};
   std::array<std::uint16_t, 3> b_{0x3c00, 0x4000, 0x4200};
 };
@@ -112,7 +90,9 @@ TEST_F(Cli, InspectJsonListsEveryTensor) {
   auto r = cli({"inspect", good_.string(), "--json"});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(has(r.out, R"("metadata":{"format":"pt"})")) << r.out;
-  EXPECT_TRUE(has(r.out, R"({"name":"layer.weight","dtype":"F32","shape":[2,3],"bytes":24,"data_offsets":[0,24]})")) << r.out;
+  EXPECT_TRUE(
+      has(r.out, R"({"name":"layer.weight","dtype":"F32","shape":[2,3],"bytes":24,"data_offsets":[0,24]})"))
+      << r.out;
   EXPECT_TRUE(has(r.out, R"("totals":{"tensors":2,"parameters":9,"bytes":30)")) << r.out;
 }
 
@@ -129,7 +109,8 @@ TEST_F(Cli, ValidateReportsEachFileAndFailsIfAnyIsBad) {
   auto mixed = cli({"validate", good_.string(), bad_.string(), lfs_.string()});
   EXPECT_EQ(mixed.code, 1);
   EXPECT_TRUE(has(mixed.out, "FAIL " + bad_.string() + ": InvalidOffset:")) << mixed.out;
-  EXPECT_TRUE(has(mixed.out, "FAIL " + lfs_.string() + ": HeaderTooLarge:") && has(mixed.out, "git-lfs pointer"))
+  EXPECT_TRUE(has(mixed.out, "FAIL " + lfs_.string() + ": HeaderTooLarge:") &&
+              has(mixed.out, "git-lfs pointer"))
       << mixed.out;
   EXPECT_TRUE(has(mixed.out, "1 of 3 files valid")) << mixed.out;
   EXPECT_EQ(cli({"validate", "--header-only", good_.string()}).code, 0);
@@ -137,10 +118,12 @@ TEST_F(Cli, ValidateReportsEachFileAndFailsIfAnyIsBad) {
 
 TEST_F(Cli, ValidateChecksEveryShardOfAnIndex) {
   std::filesystem::copy_file(good_, dir_ / "part-1.safetensors");
-  std::ofstream(dir_ / "m.index.json") << R"({"weight_map":{"layer.weight":"part-1.safetensors","layer.bias":"part-1.safetensors"}})";
+  std::ofstream(dir_ / "m.index.json")
+      << R"({"weight_map":{"layer.weight":"part-1.safetensors","layer.bias":"part-1.safetensors"}})";
   auto ok = cli({"validate", (dir_ / "m.index.json").string()});
   EXPECT_EQ(ok.code, 0) << ok.out;
-  std::ofstream(dir_ / "m.index.json") << R"({"weight_map":{"layer.weight":"part-1.safetensors","gone":"part-2.safetensors"}})";
+  std::ofstream(dir_ / "m.index.json")
+      << R"({"weight_map":{"layer.weight":"part-1.safetensors","gone":"part-2.safetensors"}})";
   auto bad = cli({"validate", (dir_ / "m.index.json").string()});
   EXPECT_EQ(bad.code, 1);
   EXPECT_TRUE(has(bad.out, "ShardMissing") && has(bad.out, "part-2.safetensors")) << bad.out;
@@ -175,7 +158,8 @@ TEST_F(Cli, MetadataPrintsAndRewritesWithTheDataUnchanged) {
   EXPECT_EQ(printed.out, "format: pt\n");
   auto before = safetensors::SafeOpen(good_).get_tensor("layer.weight");
   std::vector<std::byte> old_bytes(before.data.begin(), before.data.end());
-  auto set = cli({"metadata", good_.string(), "--set", "source=cli", "--set", "note=a=b", "--delete", "format"});
+  auto set =
+      cli({"metadata", good_.string(), "--set", "source=cli", "--set", "note=a=b", "--delete", "format"});
   EXPECT_EQ(set.code, 0) << set.err;
   safetensors::SafeOpen after(good_);
   EXPECT_EQ(after.metadata(), (std::map<std::string, std::string>{{"note", "a=b"}, {"source", "cli"}}));
@@ -183,7 +167,8 @@ TEST_F(Cli, MetadataPrintsAndRewritesWithTheDataUnchanged) {
   EXPECT_TRUE(std::equal(w.data.begin(), w.data.end(), old_bytes.begin(), old_bytes.end()));
   EXPECT_EQ(after.size(), 2u);
   std::vector<std::string> names;
-  for (const auto& e : std::filesystem::directory_iterator(dir_.path())) names.push_back(e.path().filename().string());
+  for (const auto& e : std::filesystem::directory_iterator(dir_.path()))
+    names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{"bad.safetensors", "good.safetensors", "lfs.safetensors"}));
   EXPECT_EQ(cli({"metadata", good_.string(), "--set", "novalue"}).code, 2);
@@ -331,29 +316,41 @@ TEST_F(Cli, MetadataRewriteNeverWritesThroughWhatSitsAtTheStagedName) {
   EXPECT_TRUE(std::filesystem::is_symlink(dir_ / left[0])) << left[0];
 }
 
-// `bench` sized its read() buffer once and let each read measure the file again: a file that
-// another process replaced by a larger one meanwhile (as every safetensors writer does) was read
-// past the buffer's end, into whatever memory followed (or failed as `Internal`). Each run now
-// reads exactly the validated length, and a file that changed is an `Io` error.
-TEST_F(Cli, BenchOfAFileReplacedMeanwhileNeverReadsPastItsBuffer) {
-  auto small = dir_ / "small.safetensors", big = dir_ / "big.safetensors", path = dir_ / "swap.safetensors";
-  std::filesystem::copy_file(good_, small);
+/// `swap.safetensors` in `dir`, replaced again and again by a small file (a copy of `good`) and a
+/// 32 MiB one, each time through a fresh link and a rename (as every safetensors writer
+/// replaces a file), while `runs` runs the tool on it.
+std::vector<test::Run> run_while_replaced(
+    const test::TempDir& dir, const std::filesystem::path& good,
+    const std::function<std::vector<test::Run>(const std::filesystem::path&)>& runs) {
+  auto small = dir / "small.safetensors", big = dir / "big.safetensors", path = dir / "swap.safetensors";
+  std::filesystem::copy_file(good, small);
   write_big(big);
   std::filesystem::copy_file(small, path);
   pid_t swapper = ::fork();
   if (swapper == 0) {
-    // Alternates the two files under `path`, each time through a fresh link and a rename.
-    auto next = dir_ / "next.safetensors";
+    auto next = dir / "next.safetensors";
     for (unsigned i = 0;; ++i) {
       ::link((i % 2 ? small : big).c_str(), next.c_str());
       ::rename(next.c_str(), path.c_str());
     }
   }
-  std::vector<decltype(cli({}))> runs;
-  for (int attempt = 0; attempt < 20; ++attempt)
-    runs.push_back(cli({"bench", path.string(), "--runs", "20"}));
+  auto out = runs(path);
   ::kill(swapper, SIGKILL);
   ::waitpid(swapper, nullptr, 0);
+  return out;
+}
+
+// `bench` sized its read() buffer once and let each read measure the file again: a file that
+// another process replaced by a larger one meanwhile (as every safetensors writer does) was read
+// past the buffer's end, into whatever memory followed (or failed as `Internal`). Each run now
+// reads exactly the validated length, and a file that changed is an `Io` error.
+TEST_F(Cli, BenchOfAFileReplacedMeanwhileNeverReadsPastItsBuffer) {
+  auto runs = run_while_replaced(dir_, good_, [](const std::filesystem::path& path) {
+    std::vector<test::Run> out;
+    for (int attempt = 0; attempt < 20; ++attempt)
+      out.push_back(cli({"bench", path.string(), "--runs", "20"}));
+    return out;
+  });
   bool changed = false;
   for (const auto& r : runs) {
     EXPECT_TRUE(r.code == 0 || r.code == 1) << r.code << " " << r.err;
@@ -369,28 +366,18 @@ TEST_F(Cli, BenchOfAFileReplacedMeanwhileNeverReadsPastItsBuffer) {
 // checked: with the file replaced meanwhile, an OK line paired one file's tensor count with the
 // other's size (or the path's removal turned a valid file into FAIL).
 TEST_F(Cli, ValidateReportsTheSizeOfTheFileItChecked) {
-  auto small = dir_ / "small.safetensors", big = dir_ / "big.safetensors", path = dir_ / "swap.safetensors";
-  std::filesystem::copy_file(good_, small);
-  write_big(big);
-  std::filesystem::copy_file(small, path);
-  auto small_line = "(2 tensors, " + std::to_string(std::filesystem::file_size(small)) + " bytes)";
-  auto big_size = std::to_string(std::filesystem::file_size(big));
+  auto runs = run_while_replaced(dir_, good_, [](const std::filesystem::path& path) {
+    std::vector<test::Run> out;
+    for (int attempt = 0; attempt < 40; ++attempt) out.push_back(cli({"validate", path.string()}));
+    return out;
+  });
+  auto small_line =
+      "(2 tensors, " + std::to_string(std::filesystem::file_size(dir_ / "small.safetensors")) + " bytes)";
+  auto big_size = std::to_string(std::filesystem::file_size(dir_ / "big.safetensors"));
   std::string big_line = "(1 tensors, ";
   for (int i = static_cast<int>(big_size.size()) - 3; i > 0; i -= 3)
     big_size.insert(static_cast<std::size_t>(i), ",");
   big_line += big_size + " bytes)";
-  pid_t swapper = ::fork();
-  if (swapper == 0) {
-    auto next = dir_ / "next.safetensors";
-    for (unsigned i = 0;; ++i) {
-      ::link((i % 2 ? small : big).c_str(), next.c_str());
-      ::rename(next.c_str(), path.c_str());
-    }
-  }
-  std::vector<decltype(cli({}))> runs;
-  for (int attempt = 0; attempt < 40; ++attempt) runs.push_back(cli({"validate", path.string()}));
-  ::kill(swapper, SIGKILL);
-  ::waitpid(swapper, nullptr, 0);
   for (const auto& r : runs) {
     EXPECT_EQ(r.code, 0) << r.out << r.err;
     EXPECT_TRUE(has(r.out, small_line) || has(r.out, big_line)) << r.out;

@@ -20,7 +20,9 @@ namespace {
 constexpr int kThreads = 16;
 
 /// Byte `j` of tensor `i`: every byte says where it came from.
-std::uint8_t expected(std::size_t i, std::size_t j) { return static_cast<std::uint8_t>(i * 131 + j * 7 + j / 256); }
+std::uint8_t expected(std::size_t i, std::size_t j) {
+  return static_cast<std::uint8_t>(i * 131 + j * 7 + j / 256);
+}
 
 /// Tensors t0..t{n-1} of shape [rows, 64] U8 with the expected bytes.
 std::vector<std::vector<std::uint8_t>> make_data(std::size_t n) {
@@ -99,9 +101,11 @@ TEST_P(Concurrency, SixteenThreadsOpenShardsOnFirstUse) {
   std::string weight_map;
   for (int s = 0; s < 4; ++s) {
     auto file = "part-" + std::to_string(s) + ".safetensors";
-    safetensors::save_file(dir / file, views_of(data, static_cast<std::size_t>(s) * 9, static_cast<std::size_t>(s + 1) * 9));
+    safetensors::save_file(
+        dir / file, views_of(data, static_cast<std::size_t>(s) * 9, static_cast<std::size_t>(s + 1) * 9));
     for (int i = s * 9; i < (s + 1) * 9; ++i) {
-      weight_map += (weight_map.empty() ? "" : ",") + std::string("\"t") + std::to_string(i) + "\":\"" + file + "\"";
+      weight_map +=
+          (weight_map.empty() ? "" : ",") + std::string("\"t") + std::to_string(i) + "\":\"" + file + "\"";
     }
   }
   std::ofstream(dir / "m.safetensors.index.json") << "{\"weight_map\":{" << weight_map << "}}";
@@ -112,7 +116,8 @@ TEST_P(Concurrency, SixteenThreadsOpenShardsOnFirstUse) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       start.arrive_and_wait();  // every thread's first call races to open the shards
-      for (std::size_t i = 0; i < data.size(); ++i) bad += check_tensor(ckpt, (i + static_cast<std::size_t>(t) * 7) % data.size());
+      for (std::size_t i = 0; i < data.size(); ++i)
+        bad += check_tensor(ckpt, (i + static_cast<std::size_t>(t) * 7) % data.size());
     });
   }
   for (auto& t : threads) t.join();
@@ -138,7 +143,8 @@ TEST_P(Concurrency, SixteenThreadsUploadToTheGpu) {
         std::vector<std::byte> back(p.byte_size);
         safetensors::cuda::copy_to_host(loaded.data(p.name), back);
         auto i = std::stoul(p.name.substr(1));
-        for (std::size_t j = 0; j < back.size(); ++j) bad += static_cast<std::uint8_t>(back[j]) != expected(i, j);
+        for (std::size_t j = 0; j < back.size(); ++j)
+          bad += static_cast<std::uint8_t>(back[j]) != expected(i, j);
       }
     });
   }
@@ -146,7 +152,10 @@ TEST_P(Concurrency, SixteenThreadsUploadToTheGpu) {
   EXPECT_EQ(bad.load(), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Concurrency, ::testing::Values(safetensors::Backend::Mmap, safetensors::Backend::Read),
-                         [](const auto& p) { return p.param == safetensors::Backend::Mmap ? "Mmap" : "Read"; });
+INSTANTIATE_TEST_SUITE_P(Backends, Concurrency,
+                         ::testing::Values(safetensors::Backend::Mmap, safetensors::Backend::Read),
+                         [](const auto& p) {
+                           return p.param == safetensors::Backend::Mmap ? "Mmap" : "Read";
+                         });
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <thread>
 
+#include "gpu_support.hpp"
 #include "support.hpp"
 
 using safetensors::Dtype;
@@ -28,8 +29,11 @@ using test::kind_of;
 std::filesystem::path make_file(const test::TempDir& dir) {
   std::vector<std::vector<std::uint8_t>> storage;
   std::vector<std::pair<std::string, TensorView>> tensors;
-  const std::vector<std::pair<Dtype, std::vector<std::size_t>>> specs = {
-      {Dtype::F32, {3, 5}}, {Dtype::BF16, {7}}, {Dtype::U8, {5, 3}}, {Dtype::F64, {2, 2}}, {Dtype::F32, {1024, 3072}}};
+  const std::vector<std::pair<Dtype, std::vector<std::size_t>>> specs = {{Dtype::F32, {3, 5}},
+                                                                         {Dtype::BF16, {7}},
+                                                                         {Dtype::U8, {5, 3}},
+                                                                         {Dtype::F64, {2, 2}},
+                                                                         {Dtype::F32, {1024, 3072}}};
   for (std::size_t i = 0; i < specs.size(); ++i) {
     auto& [d, shape] = specs[i];
     std::size_t n = 1;
@@ -64,38 +68,24 @@ TEST(CudaPlan, PlacesEveryTensorAlignedWithoutAGpu) {
   EXPECT_EQ(sub[0].byte_size, 1024u * 1536 * 4);
   EXPECT_EQ(sub[1].offset % 512, 0u);
   EXPECT_EQ(sub_total, sub[1].offset + sub[1].byte_size);
-  EXPECT_EQ(kind_of([&] { (void)cuda::plan(f, std::vector<cuda::Request>{{"nope", {}}}); }), ErrorKind::TensorNotFound);
-}
-
-/// Whether ctest put the emulated driver (tests/cuda) on the library path: there a GPU is
-/// always available, and the GPU tests must run, never skip.
-bool emulated_driver_expected() {
-  const char* path = std::getenv("LD_LIBRARY_PATH");
-  return path && std::string_view(path).find(SAFETENSORS_TEST_EMULATED_DRIVER) != std::string_view::npos;
+  EXPECT_EQ(kind_of([&] {
+              (void)cuda::plan(f, std::vector<cuda::Request>{{"nope", {}}});
+            }),
+            ErrorKind::TensorNotFound);
 }
 
 /// Under the emulated driver the GPU tests get two devices (unless the environment says
 /// otherwise), so that cross-device cases run too; the driver reads this in cuInit. (One ctest
 /// ENVIRONMENT entry is all gtest_discover_tests passes through, and it names the driver.)
 [[maybe_unused]] const bool two_emulated_devices = [] {
-  if (emulated_driver_expected()) ::setenv("SAFETENSORS_FAKE_CUDA_DEVICES", "2", 0);
+  if (test::emulated_driver_expected()) ::setenv("SAFETENSORS_FAKE_CUDA_DEVICES", "2", 0);
   return true;
 }();
 
-/// Reports, once, why the GPU tests skip (a failure under the emulated driver).
-bool gpu_or_skip() {
-  if (cuda::available()) return true;
-  if (emulated_driver_expected()) {
-    ADD_FAILURE() << "the emulated CUDA driver is on the library path, yet: " << cuda::why_unavailable();
-    return false;
-  }
-  std::cout << "[  SKIPPED ] no usable GPU: " << cuda::why_unavailable() << "\n";
-  return false;
-}
-
 TEST(Cuda, WithoutAGpuEveryEntryPointIsACudaError) {
   if (cuda::available()) GTEST_SKIP() << "a GPU is present; the no-GPU path is not reachable here";
-  if (std::getenv("SAFETENSORS_FAKE_LIBCUDA")) GTEST_SKIP() << "covered by CudaNoDevice under the fake driver";
+  if (std::getenv("SAFETENSORS_FAKE_LIBCUDA"))
+    GTEST_SKIP() << "covered by CudaNoDevice under the fake driver";
   auto why = cuda::why_unavailable();
   if (cuda::built()) {
     EXPECT_NE(why.find("libcuda"), std::string::npos) << why;
@@ -112,7 +102,8 @@ TEST(Cuda, WithoutAGpuEveryEntryPointIsACudaError) {
 }
 
 TEST(CudaNoDevice, ADriverWithoutAGpuIsACudaErrorSayingSo) {
-  if (!std::getenv("SAFETENSORS_FAKE_LIBCUDA")) GTEST_SKIP() << "runs under the fake driver (ctest cuda_no_device)";
+  if (!std::getenv("SAFETENSORS_FAKE_LIBCUDA"))
+    GTEST_SKIP() << "runs under the fake driver (ctest cuda_no_device)";
   if (!cuda::built()) GTEST_SKIP() << "this build has no CUDA support";
   try {
     (void)cuda::device_count();
@@ -131,7 +122,8 @@ std::vector<std::byte> download(const void* ptr, std::size_t n, int device = 0) 
   return out;
 }
 
-void expect_same(const std::vector<std::byte>& device_bytes, std::span<const std::byte> file_bytes, const std::string& what) {
+void expect_same(const std::vector<std::byte>& device_bytes, std::span<const std::byte> file_bytes,
+                 const std::string& what) {
   ASSERT_EQ(device_bytes.size(), file_bytes.size()) << what;
   EXPECT_EQ(std::memcmp(device_bytes.data(), file_bytes.data(), file_bytes.size()), 0) << what;
 }
@@ -159,7 +151,7 @@ void check_upload(const SafeOpen& f, const cuda::DeviceTensors& up) {
 }
 
 TEST(CudaGpu, WholeFilesLandByteForByte) {
-  if (!gpu_or_skip()) return;
+  if (!test::gpu_or_skip()) return;
   test::TempDir dir;
   for (const auto& path : gpu_files(dir)) {
     for (auto backend : {safetensors::Backend::Mmap, safetensors::Backend::Read}) {
@@ -175,7 +167,7 @@ TEST(CudaGpu, WholeFilesLandByteForByte) {
 }
 
 TEST(CudaGpu, SubsetsSlicesAndSingleTensors) {
-  if (!gpu_or_skip()) return;
+  if (!test::gpu_or_skip()) return;
   test::TempDir dir;
   SafeOpen f(make_file(dir));
   std::vector<cuda::Request> req{{"t4", {Index::all(), Index::range(1024, 2048)}}, {"t2", {}}, {"t0", {1}}};
@@ -190,7 +182,7 @@ TEST(CudaGpu, SubsetsSlicesAndSingleTensors) {
 }
 
 TEST(CudaGpu, ShardedCheckpointsLoadIntoOneAllocation) {
-  if (!gpu_or_skip()) return;
+  if (!test::gpu_or_skip()) return;
   auto dir = test::fixture("shards", "manifest.tsv");
   if (!dir) return;
   safetensors::Checkpoint ckpt(*dir / "model.safetensors.index.json");
@@ -214,7 +206,7 @@ struct Driver {
 };
 
 TEST(CudaGpu, CallerBufferAndStream) {
-  if (!gpu_or_skip()) return;
+  if (!test::gpu_or_skip()) return;
   test::TempDir dir;
   SafeOpen f(make_file(dir));
   cuda::Uploader up(0, {.slot_bytes = 1u << 20});
@@ -239,14 +231,17 @@ TEST(CudaGpu, CallerBufferAndStream) {
   void* stream = nullptr;
   ASSERT_EQ(mem_alloc(&dst, bytes), 0);
   ASSERT_EQ(stream_create(&stream, 1 /* non-blocking */), 0);
-  auto placed = up.load_into(f, {}, reinterpret_cast<void*>(dst), bytes, reinterpret_cast<std::uintptr_t>(stream));
+  auto placed =
+      up.load_into(f, {}, reinterpret_cast<void*>(dst), bytes, reinterpret_cast<std::uintptr_t>(stream));
   EXPECT_EQ(placed.size(), placements.size());
   ASSERT_EQ(stream_sync(stream), 0);  // completion is visible on the caller's stream
   for (const auto& p : placed) {
-    expect_same(download(reinterpret_cast<void*>(dst + p.offset), p.byte_size), f.get_tensor(p.name).data, p.name);
+    expect_same(download(reinterpret_cast<void*>(dst + p.offset), p.byte_size), f.get_tensor(p.name).data,
+                p.name);
   }
   EXPECT_EQ(kind_of([&] {
-              (void)up.load_into(f, {}, reinterpret_cast<void*>(dst), bytes - 1, reinterpret_cast<std::uintptr_t>(stream));
+              (void)up.load_into(f, {}, reinterpret_cast<void*>(dst), bytes - 1,
+                                 reinterpret_cast<std::uintptr_t>(stream));
             }),
             ErrorKind::Cuda);
   up.synchronize();
@@ -257,7 +252,7 @@ TEST(CudaGpu, CallerBufferAndStream) {
 }
 
 TEST(CudaGpu, ManyThreadsLoadAtOnce) {
-  if (!gpu_or_skip()) return;
+  if (!test::gpu_or_skip()) return;
   test::TempDir dir;
   auto path = make_file(dir);
   std::vector<std::thread> threads;
@@ -269,7 +264,8 @@ TEST(CudaGpu, ManyThreadsLoadAtOnce) {
       for (const auto& p : loaded.placements()) {
         auto got = download(loaded.data(p.name), p.byte_size);
         auto want = f.get_tensor(p.name);
-        if (got.size() != want.data.size() || std::memcmp(got.data(), want.data.data(), got.size()) != 0) ++bad;
+        if (got.size() != want.data.size() || std::memcmp(got.data(), want.data.data(), got.size()) != 0)
+          ++bad;
       }
     });
   }
@@ -278,7 +274,7 @@ TEST(CudaGpu, ManyThreadsLoadAtOnce) {
 }
 
 TEST(CudaGpu, ReleasedBuffersBelongToTheCaller) {
-  if (!gpu_or_skip()) return;
+  if (!test::gpu_or_skip()) return;
   test::TempDir dir;
   SafeOpen f(make_file(dir));
   auto loaded = cuda::load(f);

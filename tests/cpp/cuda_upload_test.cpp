@@ -15,6 +15,7 @@
 #include <cstring>
 #include <thread>
 
+#include "gpu_support.hpp"
 #include "support.hpp"
 
 using safetensors::Dtype;
@@ -29,83 +30,10 @@ namespace {
 // real driver ignores it).
 const bool kTwoDevices = (::setenv("SAFETENSORS_FAKE_CUDA_DEVICES", "2", 0), true);
 
+using test::Ctx;
+using test::Driver;
 using test::kind_of;
-using Ctx = void*;
-using Stream = void*;
-
-/// The driver entry points the tests call themselves, as an engine would.
-struct Driver {
-  Driver() : lib(::dlopen("libcuda.so.1", RTLD_NOW)) {
-    if (!lib) lib = ::dlopen("libcuda.so", RTLD_NOW);
-  }
-  template <class F>
-  F get(const char* name) const {
-    return lib ? reinterpret_cast<F>(::dlsym(lib, name)) : nullptr;
-  }
-  [[nodiscard]] bool emulated() const { return get<void*>("fakecuda_hold") != nullptr; }
-
-  Ctx current() const {
-    Ctx c = nullptr;
-    EXPECT_EQ(get<int (*)(Ctx*)>("cuCtxGetCurrent")(&c), 0);
-    return c;
-  }
-  void set_current(Ctx c) const { ASSERT_EQ(get<int (*)(Ctx)>("cuCtxSetCurrent")(c), 0); }
-  /// A context of the caller's own on `device` (not the primary one), made current.
-  Ctx create_context(int device) const {
-    int dev = 0;
-    EXPECT_EQ(get<int (*)(int*, int)>("cuDeviceGet")(&dev, device), 0);
-    Ctx c = nullptr;
-    EXPECT_EQ(get<int (*)(Ctx*, unsigned, int)>("cuCtxCreate_v2")(&c, 0, dev), 0);
-    return c;
-  }
-  void destroy_context(Ctx c) const { EXPECT_EQ(get<int (*)(Ctx)>("cuCtxDestroy_v2")(c), 0); }
-  /// Retains `device`'s primary context (as the CUDA runtime would) and makes it current.
-  Ctx enter_primary(int device) const {
-    int dev = 0;
-    EXPECT_EQ(get<int (*)(int*, int)>("cuDeviceGet")(&dev, device), 0);
-    Ctx c = nullptr;
-    EXPECT_EQ(get<int (*)(Ctx*, int)>("cuDevicePrimaryCtxRetain")(&c, dev), 0);
-    set_current(c);
-    return c;
-  }
-  void leave_primary(int device) const {
-    set_current(nullptr);
-    EXPECT_EQ(get<int (*)(int)>("cuDevicePrimaryCtxRelease_v2")(device), 0);
-  }
-  std::uint64_t alloc(std::size_t bytes) const {
-    std::uint64_t p = 0;
-    EXPECT_EQ(get<int (*)(std::uint64_t*, std::size_t)>("cuMemAlloc_v2")(&p, bytes), 0);
-    return p;
-  }
-  void free(std::uint64_t p) const { EXPECT_EQ(get<int (*)(std::uint64_t)>("cuMemFree_v2")(p), 0); }
-  Stream stream() const {
-    Stream s = nullptr;
-    EXPECT_EQ(get<int (*)(Stream*, unsigned)>("cuStreamCreate")(&s, 1 /* non-blocking */), 0);
-    return s;
-  }
-  void sync(Stream s) const { EXPECT_EQ(get<int (*)(Stream)>("cuStreamSynchronize")(s), 0); }
-  void destroy(Stream s) const { EXPECT_EQ(get<int (*)(Stream)>("cuStreamDestroy_v2")(s), 0); }
-  int counter(const char* name) const { return get<int (*)()>(name)(); }
-  int ctx_resets(int device) const { return get<int (*)(int)>("fakecuda_primary_ctx_resets")(device); }
-  void fail(const char* spec) const {
-    ASSERT_EQ(get<int (*)(const char*)>("fakecuda_set_failures")(spec), 0);
-  }
-
-  void* lib;
-};
-
-/// Skips (reporting why) unless a GPU, real or emulated, is usable; under the emulated driver
-/// (ctest puts it on the library path) an unusable GPU is a failure, never a skip.
-bool gpu() {
-  if (cuda::available()) return true;
-  const char* path = std::getenv("LD_LIBRARY_PATH");
-  if (path && std::string_view(path).find(SAFETENSORS_TEST_EMULATED_DRIVER) != std::string_view::npos) {
-    ADD_FAILURE() << "the emulated CUDA driver is on the library path, yet: " << cuda::why_unavailable();
-    return false;
-  }
-  std::cout << "[  SKIPPED ] no usable GPU: " << cuda::why_unavailable() << "\n";
-  return false;
-}
+using test::Stream;
 
 /// A file of assorted tensors, one spanning several 1 MiB chunks.
 std::filesystem::path make_file(const test::TempDir& dir) {
@@ -140,8 +68,49 @@ bool same_as_file(const SafeOpen& f, const cuda::DeviceTensors& up) {
 
 constexpr cuda::UploadOptions kSmallRing{.staging_slots = 3, .slot_bytes = 1u << 20, .readers = 2};
 
+/// What an engine hands `load_into`: `bytes` of device memory on device 0 and a non-blocking
+/// stream of its own, made in device 0's primary context, which is current while this lives.
+struct CallersDestination {
+  CallersDestination(const Driver& d, std::size_t bytes) : drv(d) {
+    drv.enter_primary(0);
+    device = drv.alloc(bytes);
+    stream = drv.stream();
+  }
+  ~CallersDestination() {
+    if (stream) drv.destroy(stream);
+    drv.free(device);
+    drv.leave_primary(0);
+  }
+  CallersDestination(const CallersDestination&) = delete;
+  CallersDestination& operator=(const CallersDestination&) = delete;
+
+  [[nodiscard]] void* at(std::uint64_t offset = 0) const {
+    return reinterpret_cast<void*>(static_cast<std::uintptr_t>(device + offset));
+  }
+  [[nodiscard]] std::uintptr_t on() const { return reinterpret_cast<std::uintptr_t>(stream); }
+  /// The caller destroys its stream now (having synchronised it), before the test ends.
+  void destroy_stream() {
+    drv.destroy(stream);
+    stream = nullptr;
+  }
+
+  const Driver& drv;
+  std::uint64_t device = 0;
+  Stream stream = nullptr;
+};
+
+/// Every placement, read back from `base`, holds the file's bytes.
+void expect_placed_as_file(const SafeOpen& f, const std::vector<cuda::Placement>& placed, const void* base) {
+  for (const auto& p : placed) {
+    auto want = f.get_tensor(p.name);
+    std::vector<std::byte> got(p.byte_size);
+    cuda::copy_to_host(static_cast<const std::byte*>(base) + p.offset, got);
+    EXPECT_EQ(std::memcmp(got.data(), want.data.data(), got.size()), 0) << p.name;
+  }
+}
+
 TEST(CudaUpload, DeviceMemoryOutlivesEveryUploader) {
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   Driver drv;
   test::TempDir dir;
   SafeOpen f(make_file(dir));
@@ -164,7 +133,7 @@ TEST(CudaUpload, DeviceMemoryOutlivesEveryUploader) {
 }
 
 TEST(CudaUpload, TheCallersCurrentContextIsKept) {
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   Driver drv;
   test::TempDir dir;
   SafeOpen f(make_file(dir));
@@ -202,7 +171,7 @@ TEST(CudaUpload, TheCallersCurrentContextIsKept) {
 }
 
 TEST(CudaUpload, SixteenThreadsShareOneUploader) {
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   test::TempDir dir;
   auto path = make_file(dir);
   cuda::Uploader shared(0, kSmallRing);
@@ -222,7 +191,7 @@ TEST(CudaUpload, SixteenThreadsShareOneUploader) {
 
 TEST(CudaUpload, InjectedFailuresMidUploadThenReuse) {
   Driver drv;
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's injected failures";
   test::TempDir dir;
   SafeOpen f(make_file(dir));
@@ -252,31 +221,19 @@ TEST(CudaUpload, InjectedFailuresMidUploadThenReuse) {
   // could not be recorded is still pending (slow copies make sure), and the next upload must
   // not refill its staging buffer under it (the emulator aborts if it does).
   const std::size_t bytes = cuda::plan(f).first;
-  drv.enter_primary(0);
-  std::uint64_t dst = drv.alloc(bytes);
-  Stream stream = drv.stream();
-  auto on = reinterpret_cast<std::uintptr_t>(stream);
-  void* to = reinterpret_cast<void*>(static_cast<std::uintptr_t>(dst));
+  CallersDestination dst(drv, bytes);
   drv.get<void (*)(unsigned)>("fakecuda_set_latency_us")(20000);
   drv.fail("cuEventRecord:1");
-  EXPECT_EQ(kind_of([&] { (void)up.load_into(f, {}, to, bytes, on); }), ErrorKind::Cuda);
+  EXPECT_EQ(kind_of([&] { (void)up.load_into(f, {}, dst.at(), bytes, dst.on()); }), ErrorKind::Cuda);
   drv.fail("");
   // Other bytes through the same slots (the same ones would hide a refill).
   std::vector<cuda::Request> last{{"t3", {}}};
-  auto placed = up.load_into(f, last, to, bytes, on);
+  auto placed = up.load_into(f, last, dst.at(), bytes, dst.on());
   ASSERT_EQ(placed.size(), 1u);
-  drv.sync(stream);
+  drv.sync(dst.stream);
   drv.get<void (*)(unsigned)>("fakecuda_set_latency_us")(100);
-  for (const auto& p : placed) {
-    auto want = f.get_tensor(p.name);
-    std::vector<std::byte> got(p.byte_size);
-    cuda::copy_to_host(static_cast<std::byte*>(to) + p.offset, got);
-    EXPECT_EQ(std::memcmp(got.data(), want.data.data(), got.size()), 0) << p.name;
-  }
+  expect_placed_as_file(f, placed, dst.at());
   up.synchronize();
-  drv.destroy(stream);
-  drv.free(dst);
-  drv.leave_primary(0);
 }
 
 TEST(CudaUpload, AnUntrackedCopyIsNeverWaitedForThroughTheCallersStreamLater) {
@@ -285,31 +242,25 @@ TEST(CudaUpload, AnUntrackedCopyIsNeverWaitedForThroughTheCallersStreamLater) {
   // destroys it: later waits on the staging buffer (synchronize, the next upload, the
   // destructor) must not use that stream's handle, by then dangling (the emulator aborts).
   Driver drv;
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's injected failures";
   test::TempDir dir;
   SafeOpen f(make_file(dir));
   cuda::Uploader up(0, kSmallRing);
   const std::size_t bytes = cuda::plan(f).first;
-  drv.enter_primary(0);
-  std::uint64_t dst = drv.alloc(bytes);
-  void* to = reinterpret_cast<void*>(static_cast<std::uintptr_t>(dst));
-  Stream stream = drv.stream();
+  CallersDestination dst(drv, bytes);
   drv.fail("cuEventRecord:1,cuStreamSynchronize:1");
-  EXPECT_EQ(kind_of([&] { (void)up.load_into(f, {}, to, bytes, reinterpret_cast<std::uintptr_t>(stream)); }),
-            ErrorKind::Cuda);
+  EXPECT_EQ(kind_of([&] { (void)up.load_into(f, {}, dst.at(), bytes, dst.on()); }), ErrorKind::Cuda);
   drv.fail("");
-  drv.sync(stream);
-  drv.destroy(stream);
+  drv.sync(dst.stream);
+  dst.destroy_stream();
   up.synchronize();
   EXPECT_TRUE(same_as_file(f, up.load(f)));
-  drv.free(dst);
-  drv.leave_primary(0);
 }
 
 TEST(CudaUpload, PinnedSlotsAreFreedWhenConstructionFails) {
   Driver drv;
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's injected failures";
   // Relative counts: the one-shot uploader of other tests in this process may be alive.
   const int pinned = drv.counter("fakecuda_live_pinned_allocations");
@@ -327,7 +278,7 @@ TEST(CudaUpload, PinnedSlotsAreFreedWhenConstructionFails) {
 
 TEST(CudaUpload, OneShotCallsShareOneUploaderAndStageOnlyWhatTheyNeed) {
   Driver drv;
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's counters";
   test::TempDir dir;
   SafeOpen f(make_file(dir));
@@ -349,14 +300,14 @@ TEST(CudaUpload, OneShotCallsShareOneUploaderAndStageOnlyWhatTheyNeed) {
 
 TEST(CudaUpload, ACallersStreamAndDestinationAreChecked) {
   Driver drv;
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   test::TempDir dir;
   SafeOpen f(make_file(dir));
   cuda::Uploader up(0, kSmallRing);
   auto [bytes, placements] = cuda::plan(f);
-  drv.enter_primary(0);
-  std::uint64_t dst = drv.alloc(bytes + 512);
-  Stream stream = drv.stream();
+  CallersDestination mine(drv, bytes + 512);
+  const std::uint64_t dst = mine.device;
+  Stream stream = mine.stream;
   auto as_ptr = [](std::uint64_t p) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)); };
   auto handle = [](Stream s) { return reinterpret_cast<std::uintptr_t>(s); };
   auto refused = [&](void* to, std::size_t capacity, std::uintptr_t on) {
@@ -396,16 +347,8 @@ TEST(CudaUpload, ACallersStreamAndDestinationAreChecked) {
     ASSERT_EQ(placed.size(), placements.size());
     if (on != 0) drv.sync(stream);
     up.synchronize();
-    for (const auto& p : placed) {
-      auto want = f.get_tensor(p.name);
-      std::vector<std::byte> got(p.byte_size);
-      cuda::copy_to_host(as_ptr(dst + 256 + p.offset), got);
-      EXPECT_EQ(std::memcmp(got.data(), want.data.data(), got.size()), 0) << p.name;
-    }
+    expect_placed_as_file(f, placed, mine.at(256));
   }
-  drv.destroy(stream);
-  drv.free(dst);
-  drv.leave_primary(0);
 }
 
 TEST(CudaUpload, ACapacityThatWrapsTheAddressSpaceIsRefused) {
@@ -413,14 +356,13 @@ TEST(CudaUpload, ACapacityThatWrapsTheAddressSpaceIsRefused) {
   // into an allocation of exactly the plan's size, has 256 bytes too few: offset + capacity
   // must not wrap around 2^64 into "fits" (which would let the copies overrun the allocation).
   Driver drv;
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   test::TempDir dir;
   SafeOpen f(make_file(dir));
   cuda::Uploader up(0, kSmallRing);
   const std::size_t bytes = cuda::plan(f).first;
-  drv.enter_primary(0);
-  std::uint64_t dst = drv.alloc(bytes);
-  void* to = reinterpret_cast<void*>(static_cast<std::uintptr_t>(dst + 256));
+  CallersDestination dst(drv, bytes);
+  void* to = dst.at(256);
   for (std::size_t capacity : {SIZE_MAX, SIZE_MAX - 255, bytes}) {
     try {
       (void)up.load_into(f, {}, to, capacity, 0);
@@ -432,12 +374,10 @@ TEST(CudaUpload, ACapacityThatWrapsTheAddressSpaceIsRefused) {
     }
   }
   up.synchronize();
-  drv.free(dst);
-  drv.leave_primary(0);
 }
 
 TEST(CudaUpload, DeviceOrdinalsOutOfRangeAreCudaErrorsNamingTheDevice) {
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   test::TempDir dir;
   SafeOpen f(make_file(dir));
   const int count = cuda::device_count();
@@ -463,7 +403,7 @@ TEST(CudaUpload, DeviceOrdinalsOutOfRangeAreCudaErrorsNamingTheDevice) {
 }
 
 TEST(CudaUpload, DeviceTensorsFindsEveryNameAndRefusesOthers) {
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   test::TempDir dir;
   SafeOpen f(make_file(dir));
   auto loaded = cuda::load(f);

@@ -20,162 +20,69 @@
 #include <numeric>
 #include <thread>
 
-#include "support.hpp"
+#include "gpu_support.hpp"
+#include "multi_rank.hpp"
 
 namespace {
 
 using namespace safetensors;
 using test::kind_of;
 
-/// The emulated driver's entry points the tests call (absent on a real driver).
-struct Driver {
-  Driver() : lib(::dlopen("libcuda.so.1", RTLD_NOW)) {
-    if (!lib) lib = ::dlopen("libcuda.so", RTLD_NOW);
-  }
-  template <class F>
-  F get(const char* name) const {
-    return lib ? reinterpret_cast<F>(::dlsym(lib, name)) : nullptr;
-  }
-  [[nodiscard]] bool emulated() const { return get<void*>("fakecuda_hold") != nullptr; }
-  [[nodiscard]] int counter(const char* name) const { return get<int (*)()>(name)(); }
-  [[nodiscard]] unsigned long long pageable_copies() const {
-    return get<unsigned long long (*)()>("fakecuda_pageable_async_copies")();
-  }
-  void fail(const char* spec) const {
-    ASSERT_EQ(get<int (*)(const char*)>("fakecuda_set_failures")(spec), 0);
-  }
-  void* lib;
-};
+using test::Driver;
 
-/// Skips (reporting why) unless a GPU, real or emulated, is usable; under the emulated driver
-/// (ctest puts it on the library path) an unusable GPU is a failure, never a skip.
-bool gpu() {
-  if (cuda::available()) return true;
-  const char* path = std::getenv("LD_LIBRARY_PATH");
-  if (path && std::string_view(path).find(SAFETENSORS_TEST_EMULATED_DRIVER) != std::string_view::npos) {
-    ADD_FAILURE() << "the emulated CUDA driver is on the library path, yet: " << cuda::why_unavailable();
-    return false;
-  }
-  std::cout << "[  SKIPPED ] no usable GPU: " << cuda::why_unavailable() << "\n";
-  return false;
-}
-
-/// W threads' meeting point. Host broadcasts copy through published pointers; device broadcasts
-/// do what NCCL's would on one device: the root's bytes, once its stream has them, are copied
-/// into every other rank's buffer after that rank's stream has finished with it.
-class LocalGroup {
+/// The host group with a device path, as NcclCollective has: the root's bytes, once its stream
+/// has them, are copied into every other rank's buffer after that rank's stream has finished
+/// with it, as NCCL's broadcast would on one device.
+class DeviceGroup : public test::LocalGroup {
  public:
-  explicit LocalGroup(std::size_t world)
-      : world_(world), sync_(static_cast<std::ptrdiff_t>(world)), slots_(world) {
+  explicit DeviceGroup(std::size_t world) : LocalGroup(world) {
     int dev = 0;
     drv_.get<int (*)(int*, int)>("cuDeviceGet")(&dev, 0);
     drv_.get<int (*)(void**, int)>("cuDevicePrimaryCtxRetain")(&ctx_, dev);
   }
 
-  class Member : public Collective {
-   public:
-    Member(LocalGroup& g, std::size_t rank) : g_(g), rank_(rank) {}
-    [[nodiscard]] std::size_t rank() const override { return rank_; }
-    [[nodiscard]] std::size_t size() const override { return g_.world_; }
-    void broadcast(std::span<std::byte> bytes, std::size_t root) override {
-      if (rank_ == root) g_.slots_[root] = bytes.data();
-      g_.sync_.arrive_and_wait();
-      if (rank_ != root && !bytes.empty()) std::memcpy(bytes.data(), g_.slots_[root], bytes.size());
-      g_.sync_.arrive_and_wait();
-      host_broadcasts++;
-    }
-    void all_gather(std::span<const std::byte>, std::span<std::byte>) override {
-      FAIL() << "not used by load";
-    }
-
-   protected:
-    LocalGroup& g_;
-    std::size_t rank_;
-
-   public:
-    std::size_t host_broadcasts = 0;
-  };
-
-  /// A member with a device path, as NcclCollective has.
   class DeviceMember final : public Member {
    public:
-    using Member::Member;
+    DeviceMember(DeviceGroup& g, std::size_t rank) : Member(g, rank), group_(g) {}
     void broadcast_device(void* bytes, std::size_t len, std::size_t root, void* stream) override {
-      const auto& d = g_.drv_;
+      const auto& d = group_.drv_;
       // EXPECT, not ASSERT: a rank that left early would leave the others at the barrier.
-      EXPECT_EQ(d.get<int (*)(void*)>("cuCtxSetCurrent")(g_.ctx_), 0);
+      EXPECT_EQ(d.get<int (*)(void*)>("cuCtxSetCurrent")(group_.ctx_), 0);
       EXPECT_EQ(d.get<int (*)(void*)>("cuStreamSynchronize")(stream), 0);
-      if (rank_ == root) g_.slots_[root] = static_cast<std::byte*>(bytes);
-      g_.sync_.arrive_and_wait();
+      if (rank_ == root) group_.slots_[root] = static_cast<std::byte*>(bytes);
+      group_.sync_.arrive_and_wait();
       if (rank_ != root && len > 0) {
         auto copy = d.get<int (*)(std::uint64_t, std::uint64_t, std::size_t)>("cuMemcpyDtoD_v2");
         EXPECT_EQ(copy(reinterpret_cast<std::uintptr_t>(bytes),
-                       reinterpret_cast<std::uintptr_t>(g_.slots_[root]), len),
+                       reinterpret_cast<std::uintptr_t>(group_.slots_[root]), len),
                   0);
       }
-      g_.sync_.arrive_and_wait();
+      group_.sync_.arrive_and_wait();
       device_broadcasts++;
     }
     std::size_t device_broadcasts = 0;
+
+   private:
+    DeviceGroup& group_;
   };
 
  private:
   Driver drv_;
   void* ctx_ = nullptr;
-  std::size_t world_;
-  std::barrier<> sync_;
-  std::vector<std::byte*> slots_;
 };
 
-using Select = std::function<Selection(const Slice&, std::size_t, std::size_t)>;
-struct Want {
-  std::string name;
-  Select select;
-};
+using test::layer_wants;
+using test::Want;
+using test::whole;
 
-Selection whole(const Slice& s, std::size_t, std::size_t) {
-  return s.select({});
-}
-
-std::vector<std::byte> iota_bytes(std::size_t n, unsigned seed) {
-  std::vector<std::byte> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::byte>((i * 131 + seed) & 0xFF);
-  return v;
-}
-
-/// One transformer layer's tensors (as in distributed_test.cpp): column- and row-parallel
-/// weights, a replicated norm, a fused QKV with 8 heads and 2 KV heads, an odd-sized tensor.
-class DeviceLayer : public ::testing::Test {
+/// The layer file of multi_rank.hpp, loaded by W threads onto device 0.
+class DeviceLayer : public test::LayerFile {
  protected:
-  void SetUp() override {
-    col_ = iota_bytes(8 * 6 * 4, 1);
-    row_ = iota_bytes(6 * 8 * 4, 2);
-    norm_ = iota_bytes(6 * 2, 3);
-    qkv_ = iota_bytes(24 * 6 * 4, 4);
-    odd_ = iota_bytes(10 * 3, 5);
-    save_file(path(), {{"col.weight", TensorView{Dtype::F32, {8, 6}, col_, {}}},
-                       {"row.weight", TensorView{Dtype::F32, {6, 8}, row_, {}}},
-                       {"norm.weight", TensorView{Dtype::F16, {6}, norm_, {}}},
-                       {"attn.qkv.weight", TensorView{Dtype::F32, {24, 6}, qkv_, {}}},
-                       {"odd", TensorView{Dtype::U8, {10, 3}, odd_, {}}}});
-  }
-  [[nodiscard]] std::filesystem::path path() const { return dir_ / "layer.safetensors"; }
-
-  /// Every rank's selections of `wants`, from one open file.
-  static std::vector<std::vector<Selection>> needs_of(const SafeOpen& f, const std::vector<Want>& wants,
-                                                      std::size_t world) {
-    std::vector<std::vector<Selection>> needs(world);
-    for (std::size_t r = 0; r < world; ++r) {
-      for (const auto& w : wants) needs[r].push_back(w.select(f.get_slice(w.name), r, world));
-    }
-    return needs;
-  }
-
   /// Runs a world of `world` threads loading `wants` onto device 0 via `via`, each checking its
   /// allocation against single-process slices; then checks that the bytes read across ranks
   /// are the union of the needed bytes.
   void run_world(std::size_t world, const std::vector<Want>& wants, cuda::Via via) {
-    LocalGroup group(world);
+    DeviceGroup group(world);
     std::vector<std::uint64_t> read_by(world);
     std::vector<std::size_t> host_bc(world), device_bc(world);
     std::vector<std::exception_ptr> errors(world);
@@ -184,9 +91,9 @@ class DeviceLayer : public ::testing::Test {
       threads.emplace_back([&, rank] {
         try {
           SafeOpen f(path());  // each rank opens the file itself, as a process would
-          auto needs = needs_of(f, wants, world);
+          auto needs = test::needs_of(f, wants, world);
           LoadPlan plan(needs, {64});  // small steps: many reads and broadcasts per tensor
-          LocalGroup::DeviceMember me(group, rank);
+          DeviceGroup::DeviceMember me(group, rank);
           auto mine = cuda::load(plan, me, {.device = 0, .via = via});
           const auto& placed = mine.placements();
           ASSERT_EQ(placed.size(), wants.size());
@@ -221,7 +128,7 @@ class DeviceLayer : public ::testing::Test {
     }
     // The union of every rank's needed bytes, from the selections' runs (one file).
     SafeOpen f(path());
-    auto needs = needs_of(f, wants, world);
+    auto needs = test::needs_of(f, wants, world);
     std::vector<char> mask;
     for (const auto& rank_needs : needs) {
       for (const auto& sel : rank_needs) {
@@ -242,56 +149,36 @@ class DeviceLayer : public ::testing::Test {
     }
   }
 
-  test::TempDir dir_;
-  std::vector<std::byte> col_, row_, norm_, qkv_, odd_;
+  /// Four ranks load the layer; under the emulated driver, no copy came from pageable memory
+  /// and no device memory is left (scratch freed, results freed by the test).
+  void run_four_ranks_copying_only_from_pinned_memory(cuda::Via via) {
+    Driver drv;
+    const auto pageable = drv.emulated() ? drv.pageable_copies() : 0;
+    run_world(4, layer_wants(), via);
+    if (drv.emulated()) {
+      EXPECT_EQ(drv.pageable_copies(), pageable) << "an async copy from pageable memory";
+      EXPECT_EQ(drv.counter("fakecuda_live_device_allocations"), 0) << "scratch or a result leaked";
+    }
+  }
 };
 
-const Gqa gqa{8, 2, 2};
-
-std::vector<Want> layer_wants() {
-  return {
-      {"col.weight", [](const Slice& s, std::size_t r, std::size_t w) { return column_parallel(s, r, w); }},
-      {"row.weight", [](const Slice& s, std::size_t r, std::size_t w) { return row_parallel(s, r, w); }},
-      {"norm.weight", whole},
-      {"attn.qkv.weight",
-       [](const Slice& s, std::size_t r, std::size_t w) { return qkv_shard(s, gqa, r, w).q; }},
-      {"attn.qkv.weight",
-       [](const Slice& s, std::size_t r, std::size_t w) { return qkv_shard(s, gqa, r, w).k; }},
-      {"attn.qkv.weight",
-       [](const Slice& s, std::size_t r, std::size_t w) { return qkv_shard(s, gqa, r, w).v; }}};
-}
-
 TEST_F(DeviceLayer, HostCollectiveFourRanks) {
-  if (!gpu()) return;
-  Driver drv;
-  const auto pageable = drv.emulated() ? drv.pageable_copies() : 0;
-  run_world(4, layer_wants(), cuda::Via::Host);
-  if (drv.emulated()) {
-    EXPECT_EQ(drv.pageable_copies(), pageable) << "an async copy from pageable memory";
-    EXPECT_EQ(drv.counter("fakecuda_live_device_allocations"), 0) << "scratch or a result leaked";
-  }
+  if (test::gpu_or_skip()) run_four_ranks_copying_only_from_pinned_memory(cuda::Via::Host);
 }
 
 TEST_F(DeviceLayer, DeviceCollectiveFourRanks) {
-  if (!gpu()) return;
-  Driver drv;
-  const auto pageable = drv.emulated() ? drv.pageable_copies() : 0;
-  run_world(4, layer_wants(), cuda::Via::Device);
-  if (drv.emulated()) {
-    EXPECT_EQ(drv.pageable_copies(), pageable) << "an async copy from pageable memory";
-    EXPECT_EQ(drv.counter("fakecuda_live_device_allocations"), 0) << "scratch or a result leaked";
-  }
+  if (test::gpu_or_skip()) run_four_ranks_copying_only_from_pinned_memory(cuda::Via::Device);
 }
 
 TEST_F(DeviceLayer, WorldLargerThanKvHeadsBothPaths) {
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   // 8 ranks, 2 KV heads: ranks 0-3 share KV head 0, ranks 4-7 KV head 1.
   run_world(8, layer_wants(), cuda::Via::Device);
   run_world(8, layer_wants(), cuda::Via::Host);
 }
 
 TEST_F(DeviceLayer, UnevenEmptyAndSingleRankShares) {
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   auto uneven = [](const Slice& s, std::size_t r, std::size_t w) { return shard(s, 0, r, w, Split::Uneven); };
   // 10 rows over 16 ranks: 6 ranks get nothing (a zero-byte placement), yet take part.
   run_world(16, {{"odd", uneven}, {"norm.weight", whole}}, cuda::Via::Device);
@@ -299,19 +186,19 @@ TEST_F(DeviceLayer, UnevenEmptyAndSingleRankShares) {
 }
 
 TEST_F(DeviceLayer, HostOnlyCollectiveRefusesDeviceBroadcastAndLeaksNothing) {
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   Driver drv;
   const int live = drv.emulated() ? drv.counter("fakecuda_live_device_allocations") : 0;
   // Two ranks both need the norm: the first shared read asks for a device broadcast, which a
   // host-only collective refuses on every rank (before any rank waits on another).
-  LocalGroup group(2);
+  test::LocalGroup group(2);
   std::vector<ErrorKind> kinds(2);
   std::vector<std::thread> threads;
   for (std::size_t rank = 0; rank < 2; ++rank) {
     threads.emplace_back([&, rank] {
       SafeOpen f(path());
-      LoadPlan plan(needs_of(f, {{"norm.weight", whole}}, 2));
-      LocalGroup::Member me(group, rank);
+      LoadPlan plan(test::needs_of(f, {{"norm.weight", whole}}, 2));
+      test::LocalGroup::Member me(group, rank);
       kinds[rank] = kind_of([&] { (void)cuda::load(plan, me, {.via = cuda::Via::Device}); });
     });
   }
@@ -323,15 +210,15 @@ TEST_F(DeviceLayer, HostOnlyCollectiveRefusesDeviceBroadcastAndLeaksNothing) {
 }
 
 TEST_F(DeviceLayer, PlanAndCollectiveOfDifferentWorldsOrBadOptionsAreRefused) {
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   SafeOpen f(path());
-  LoadPlan plan(needs_of(f, layer_wants(), 2));
-  LocalGroup group(3);
-  LocalGroup::DeviceMember me(group, 0);
+  LoadPlan plan(test::needs_of(f, layer_wants(), 2));
+  DeviceGroup group(3);
+  DeviceGroup::DeviceMember me(group, 0);
   EXPECT_EQ(kind_of([&] { (void)cuda::load(plan, me); }), ErrorKind::InvalidSlice);
-  LoadPlan one(needs_of(f, layer_wants(), 1));
-  LocalGroup solo(1);
-  LocalGroup::DeviceMember only(solo, 0);
+  LoadPlan one(test::needs_of(f, layer_wants(), 1));
+  DeviceGroup solo(1);
+  DeviceGroup::DeviceMember only(solo, 0);
   EXPECT_EQ(kind_of([&] { (void)cuda::load(one, only, {.alignment = 100}); }), ErrorKind::InvalidSlice);
   EXPECT_EQ(kind_of([&] { (void)cuda::load(one, only, {.device = 7}); }), ErrorKind::Cuda);
   // A custom alignment is honoured.
@@ -340,13 +227,13 @@ TEST_F(DeviceLayer, PlanAndCollectiveOfDifferentWorldsOrBadOptionsAreRefused) {
 }
 
 TEST_F(DeviceLayer, InjectedDriverFailuresAreCudaErrorsAndLeakNothing) {
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   Driver drv;
   if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's injected failures";
   SafeOpen f(path());
-  LoadPlan plan(needs_of(f, layer_wants(), 1), {64});
-  LocalGroup solo(1);
-  LocalGroup::DeviceMember me(solo, 0);
+  LoadPlan plan(test::needs_of(f, layer_wants(), 1), {64});
+  DeviceGroup solo(1);
+  DeviceGroup::DeviceMember me(solo, 0);
   const int live = drv.counter("fakecuda_live_device_allocations");
   const int pinned = drv.counter("fakecuda_live_pinned_allocations");
   for (const char* spec :
@@ -367,7 +254,7 @@ TEST_F(DeviceLayer, InjectedDriverFailuresAreCudaErrorsAndLeakNothing) {
 }
 
 TEST_F(DeviceLayer, StagingIsNotRefilledUnderAPendingCopy) {
-  if (!gpu()) return;
+  if (!test::gpu_or_skip()) return;
   Driver drv;
   if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's slow copies";
   // Slow copies: refilling the pinned buffer before its copies finish would change bytes a

@@ -17,62 +17,16 @@
 #include <numeric>
 #include <thread>
 
-#include "support.hpp"
+#include "multi_rank.hpp"
 
 namespace {
 
 using namespace safetensors;
 using test::kind_of;
 
-/// W threads' shared meeting point: broadcasts and all-gathers through pointers published
-/// between two barriers.
-class LocalGroup {
- public:
-  explicit LocalGroup(std::size_t world)
-      : world_(world), sync_(static_cast<std::ptrdiff_t>(world)), slots_(world) {}
-
-  class Member final : public Collective {
-   public:
-    Member(LocalGroup& g, std::size_t rank) : g_(g), rank_(rank) {}
-    [[nodiscard]] std::size_t rank() const override { return rank_; }
-    [[nodiscard]] std::size_t size() const override { return g_.world_; }
-    void broadcast(std::span<std::byte> bytes, std::size_t root) override {
-      if (rank_ == root) g_.slots_[root] = bytes.data();
-      g_.sync_.arrive_and_wait();
-      if (rank_ != root && !bytes.empty()) std::memcpy(bytes.data(), g_.slots_[root], bytes.size());
-      g_.sync_.arrive_and_wait();
-      broadcasts++;
-    }
-    void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) override {
-      g_.slots_[rank_] = const_cast<std::byte*>(mine.data());
-      g_.sync_.arrive_and_wait();
-      for (std::size_t r = 0; r < g_.world_; ++r) {
-        if (!mine.empty()) std::memcpy(all.data() + r * mine.size(), g_.slots_[r], mine.size());
-      }
-      g_.sync_.arrive_and_wait();
-    }
-    std::size_t broadcasts = 0;
-
-   private:
-    LocalGroup& g_;
-    std::size_t rank_;
-  };
-
- private:
-  std::size_t world_;
-  std::barrier<> sync_;
-  std::vector<std::byte*> slots_;
-};
-
-/// One request: which tensor, and how rank `r` of `w` selects it.
-struct Want {
-  std::string name;
-  std::function<Selection(const Slice&, std::size_t, std::size_t)> select;
-};
-
-Selection whole(const Slice& s, std::size_t, std::size_t) {
-  return s.select({});
-}
+using test::LocalGroup;
+using test::Want;
+using test::whole;
 
 /// Runs a world of `world` threads; each opens `open()` itself (as separate processes would),
 /// plans every rank's `wants`, loads its share and checks it against a single-process read.
@@ -93,10 +47,7 @@ void run_world(std::size_t world, const std::vector<Want>& wants, Open open,
     threads.emplace_back([&, rank] {
       try {
         auto src = open();
-        std::vector<std::vector<Selection>> needs(world);
-        for (std::size_t r = 0; r < world; ++r) {
-          for (const auto& w : wants) needs[r].push_back(w.select(src.get_slice(w.name), r, world));
-        }
+        auto needs = test::needs_of(src, wants, world);
         LoadPlan plan(needs, {64});  // small steps: many reads and broadcasts per tensor
         LocalGroup::Member me(group, rank);
         auto mine = plan.load(me);
@@ -163,51 +114,15 @@ void run_world(std::size_t world, const std::vector<Want>& wants, Open open,
   EXPECT_EQ(read_by, planned_by);
 }
 
-std::vector<std::byte> iota_bytes(std::size_t n, unsigned seed) {
-  std::vector<std::byte> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::byte>((i * 131 + seed) & 0xFF);
-  return v;
-}
-
-/// A file shaped like one transformer layer: column- and row-parallel weights, a norm that every
-/// rank replicates, a fused QKV (8 heads, 2 KV heads, head_dim 2) and an odd-sized tensor.
-class Layer : public ::testing::Test {
+class Layer : public test::LayerFile {
  protected:
-  void SetUp() override {
-    col_ = iota_bytes(8 * 6 * 4, 1);
-    row_ = iota_bytes(6 * 8 * 4, 2);
-    norm_ = iota_bytes(6 * 2, 3);
-    qkv_ = iota_bytes(24 * 6 * 4, 4);
-    odd_ = iota_bytes(10 * 3, 5);
-    save_file(path(), {{"col.weight", TensorView{Dtype::F32, {8, 6}, col_, {}}},
-                       {"row.weight", TensorView{Dtype::F32, {6, 8}, row_, {}}},
-                       {"norm.weight", TensorView{Dtype::F16, {6}, norm_, {}}},
-                       {"attn.qkv.weight", TensorView{Dtype::F32, {24, 6}, qkv_, {}}},
-                       {"odd", TensorView{Dtype::U8, {10, 3}, odd_, {}}}});
-  }
-  [[nodiscard]] std::filesystem::path path() const { return dir_ / "layer.safetensors"; }
   [[nodiscard]] auto opener(Backend b = Backend::Read) const {
     return [p = path(), b] { return SafeOpen(p, {b}); };
   }
-
-  test::TempDir dir_;
-  std::vector<std::byte> col_, row_, norm_, qkv_, odd_;
 };
 
-const Gqa gqa{8, 2, 2};
-
-std::vector<Want> layer_wants() {
-  return {
-      {"col.weight", [](const Slice& s, std::size_t r, std::size_t w) { return column_parallel(s, r, w); }},
-      {"row.weight", [](const Slice& s, std::size_t r, std::size_t w) { return row_parallel(s, r, w); }},
-      {"norm.weight", whole},
-      {"attn.qkv.weight",
-       [](const Slice& s, std::size_t r, std::size_t w) { return qkv_shard(s, gqa, r, w).q; }},
-      {"attn.qkv.weight",
-       [](const Slice& s, std::size_t r, std::size_t w) { return qkv_shard(s, gqa, r, w).k; }},
-      {"attn.qkv.weight",
-       [](const Slice& s, std::size_t r, std::size_t w) { return qkv_shard(s, gqa, r, w).v; }}};
-}
+using test::layer_wants;
+const Gqa& gqa = test::kLayerGqa;
 
 TEST_F(Layer, TwoRanksSplitKvHeads) {
   run_world(2, layer_wants(), opener());

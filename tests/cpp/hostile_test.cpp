@@ -117,7 +117,9 @@ TEST(HostileInMemory, EveryCaseIsItsExpectedErrorKindNamingTheBuffer) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, Hostile, ::testing::Values(Backend::Mmap, Backend::Read, Backend::Direct),
                          [](const auto& p) {
-                           return p.param == Backend::Mmap ? "Mmap" : p.param == Backend::Read ? "Read" : "Direct";
+                           return p.param == Backend::Mmap   ? "Mmap"
+                                  : p.param == Backend::Read ? "Read"
+                                                             : "Direct";
                          });
 
 }  // namespace

@@ -25,11 +25,10 @@ using test::kind_of;
 constexpr Backend kBackends[] = {Backend::Mmap, Backend::Read};
 
 // Three F32 tensors whose JSON order, file order and name order all differ, plus metadata.
-constexpr std::string_view kThree =
-    R"({"__metadata__":{"format":"pt","b":"2"},)"
-    R"("zeta":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-    R"("alpha":{"dtype":"F32","shape":[2,2],"data_offsets":[24,40]},)"
-    R"("mid":{"dtype":"I16","shape":[8],"data_offsets":[8,24]}})";
+constexpr std::string_view kThree = R"({"__metadata__":{"format":"pt","b":"2"},)"
+                                    R"("zeta":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                    R"("alpha":{"dtype":"F32","shape":[2,2],"data_offsets":[24,40]},)"
+                                    R"("mid":{"dtype":"I16","shape":[8],"data_offsets":[8,24]}})";
 
 std::vector<std::uint8_t> three_tensor_file() {
   std::vector<std::uint8_t> f = test::raw_file(kThree, 0);
@@ -115,7 +114,9 @@ TEST_P(SafeOpenTest, AsRefusesTypesThatDoNotFit) {
   auto mid = f.get_tensor("mid");
   EXPECT_EQ(kind_of([&] { (void)mid.as<std::uint16_t>(); }), ErrorKind::TypeMismatch);
   // A type of the right width that C++ does not know (here a struct) is allowed.
-  struct Raw32 { std::uint32_t bits; };
+  struct Raw32 {
+    std::uint32_t bits;
+  };
   EXPECT_EQ(alpha.as<Raw32>().size(), 4u);
   // A view whose bytes disagree with its shape.
   auto short_view = alpha;
@@ -190,14 +191,15 @@ TEST(SafeOpen, EveryDtypeCrossesTheBridgeWithItsName) {
     std::size_t bytes = 8 * safetensors::bit_size(d) / 8;
     if (i) json += ",";
     json += "\"t" + std::to_string(i) + "\":{\"dtype\":\"" + std::string(safetensors::to_string(d)) +
-            "\",\"shape\":[2,4],\"data_offsets\":[" + std::to_string(at) + "," +
-            std::to_string(at + bytes) + "]}";
+            "\",\"shape\":[2,4],\"data_offsets\":[" + std::to_string(at) + "," + std::to_string(at + bytes) +
+            "]}";
     at += bytes;
   }
   json += "}";
   test::write_bytes(dir / "all.safetensors", test::raw_file(json, at));
   SafeOpen f(dir / "all.safetensors");
-  const std::size_t expected_bits[] = {8, 4, 6, 6, 8, 8, 8, 8, 8, 8, 8, 16, 16, 16, 16, 32, 32, 32, 64, 64, 64, 64};
+  const std::size_t expected_bits[] = {8,  4,  6,  6,  8,  8,  8,  8,  8,  8,  8,
+                                       16, 16, 16, 16, 32, 32, 32, 64, 64, 64, 64};
   for (std::size_t i = 0; i < safetensors::dtype_count; ++i) {
     auto d = static_cast<Dtype>(i);
     EXPECT_EQ(f.info("t" + std::to_string(i)).dtype, d);
@@ -211,7 +213,8 @@ TEST(SafeOpen, EveryDtypeCrossesTheBridgeWithItsName) {
 
 TEST(SafeOpen, ScalarsAndZeroSizeTensors) {
   test::TempDir dir;
-  auto json = R"({"s":{"dtype":"F64","shape":[],"data_offsets":[0,8]},"e":{"dtype":"F32","shape":[3,0],"data_offsets":[8,8]}})";
+  auto json =
+      R"({"s":{"dtype":"F64","shape":[],"data_offsets":[0,8]},"e":{"dtype":"F32","shape":[3,0],"data_offsets":[8,8]}})";
   test::write_bytes(dir / "s.safetensors", test::raw_file(json, 8));
   for (auto b : kBackends) {
     SafeOpen f(dir / "s.safetensors", {b});
@@ -246,7 +249,9 @@ TEST(SafeOpen, UnpaddedHeadersGiveUnalignedDataThatAsRefusesButBytesAllow) {
 
 // as<T>() on a temporary view would dangle (read backend), so it must not compile.
 template <class V>
-concept AsOnRvalueCompiles = requires(V&& v) { std::forward<V>(v).template as<float>(); };
+concept AsOnRvalueCompiles = requires(V&& v) {
+  std::forward<V>(v).template as<float>();
+};
 static_assert(!AsOnRvalueCompiles<safetensors::TensorView&&>);
 static_assert(AsOnRvalueCompiles<safetensors::TensorView&>);
 

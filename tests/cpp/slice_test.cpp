@@ -30,7 +30,9 @@ std::vector<Index> parse_spec(const std::string& spec) {
     std::istringstream fields(part);
     for (std::string x; std::getline(fields, x, ':');) f.push_back(x);
     while (f.size() < 4) f.emplace_back();
-    auto opt = [](const std::string& v) { return v.empty() ? std::nullopt : std::optional<std::int64_t>(std::stoll(v)); };
+    auto opt = [](const std::string& v) {
+      return v.empty() ? std::nullopt : std::optional<std::int64_t>(std::stoll(v));
+    };
     if (f[0] == "i") {
       out.emplace_back(std::stoll(f[1]));
     } else {
@@ -68,7 +70,8 @@ TEST(Slice, MatchesNumpySlicingForEveryDtypeWithBothBackends) {
       auto slice = f.get_slice(name);
       EXPECT_EQ(slice.dtype(), f.info(name).dtype);
       if (shape.rfind("ERR:", 0) == 0) {
-        EXPECT_EQ(safetensors::to_string(kind_of([&] { (void)slice.select(indices); })), shape.substr(4)) << name << " " << spec;
+        EXPECT_EQ(safetensors::to_string(kind_of([&] { (void)slice.select(indices); })), shape.substr(4))
+            << name << " " << spec;
         ++refused;
         continue;
       }
@@ -80,7 +83,8 @@ TEST(Slice, MatchesNumpySlicingForEveryDtypeWithBothBackends) {
       EXPECT_EQ(view.data.size(), sel.byte_size());
       EXPECT_EQ(test::sha256_hex(view.data), digest) << name << " " << spec;
       if (backend == Backend::Read) {
-        EXPECT_EQ(f.bytes_read() - before, sel.byte_size()) << "only the selected bytes are read: " << name << " " << spec;
+        EXPECT_EQ(f.bytes_read() - before, sel.byte_size())
+            << "only the selected bytes are read: " << name << " " << spec;
       }
       std::vector<std::byte> buffer(sel.byte_size());
       sel.read_into(buffer);
@@ -112,7 +116,8 @@ class SliceRules : public ::testing::Test {
   void SetUp() override {
     values_.resize(24);
     for (std::size_t i = 0; i < values_.size(); ++i) values_[i] = static_cast<float>(i);
-    safetensors::save_file(path_, {{"m", TensorView{Dtype::F32, {4, 6}, std::as_bytes(std::span(values_)), {}}}});
+    safetensors::save_file(path_,
+                           {{"m", TensorView{Dtype::F32, {4, 6}, std::as_bytes(std::span(values_)), {}}}});
   }
   std::vector<float> read(const std::vector<Index>& idx, Backend b = Backend::Mmap) {
     auto view = SafeOpen(path_, {b}).get_slice("m").select(idx).read();
@@ -126,7 +131,8 @@ class SliceRules : public ::testing::Test {
 
 TEST_F(SliceRules, ColumnsForTensorParallelism) {
   EXPECT_EQ(read({Index::all(), Index::range(2, 4)}), (std::vector<float>{2, 3, 8, 9, 14, 15, 20, 21}));
-  EXPECT_EQ(read({Index::all(), Index::range(2, 4)}, Backend::Read), (std::vector<float>{2, 3, 8, 9, 14, 15, 20, 21}));
+  EXPECT_EQ(read({Index::all(), Index::range(2, 4)}, Backend::Read),
+            (std::vector<float>{2, 3, 8, 9, 14, 15, 20, 21}));
 }
 
 TEST_F(SliceRules, NegativePositionsCountFromTheEnd) {
@@ -146,7 +152,10 @@ TEST_F(SliceRules, OutOfRangeIsAnErrorNotClamped) {
   EXPECT_EQ(kind_of([&] { (void)s.select({4}); }), ErrorKind::InvalidSlice);
   EXPECT_EQ(kind_of([&] { (void)s.select({-5}); }), ErrorKind::InvalidSlice);
   EXPECT_EQ(kind_of([&] { (void)s.select({Index::range(0, 5)}); }), ErrorKind::InvalidSlice);
-  EXPECT_EQ(kind_of([&] { (void)s.select({Index::all(), Index::all(), Index::all()}); }), ErrorKind::InvalidSlice);
+  EXPECT_EQ(kind_of([&] {
+              (void)s.select({Index::all(), Index::all(), Index::all()});
+            }),
+            ErrorKind::InvalidSlice);
   EXPECT_EQ(kind_of([&] { (void)s.select({Index::range({}, {}, 0)}); }), ErrorKind::InvalidSlice);
   EXPECT_EQ(kind_of([&] { (void)SafeOpen(path_).get_slice("nope"); }), ErrorKind::TensorNotFound);
 }

@@ -105,7 +105,8 @@ class Sha256 {
     std::array<std::byte, 1> zero{std::byte{0}};
     while (fill_ != 56) update(zero);
     std::array<std::byte, 8> len{};
-    for (int i = 0; i < 8; ++i) len[static_cast<std::size_t>(i)] = static_cast<std::byte>(bits >> (56 - 8 * i));
+    for (int i = 0; i < 8; ++i)
+      len[static_cast<std::size_t>(i)] = static_cast<std::byte>(bits >> (56 - 8 * i));
     update(len);
     std::ostringstream s;
     for (auto h : h_) s << std::hex << std::setw(8) << std::setfill('0') << h;
@@ -127,7 +128,8 @@ class Sha256 {
         0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
     std::array<std::uint32_t, 64> w{};
     for (std::size_t i = 0; i < 16; ++i) {
-      w[i] = static_cast<std::uint32_t>(block_[4 * i]) << 24 | static_cast<std::uint32_t>(block_[4 * i + 1]) << 16 |
+      w[i] = static_cast<std::uint32_t>(block_[4 * i]) << 24 |
+             static_cast<std::uint32_t>(block_[4 * i + 1]) << 16 |
              static_cast<std::uint32_t>(block_[4 * i + 2]) << 8 | block_[4 * i + 3];
     }
     for (std::size_t i = 16; i < 64; ++i) {
@@ -179,7 +181,8 @@ struct ExpectedFile {
 inline std::string unhex(const std::string& h) {
   if (h == "-") return {};
   std::string out;
-  for (std::size_t i = 0; i + 1 < h.size(); i += 2) out.push_back(static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16)));
+  for (std::size_t i = 0; i + 1 < h.size(); i += 2)
+    out.push_back(static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16)));
   return out;
 }
 

@@ -2,9 +2,9 @@
 // crash safety (a writer killed mid-write never damages the existing file).
 #include <safetensors/safetensors.hpp>
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -43,7 +43,8 @@ TEST(Writer, SerializesTheDocumentedExample) {
   std::vector<std::int32_t> values{1, 2, 3, 4};
   TensorView t{Dtype::I32, {2, 2}, std::as_bytes(std::span(values)), {}};
   auto bytes = safetensors::serialize({{"test", t}});
-  EXPECT_EQ(header_of(bytes), R"({"test":{"dtype":"I32","shape":[2,2],"data_offsets":[0,16]}})" + std::string(4, ' '));
+  EXPECT_EQ(header_of(bytes),
+            R"({"test":{"dtype":"I32","shape":[2,2],"data_offsets":[0,16]}})" + std::string(4, ' '));
   EXPECT_EQ(bytes.size(), 8u + 64 + 16);
   EXPECT_EQ(std::memcmp(bytes.data() + 72, values.data(), 16), 0);
   auto empty = safetensors::serialize(std::map<std::string, TensorView>{});
@@ -58,9 +59,10 @@ TEST(Writer, OrdersByDtypeDescendingThenNameWithMetadataFirst) {
       {"big", {Dtype::F64, {1}, std::as_bytes(std::span(b)), {}}},
   };
   auto bytes = safetensors::serialize(tensors, {{"format", "pt"}});
-  std::string want = R"({"__metadata__":{"format":"pt"},"big":{"dtype":"F64","shape":[1],"data_offsets":[0,8]},)"
-                     R"("a":{"dtype":"U8","shape":[8],"data_offsets":[8,16]},)"
-                     R"("z":{"dtype":"U8","shape":[8],"data_offsets":[16,24]}})";
+  std::string want =
+      R"({"__metadata__":{"format":"pt"},"big":{"dtype":"F64","shape":[1],"data_offsets":[0,8]},)"
+      R"("a":{"dtype":"U8","shape":[8],"data_offsets":[8,16]},)"
+      R"("z":{"dtype":"U8","shape":[8],"data_offsets":[16,24]}})";
   EXPECT_EQ(header_of(bytes), want + std::string(want.size() % 8 ? 8 - want.size() % 8 : 0, ' '));
 }
 
@@ -168,10 +170,12 @@ TEST(Writer, SavingOverAMappedFileLeavesTheMappingsBytesUnchanged) {
   test::TempDir dir;
   auto path = dir / "m.safetensors";
   std::vector<float> old_values(1024, 1.5f), new_values(2048, -3.0f);
-  safetensors::save_file(path, {{"w", TensorView{Dtype::F32, {1024}, std::as_bytes(std::span(old_values)), {}}}});
+  safetensors::save_file(path,
+                         {{"w", TensorView{Dtype::F32, {1024}, std::as_bytes(std::span(old_values)), {}}}});
   SafeOpen mapped(path);
   auto view = mapped.get_tensor("w");
-  safetensors::save_file(path, {{"w", TensorView{Dtype::F32, {2048}, std::as_bytes(std::span(new_values)), {}}}});
+  safetensors::save_file(path,
+                         {{"w", TensorView{Dtype::F32, {2048}, std::as_bytes(std::span(new_values)), {}}}});
   auto old_span = view.as<float>();
   EXPECT_TRUE(std::all_of(old_span.begin(), old_span.end(), [](float v) { return v == 1.5f; }));
   auto fresh = SafeOpen(path).get_tensor("w");
@@ -209,7 +213,8 @@ TEST(Writer, AWriterKilledMidWriteLeavesTheOldFileIntact) {
   test::TempDir dir;
   auto target = dir / "big.safetensors";
   std::vector<std::uint8_t> old_bytes(1 << 20, 7);
-  safetensors::save_file(target, {{"old", TensorView{Dtype::U8, {old_bytes.size()}, std::as_bytes(std::span(old_bytes)), {}}}});
+  safetensors::save_file(
+      target, {{"old", TensorView{Dtype::U8, {old_bytes.size()}, std::as_bytes(std::span(old_bytes)), {}}}});
   const auto before = test::read_bytes(target);
   // 384 MiB of new data: long enough to catch the writer in the middle. Kill points: right
   // after the start, then at random amounts written (the seed is printed to replay a failure).
@@ -225,7 +230,8 @@ TEST(Writer, AWriterKilledMidWriteLeavesTheOldFileIntact) {
     ASSERT_GE(child, 0);
     if (child == 0) {
       try {
-        safetensors::save_file(target, {{"new", TensorView{Dtype::U8, {big.size()}, std::as_bytes(std::span(big)), {}}}});
+        safetensors::save_file(
+            target, {{"new", TensorView{Dtype::U8, {big.size()}, std::as_bytes(std::span(big)), {}}}});
       } catch (...) {
         _exit(2);
       }

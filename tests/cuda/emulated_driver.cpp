@@ -525,29 +525,31 @@ std::string hex(std::uint64_t v) {
   return buf;
 }
 
+/// The entry of `allocations` (address-ordered, each with a `size`) whose bytes hold address
+/// `p`, or `allocations.end()`: the one lookup device and pinned memory, live or freed, share.
+template <class Map>
+auto holding(Map& allocations, std::uint64_t p) {
+  auto it = allocations.upper_bound(p);
+  if (it == allocations.begin()) return allocations.end();
+  --it;
+  return p < it->first + it->second.size ? it : allocations.end();
+}
+
 /// The live device allocation holding [p, p + n), or null when p is in none; aborts for
 /// freed memory and for a range overrunning its allocation.
 DevAlloc* device_range(const char* fn, CUdeviceptr p, std::size_t n, CUdeviceptr* base) {
   Driver& d = drv();
-  auto it = d.dev.upper_bound(p);
-  if (it != d.dev.begin()) {
-    --it;
-    if (p < it->first + it->second.size) {
-      if (n > it->first + it->second.size - p) {
-        die(fn, "%zu bytes at %s overrun the device allocation %s of %zu bytes", n, hex(p).c_str(),
-            hex(it->first).c_str(), it->second.size);
-      }
-      *base = it->first;
-      return &it->second;
+  if (auto it = holding(d.dev, p); it != d.dev.end()) {
+    if (n > it->first + it->second.size - p) {
+      die(fn, "%zu bytes at %s overrun the device allocation %s of %zu bytes", n, hex(p).c_str(),
+          hex(it->first).c_str(), it->second.size);
     }
+    *base = it->first;
+    return &it->second;
   }
-  auto dead = d.dev_dead.upper_bound(p);
-  if (dead != d.dev_dead.begin()) {
-    --dead;
-    if (p < dead->first + dead->second.size) {
-      die(fn, "device address %s lies in memory that was freed (allocation %s of %zu bytes): %s",
-          hex(p).c_str(), hex(dead->first).c_str(), dead->second.size, dead->second.why.c_str());
-    }
+  if (auto dead = holding(d.dev_dead, p); dead != d.dev_dead.end()) {
+    die(fn, "device address %s lies in memory that was freed (allocation %s of %zu bytes): %s",
+        hex(p).c_str(), hex(dead->first).c_str(), dead->second.size, dead->second.why.c_str());
   }
   return nullptr;
 }
@@ -557,24 +559,16 @@ DevAlloc* device_range(const char* fn, CUdeviceptr p, std::size_t n, CUdeviceptr
 PinAlloc* pinned_range(const char* fn, const void* ptr, std::size_t n, std::uintptr_t* base) {
   Driver& d = drv();
   auto p = reinterpret_cast<std::uintptr_t>(ptr);
-  auto it = d.pin.upper_bound(p);
-  if (it != d.pin.begin()) {
-    --it;
-    if (p < it->first + it->second.size) {
-      if (n > it->first + it->second.size - p) {
-        die(fn, "%zu bytes at %p overrun the pinned allocation %s of %zu bytes", n, ptr,
-            hex(it->first).c_str(), it->second.size);
-      }
-      *base = it->first;
-      return &it->second;
+  if (auto it = holding(d.pin, p); it != d.pin.end()) {
+    if (n > it->first + it->second.size - p) {
+      die(fn, "%zu bytes at %p overrun the pinned allocation %s of %zu bytes", n, ptr, hex(it->first).c_str(),
+          it->second.size);
     }
+    *base = it->first;
+    return &it->second;
   }
-  auto dead = d.pin_dead.upper_bound(p);
-  if (dead != d.pin_dead.begin()) {
-    --dead;
-    if (p < dead->first + dead->second.size) {
-      die(fn, "host address %p lies in pinned memory that was freed: %s", ptr, dead->second.why.c_str());
-    }
+  if (auto dead = holding(d.pin_dead, p); dead != d.pin_dead.end()) {
+    die(fn, "host address %p lies in pinned memory that was freed: %s", ptr, dead->second.why.c_str());
   }
   return nullptr;
 }

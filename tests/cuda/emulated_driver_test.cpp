@@ -48,141 +48,118 @@ std::vector<std::uint8_t> pattern(std::size_t n, std::uint8_t seed) {
   return v;
 }
 
-TEST_F(EmulatedDriver, AsyncCopiesCompleteLateAndInStreamOrder) {
-  const std::size_t n = 1 << 16;
-  CUdeviceptr d = 0;
+/// What most copy tests need: `n` bytes of device memory, `n` bytes of pinned memory holding
+/// `pattern(n, seed)`, and a stream made with `flags`, all freed (and checked) at the end.
+struct Resources {
+  Resources(std::size_t bytes, unsigned flags, std::uint8_t seed) : n(bytes), want(pattern(bytes, seed)) {
+    EXPECT_EQ(cuMemAlloc_v2(&device, n), CUDA_SUCCESS);
+    EXPECT_EQ(cuMemHostAlloc(&pinned, n, 0), CUDA_SUCCESS);
+    EXPECT_EQ(cuStreamCreate(&stream, flags), CUDA_SUCCESS);
+    if (pinned) std::memcpy(pinned, want.data(), n);
+  }
+  ~Resources() {
+    EXPECT_EQ(cuStreamDestroy_v2(stream), CUDA_SUCCESS);
+    EXPECT_EQ(cuMemFreeHost(pinned), CUDA_SUCCESS);
+    EXPECT_EQ(cuMemFree_v2(device), CUDA_SUCCESS);
+  }
+  Resources(const Resources&) = delete;
+  Resources& operator=(const Resources&) = delete;
+
+  /// The device memory's bytes, copied back synchronously.
+  [[nodiscard]] std::vector<std::uint8_t> device_bytes() const {
+    std::vector<std::uint8_t> back(n);
+    EXPECT_EQ(cuMemcpyDtoH_v2(back.data(), device, n), CUDA_SUCCESS);
+    return back;
+  }
+
+  std::size_t n;
+  std::vector<std::uint8_t> want;
+  CUdeviceptr device = 0;
   void* pinned = nullptr;
-  CUstream s = nullptr;
+  CUstream stream = nullptr;
+};
+
+TEST_F(EmulatedDriver, AsyncCopiesCompleteLateAndInStreamOrder) {
+  Resources r(1 << 16, CU_STREAM_NON_BLOCKING, 1);
   CUevent e = nullptr;
-  CU_OK(cuMemAlloc_v2(&d, n));
-  CU_OK(cuMemHostAlloc(&pinned, n, 0));
-  CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   CU_OK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
   EXPECT_EQ(cuEventQuery(e), CUDA_SUCCESS) << "an event never recorded is complete";
-  auto first = pattern(n, 1), second = pattern(n, 2);
+  auto second = pattern(r.n, 2);
   fakecuda_hold(1);
-  std::memcpy(pinned, first.data(), n);
-  CU_OK(cuMemcpyHtoDAsync_v2(d, pinned, n, s));
+  CU_OK(cuMemcpyHtoDAsync_v2(r.device, r.pinned, r.n, r.stream));
   auto pageable = fakecuda_pageable_async_copies();
   auto copies = fakecuda_calls("cuMemcpyHtoDAsync");
-  CU_OK(cuMemcpyHtoDAsync_v2(d, second.data(), n, s));  // pageable: its bytes are taken now
+  CU_OK(cuMemcpyHtoDAsync_v2(r.device, second.data(), r.n, r.stream));  // pageable: its bytes are taken now
   EXPECT_EQ(fakecuda_pageable_async_copies(), pageable + 1);
   EXPECT_EQ(fakecuda_calls("cuMemcpyHtoDAsync_v2"), copies + 1);
-  CU_OK(cuEventRecord(e, s));
+  CU_OK(cuEventRecord(e, r.stream));
   EXPECT_EQ(cuEventQuery(e), CUDA_ERROR_NOT_READY);
-  EXPECT_EQ(cuStreamQuery(s), CUDA_ERROR_NOT_READY);
-  second.assign(n, 0);  // allowed: a pageable source was staged before the call returned
+  EXPECT_EQ(cuStreamQuery(r.stream), CUDA_ERROR_NOT_READY);
+  second.assign(r.n, 0);  // allowed: a pageable source was staged before the call returned
   fakecuda_hold(0);
   CU_OK(cuEventSynchronize(e));
   EXPECT_EQ(cuEventQuery(e), CUDA_SUCCESS);
-  std::vector<std::uint8_t> back(n);
-  CU_OK(cuMemcpyDtoH_v2(back.data(), d, n));
-  EXPECT_EQ(back, pattern(n, 2)) << "the second copy ran last";
+  EXPECT_EQ(r.device_bytes(), pattern(r.n, 2)) << "the second copy ran last";
   CU_OK(cuEventDestroy_v2(e));
-  CU_OK(cuStreamDestroy_v2(s));
-  CU_OK(cuMemFreeHost(pinned));
-  CU_OK(cuMemFree_v2(d));
 }
 
 TEST_F(EmulatedDriver, NonBlockingStreamsDoNotWaitForTheLegacyStream) {
-  const std::size_t n = 4096;
-  CUdeviceptr d = 0;
-  void* pinned = nullptr;
-  CUstream s = nullptr;
-  CU_OK(cuMemAlloc_v2(&d, n));
-  CU_OK(cuMemHostAlloc(&pinned, n, 0));
-  CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-  auto want = pattern(n, 7);
-  std::memcpy(pinned, want.data(), n);
+  Resources r(4096, CU_STREAM_NON_BLOCKING, 7);
   fakecuda_hold(1);
-  CU_OK(cuMemcpyHtoDAsync_v2(d, pinned, n, s));
+  CU_OK(cuMemcpyHtoDAsync_v2(r.device, r.pinned, r.n, r.stream));
   fakecuda_hold(0);
   // A synchronous copy runs on the legacy stream, which does not wait for a non-blocking stream:
   // only after synchronizing is the data certain to be there.
-  CU_OK(cuStreamSynchronize(s));
-  std::vector<std::uint8_t> back(n);
-  CU_OK(cuMemcpyDtoH_v2(back.data(), d, n));
-  EXPECT_EQ(back, want);
-  CU_OK(cuStreamDestroy_v2(s));
-  CU_OK(cuMemFreeHost(pinned));
-  CU_OK(cuMemFree_v2(d));
+  CU_OK(cuStreamSynchronize(r.stream));
+  EXPECT_EQ(r.device_bytes(), r.want);
 }
 
 TEST_F(EmulatedDriver, BlockingStreamsAreOrderedWithTheLegacyStream) {
-  const std::size_t n = 4096;
-  CUdeviceptr d = 0;
-  void* pinned = nullptr;
-  CUstream s = nullptr;
-  CU_OK(cuMemAlloc_v2(&d, n));
-  CU_OK(cuMemHostAlloc(&pinned, n, 0));
-  CU_OK(cuStreamCreate(&s, CU_STREAM_DEFAULT));
-  auto want = pattern(n, 9);
-  std::memcpy(pinned, want.data(), n);
-  CU_OK(cuMemcpyHtoDAsync_v2(d, pinned, n, s));
-  std::vector<std::uint8_t> back(n);
-  CU_OK(cuMemcpyDtoH_v2(back.data(), d, n));  // waits for the blocking stream first
-  EXPECT_EQ(back, want);
-  CU_OK(cuStreamDestroy_v2(s));
-  CU_OK(cuMemFreeHost(pinned));
-  CU_OK(cuMemFree_v2(d));
+  Resources r(4096, CU_STREAM_DEFAULT, 9);
+  CU_OK(cuMemcpyHtoDAsync_v2(r.device, r.pinned, r.n, r.stream));
+  EXPECT_EQ(r.device_bytes(), r.want);  // the synchronous copy waits for the blocking stream first
 }
 
 TEST_F(EmulatedDriver, StreamWaitEventOrdersWorkAcrossStreams) {
-  const std::size_t n = 8192;
-  CUdeviceptr d = 0;
-  void* in = nullptr;
+  Resources producer(8192, CU_STREAM_NON_BLOCKING, 3);
   void* out = nullptr;
-  CUstream producer = nullptr, consumer = nullptr;
+  CUstream consumer = nullptr;
   CUevent e = nullptr;
-  CU_OK(cuMemAlloc_v2(&d, n));
-  CU_OK(cuMemHostAlloc(&in, n, 0));
-  CU_OK(cuMemHostAlloc(&out, n, 0));
-  CU_OK(cuStreamCreate(&producer, CU_STREAM_NON_BLOCKING));
+  CU_OK(cuMemHostAlloc(&out, producer.n, 0));
   CU_OK(cuStreamCreate(&consumer, CU_STREAM_NON_BLOCKING));
   CU_OK(cuEventCreate(&e, CU_EVENT_BLOCKING_SYNC));
-  auto want = pattern(n, 3);
-  std::memcpy(in, want.data(), n);
   fakecuda_hold(1);
-  CU_OK(cuMemcpyHtoDAsync_v2(d, in, n, producer));
-  CU_OK(cuEventRecord(e, producer));
+  CU_OK(cuMemcpyHtoDAsync_v2(producer.device, producer.pinned, producer.n, producer.stream));
+  CU_OK(cuEventRecord(e, producer.stream));
   CU_OK(cuStreamWaitEvent(consumer, e, 0));
-  CU_OK(cuMemcpyDtoHAsync_v2(out, d, n, consumer));  // pinned destination: returns at once
+  CU_OK(cuMemcpyDtoHAsync_v2(out, producer.device, producer.n,
+                             consumer));  // pinned destination: returns at once
   EXPECT_EQ(cuStreamQuery(consumer), CUDA_ERROR_NOT_READY);
   fakecuda_hold(0);
   CU_OK(cuStreamSynchronize(consumer));
-  EXPECT_EQ(std::memcmp(out, want.data(), n), 0) << "the consumer ran after the producer's copy";
+  EXPECT_EQ(std::memcmp(out, producer.want.data(), producer.n), 0)
+      << "the consumer ran after the producer's copy";
   float ms = -1;
   EXPECT_EQ(cuEventElapsedTime(&ms, e, e), CUDA_SUCCESS);
   EXPECT_EQ(ms, 0.0f);
   CU_OK(cuEventDestroy_v2(e));
   CU_OK(cuStreamDestroy_v2(consumer));
-  CU_OK(cuStreamDestroy_v2(producer));
   CU_OK(cuMemFreeHost(out));
-  CU_OK(cuMemFreeHost(in));
-  CU_OK(cuMemFree_v2(d));
 }
 
 TEST_F(EmulatedDriver, UnifiedCopiesAndHostFunctionsRunInStreamOrder) {
-  const std::size_t n = 4096;
-  CUdeviceptr d = 0;
-  void* in = nullptr;
+  Resources r(4096, CU_STREAM_NON_BLOCKING, 5);
   void* out = nullptr;
-  CUstream s = nullptr;
-  CU_OK(cuMemAlloc_v2(&d, n));
-  CU_OK(cuMemHostAlloc(&in, n, 0));
-  CU_OK(cuMemHostAlloc(&out, n, 0));
-  CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-  auto want = pattern(n, 5);
-  std::memcpy(in, want.data(), n);
+  CU_OK(cuMemHostAlloc(&out, r.n, 0));
   struct Seen {
     void* out;
     std::vector<std::uint8_t> bytes;
   } seen{out, {}};
   fakecuda_hold(1);
-  CU_OK(cuMemcpyAsync(d, reinterpret_cast<std::uintptr_t>(in), n, s));
-  CU_OK(cuMemcpyAsync(reinterpret_cast<std::uintptr_t>(out), d, n, s));
+  CU_OK(cuMemcpyAsync(r.device, reinterpret_cast<std::uintptr_t>(r.pinned), r.n, r.stream));
+  CU_OK(cuMemcpyAsync(reinterpret_cast<std::uintptr_t>(out), r.device, r.n, r.stream));
   CU_OK(cuLaunchHostFunc(
-      s,
+      r.stream,
       [](void* user) {
         auto* v = static_cast<Seen*>(user);
         auto* p = static_cast<const std::uint8_t*>(v->out);
@@ -190,12 +167,9 @@ TEST_F(EmulatedDriver, UnifiedCopiesAndHostFunctionsRunInStreamOrder) {
       },
       &seen));
   fakecuda_hold(0);
-  CU_OK(cuStreamSynchronize(s));
-  EXPECT_EQ(seen.bytes, want) << "the host function ran after both copies";
-  CU_OK(cuStreamDestroy_v2(s));
+  CU_OK(cuStreamSynchronize(r.stream));
+  EXPECT_EQ(seen.bytes, r.want) << "the host function ran after both copies";
   CU_OK(cuMemFreeHost(out));
-  CU_OK(cuMemFreeHost(in));
-  CU_OK(cuMemFree_v2(d));
 }
 
 TEST_F(EmulatedDriver, SpecialStreamHandlesNameTheCurrentContextsStreams) {
@@ -364,20 +338,36 @@ TEST_F(EmulatedDriver, StreamCaptureIsReportedAndSynchronizingItIsRefused) {
 
 // ---- checks that abort ----------------------------------------------------------------------
 
+/// A 4096-byte copy from pinned memory to device memory on a stream of its own, enqueued and
+/// held pending (`fakecuda_hold(1)`): what the checks on pending copies look at.
+struct PendingCopy {
+  CUdeviceptr device = 0;
+  void* pinned = nullptr;
+  CUstream stream = nullptr;
+  PendingCopy() {
+    cuMemAlloc_v2(&device, 4096);
+    cuMemHostAlloc(&pinned, 4096, 0);
+    cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
+    fakecuda_hold(1);
+    cuMemcpyHtoDAsync_v2(device, pinned, 4096, stream);
+  }
+};
+
+/// Releases the test's reference to device 0's primary context, the last one, which resets the
+/// context, and retains it again: whatever was made in it before is gone.
+void reset_primary_context_0() {
+  cuDevicePrimaryCtxRelease_v2(0);
+  CUcontext again = nullptr;
+  cuDevicePrimaryCtxRetain(&again, 0);
+}
+
 TEST_F(EmulatedDriver, DiesWhenAPinnedSourceIsModifiedBeforeItsCopyCompletes) {
   EXPECT_DEATH(
       {
-        CUdeviceptr d = 0;
-        void* pinned = nullptr;
-        CUstream s = nullptr;
-        cuMemAlloc_v2(&d, 4096);
-        cuMemHostAlloc(&pinned, 4096, 0);
-        cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
-        fakecuda_hold(1);
-        cuMemcpyHtoDAsync_v2(d, pinned, 4096, s);
-        static_cast<std::uint8_t*>(pinned)[100] ^= 1;
+        PendingCopy copy;
+        static_cast<std::uint8_t*>(copy.pinned)[100] ^= 1;
         fakecuda_hold(0);
-        cuStreamSynchronize(s);
+        cuStreamSynchronize(copy.stream);
       },
       "pinned buffer .* was modified while the copy was pending");
 }
@@ -385,15 +375,8 @@ TEST_F(EmulatedDriver, DiesWhenAPinnedSourceIsModifiedBeforeItsCopyCompletes) {
 TEST_F(EmulatedDriver, DiesWhenAPinnedBufferIsFreedWithACopyPending) {
   EXPECT_DEATH(
       {
-        CUdeviceptr d = 0;
-        void* pinned = nullptr;
-        CUstream s = nullptr;
-        cuMemAlloc_v2(&d, 4096);
-        cuMemHostAlloc(&pinned, 4096, 0);
-        cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
-        fakecuda_hold(1);
-        cuMemcpyHtoDAsync_v2(d, pinned, 4096, s);
-        cuMemFreeHost(pinned);
+        PendingCopy copy;
+        cuMemFreeHost(copy.pinned);
       },
       "cuMemFreeHost: pinned buffer .* freed while 1 copies from or into it are pending");
 }
@@ -401,15 +384,8 @@ TEST_F(EmulatedDriver, DiesWhenAPinnedBufferIsFreedWithACopyPending) {
 TEST_F(EmulatedDriver, DiesWhenDeviceMemoryIsFreedWithACopyPending) {
   EXPECT_DEATH(
       {
-        CUdeviceptr d = 0;
-        void* pinned = nullptr;
-        CUstream s = nullptr;
-        cuMemAlloc_v2(&d, 4096);
-        cuMemHostAlloc(&pinned, 4096, 0);
-        cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
-        fakecuda_hold(1);
-        cuMemcpyHtoDAsync_v2(d, pinned, 4096, s);
-        cuMemFree_v2(d);
+        PendingCopy copy;
+        cuMemFree_v2(copy.device);
       },
       "cuMemFree_v2: device memory .* freed while 1 copies");
 }
@@ -446,9 +422,7 @@ TEST_F(EmulatedDriver, DiesWhenMemoryIsUsedAfterItsContextWasReset) {
       {
         CUdeviceptr d = 0;
         cuMemAlloc_v2(&d, 16);
-        cuDevicePrimaryCtxRelease_v2(0);  // the last reference: resets the context
-        CUcontext again = nullptr;
-        cuDevicePrimaryCtxRetain(&again, 0);
+        reset_primary_context_0();
         std::uint8_t back[16];
         cuMemcpyDtoH_v2(back, d, 16);
       },
@@ -461,9 +435,7 @@ TEST_F(EmulatedDriver, DiesWhenAStreamIsUsedAfterItsContextWasReset) {
       {
         CUstream s = nullptr;
         cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
-        cuDevicePrimaryCtxRelease_v2(0);
-        CUcontext again = nullptr;
-        cuDevicePrimaryCtxRetain(&again, 0);
+        reset_primary_context_0();
         cuStreamDestroy_v2(s);
       },
       "cuStreamDestroy_v2: stream .* used after its context was reset");

@@ -6,21 +6,16 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <new>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
-
 #include "safetensors/error.hpp"
 #include "safetensors/version.hpp"
 // cxx.h first: it defines rust::Error, which the generated header leaves out.
-#include "safetensors/ffi/rust/cxx.h"
 #include "safetensors/ffi/lib.rs.h"
+#include "safetensors/ffi/rust/cxx.h"
 
 namespace safetensors::detail {
 
@@ -29,8 +24,7 @@ namespace safetensors::detail {
   std::string_view text = e.what();
   unsigned kind = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), kind);
-  if (ec != std::errc{} || end == text.data() + text.size() || *end != ':' ||
-      kind >= error_kind_count) {
+  if (ec != std::errc{} || end == text.data() + text.size() || *end != ':' || kind >= error_kind_count) {
     throw Error(ErrorKind::Internal, "unexpected error from the safetensors core: " + std::string(text));
   }
   throw Error(static_cast<ErrorKind>(kind), std::string(end + 1, text.data() + text.size()));
@@ -68,7 +62,9 @@ inline ::rust::Slice<const std::uint8_t> bytes(std::string_view s) {
   return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
 }
 
-inline std::string_view view(::rust::Str s) { return {s.data(), s.size()}; }
+inline std::string_view view(::rust::Str s) {
+  return {s.data(), s.size()};
+}
 
 // Copy out of `rust::Slice` through data() and size(), never its iterators: instantiating their
 // arithmetic trips -Wsign-conversion inside cxx.h, which would break users building with
@@ -90,45 +86,8 @@ struct FileHandle {
 /// Shared ownership of a Rust object, so the C++ value types holding it stay copyable.
 template <class T>
 std::shared_ptr<const T> share(::rust::Box<T> box) {
-  return std::shared_ptr<const T>(box.into_raw(), [](const T* p) { ::rust::Box<T>::from_raw(const_cast<T*>(p)); });
-}
-
-/// An uninitialised buffer, owned by a `shared_ptr`, for bytes copied out of a file (read
-/// backend, slices): 64-byte aligned, and for large buffers on Linux 2 MiB aligned and backed by
-/// transparent huge pages when the system allows them. Fresh memory costs one page fault per
-/// 4 KiB page on first touch, which dominated loading into owned memory (measured: about 5x
-/// the read itself); huge pages take 512 times fewer faults.
-///
-/// `n` comes from a file's header, so running out of memory is an `Io` error naming `what` and
-/// the size, never a `std::bad_alloc`.
-inline std::shared_ptr<std::byte[]> allocate_bytes(std::size_t n, std::string_view what) {
-  auto fail = [&]() -> std::shared_ptr<std::byte[]> {
-    throw Error(ErrorKind::Io, "cannot allocate " + std::to_string(n) + " bytes for " + std::string(what) +
-                                   " (out of memory); read it in pieces, or use the mapped backend");
-  };
-  // No object may exceed PTRDIFF_MAX bytes, and libstdc++'s aligned `operator new` rounds the
-  // size up without an overflow check (SIZE_MAX becomes 0 and "succeeds").
-  if (n > static_cast<std::size_t>(PTRDIFF_MAX)) return fail();
-  try {
-#if defined(__linux__)
-    constexpr std::size_t huge = std::size_t{2} << 20;
-    if (n >= 2 * huge) {  // at least 4 MiB, so rounding wastes at most a third
-      std::size_t len = (n + huge - 1) / huge * huge + huge;
-      void* base = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (base != MAP_FAILED) {
-        auto addr = reinterpret_cast<std::uintptr_t>(base);
-        auto* aligned = reinterpret_cast<std::byte*>((addr + huge - 1) / huge * huge);
-        ::madvise(aligned, len - huge, MADV_HUGEPAGE);  // advice only: failure is harmless
-        return std::shared_ptr<std::byte[]>(aligned, [base, len](std::byte*) { ::munmap(base, len); });
-      }
-    }
-#endif
-    constexpr std::align_val_t align{64};
-    auto* p = static_cast<std::byte*>(::operator new[](n == 0 ? 1 : n, align));
-    return std::shared_ptr<std::byte[]>(p, [](std::byte* q) { ::operator delete[](q, align); });
-  } catch (const std::bad_alloc&) {
-    return fail();
-  }
+  return std::shared_ptr<const T>(box.into_raw(),
+                                  [](const T* p) { ::rust::Box<T>::from_raw(const_cast<T*>(p)); });
 }
 
 }  // namespace safetensors::detail

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "safetensors/detail/allocate.hpp"
 #include "safetensors/detail/bridge.hpp"
 #include "safetensors/tensor.hpp"
 
@@ -29,7 +30,8 @@ struct Source {
 
   static Source of(const ffi::File& f, std::shared_ptr<const void> owner) {
     auto mapped = f.mapped_data();
-    const std::byte* data = f.is_mapped() && mapped.size() > 0 ? reinterpret_cast<const std::byte*>(mapped.data()) : nullptr;
+    const std::byte* data =
+        f.is_mapped() && mapped.size() > 0 ? reinterpret_cast<const std::byte*>(mapped.data()) : nullptr;
     return {&f, data, f.dims().data(), std::move(owner)};
   }
 

@@ -1,0 +1,219 @@
+// Measurement shared by `safetensors bench` and benchmark/bench_cpp: the three loads both time
+// (open, load, load_copy), written once so that both report the same work; repeated timings and
+// their median; one plain read() of a file, the limit a load is compared with; the machine's
+// description. Only the public API and POSIX: tool code that the benchmarks may include, never
+// the other way round.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <safetensors/safetensors.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace measure {
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+/// Timings of `n` calls of `body`, each after `setup` (untimed), with no warm-up: the first call
+/// pays for cold caches and lazy initialisation, as a program's first load does.
+inline std::vector<double> timings(
+    int n, const std::function<void()>& body, const std::function<void()>& setup = [] {}) {
+  std::vector<double> out;
+  for (int i = 0; i < n; ++i) {
+    setup();
+    auto t = Clock::now();
+    body();
+    out.push_back(seconds_since(t));
+  }
+  return out;
+}
+
+/// Timings of `runs` calls of `body`, each after `setup` (untimed), after one untimed warm-up
+/// call (first calls pay for cold caches and lazy initialisation on both sides of a comparison).
+inline std::vector<double> repeat(
+    int runs, const std::function<void()>& body, const std::function<void()>& setup = [] {}) {
+  setup();
+  body();
+  return timings(runs, body, setup);
+}
+
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+inline double mean(const std::vector<double>& v) {
+  return v.empty() ? 0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+
+// ---- the loads both programs time ------------------------------------------------------------
+
+/// One of the ways of loading a whole file that both programs time, run again and again on one
+/// path:
+///   open       open the file, list keys, take every tensor's view (no data touched)
+///   load       every byte of every tensor read through the mapping (a checksum): the honest
+///              "load" of a zero-copy loader
+///   load_copy  every tensor copied into memory the program owns (read backend: pread into new
+///              buffers), kept until `release`, so that freeing them is not part of the load
+class LoadItem {
+ public:
+  enum class Kind { Open, Load, LoadCopy };
+  static constexpr Kind kAll[] = {Kind::Open, Kind::Load, Kind::LoadCopy};
+
+  LoadItem(Kind kind, std::filesystem::path path) : kind_(kind), path_(std::move(path)) {}
+
+  [[nodiscard]] static std::string_view name(Kind kind) {
+    return kind == Kind::Open ? "open" : kind == Kind::Load ? "load" : "load_copy";
+  }
+  [[nodiscard]] std::string_view name() const { return name(kind_); }
+
+  /// The timed part.
+  void run() {
+    if (kind_ == Kind::Open) {
+      safetensors::SafeOpen f(path_);
+      for (const auto& k : f.keys()) sink_ += f.get_tensor(k).shape.size();
+    } else if (kind_ == Kind::Load) {
+      safetensors::SafeOpen f(path_);
+      for (const auto& k : f.offset_keys()) sink_ += checksum(f.get_tensor(k).data);
+    } else {
+      safetensors::SafeOpen f(path_, {safetensors::Backend::Read});
+      kept_.clear();
+      for (const auto& k : f.offset_keys()) kept_.push_back(f.get_tensor(k));
+      sink_ += kept_.size();
+    }
+  }
+  /// Untimed: frees what `run` kept.
+  void release() { kept_.clear(); }
+
+  /// Depends on every byte the runs read, so that no read can be optimised away.
+  [[nodiscard]] std::uint64_t sink() const { return sink_; }
+
+ private:
+  static std::uint64_t checksum(std::span<const std::byte> bytes) {
+    std::uint64_t sum = 0;
+    std::size_t i = 0;
+    for (; i + 8 <= bytes.size(); i += 8) {
+      std::uint64_t w;
+      std::memcpy(&w, bytes.data() + i, 8);
+      sum += w;
+    }
+    for (; i < bytes.size(); ++i) sum += static_cast<std::uint8_t>(bytes[i]);
+    return sum;
+  }
+
+  Kind kind_;
+  std::filesystem::path path_;
+  std::vector<safetensors::TensorView> kept_;
+  std::uint64_t sink_ = 0;
+};
+
+/// Timings of `runs` runs of `load` after a warm-up run, each after `setup` (untimed).
+inline std::vector<double> repeat(
+    int runs, LoadItem& load, const std::function<void()>& setup = [] {}) {
+  return repeat(
+      runs, [&] { load.run(); },
+      [&] {
+        load.release();
+        setup();
+      });
+}
+
+// ---- the machine's own limit for the same bytes ----------------------------------------------
+
+/// Memory that is not yet touched, like what a loader gets from malloc for a large tensor.
+inline std::unique_ptr<std::byte[]> fresh_buffer(std::size_t n) {
+  return std::unique_ptr<std::byte[]>(new std::byte[n == 0 ? 1 : n]);
+}
+
+/// Memory mapped and populated up front, so that reading into it pays no page faults.
+struct MappedBuffer {
+  explicit MappedBuffer(std::size_t n) : size(n == 0 ? 1 : n) {
+    void* p =
+        ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("mmap of the read() target failed");
+    data = static_cast<std::byte*>(p);
+  }
+  ~MappedBuffer() { ::munmap(data, size); }
+  MappedBuffer(const MappedBuffer&) = delete;
+  MappedBuffer& operator=(const MappedBuffer&) = delete;
+  std::size_t size;
+  std::byte* data;
+};
+
+/// One plain sequential read() of the `size` bytes of `path` into `target`, which holds `size`
+/// bytes. The length is the caller's, never measured again here: a file that another process
+/// grows or replaces meanwhile must not overflow the buffer. One whose length is no longer
+/// `size`, or that is no longer a regular file (O_NONBLOCK: a FIFO must not hang), is an error.
+inline void read_whole_file(const std::filesystem::path& path, std::byte* target, std::size_t size) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw std::runtime_error("open " + path.string() + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<std::uint64_t>(st.st_size) != size) {
+    ::close(fd);
+    throw std::runtime_error(path.string() +
+                             " changed while it was measured: it is no longer a regular file of " +
+                             std::to_string(size) + " bytes");
+  }
+  std::size_t done = 0;
+  while (done < size) {
+    ssize_t n = ::read(fd, target + done, size - done);
+    if (n <= 0) {
+      ::close(fd);
+      throw std::runtime_error("read " + path.string() + " failed (did it shrink?)");
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+}
+
+/// Reads every page of `path` once, so later runs find it in the page cache.
+inline void warm(const std::filesystem::path& path) {
+  std::size_t size = std::filesystem::file_size(path);
+  read_whole_file(path, fresh_buffer(size).get(), size);
+}
+
+/// "AMD EPYC (2 cores), 23.4 GiB" from /proc.
+inline std::string machine() {
+  std::string cpu = "unknown CPU", line;
+  std::ifstream info("/proc/cpuinfo");
+  while (std::getline(info, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  double gib = 0;
+  std::ifstream mem("/proc/meminfo");
+  while (std::getline(mem, line)) {
+    if (line.rfind("MemTotal:", 0) == 0) gib = std::stod(line.substr(9)) / (1024.0 * 1024.0);
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, " (%u cores), %.1f GiB", std::thread::hardware_concurrency(), gib);
+  return cpu + buf;
+}
+
+}  // namespace measure

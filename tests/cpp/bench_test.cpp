@@ -1,0 +1,133 @@
+// The benchmark programs, bench_cpp and bench.py, run as programs: the seed README's form
+// `MODEL ITERATIONS` prints the time per iteration of each load, and a bad argument or a missing
+// file is a usage message with exit code 2 (never a traceback, or an error about a file named
+// like the number), a file that is not safetensors exit code 1. The same cases for both.
+#include <safetensors/safetensors.hpp>
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "program.hpp"
+
+#if !defined(SAFETENSORS_BENCH_CPP) || !defined(SAFETENSORS_BENCH_PY) || !defined(SAFETENSORS_TEST_PYTHON)
+#error "SAFETENSORS_BENCH_CPP, SAFETENSORS_BENCH_PY and SAFETENSORS_TEST_PYTHON must name the programs"
+#endif
+
+namespace {
+
+using safetensors::Dtype;
+using safetensors::TensorView;
+using test::has;
+
+struct Program {
+  const char* name;
+  std::vector<std::string> command;
+};
+
+void PrintTo(const Program& p, std::ostream* os) {
+  *os << p.name;
+}
+
+const Program kBenchCpp{"bench_cpp", {SAFETENSORS_BENCH_CPP}};
+const Program kBenchPy{"bench.py", {SAFETENSORS_TEST_PYTHON, SAFETENSORS_BENCH_PY}};
+
+class Bench : public ::testing::TestWithParam<Program> {
+ protected:
+  void SetUp() override {
+    std::array<float, 6> w{1, 2, 3, 4, 5, 6};
+    safetensors::save_file(model_, {{"w", TensorView{Dtype::F32, {2, 3}, std::as_bytes(std::span(w)), {}}}});
+    test::write_bytes(bad_, test::raw_file(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}})", 3));
+  }
+
+  test::Run bench(const std::vector<std::string>& args) const {
+    auto command = GetParam().command;
+    command.insert(command.end(), args.begin(), args.end());
+    return test::run(command);
+  }
+
+  /// Whether the program can measure here: bench.py needs NumPy and safetensors in the test
+  /// Python (its argument checks do not). Their absence is a failure under
+  /// SAFETENSORS_REQUIRE_PYTHON=1, as for every Python test.
+  [[nodiscard]] bool can_measure() const {
+    if (std::string(GetParam().name) == "bench_cpp") return true;
+    if (test::run({SAFETENSORS_TEST_PYTHON, "-c", "import numpy, safetensors"}).code == 0) return true;
+    const char* require = std::getenv("SAFETENSORS_REQUIRE_PYTHON");
+    if (require && std::string_view(require) == "1")
+      ADD_FAILURE() << "no NumPy and safetensors in the test Python";
+    return false;
+  }
+
+  test::TempDir dir_;
+  std::filesystem::path model_ = dir_ / "model.safetensors", bad_ = dir_ / "bad.safetensors";
+};
+
+TEST_P(Bench, ModelIterationsPrintsTheTimePerIterationOfEachLoad) {
+  if (!can_measure()) GTEST_SKIP() << "no NumPy and safetensors in " << SAFETENSORS_TEST_PYTHON;
+  auto json = dir_ / "out.json";
+  auto r = bench({model_.string(), "3", "--json", json.string()});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_TRUE(has(r.out, "model.safetensors (") && has(r.out, "3 iterations): time per iteration")) << r.out;
+  for (const char* item : {"  open ", "  load ", "  load_copy "})
+    EXPECT_TRUE(has(r.out, item)) << item << r.out;
+  auto report = test::read_bytes(json);
+  std::string text(report.begin(), report.end());
+  EXPECT_TRUE(has(text, R"("iterations": 3)") || has(text, R"("iterations":3)")) << text;
+  EXPECT_TRUE(has(text, "per_iteration_s")) << text;
+}
+
+TEST_P(Bench, TheNumberAfterTheModelIsNeverAFileName) {
+  auto r = bench({(dir_ / "missing.safetensors").string(), "10"});
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_TRUE(has(r.err, "usage:") && has(r.err, "missing.safetensors")) << r.err;
+  EXPECT_FALSE(has(r.err, "'10'")) << r.err;
+  EXPECT_FALSE(has(r.err, "Traceback")) << r.err;
+}
+
+TEST_P(Bench, BadArgumentsAreUsageErrors) {
+  const std::string m = model_.string();
+  for (const auto& args : std::vector<std::vector<std::string>>{{},
+                                                                {"--runs", "abc", m},
+                                                                {"--runs", "0", m},
+                                                                {"--runs"},
+                                                                {m, "0"},
+                                                                {m, "10", "20"},
+                                                                {m, "10", "--runs", "3"},
+                                                                {"10"},
+                                                                {"--items", "bogus", m},
+                                                                {"--items", "slice", m, "5"},
+                                                                {"--frobnicate", m}}) {
+    auto r = bench(args);
+    std::string line;
+    for (const auto& a : args) line += a + " ";
+    EXPECT_EQ(r.code, 2) << GetParam().name << " " << line << "\n" << r.out << r.err;
+    EXPECT_TRUE(has(r.err, "usage:")) << line << r.err;
+    EXPECT_FALSE(has(r.err, "Traceback")) << line << r.err;
+  }
+}
+
+TEST_P(Bench, AFileThatIsNotSafetensorsIsAnError) {
+  if (!can_measure()) GTEST_SKIP() << "no NumPy and safetensors in " << SAFETENSORS_TEST_PYTHON;
+  for (const auto& args :
+       std::vector<std::vector<std::string>>{{bad_.string(), "2"}, {"--runs", "1", bad_.string()}}) {
+    auto r = bench(args);
+    EXPECT_EQ(r.code, 1) << r.out << r.err;
+    EXPECT_TRUE(has(r.err, "bad.safetensors")) << r.err;
+    EXPECT_FALSE(has(r.err, "Traceback")) << r.err;
+  }
+}
+
+TEST_P(Bench, HelpIsExitCode0) {
+  auto r = bench({"--help"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "ITERATIONS")) << r.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Programs, Bench, ::testing::Values(kBenchCpp, kBenchPy),
+                         [](const ::testing::TestParamInfo<Program>& p) {
+                           return std::string(p.param.name) == "bench_cpp" ? "bench_cpp" : "bench_py";
+                         });
+
+}  // namespace
