@@ -4,6 +4,8 @@
 #   SAFETENSORS_RUST_STATICLIB          the built archive (for install)
 #   SAFETENSORS_CARGO_BUILD             (cargo step only) the `cargo build` command for a package
 #                                       of the workspace, as this build runs it
+#   SAFETENSORS_CARGO_ENV               the environment every cargo run of this build gets
+#                                       (VAR=value items), tests' `cargo test` included
 #
 # Corrosion is used when find_package(Corrosion) finds it, when FETCHCONTENT_SOURCE_DIR_CORROSION
 # points to a checkout, or when SAFETENSORS_FETCH_CORROSION=ON (pinned tag); otherwise a plain
@@ -27,6 +29,14 @@ set(_st_features "")
 if(SAFETENSORS_CUDA)
   set(_st_features cuda)
 endif()
+
+# The C++ half of the bridge never throws (every call reports through a status; see
+# rust/cxx/src/lib.rs), so cxx's C++ runtime is compiled without exceptions too: then a program
+# built with -fno-exceptions links no exception machinery from this library at all. rust/cxx's
+# build script compiles the generated bridge with -fno-exceptions on its own; cxx's runtime
+# (cxx.cc) takes its flags from CXXFLAGS.
+set(SAFETENSORS_CARGO_ENV "SAFETENSORS_CXX_INCLUDE_DIR=${PROJECT_BINARY_DIR}/generated/include"
+                          "CXX=${CMAKE_CXX_COMPILER}" "CXXFLAGS=$ENV{CXXFLAGS} -fno-exceptions")
 
 find_package(Threads REQUIRED)
 set(_st_system_libs Threads::Threads ${CMAKE_DL_LIBS} m rt)
@@ -57,8 +67,7 @@ if(_st_use_corrosion)
     PROFILE ${_st_profile}
     FEATURES ${_st_features}
     LOCKED)
-  corrosion_set_env_vars(safetensors_cxx "SAFETENSORS_CXX_INCLUDE_DIR=${SAFETENSORS_GENERATED_INCLUDE_DIR}"
-                         "CXX=${CMAKE_CXX_COMPILER}")
+  corrosion_set_env_vars(safetensors_cxx ${SAFETENSORS_CARGO_ENV})
   set(SAFETENSORS_RUST_STATICLIB "$<TARGET_PROPERTY:safetensors_cxx-static,IMPORTED_LOCATION>")
   add_library(safetensors_rust INTERFACE)
   target_link_libraries(safetensors_rust INTERFACE safetensors_cxx ${_st_system_libs})
@@ -81,6 +90,8 @@ else()
     set(_st_target_args --target ${SAFETENSORS_CARGO_TARGET})
   endif()
   set(SAFETENSORS_GENERATED_INCLUDE_DIR "${SAFETENSORS_CARGO_TARGET_DIR}/include")
+  list(TRANSFORM SAFETENSORS_CARGO_ENV REPLACE "^SAFETENSORS_CXX_INCLUDE_DIR=.*$"
+                                               "SAFETENSORS_CXX_INCLUDE_DIR=${SAFETENSORS_GENERATED_INCLUDE_DIR}")
   set(SAFETENSORS_RUST_STATICLIB "${_st_out_dir}/${_st_profile_dir}/libsafetensors_cxx.a")
   set(_st_feature_args "")
   if(_st_features)
@@ -90,8 +101,8 @@ else()
   # target directory and triple); callers add `-p <package>`. One command for every package, so
   # that they share the target directory without rebuilding each other's dependencies.
   set(SAFETENSORS_CARGO_BUILD
-      ${CMAKE_COMMAND} -E env "SAFETENSORS_CXX_INCLUDE_DIR=${SAFETENSORS_GENERATED_INCLUDE_DIR}"
-      "CXX=${CMAKE_CXX_COMPILER}" "RUSTFLAGS=${SAFETENSORS_CARGO_RUSTFLAGS}" ${SAFETENSORS_CARGO} build --locked --lib
+      ${CMAKE_COMMAND} -E env ${SAFETENSORS_CARGO_ENV} "RUSTFLAGS=${SAFETENSORS_CARGO_RUSTFLAGS}" ${SAFETENSORS_CARGO}
+      build --locked --lib
       --profile ${_st_profile} --target-dir ${SAFETENSORS_CARGO_TARGET_DIR} ${_st_target_args}
       --manifest-path ${PROJECT_SOURCE_DIR}/Cargo.toml)
   # Always runs: cargo decides what is stale. The byproducts let Ninja know who makes them.

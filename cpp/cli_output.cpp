@@ -43,12 +43,13 @@ bool is_control(char32_t c) {
          c == 0xfeff;
 }
 
-/// A JSON string. nlohmann/json writes it (escaping `"`, `\` and the controls below U+0020, and
-/// replacing bytes that are not UTF-8 with U+FFFD); the controls JSON lets through (DEL, C1,
-/// direction and line controls) are then escaped as `\uNNNN` too, as `printable` escapes them,
-/// and \b and \f are spelled \u0008 and \u000c, as the tool has always written them.
-std::string json_string(const std::string& s) {
-  std::string text = Json(s).dump(-1, ' ', false, Json::error_handler_t::replace);
+/// The inside of a JSON string for `run`, which is valid UTF-8. nlohmann/json escapes `"`, `\`
+/// and the controls below U+0020; the controls JSON lets through (DEL, C1, direction and line
+/// controls) are then escaped as `\uNNNN` too, as `printable` escapes them, and \b and \f are
+/// spelled \u0008 and \u000c, as the tool has always written them.
+std::string json_escaped(std::string_view run) {
+  std::string text = Json(std::string(run)).dump();
+  text = text.substr(1, text.size() - 2);  // the quotes
   std::string out;
   out.reserve(text.size());
   char buf[16];  // "\\u" and up to 8 hex digits of an unsigned, as far as the compiler can tell
@@ -60,7 +61,7 @@ std::string json_string(const std::string& s) {
       continue;
     }
     auto [c, len] = decode_utf8(text, i);
-    if (len == 0) len = 1;  // not reached: the text is UTF-8 after the replacement
+    if (len == 0) len = 1;  // not reached: `run` is UTF-8
     if (is_control(c)) {
       std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
       out += buf;
@@ -70,6 +71,23 @@ std::string json_string(const std::string& s) {
     i += len;
   }
   return out;
+}
+
+/// A JSON string. Each byte that is not UTF-8 (possible in paths; JSON cannot carry it) is
+/// written `\ufffd`, one per byte, as the tool has always written it.
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  std::size_t run = 0;
+  for (std::size_t i = 0; i < s.size();) {
+    auto [c, len] = decode_utf8(s, i);
+    if (len != 0) {
+      i += len;
+      continue;
+    }
+    out += json_escaped(std::string_view(s).substr(run, i - run)) + "\\ufffd";
+    run = ++i;
+  }
+  return out + json_escaped(std::string_view(s).substr(run)) + "\"";
 }
 
 void write_json(const Json& value, JsonLayout layout, std::string& out) {

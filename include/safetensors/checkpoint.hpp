@@ -21,6 +21,34 @@
 
 namespace safetensors {
 
+class Checkpoint;
+
+namespace nothrow {
+/// Opens a checkpoint, as `Checkpoint(path, options)`, without exceptions.
+///
+///   auto opened = safetensors::nothrow::open_checkpoint(index);
+///   if (!opened) std::puts(opened.status().message().c_str());
+[[nodiscard]] Expected<Checkpoint> open_checkpoint(const std::filesystem::path& path,
+                                                   CheckpointOptions options = {});
+/// `Checkpoint::keys` without exceptions.
+[[nodiscard]] Expected<std::vector<std::string>> keys(const Checkpoint& ckpt);
+/// `Checkpoint::metadata` without exceptions.
+[[nodiscard]] Expected<std::map<std::string, std::string>> metadata(const Checkpoint& ckpt);
+/// `Checkpoint::info` without exceptions.
+[[nodiscard]] Expected<TensorInfo> info(const Checkpoint& ckpt, std::string_view name);
+/// `Checkpoint::get_tensor` without exceptions.
+[[nodiscard]] Expected<TensorView> get_tensor(const Checkpoint& ckpt, std::string_view name);
+/// `Checkpoint::get_slice` without exceptions.
+[[nodiscard]] Expected<Slice> get_slice(const Checkpoint& ckpt, std::string_view name);
+/// `Checkpoint::missing` without exceptions.
+[[nodiscard]] Expected<std::vector<std::string>> missing(const Checkpoint& ckpt);
+/// `Checkpoint::trailing_bytes` without exceptions.
+[[nodiscard]] Expected<std::vector<std::pair<std::filesystem::path, std::uint64_t>>> trailing_bytes(
+    const Checkpoint& ckpt);
+/// `Checkpoint::shard_of` without exceptions.
+[[nodiscard]] Expected<std::filesystem::path> shard_of(const Checkpoint& ckpt, std::string_view name);
+}  // namespace nothrow
+
 /// A checkpoint split over several files by a Hugging Face index (`{"metadata": {...},
 /// "weight_map": {"tensor": "model-00001-of-00003.safetensors", ...}}`), or a single file:
 /// the same reading interface as `SafeOpen`.
@@ -33,51 +61,30 @@ namespace safetensors {
 /// (`ShardMissing`). Shards are opened lazily, each once, and checked against the index when
 /// opened: a listed tensor absent from its shard is `ShardMissing`, a tensor a shard holds but
 /// the index assigns to another shard is `ShardMismatch`. Tensors a shard holds but the index
-/// does not list are ignored. Copies share the open shards; views keep them alive.
+/// does not list are ignored. Copies share the open shards; views keep them alive. Every method
+/// that can fail has a twin in `safetensors::nothrow` returning the error as a value.
 class Checkpoint {
  public:
   explicit Checkpoint(const std::filesystem::path& path, CheckpointOptions options = {})
-      : state_(std::make_shared<const Handle>(detail::call([&] {
-          return ffi::open_checkpoint_with(detail::bytes(path.native()),
-                                           static_cast<std::uint8_t>(options.backend), options.lenient,
-                                           options.allow_trailing_bytes);
-        }))) {}
+      : Checkpoint(nothrow::open_checkpoint(path, options).value()) {}
 
   /// Tensors the index lists but their shard lacks, sorted; opens every shard to know. Always
   /// empty in strict mode, where such a shard fails to open (`ShardMissing`) instead.
-  [[nodiscard]] std::vector<std::string> missing() const {
-    auto names = detail::call([&] { return ckpt().missing(); });
-    std::vector<std::string> out;
-    out.reserve(names.size());
-    for (const auto& n : names) out.emplace_back(std::string(n));
-    return out;
-  }
+  [[nodiscard]] std::vector<std::string> missing() const { return nothrow::missing(*this).value(); }
 
   /// Shards with bytes after their last tensor, with the count; opens every shard to know.
   /// Empty unless opened with `allow_trailing_bytes` (without it such a shard fails to open).
   [[nodiscard]] std::vector<std::pair<std::filesystem::path, std::uint64_t>> trailing_bytes() const {
-    const auto& c = ckpt();
-    std::vector<std::pair<std::filesystem::path, std::uint64_t>> out;
-    for (std::size_t i = 0; i < c.shard_count(); ++i) {
-      const std::uint64_t n = detail::call([&] { return c.shard_trailing_bytes(i); });
-      if (n > 0) out.emplace_back(shard_path(i), n);
-    }
-    return out;
+    return nothrow::trailing_bytes(*this).value();
   }
 
   /// Tensor names, sorted byte-wise.
-  [[nodiscard]] std::vector<std::string> keys() const {
-    const auto& c = ckpt();
-    std::vector<std::string> out;
-    out.reserve(c.tensor_count());
-    for (std::size_t i = 0; i < c.tensor_count(); ++i) out.emplace_back(detail::view(c.name_at(i)));
-    return out;
-  }
+  [[nodiscard]] std::vector<std::string> keys() const { return nothrow::keys(*this).value(); }
 
   /// The index's `metadata` (non-string values, like `total_size`, as their JSON text), or the
   /// single file's `__metadata__`.
   [[nodiscard]] std::map<std::string, std::string> metadata() const {
-    return detail::metadata_of(ckpt().metadata());
+    return nothrow::metadata(*this).value();
   }
   [[nodiscard]] bool has_metadata() const { return ckpt().has_metadata(); }
 
@@ -86,29 +93,31 @@ class Checkpoint {
   }
   [[nodiscard]] std::size_t size() const { return ckpt().tensor_count(); }
 
-  [[nodiscard]] TensorInfo info(std::string_view name) const { return source_for(name).info(name); }
+  [[nodiscard]] TensorInfo info(std::string_view name) const { return nothrow::info(*this, name).value(); }
   [[nodiscard]] TensorView get_tensor(std::string_view name) const {
-    return source_for(name).get_tensor(name);
+    return nothrow::get_tensor(*this, name).value();
   }
-  [[nodiscard]] Slice get_slice(std::string_view name) const { return Slice(source_for(name), name); }
+  [[nodiscard]] Slice get_slice(std::string_view name) const {
+    return nothrow::get_slice(*this, name).value();
+  }
 
   /// Number of shard files.
   [[nodiscard]] std::size_t shard_count() const { return ckpt().shard_count(); }
   /// The shard files, in the order the index first names them.
   [[nodiscard]] std::vector<std::filesystem::path> shard_paths() const {
     std::vector<std::filesystem::path> out;
-    for (std::size_t i = 0; i < shard_count(); ++i) out.emplace_back(shard_path(i));
+    for (std::size_t i = 0; i < shard_count(); ++i) out.emplace_back(shard_path(ckpt(), i));
     return out;
   }
   /// The file holding `name` (throws `TensorNotFound`). Opens nothing.
   [[nodiscard]] std::filesystem::path shard_of(std::string_view name) const {
-    return shard_path(detail::call([&] { return ckpt().shard_of(detail::bytes(name)); }));
+    return nothrow::shard_of(*this, name).value();
   }
   /// How many shard files have been opened so far.
   [[nodiscard]] std::size_t shards_opened() const { return ckpt().shards_opened(); }
 
  private:
-  friend struct detail::Access;
+  friend struct detail::Access<Checkpoint>;
 
   // The Rust side already opens each shard once, under its own lock. That lock lives in code
   // the user's ThreadSanitizer build does not instrument, so the order between one thread
@@ -125,40 +134,161 @@ class Checkpoint {
     std::unique_ptr<std::mutex[]> opening;
   };
 
-  // A moved-from Checkpoint (null state) throws here instead of dereferencing null.
-  [[nodiscard]] const Handle& handle() const {
-    if (!state_) detail::moved_from("Checkpoint");
-    return *state_;
-  }
-  [[nodiscard]] const ffi::Checkpoint& ckpt() const { return *handle().ckpt; }
+  explicit Checkpoint(std::shared_ptr<const Handle> state) : state_(std::move(state)) {}
 
-  [[nodiscard]] std::filesystem::path shard_path(std::size_t i) const {
-    auto p = ckpt().shard_path(i);
+  // A moved-from Checkpoint (null state) reports `Internal` here instead of dereferencing null.
+  [[nodiscard]] const ffi::Checkpoint& ckpt() const {
+    if (!state_) detail::moved_from("Checkpoint").throw_if_error();
+    return *state_->ckpt;
+  }
+
+  [[nodiscard]] static std::filesystem::path shard_path(const ffi::Checkpoint& c, std::size_t i) {
+    auto p = c.shard_path(i);
     return std::string(reinterpret_cast<const char*>(p.data()), p.size());
-  }
-
-  [[nodiscard]] detail::Source source_for(std::string_view name) const {
-    const auto& c = ckpt();
-    // The index's shard (no shard is opened for that); the shard itself is opened below, once,
-    // and published through C++ atomics so that ThreadSanitizer sees the ordering (the Rust core
-    // is not instrumented).
-    std::size_t shard = detail::call([&] { return c.shard_of(detail::bytes(name)); });
-    auto& slot = handle().files[shard];
-    const ffi::File* file = slot.load(std::memory_order_acquire);
-    if (file == nullptr) {
-      std::lock_guard lock(handle().opening[shard]);
-      file = slot.load(std::memory_order_relaxed);
-      if (file == nullptr) {
-        file = &detail::call([&]() -> const ffi::File& { return c.shard_file(shard); });
-        slot.store(file, std::memory_order_release);
-      }
-    }
-    // In lenient mode a listed tensor its (now open) shard lacks is `ShardMissing` here.
-    (void)detail::call([&] { return c.shard_holding(detail::bytes(name)); });
-    return detail::Source::of(*file, state_);
   }
 
   std::shared_ptr<const Handle> state_;
 };
+
+namespace detail {
+template <>
+struct Access<Checkpoint> {
+  /// The bridge checkpoint, or `Internal` for a moved-from Checkpoint.
+  static Expected<const ffi::Checkpoint*> checkpoint(const Checkpoint& c) {
+    if (!c.state_) return moved_from("Checkpoint");
+    return c.state_->ckpt.operator->();
+  }
+
+  static Expected<Checkpoint> open(const std::filesystem::path& path, CheckpointOptions options) {
+    auto c = adopt(attempt([&](ffi::Status& st) {
+      return ffi::open_checkpoint(bytes(path.native()), static_cast<std::uint8_t>(options.backend),
+                                  options.lenient, options.allow_trailing_bytes, st);
+    }));
+    if (!c) return c.status();
+    return Checkpoint(std::make_shared<const Checkpoint::Handle>(std::move(*c)));
+  }
+
+  static std::filesystem::path shard_path(const ffi::Checkpoint& c, std::size_t i) {
+    return Checkpoint::shard_path(c, i);
+  }
+
+  /// The open shard holding `name`, as a source: the shard is opened (once) and published
+  /// through C++ atomics so that ThreadSanitizer sees the ordering (the Rust core is not
+  /// instrumented). In lenient mode a listed tensor its shard lacks is `ShardMissing` here.
+  static Expected<Source> source_for(const Checkpoint& ckpt, std::string_view name) {
+    if (!ckpt.state_) return moved_from("Checkpoint");
+    const auto& h = *ckpt.state_;
+    const ffi::Checkpoint& c = *h.ckpt;
+    // The index's shard (no shard is opened for that).
+    auto shard = attempt([&](ffi::Status& st) { return c.shard_of(bytes(name), st); });
+    if (!shard) return shard.status();
+    auto opened = open_shard(h, *shard);
+    if (!opened) return opened.status();
+    if (auto held = attempt([&](ffi::Status& st) { return c.shard_holding(bytes(name), st); }); !held) {
+      return held.status();
+    }
+    return Source::of(**opened, ckpt.state_);
+  }
+
+  /// Opens every shard through `open_shard`, before asking the Rust side a question about all
+  /// of them (`missing`, `trailing_bytes`), so that ThreadSanitizer sees those opens ordered
+  /// too.
+  static Status open_every_shard(const Checkpoint& ckpt) {
+    if (!ckpt.state_) return moved_from("Checkpoint");
+    for (std::size_t i = 0; i < ckpt.state_->ckpt->shard_count(); ++i) {
+      if (auto opened = open_shard(*ckpt.state_, i); !opened) return opened.status();
+    }
+    return {};
+  }
+
+  /// Shard `shard`, opened once and published through the handle's atomics.
+  static Expected<const ffi::File*> open_shard(const Checkpoint::Handle& h, std::size_t shard) {
+    auto& slot = h.files[shard];
+    const ffi::File* file = slot.load(std::memory_order_acquire);
+    if (file != nullptr) return file;
+    std::lock_guard lock(h.opening[shard]);
+    file = slot.load(std::memory_order_relaxed);
+    if (file == nullptr) {
+      auto opened = attempt([&](ffi::Status& st) { return h.ckpt->shard_file(shard, st); });
+      if (!opened) return opened.status();
+      file = *opened;
+      slot.store(file, std::memory_order_release);
+    }
+    return file;
+  }
+};
+}  // namespace detail
+
+inline Expected<Checkpoint> nothrow::open_checkpoint(const std::filesystem::path& path,
+                                                     CheckpointOptions options) {
+  return detail::Access<Checkpoint>::open(path, options);
+}
+
+inline Expected<std::vector<std::string>> nothrow::keys(const Checkpoint& ckpt) {
+  auto c = detail::Access<Checkpoint>::checkpoint(ckpt);
+  if (!c) return c.status();
+  std::vector<std::string> out;
+  out.reserve((*c)->tensor_count());
+  for (std::size_t i = 0; i < (*c)->tensor_count(); ++i) out.emplace_back(detail::view((*c)->name_at(i)));
+  return out;
+}
+
+inline Expected<std::map<std::string, std::string>> nothrow::metadata(const Checkpoint& ckpt) {
+  auto c = detail::Access<Checkpoint>::checkpoint(ckpt);
+  if (!c) return c.status();
+  return detail::metadata_of((*c)->metadata());
+}
+
+inline Expected<TensorInfo> nothrow::info(const Checkpoint& ckpt, std::string_view name) {
+  auto src = detail::Access<Checkpoint>::source_for(ckpt, name);
+  if (!src) return src.status();
+  return src->info(name);
+}
+
+inline Expected<TensorView> nothrow::get_tensor(const Checkpoint& ckpt, std::string_view name) {
+  auto src = detail::Access<Checkpoint>::source_for(ckpt, name);
+  if (!src) return src.status();
+  return src->get_tensor(name);
+}
+
+inline Expected<Slice> nothrow::get_slice(const Checkpoint& ckpt, std::string_view name) {
+  auto src = detail::Access<Checkpoint>::source_for(ckpt, name);
+  if (!src) return src.status();
+  return detail::Access<Slice>::make(std::move(*src), name);
+}
+
+inline Expected<std::vector<std::string>> nothrow::missing(const Checkpoint& ckpt) {
+  auto c = detail::Access<Checkpoint>::checkpoint(ckpt);
+  if (!c) return c.status();
+  if (auto opened = detail::Access<Checkpoint>::open_every_shard(ckpt); !opened.ok()) return opened;
+  auto names = detail::attempt([&](ffi::Status& st) { return (*c)->missing(st); });
+  if (!names) return names.status();
+  std::vector<std::string> out;
+  out.reserve(names->size());
+  for (const auto& n : *names) out.emplace_back(n.data(), n.size());
+  return out;
+}
+
+inline Expected<std::vector<std::pair<std::filesystem::path, std::uint64_t>>> nothrow::trailing_bytes(
+    const Checkpoint& ckpt) {
+  auto c = detail::Access<Checkpoint>::checkpoint(ckpt);
+  if (!c) return c.status();
+  if (auto opened = detail::Access<Checkpoint>::open_every_shard(ckpt); !opened.ok()) return opened;
+  std::vector<std::pair<std::filesystem::path, std::uint64_t>> out;
+  for (std::size_t i = 0; i < (*c)->shard_count(); ++i) {
+    auto n = detail::attempt([&](ffi::Status& st) { return (*c)->shard_trailing_bytes(i, st); });
+    if (!n) return n.status();
+    if (*n > 0) out.emplace_back(detail::Access<Checkpoint>::shard_path(**c, i), *n);
+  }
+  return out;
+}
+
+inline Expected<std::filesystem::path> nothrow::shard_of(const Checkpoint& ckpt, std::string_view name) {
+  auto c = detail::Access<Checkpoint>::checkpoint(ckpt);
+  if (!c) return c.status();
+  auto shard = detail::attempt([&](ffi::Status& st) { return (*c)->shard_of(detail::bytes(name), st); });
+  if (!shard) return shard.status();
+  return detail::Access<Checkpoint>::shard_path(**c, *shard);
+}
 
 }  // namespace safetensors

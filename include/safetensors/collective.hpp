@@ -36,15 +36,15 @@ class Collective {
   /// stream). Collectives without a device path throw `Cuda`.
   virtual void broadcast_device(void* bytes, std::size_t len, std::size_t root, void* stream) {
     (void)bytes, (void)len, (void)root, (void)stream;
-    throw Error(ErrorKind::Cuda,
-                "this collective has no device-memory path; use a host load or NcclCollective");
+    detail::raise(ErrorKind::Cuda,
+                  "this collective has no device-memory path; use a host load or NcclCollective");
   }
 
   /// Device memory: the all-gather of `len` bytes per rank into `all` (`size() * len` bytes).
   virtual void all_gather_device(const void* mine, void* all, std::size_t len, void* stream) {
     (void)mine, (void)all, (void)len, (void)stream;
-    throw Error(ErrorKind::Cuda,
-                "this collective has no device-memory path; use a host load or NcclCollective");
+    detail::raise(ErrorKind::Cuda,
+                  "this collective has no device-memory path; use a host load or NcclCollective");
   }
 };
 

@@ -52,34 +52,107 @@ inline ::rust::Slice<const std::size_t> dims(const std::vector<std::size_t>& sha
   return {shape.data(), shape.size()};
 }
 
-/// Bytes of `numel(shape)` elements of `to`, or a typed error when that overflows or ends
-/// inside a byte.
-inline std::size_t converted_bytes(const std::vector<std::size_t>& shape, Dtype to) {
-  std::size_t n = 1;
-  for (auto d : shape) {
-    if (__builtin_mul_overflow(n, d, &n)) {
-      throw Error(ErrorKind::ValidationOverflow, "the tensor's element count does not fit in 64 bits");
-    }
-  }
-  std::size_t bits = 0;
-  if (__builtin_mul_overflow(n, bit_size(to), &bits)) {
-    throw Error(ErrorKind::ValidationOverflow,
-                std::to_string(n) + " elements of " + std::string(to_string(to)) + " do not fit in memory");
-  }
-  if (bits % 8 != 0) {
-    throw Error(ErrorKind::MisalignedSlice,
-                std::to_string(n) + " elements of " + std::string(to_string(to)) +
-                    " do not end on a byte boundary (F4 needs an even count, F6 a "
-                    "multiple of 4)");
-  }
-  return bits / 8;
+/// Bytes of `numel(shape)` elements of `to`, by the core's tensor byte-length rule
+/// (`ValidationOverflow` when that overflows, `MisalignedSlice` when it ends inside a byte).
+inline Expected<std::size_t> converted_bytes(const std::vector<std::size_t>& shape, Dtype to) {
+  return attempt(
+      [&](ffi::Status& st) { return ffi::converted_len(dims(shape), static_cast<std::uint8_t>(to), st); });
 }
 
-/// A new buffer of `n` bytes for a converted tensor; running out of memory is a typed error.
-inline std::shared_ptr<std::byte[]> allocate_converted(std::size_t n, Dtype to) {
-  return allocate_bytes(n, "a converted " + std::string(to_string(to)) + " tensor");
+/// A new `to` tensor of `shape`, in a buffer the view owns, filled by `fill` (a bridge call
+/// writing into the span it is given).
+template <class Fill>
+Expected<TensorView> converted(Dtype to, std::vector<std::size_t> shape, Fill&& fill) {
+  auto len = converted_bytes(shape, to);
+  if (!len) return len.status();
+  auto buffer = allocate_bytes(*len, "a converted " + std::string(to_string(to)) + " tensor");
+  if (!buffer) return buffer.status();
+  if (auto st = std::forward<Fill>(fill)(std::span<std::byte>{buffer->get(), *len}); !st.ok()) return st;
+  TensorView out{to, std::move(shape), {buffer->get(), *len}, {}};
+  out.owner = std::move(*buffer);
+  return out;
 }
+
+/// `n` elements of `T` converted from `src`, in a vector.
+template <class T>
+Expected<std::vector<T>> converted_vector(const TensorView& src, Dtype to);
 }  // namespace detail
+
+namespace nothrow {
+
+/// `safetensors::convert(src, to, dst)` without exceptions.
+inline Status convert(const TensorView& src, Dtype to, std::span<std::byte> dst) {
+  return detail::attempt([&](ffi::Status& st) {
+    ffi::convert_tensor(static_cast<std::uint8_t>(src.dtype), detail::dims(src.shape), detail::u8s(src.data),
+                        static_cast<std::uint8_t>(to), detail::u8s_mut(dst), st);
+  });
+}
+
+/// `safetensors::convert(src, to)` without exceptions.
+[[nodiscard]] inline Expected<TensorView> convert(const TensorView& src, Dtype to) {
+  // The pair is checked first, so that a nonsensical one is named as such (`TypeMismatch`)
+  // rather than by a size rule.
+  if (!is_float(to) || src.dtype == Dtype::C64) return nothrow::convert(src, to, {});
+  return detail::converted(to, src.shape,
+                           [&](std::span<std::byte> dst) { return nothrow::convert(src, to, dst); });
+}
+
+/// `safetensors::as_f32` without exceptions.
+[[nodiscard]] inline Expected<std::vector<float>> as_f32(const TensorView& src) {
+  return detail::converted_vector<float>(src, Dtype::F32);
+}
+
+/// `safetensors::as_f64` without exceptions.
+[[nodiscard]] inline Expected<std::vector<double>> as_f64(const TensorView& src) {
+  return detail::converted_vector<double>(src, Dtype::F64);
+}
+
+/// `safetensors::dequantize_fp8_blocks` without exceptions.
+[[nodiscard]] inline Expected<TensorView> dequantize_fp8_blocks(const TensorView& weight,
+                                                                const TensorView& scale_inv,
+                                                                Dtype to = Dtype::F32,
+                                                                std::size_t block_rows = 128,
+                                                                std::size_t block_cols = 128) {
+  if (!is_float(to)) return nothrow::convert(weight, to, {});  // TypeMismatch, named by the core
+  return detail::converted(to, weight.shape, [&](std::span<std::byte> dst) {
+    return detail::attempt([&](ffi::Status& st) {
+      ffi::dequantize_fp8_blocks(static_cast<std::uint8_t>(weight.dtype), detail::dims(weight.shape),
+                                 detail::u8s(weight.data), static_cast<std::uint8_t>(scale_inv.dtype),
+                                 detail::dims(scale_inv.shape), detail::u8s(scale_inv.data), block_rows,
+                                 block_cols, static_cast<std::uint8_t>(to), detail::u8s_mut(dst), st);
+    });
+  });
+}
+
+/// `safetensors::dequantize_mxfp4` without exceptions.
+[[nodiscard]] inline Expected<TensorView> dequantize_mxfp4(const TensorView& blocks, const TensorView& scales,
+                                                           Dtype to = Dtype::F32) {
+  auto raw_shape = detail::attempt([&](ffi::Status& st) {
+    return ffi::mxfp4_output_shape(detail::dims(blocks.shape), detail::dims(scales.shape), st);
+  });
+  if (!raw_shape) return raw_shape.status();
+  std::vector<std::size_t> shape(raw_shape->data(), raw_shape->data() + raw_shape->size());
+  if (!is_float(to)) return nothrow::convert(blocks, to, {});
+  return detail::converted(to, std::move(shape), [&](std::span<std::byte> dst) {
+    return detail::attempt([&](ffi::Status& st) {
+      ffi::dequantize_mxfp4(static_cast<std::uint8_t>(blocks.dtype), detail::dims(blocks.shape),
+                            detail::u8s(blocks.data), static_cast<std::uint8_t>(scales.dtype),
+                            detail::dims(scales.shape), detail::u8s(scales.data),
+                            static_cast<std::uint8_t>(to), detail::u8s_mut(dst), st);
+    });
+  });
+}
+
+}  // namespace nothrow
+
+template <class T>
+Expected<std::vector<T>> detail::converted_vector(const TensorView& src, Dtype to) {
+  auto len = converted_bytes(src.shape, to);
+  if (!len) return len.status();
+  std::vector<T> out(*len / sizeof(T));
+  if (auto st = nothrow::convert(src, to, std::as_writable_bytes(std::span(out))); !st.ok()) return st;
+  return out;
+}
 
 /// Converts every element of `src` (any dtype but C64, any alignment of its data) into `to`,
 /// writing exactly `numel × size(to)` bytes to `dst` (else `TensorInvalidInfo`). Rounds to
@@ -89,10 +162,7 @@ inline std::shared_ptr<std::byte[]> allocate_converted(std::size_t n, Dtype to) 
 ///   std::vector<float> out(w.numel());
 ///   safetensors::convert(w, Dtype::F32, std::as_writable_bytes(std::span(out)));
 inline void convert(const TensorView& src, Dtype to, std::span<std::byte> dst) {
-  detail::call([&] {
-    ffi::convert_tensor(static_cast<std::uint8_t>(src.dtype), detail::dims(src.shape), detail::u8s(src.data),
-                        static_cast<std::uint8_t>(to), detail::u8s_mut(dst));
-  });
+  nothrow::convert(src, to, dst).throw_if_error();
 }
 
 /// The converted tensor, in a new 64-byte aligned buffer that the returned view owns.
@@ -100,29 +170,17 @@ inline void convert(const TensorView& src, Dtype to, std::span<std::byte> dst) {
 ///   safetensors::TensorView w32 = safetensors::convert(f.get_tensor("w"), Dtype::F32);
 ///   std::span<const float> values = w32.as<float>();
 [[nodiscard]] inline TensorView convert(const TensorView& src, Dtype to) {
-  if (!is_float(to) || src.dtype == Dtype::C64) {
-    convert(src, to, {});  // reports the TypeMismatch with the core's message
-  }
-  std::size_t len = detail::converted_bytes(src.shape, to);
-  auto buffer = detail::allocate_converted(len, to);
-  convert(src, to, {buffer.get(), len});
-  TensorView out{to, src.shape, {buffer.get(), len}, {}};
-  out.owner = std::move(buffer);
-  return out;
+  return nothrow::convert(src, to).value();
 }
 
 /// The elements as a `std::vector<float>` (any dtype but C64).
 [[nodiscard]] inline std::vector<float> as_f32(const TensorView& src) {
-  std::vector<float> out(detail::converted_bytes(src.shape, Dtype::F32) / sizeof(float));
-  convert(src, Dtype::F32, std::as_writable_bytes(std::span(out)));
-  return out;
+  return nothrow::as_f32(src).value();
 }
 
 /// The elements as a `std::vector<double>` (any dtype but C64).
 [[nodiscard]] inline std::vector<double> as_f64(const TensorView& src) {
-  std::vector<double> out(detail::converted_bytes(src.shape, Dtype::F64) / sizeof(double));
-  convert(src, Dtype::F64, std::as_writable_bytes(std::span(out)));
-  return out;
+  return nothrow::as_f64(src).value();
 }
 
 /// DeepSeek-V3 style fp8 dequantization: a 2-D `weight` (F8_E4M3, or any float of 8 bits or
@@ -134,19 +192,7 @@ inline void convert(const TensorView& src, Dtype to, std::span<std::byte> dst) {
 [[nodiscard]] inline TensorView dequantize_fp8_blocks(const TensorView& weight, const TensorView& scale_inv,
                                                       Dtype to = Dtype::F32, std::size_t block_rows = 128,
                                                       std::size_t block_cols = 128) {
-  if (!is_float(to)) convert(weight, to, {});  // TypeMismatch, named by the core
-  std::size_t len = detail::converted_bytes(weight.shape, to);
-  auto buffer = detail::allocate_converted(len, to);
-  detail::call([&] {
-    ffi::dequantize_fp8_blocks(static_cast<std::uint8_t>(weight.dtype), detail::dims(weight.shape),
-                               detail::u8s(weight.data), static_cast<std::uint8_t>(scale_inv.dtype),
-                               detail::dims(scale_inv.shape), detail::u8s(scale_inv.data), block_rows,
-                               block_cols, static_cast<std::uint8_t>(to),
-                               detail::u8s_mut({buffer.get(), len}));
-  });
-  TensorView out{to, weight.shape, {buffer.get(), len}, {}};
-  out.owner = std::move(buffer);
-  return out;
+  return nothrow::dequantize_fp8_blocks(weight, scale_inv, to, block_rows, block_cols).value();
 }
 
 /// gpt-oss style MXFP4 dequantization: U8 `blocks` `[..., G, 16]` (32 F4 values per group, low
@@ -155,21 +201,7 @@ inline void convert(const TensorView& src, Dtype to, std::span<std::byte> dst) {
 /// final transpose.
 [[nodiscard]] inline TensorView dequantize_mxfp4(const TensorView& blocks, const TensorView& scales,
                                                  Dtype to = Dtype::F32) {
-  auto raw_shape = detail::call(
-      [&] { return ffi::mxfp4_output_shape(detail::dims(blocks.shape), detail::dims(scales.shape)); });
-  std::vector<std::size_t> shape(raw_shape.data(), raw_shape.data() + raw_shape.size());
-  if (!is_float(to)) convert(blocks, to, {});
-  std::size_t len = detail::converted_bytes(shape, to);
-  auto buffer = detail::allocate_converted(len, to);
-  detail::call([&] {
-    ffi::dequantize_mxfp4(static_cast<std::uint8_t>(blocks.dtype), detail::dims(blocks.shape),
-                          detail::u8s(blocks.data), static_cast<std::uint8_t>(scales.dtype),
-                          detail::dims(scales.shape), detail::u8s(scales.data), static_cast<std::uint8_t>(to),
-                          detail::u8s_mut({buffer.get(), len}));
-  });
-  TensorView out{to, std::move(shape), {buffer.get(), len}, {}};
-  out.owner = std::move(buffer);
-  return out;
+  return nothrow::dequantize_mxfp4(blocks, scales, to).value();
 }
 
 }  // namespace safetensors

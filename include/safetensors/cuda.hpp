@@ -17,6 +17,9 @@
 // `Uploader` is gone), and restores the calling thread's current context before returning.
 // One-shot calls (`cuda::load`, `to_device`) share one uploader per device, created on first
 // use, whose staging grows only to what uploads need.
+//
+// Every call that can fail has a twin in `safetensors::nothrow::cuda` returning the error as a
+// value (`nothrow::cuda::load`, `nothrow::cuda::make_uploader`, ...).
 #pragma once
 
 #include <cstddef>
@@ -34,24 +37,6 @@
 #include "safetensors/detail/bridge.hpp"
 #include "safetensors/safe_open.hpp"
 #include "safetensors/slice.hpp"
-
-namespace safetensors::detail {
-/// A device ordinal for the bridge: a negative one is refused here, where its sign is still
-/// known (as a size_t it would name device 18446744073709551615).
-inline std::size_t device_ordinal(int device) {
-  if (device < 0) {
-    throw Error(ErrorKind::Cuda, "no CUDA device " + std::to_string(device) + ": device ordinals start at 0");
-  }
-  return static_cast<std::size_t>(device);
-}
-
-struct Access {
-  static const Source& source(const SafeOpen& f) { return f.source(); }
-  static Source source(const Checkpoint& c, std::string_view name) { return c.source_for(name); }
-  static ffi::SliceIndex raw(const Index& i) { return i.raw(); }
-  static const ffi::Checkpoint& checkpoint(const Checkpoint& c) { return *c.state_->ckpt; }
-};
-}  // namespace safetensors::detail
 
 namespace safetensors::cuda {
 
@@ -80,45 +65,116 @@ struct Placement {
   std::size_t byte_size = 0;
 };
 
+class DeviceBuffer;
+class DeviceTensors;
+class Uploader;
+struct DeviceTensor;
+
 }  // namespace safetensors::cuda
+
+namespace safetensors::nothrow::cuda {
+using safetensors::cuda::DeviceTensor;
+using safetensors::cuda::DeviceTensors;
+using safetensors::cuda::Placement;
+using safetensors::cuda::Request;
+using safetensors::cuda::Uploader;
+using safetensors::cuda::UploadOptions;
+
+/// `cuda::device_count` without exceptions.
+[[nodiscard]] Expected<int> device_count();
+/// `cuda::device_name` without exceptions.
+[[nodiscard]] Expected<std::string> device_name(int device);
+/// `cuda::copy_to_host` without exceptions.
+Status copy_to_host(const void* src, std::span<std::byte> dst, int device = 0);
+/// `cuda::Uploader(device, options)` without exceptions.
+///
+///   auto up = safetensors::nothrow::cuda::make_uploader(0);
+///   if (!up) std::puts(up.status().message().c_str());
+[[nodiscard]] Expected<Uploader> make_uploader(int device = 0, UploadOptions options = {});
+/// `Uploader::load` without exceptions (every tensor when `requests` is empty).
+[[nodiscard]] Expected<DeviceTensors> load(Uploader& uploader, const SafeOpen& file,
+                                           std::span<const Request> requests = {});
+[[nodiscard]] Expected<DeviceTensors> load(Uploader& uploader, const Checkpoint& ckpt,
+                                           std::span<const Request> requests = {});
+/// `Uploader::load_into` without exceptions.
+[[nodiscard]] Expected<std::vector<Placement>> load_into(Uploader& uploader, const SafeOpen& file,
+                                                         std::span<const Request> requests, void* dst,
+                                                         std::size_t capacity, std::uintptr_t stream);
+[[nodiscard]] Expected<std::vector<Placement>> load_into(Uploader& uploader, const Checkpoint& ckpt,
+                                                         std::span<const Request> requests, void* dst,
+                                                         std::size_t capacity, std::uintptr_t stream);
+/// `Uploader::synchronize` without exceptions.
+Status synchronize(Uploader& uploader);
+/// `cuda::load(file, device, options)` without exceptions.
+///
+///   auto w = safetensors::nothrow::cuda::load(f);
+///   if (!w) std::puts(w.status().message().c_str());
+[[nodiscard]] Expected<DeviceTensors> load(const SafeOpen& file, int device = 0, UploadOptions options = {});
+[[nodiscard]] Expected<DeviceTensors> load(const Checkpoint& ckpt, int device = 0,
+                                           UploadOptions options = {});
+/// `cuda::to_device` without exceptions.
+[[nodiscard]] Expected<DeviceTensor> to_device(const SafeOpen& file, std::string_view name, int device = 0,
+                                               UploadOptions options = {});
+/// `DeviceTensors::data` without exceptions.
+[[nodiscard]] Expected<void*> data(const DeviceTensors& tensors, std::string_view name);
+}  // namespace safetensors::nothrow::cuda
+
+namespace safetensors::detail {
+/// A device ordinal for the bridge: a negative one is refused here, where its sign is still
+/// known (as a size_t it would name device 18446744073709551615).
+inline Expected<std::size_t> device_ordinal(int device) {
+  if (device < 0) {
+    return Status(ErrorKind::Cuda,
+                  "no CUDA device " + std::to_string(device) + ": device ordinals start at 0");
+  }
+  return static_cast<std::size_t>(device);
+}
+}  // namespace safetensors::detail
 
 // Building upload jobs: private, as every `rust::` type stays out of the public API.
 namespace safetensors::detail::cuda_jobs {
 using Job = ::rust::Box<ffi::UploadJob>;
-/// Makes `DeviceTensors` out of a finished job (defined after it).
-struct Make;
 using cuda::Placement;
 using cuda::Request;
 
-inline void add(Job& job, const Source& src, const Request& r) {
+inline Status add(Job& job, const Source& src, const Request& r) {
   if (r.select.empty()) {
-    call([&] { job->add_tensor(*src.file, bytes(r.name)); });
-    return;
+    return attempt([&](ffi::Status& st) { job->add_tensor(*src.file, bytes(r.name), st); });
   }
-  std::vector<ffi::SliceIndex> raw;
-  raw.reserve(r.select.size());
-  for (const auto& i : r.select) raw.push_back(Access::raw(i));
-  ::rust::Slice<const ffi::SliceIndex> s{raw.data(), raw.size()};
-  call([&] { job->add_slice(*src.file, bytes(r.name), s); });
+  auto raw = raw_indices(std::span<const Index>(r.select.data(), r.select.size()));
+  if (!raw) return raw.status();
+  ::rust::Slice<const ffi::SliceIndex> s{raw->data(), raw->size()};
+  return attempt([&](ffi::Status& st) { job->add_slice(*src.file, bytes(r.name), s, st); });
 }
 
 /// The job for `requests` (all tensors, in one bridge call, when empty) of a file or checkpoint.
-template <class From>
-Job job_for(const From& from, std::span<const Request> requests, std::size_t alignment) {
+inline Expected<Job> job_for(const SafeOpen& file, std::span<const Request> requests, std::size_t alignment) {
+  auto src = Access<SafeOpen>::source(file);
+  if (!src) return src.status();
   auto job = ffi::new_upload_job(alignment);
   if (requests.empty()) {
-    if constexpr (std::is_same_v<From, SafeOpen>) {
-      call([&] { job->add_file(*Access::source(from).file); });
-    } else {
-      call([&] { job->add_checkpoint(Access::checkpoint(from)); });
-    }
+    if (auto st = attempt([&](ffi::Status& s) { job->add_file(*(*src)->file, s); }); !st.ok()) return st;
   }
   for (const auto& r : requests) {
-    if constexpr (std::is_same_v<From, SafeOpen>) {
-      add(job, Access::source(from), r);
-    } else {
-      add(job, Access::source(from, r.name), r);
-    }
+    if (auto st = add(job, **src, r); !st.ok()) return st;
+  }
+  return job;
+}
+
+inline Expected<Job> job_for(const Checkpoint& ckpt, std::span<const Request> requests,
+                             std::size_t alignment) {
+  auto job = ffi::new_upload_job(alignment);
+  if (requests.empty()) {
+    auto c = Access<Checkpoint>::checkpoint(ckpt);
+    if (!c) return c.status();
+    // Every shard through the C++ publication path first (see `Access<Checkpoint>`).
+    if (auto st = Access<Checkpoint>::open_every_shard(ckpt); !st.ok()) return st;
+    if (auto st = attempt([&](ffi::Status& s) { job->add_checkpoint(**c, s); }); !st.ok()) return st;
+  }
+  for (const auto& r : requests) {
+    auto src = Access<Checkpoint>::source_for(ckpt, r.name);
+    if (!src) return src.status();
+    if (auto st = add(job, *src, r); !st.ok()) return st;
   }
   return job;
 }
@@ -130,7 +186,7 @@ inline std::vector<Placement> placements(const ffi::UploadJob& job) {
   out.reserve(raw.size());
   for (const auto& p : raw) {
     out.push_back({std::string(p.name), static_cast<Dtype>(p.dtype),
-                   std::vector<std::size_t>(p.shape.begin(), p.shape.end()),
+                   std::vector<std::size_t>(p.shape.data(), p.shape.data() + p.shape.size()),
                    static_cast<std::size_t>(p.offset), static_cast<std::size_t>(p.len)});
   }
   return out;
@@ -147,7 +203,7 @@ requires std::is_same_v<Source, SafeOpen> || std::is_same_v<Source, Checkpoint>
 [[nodiscard]] std::pair<std::size_t, std::vector<Placement>> plan(const Source& from,
                                                                   std::span<const Request> requests = {},
                                                                   UploadOptions options = {}) {
-  auto job = detail::cuda_jobs::job_for(from, requests, options.alignment);
+  auto job = detail::cuda_jobs::job_for(from, requests, options.alignment).value();
   return {job->total_bytes(), detail::cuda_jobs::placements(*job)};
 }
 
@@ -158,44 +214,37 @@ requires std::is_same_v<Source, SafeOpen> || std::is_same_v<Source, Checkpoint>
 
 /// Number of CUDA devices; throws `Error` (`Cuda`) when there is no driver, or no device.
 [[nodiscard]] inline int device_count() {
-  return static_cast<int>(detail::call([] { return ffi::cuda_device_count(); }));
+  return nothrow::cuda::device_count().value();
 }
 
 /// Whether at least one device can be used; `why_unavailable()` says why not.
 [[nodiscard]] inline bool available() noexcept {
-  try {
-    return device_count() > 0;
-  } catch (...) {
-    return false;
-  }
+  auto n = nothrow::cuda::device_count();
+  return n && *n > 0;
 }
 
 /// Why CUDA cannot be used here ("" when it can).
 [[nodiscard]] inline std::string why_unavailable() {
-  try {
-    return device_count() > 0 ? "" : "no CUDA device";
-  } catch (const Error& e) {
-    return e.what();
-  }
+  auto n = nothrow::cuda::device_count();
+  if (!n) return Error(n.status()).what();
+  return *n > 0 ? "" : "no CUDA device";
 }
 
 [[nodiscard]] inline std::string device_name(int device) {
-  auto name = detail::call([&] { return ffi::cuda_device_name(detail::device_ordinal(device)); });
-  return std::string(name);
+  return nothrow::cuda::device_name(device).value();
 }
 
 /// Copies `dst.size()` bytes of device memory at `src` to the host (synchronous).
 inline void copy_to_host(const void* src, std::span<std::byte> dst, int device = 0) {
-  ::rust::Slice<std::uint8_t> out{reinterpret_cast<std::uint8_t*>(dst.data()), dst.size()};
-  detail::call([&] {
-    ffi::cuda_download(detail::device_ordinal(device), reinterpret_cast<std::uintptr_t>(src), out);
-  });
+  nothrow::cuda::copy_to_host(src, dst, device).throw_if_error();
 }
 
 /// Seconds for one copy of `bytes` from pinned host memory to `device`: the link's practical
 /// limit, for benchmarks.
 [[nodiscard]] inline double pinned_copy_seconds(std::size_t bytes, int device = 0) {
-  return detail::call([&] { return ffi::cuda_pinned_copy_seconds(detail::device_ordinal(device), bytes); });
+  auto ordinal = detail::device_ordinal(device).value();
+  return detail::attempt([&](ffi::Status& st) { return ffi::cuda_pinned_copy_seconds(ordinal, bytes, st); })
+      .value();
 }
 
 /// A device allocation this object owns (freed on destruction), unless released.
@@ -231,12 +280,10 @@ class DeviceBuffer {
  private:
   void reset() noexcept {
     if (data_ != nullptr) {
-      try {
-        detail::call([&] {
-          ffi::cuda_free(static_cast<std::size_t>(device_), reinterpret_cast<std::uintptr_t>(data_));
-        });
-      } catch (...) {  // nothing sensible to do in a destructor
-      }
+      // Nothing sensible to do with a failure in a destructor; the bridge does not throw.
+      (void)detail::attempt([&](ffi::Status& st) {
+        ffi::cuda_free(static_cast<std::size_t>(device_), reinterpret_cast<std::uintptr_t>(data_), st);
+      });
       data_ = nullptr;
     }
   }
@@ -257,29 +304,18 @@ class DeviceTensors {
 
   /// The placement of `name` (a hash lookup); throws `TensorNotFound`.
   [[nodiscard]] const Placement& at(std::string_view name) const {
-    auto it = index_.find(name);
-    if (it == index_.end()) {
-      throw Error(ErrorKind::TensorNotFound, "tensor `" + std::string(name) + "` was not uploaded");
-    }
-    return placements_[it->second];
+    auto p = find(name);
+    if (p == nullptr) not_uploaded(name).throw_if_error();
+    return *p;
   }
 
   /// The device address of `name`. Throws `Internal` once the buffer was given away
   /// (`release_buffer()`, or moved from): an offset from a null base would look like a device
   /// address. `at(name).offset` still gives the offset into the released buffer.
-  [[nodiscard]] void* data(std::string_view name) const {
-    if (buffer_.data() == nullptr) {
-      throw Error(ErrorKind::Internal, "DeviceTensors::data(\"" + std::string(name) +
-                                           "\"): this DeviceTensors holds no device memory (its buffer was "
-                                           "released or moved away); add at(name).offset to the buffer's "
-                                           "data() instead");
-    }
-    return static_cast<std::byte*>(buffer_.data()) + at(name).offset;
-  }
+  [[nodiscard]] void* data(std::string_view name) const { return nothrow::cuda::data(*this, name).value(); }
 
  private:
-  friend class Uploader;
-  friend struct detail::cuda_jobs::Make;
+  friend struct detail::Access<DeviceTensors>;
 
   struct NameHash {
     using is_transparent = void;
@@ -292,11 +328,51 @@ class DeviceTensors {
     for (std::size_t i = 0; i < placements_.size(); ++i) index_.emplace(placements_[i].name, i);
   }
 
+  /// The placement of `name`, or null.
+  [[nodiscard]] const Placement* find(std::string_view name) const {
+    auto it = index_.find(name);
+    return it == index_.end() ? nullptr : &placements_[it->second];
+  }
+
+  static Status not_uploaded(std::string_view name) {
+    return Status(ErrorKind::TensorNotFound, "tensor `" + std::string(name) + "` was not uploaded");
+  }
+
   DeviceBuffer buffer_;
   std::vector<Placement> placements_;
   // Names to positions in `placements_` (a name requested twice maps to its first placement).
   std::unordered_map<std::string, std::size_t, NameHash, std::equal_to<>> index_;
 };
+
+}  // namespace safetensors::cuda
+
+namespace safetensors::detail {
+template <>
+struct Access<cuda::DeviceTensors> {
+  static cuda::DeviceTensors make(cuda::DeviceBuffer buffer, std::vector<cuda::Placement> placements) {
+    return cuda::DeviceTensors(std::move(buffer), std::move(placements));
+  }
+  /// Tensors a finished job put at device address `ptr`.
+  static cuda::DeviceTensors make(std::uint64_t ptr, const ffi::UploadJob& job, int device) {
+    return make(cuda::DeviceBuffer(reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr)),
+                                   job.total_bytes(), device),
+                cuda_jobs::placements(job));
+  }
+  static Expected<void*> data(const cuda::DeviceTensors& t, std::string_view name) {
+    if (t.buffer_.data() == nullptr) {
+      return Status(ErrorKind::Internal, "DeviceTensors::data(\"" + std::string(name) +
+                                             "\"): this DeviceTensors holds no device memory (its buffer was "
+                                             "released or moved away); add at(name).offset to the buffer's "
+                                             "data() instead");
+    }
+    const auto* p = t.find(name);
+    if (p == nullptr) return cuda::DeviceTensors::not_uploaded(name);
+    return static_cast<void*>(static_cast<std::byte*>(t.buffer_.data()) + p->offset);
+  }
+};
+}  // namespace safetensors::detail
+
+namespace safetensors::cuda {
 
 /// Uploads to one device through a reusable pinned staging ring, allocated when it is made.
 /// Safe to share between threads; uploads through one `Uploader` take turns (they share one
@@ -304,26 +380,21 @@ class DeviceTensors {
 class Uploader {
  public:
   explicit Uploader(int device = 0, UploadOptions options = {})
-      : device_(device), options_(options), impl_(safetensors::detail::share(safetensors::detail::call([&] {
-          return ffi::new_uploader(safetensors::detail::device_ordinal(device), options.staging_slots,
-                                   options.slot_bytes, options.readers);
-        }))) {}
+      : Uploader(nothrow::cuda::make_uploader(device, options).value()) {}
 
   /// Every tensor of a file, into one new allocation; done when this returns.
-  [[nodiscard]] DeviceTensors load(const SafeOpen& file) {
-    return run(detail::cuda_jobs::job_for(file, {}, options_.alignment));
-  }
+  [[nodiscard]] DeviceTensors load(const SafeOpen& file) { return nothrow::cuda::load(*this, file).value(); }
   /// Chosen tensors or slices of a file.
   [[nodiscard]] DeviceTensors load(const SafeOpen& file, std::span<const Request> requests) {
-    return run(detail::cuda_jobs::job_for(file, requests, options_.alignment));
+    return nothrow::cuda::load(*this, file, requests).value();
   }
   /// Every tensor of a (sharded) checkpoint.
   [[nodiscard]] DeviceTensors load(const Checkpoint& ckpt) {
-    return run(detail::cuda_jobs::job_for(ckpt, {}, options_.alignment));
+    return nothrow::cuda::load(*this, ckpt).value();
   }
   /// Chosen tensors or slices of a checkpoint.
   [[nodiscard]] DeviceTensors load(const Checkpoint& ckpt, std::span<const Request> requests) {
-    return run(detail::cuda_jobs::job_for(ckpt, requests, options_.alignment));
+    return nothrow::cuda::load(*this, ckpt, requests).value();
   }
 
   /// Uploads into `dst` (device memory of `capacity` bytes on this device, aligned to
@@ -337,36 +408,30 @@ class Uploader {
   /// freeing `dst`.
   std::vector<Placement> load_into(const SafeOpen& file, std::span<const Request> requests, void* dst,
                                    std::size_t capacity, std::uintptr_t stream) {
-    return enqueue(detail::cuda_jobs::job_for(file, requests, options_.alignment), dst, capacity, stream);
+    return nothrow::cuda::load_into(*this, file, requests, dst, capacity, stream).value();
   }
   std::vector<Placement> load_into(const Checkpoint& ckpt, std::span<const Request> requests, void* dst,
                                    std::size_t capacity, std::uintptr_t stream) {
-    return enqueue(detail::cuda_jobs::job_for(ckpt, requests, options_.alignment), dst, capacity, stream);
+    return nothrow::cuda::load_into(*this, ckpt, requests, dst, capacity, stream).value();
   }
 
   /// Waits for every copy this uploader has enqueued.
-  void synchronize() {
-    safetensors::detail::call([&] { impl_->synchronize(); });
-  }
+  void synchronize() { nothrow::cuda::synchronize(*this).throw_if_error(); }
 
   /// Pinned host memory held by the staging ring.
-  [[nodiscard]] std::size_t staging_bytes() const { return impl_->staging_bytes(); }
+  [[nodiscard]] std::size_t staging_bytes() const { return impl().staging_bytes(); }
   [[nodiscard]] int device() const noexcept { return device_; }
 
  private:
-  using Job = detail::cuda_jobs::Job;
+  friend struct detail::Access<Uploader>;
 
-  [[nodiscard]] DeviceTensors run(const Job& job) {
-    std::uint64_t ptr = safetensors::detail::call([&] { return impl_->upload(*job); });
-    return DeviceTensors(
-        DeviceBuffer(reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr)), job->total_bytes(), device_),
-        detail::cuda_jobs::placements(*job));
-  }
+  Uploader(int device, UploadOptions options, std::shared_ptr<const ffi::Uploader> impl)
+      : device_(device), options_(options), impl_(std::move(impl)) {}
 
-  std::vector<Placement> enqueue(const Job& job, void* dst, std::size_t capacity, std::uintptr_t stream) {
-    safetensors::detail::call(
-        [&] { impl_->upload_into(*job, reinterpret_cast<std::uintptr_t>(dst), capacity, stream); });
-    return detail::cuda_jobs::placements(*job);
+  /// The ring; a moved-from Uploader reports `Internal` the throwing way.
+  [[nodiscard]] const ffi::Uploader& impl() const {
+    if (!impl_) detail::moved_from("Uploader").throw_if_error();
+    return *impl_;
   }
 
   int device_;
@@ -376,24 +441,68 @@ class Uploader {
 
 }  // namespace safetensors::cuda
 
-namespace safetensors::detail::cuda_jobs {
-struct Make {
-  static cuda::DeviceTensors tensors(cuda::DeviceBuffer buffer, std::vector<Placement> placements) {
-    return cuda::DeviceTensors(std::move(buffer), std::move(placements));
+namespace safetensors::detail {
+template <>
+struct Access<cuda::Uploader> {
+  static Expected<cuda::Uploader> make(int device, cuda::UploadOptions options) {
+    auto ordinal = device_ordinal(device);
+    if (!ordinal) return ordinal.status();
+    auto impl = adopt(attempt([&](ffi::Status& st) {
+      return ffi::new_uploader(*ordinal, options.staging_slots, options.slot_bytes, options.readers, st);
+    }));
+    if (!impl) return impl.status();
+    return cuda::Uploader(device, options, share(std::move(*impl)));
   }
-  static cuda::DeviceTensors tensors(std::uint64_t ptr, const ffi::UploadJob& job, int device) {
-    return cuda::DeviceTensors(cuda::DeviceBuffer(reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr)),
-                                                  job.total_bytes(), device),
-                               placements(job));
+
+  /// Every tensor (empty `requests`) or the requested ones of a file or checkpoint, into a new
+  /// allocation, complete on return.
+  template <class From>
+  static Expected<cuda::DeviceTensors> load(cuda::Uploader& up, const From& from,
+                                            std::span<const cuda::Request> requests) {
+    if (!up.impl_) return moved_from("Uploader");
+    auto job = cuda_jobs::job_for(from, requests, up.options_.alignment);
+    if (!job) return job.status();
+    auto ptr = attempt([&](ffi::Status& st) { return up.impl_->upload(**job, st); });
+    if (!ptr) return ptr.status();
+    return Access<cuda::DeviceTensors>::make(*ptr, **job, up.device_);
+  }
+
+  template <class From>
+  static Expected<std::vector<cuda::Placement>> load_into(cuda::Uploader& up, const From& from,
+                                                          std::span<const cuda::Request> requests, void* dst,
+                                                          std::size_t capacity, std::uintptr_t stream) {
+    if (!up.impl_) return moved_from("Uploader");
+    auto job = cuda_jobs::job_for(from, requests, up.options_.alignment);
+    if (!job) return job.status();
+    auto st = attempt([&](ffi::Status& s) {
+      up.impl_->upload_into(**job, reinterpret_cast<std::uintptr_t>(dst), capacity, stream, s);
+    });
+    if (!st.ok()) return st;
+    return cuda_jobs::placements(**job);
+  }
+
+  static Status synchronize(cuda::Uploader& up) {
+    if (!up.impl_) return moved_from("Uploader");
+    return attempt([&](ffi::Status& st) { up.impl_->synchronize(st); });
   }
 };
 
-/// Uploads `job` through the process's uploader for `device` (see the file comment).
-inline cuda::DeviceTensors load_shared(int device, const Job& job) {
-  std::uint64_t ptr = call([&] { return ffi::cuda_shared_upload(device_ordinal(device), *job); });
-  return Make::tensors(ptr, *job, device);
+namespace cuda_jobs {
+/// Uploads every tensor (empty `requests`) or the requested ones through the process's uploader
+/// for `device` (see the file comment).
+template <class From>
+Expected<cuda::DeviceTensors> load_shared(int device, const From& from, std::span<const Request> requests,
+                                          std::size_t alignment) {
+  auto ordinal = device_ordinal(device);
+  if (!ordinal) return ordinal.status();
+  auto job = job_for(from, requests, alignment);
+  if (!job) return job.status();
+  auto ptr = attempt([&](ffi::Status& st) { return ffi::cuda_shared_upload(*ordinal, **job, st); });
+  if (!ptr) return ptr.status();
+  return Access<cuda::DeviceTensors>::make(*ptr, **job, device);
 }
-}  // namespace safetensors::detail::cuda_jobs
+}  // namespace cuda_jobs
+}  // namespace safetensors::detail
 
 namespace safetensors::cuda {
 
@@ -405,14 +514,12 @@ namespace safetensors::cuda {
 /// Every tensor of `file` on `device`, in one allocation. Uses the device's shared uploader
 /// unless `options` sets a ring of its own.
 [[nodiscard]] inline DeviceTensors load(const SafeOpen& file, int device = 0, UploadOptions options = {}) {
-  if (!default_ring(options)) return Uploader(device, options).load(file);
-  return detail::cuda_jobs::load_shared(device, detail::cuda_jobs::job_for(file, {}, options.alignment));
+  return nothrow::cuda::load(file, device, options).value();
 }
 
 /// Every tensor of a (sharded) checkpoint on `device`, in one allocation.
 [[nodiscard]] inline DeviceTensors load(const Checkpoint& ckpt, int device = 0, UploadOptions options = {}) {
-  if (!default_ring(options)) return Uploader(device, options).load(ckpt);
-  return detail::cuda_jobs::load_shared(device, detail::cuda_jobs::job_for(ckpt, {}, options.alignment));
+  return nothrow::cuda::load(ckpt, device, options).value();
 }
 
 /// One tensor in a new device allocation.
@@ -426,13 +533,102 @@ struct DeviceTensor {
 
 [[nodiscard]] inline DeviceTensor to_device(const SafeOpen& file, std::string_view name, int device = 0,
                                             UploadOptions options = {}) {
-  Request r{std::string(name), {}};
-  std::span<const Request> one(&r, 1);
-  auto loaded = default_ring(options) ? detail::cuda_jobs::load_shared(
-                                            device, detail::cuda_jobs::job_for(file, one, options.alignment))
-                                      : Uploader(device, options).load(file, one);
-  auto p = loaded.placements().at(0);
-  return {p.dtype, std::move(p.shape), loaded.release_buffer()};
+  return nothrow::cuda::to_device(file, name, device, options).value();
 }
 
 }  // namespace safetensors::cuda
+
+namespace safetensors::nothrow::cuda {
+
+inline Expected<int> device_count() {
+  auto n = detail::attempt([](ffi::Status& st) { return ffi::cuda_device_count(st); });
+  if (!n) return n.status();
+  return static_cast<int>(*n);
+}
+
+inline Expected<std::string> device_name(int device) {
+  auto ordinal = detail::device_ordinal(device);
+  if (!ordinal) return ordinal.status();
+  auto name = detail::attempt([&](ffi::Status& st) { return ffi::cuda_device_name(*ordinal, st); });
+  if (!name) return name.status();
+  return std::string(name->data(), name->size());
+}
+
+inline Status copy_to_host(const void* src, std::span<std::byte> dst, int device) {
+  auto ordinal = detail::device_ordinal(device);
+  if (!ordinal) return ordinal.status();
+  ::rust::Slice<std::uint8_t> out{reinterpret_cast<std::uint8_t*>(dst.data()), dst.size()};
+  return detail::attempt(
+      [&](ffi::Status& st) { ffi::cuda_download(*ordinal, reinterpret_cast<std::uintptr_t>(src), out, st); });
+}
+
+inline Expected<Uploader> make_uploader(int device, UploadOptions options) {
+  return detail::Access<Uploader>::make(device, options);
+}
+
+inline Expected<DeviceTensors> load(Uploader& uploader, const SafeOpen& file,
+                                    std::span<const Request> requests) {
+  return detail::Access<Uploader>::load(uploader, file, requests);
+}
+
+inline Expected<DeviceTensors> load(Uploader& uploader, const Checkpoint& ckpt,
+                                    std::span<const Request> requests) {
+  return detail::Access<Uploader>::load(uploader, ckpt, requests);
+}
+
+inline Expected<std::vector<Placement>> load_into(Uploader& uploader, const SafeOpen& file,
+                                                  std::span<const Request> requests, void* dst,
+                                                  std::size_t capacity, std::uintptr_t stream) {
+  return detail::Access<Uploader>::load_into(uploader, file, requests, dst, capacity, stream);
+}
+
+inline Expected<std::vector<Placement>> load_into(Uploader& uploader, const Checkpoint& ckpt,
+                                                  std::span<const Request> requests, void* dst,
+                                                  std::size_t capacity, std::uintptr_t stream) {
+  return detail::Access<Uploader>::load_into(uploader, ckpt, requests, dst, capacity, stream);
+}
+
+inline Status synchronize(Uploader& uploader) {
+  return detail::Access<Uploader>::synchronize(uploader);
+}
+
+inline Expected<DeviceTensors> load(const SafeOpen& file, int device, UploadOptions options) {
+  if (!safetensors::cuda::default_ring(options)) {
+    auto up = make_uploader(device, options);
+    if (!up) return up.status();
+    return load(*up, file);
+  }
+  return detail::cuda_jobs::load_shared(device, file, {}, options.alignment);
+}
+
+inline Expected<DeviceTensors> load(const Checkpoint& ckpt, int device, UploadOptions options) {
+  if (!safetensors::cuda::default_ring(options)) {
+    auto up = make_uploader(device, options);
+    if (!up) return up.status();
+    return load(*up, ckpt);
+  }
+  return detail::cuda_jobs::load_shared(device, ckpt, {}, options.alignment);
+}
+
+inline Expected<DeviceTensor> to_device(const SafeOpen& file, std::string_view name, int device,
+                                        UploadOptions options) {
+  Request r{std::string(name), {}};
+  std::span<const Request> one(&r, 1);
+  auto loaded = [&]() -> Expected<DeviceTensors> {
+    if (safetensors::cuda::default_ring(options)) {
+      return detail::cuda_jobs::load_shared(device, file, one, options.alignment);
+    }
+    auto up = make_uploader(device, options);
+    if (!up) return up.status();
+    return load(*up, file, one);
+  }();
+  if (!loaded) return loaded.status();
+  auto p = loaded->placements().at(0);
+  return DeviceTensor{p.dtype, std::move(p.shape), loaded->release_buffer()};
+}
+
+inline Expected<void*> data(const DeviceTensors& tensors, std::string_view name) {
+  return detail::Access<DeviceTensors>::data(tensors, name);
+}
+
+}  // namespace safetensors::nothrow::cuda

@@ -58,14 +58,20 @@ class LoadPlan {
     shapes_.resize(needs.size());
     for (std::size_t r = 0; r < needs.size(); ++r) {
       for (const auto& sel : needs[r]) {
-        detail::call([&] { builder->add_need(r, *sel.src_.file, *sel.plan_); });
+        const auto* plan = detail::Access<Selection>::plan(sel).value();
+        const auto& src = detail::Access<Selection>::source(sel);
+        detail::attempt([&](ffi::Status& st) {
+          builder->add_need(r, *src.file, *plan, st);
+        }).throw_if_error();
         shapes_[r].push_back({sel.name(), sel.dtype(), sel.shape()});
       }
     }
-    plan_ = detail::share(detail::call([&] { return builder->build_plan(options.max_step_bytes); }));
+    plan_ = detail::share(detail::adopt(detail::attempt([&](ffi::Status& st) {
+                            return builder->build_plan(options.max_step_bytes, st);
+                          })).value());
     owners_.reserve(needs.size());
     for (const auto& rank_needs : needs) {
-      for (const auto& sel : rank_needs) owners_.push_back(sel.src_.owner);
+      for (const auto& sel : rank_needs) owners_.push_back(detail::Access<Selection>::source(sel).owner);
     }
   }
   explicit LoadPlan(const std::vector<std::vector<Selection>>& needs, LoadOptions options = {})
@@ -107,7 +113,7 @@ class LoadPlan {
     std::vector<std::shared_ptr<std::byte[]>> buffers;
     buffers.reserve(lens.size());
     for (std::size_t i = 0; i < lens.size(); ++i)
-      buffers.push_back(detail::allocate_bytes(static_cast<std::size_t>(lens[i]), "a rank's tensor"));
+      buffers.push_back(detail::allocate_bytes(static_cast<std::size_t>(lens[i]), "a rank's tensor").value());
     auto pieces = plan_->pieces(rank);
     std::size_t next_piece = 0;
     std::shared_ptr<std::byte[]> staging;
@@ -119,13 +125,13 @@ class LoadPlan {
       if (!reads && !s.shared) continue;
       const auto len = static_cast<std::size_t>(s.len);
       if (len > staging_len) {
-        staging = detail::allocate_bytes(len, "a shared read");
+        staging = detail::allocate_bytes(len, "a shared read").value();
         staging_len = len;
       }
       std::span<std::byte> buf{staging.get(), len};
       if (reads) {
         ::rust::Slice<std::uint8_t> dst{reinterpret_cast<std::uint8_t*>(buf.data()), buf.size()};
-        detail::call([&] { plan_->read_step(i, dst); });
+        detail::attempt([&](ffi::Status& st) { plan_->read_step(i, dst, st); }).throw_if_error();
       }
       if (s.shared) c.broadcast(buf, s.reader);
       for (; next_piece < pieces.size() && pieces[next_piece].step == i; ++next_piece) {
@@ -151,9 +157,10 @@ class LoadPlan {
   [[nodiscard]] std::size_t checked_rank(const Collective& c) const {
     const std::size_t rank = c.rank();
     if (c.size() != world() || rank >= world()) {
-      throw Error(ErrorKind::InvalidSlice, "the load plan is for " + std::to_string(world()) +
-                                               " ranks but the collective has " + std::to_string(c.size()) +
-                                               " (this is rank " + std::to_string(rank) + ")");
+      detail::raise(Status(ErrorKind::InvalidSlice, "the load plan is for " + std::to_string(world()) +
+                                                        " ranks but the collective has " +
+                                                        std::to_string(c.size()) + " (this is rank " +
+                                                        std::to_string(rank) + ")"));
     }
     return rank;
   }

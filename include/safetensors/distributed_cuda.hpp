@@ -44,12 +44,10 @@ struct DeviceLoad {
   static cuda::DeviceTensors run(const LoadPlan& plan, Collective& c, const cuda::DistributedOptions& o) {
     const std::size_t rank = plan.checked_rank(c);
     if (o.alignment == 0 || (o.alignment & (o.alignment - 1)) != 0) {
-      throw Error(ErrorKind::InvalidSlice, "the alignment of a device load must be a power of two, not " +
-                                               std::to_string(o.alignment));
+      raise(Status(ErrorKind::InvalidSlice, "the alignment of a device load must be a power of two, not " +
+                                                std::to_string(o.alignment)));
     }
-    if (o.device < 0) {
-      throw Error(ErrorKind::Cuda, "no CUDA device " + std::to_string(o.device));
-    }
+    const std::size_t device = device_ordinal(o.device).value();
     // Placements in the order the rank's selections were given, each aligned.
     auto lens = plan.plan_->result_lens(rank);
     std::vector<cuda::Placement> placements;
@@ -60,13 +58,14 @@ struct DeviceLoad {
       const auto len = static_cast<std::size_t>(lens[i]);
       const std::size_t offset = (end + o.alignment - 1) / o.alignment * o.alignment;
       if (offset < end || offset + len < offset) {
-        throw Error(ErrorKind::InvalidSlice,
-                    "rank " + std::to_string(rank) + "'s tensors do not fit in one address space");
+        raise(Status(ErrorKind::InvalidSlice,
+                     "rank " + std::to_string(rank) + "'s tensors do not fit in one address space"));
       }
       placements.push_back({sh.name, sh.dtype, sh.shape, offset, len});
       end = offset + len;
     }
-    auto stage = call([&] { return ffi::new_device_stage(static_cast<std::size_t>(o.device), end); });
+    auto stage =
+        adopt(attempt([&](ffi::Status& st) { return ffi::new_device_stage(device, end, st); })).value();
     auto* stream = reinterpret_cast<void*>(static_cast<std::uintptr_t>(stage->stream()));
     auto pieces = plan.plan_->pieces(rank);
     std::size_t next_piece = 0;
@@ -81,15 +80,16 @@ struct DeviceLoad {
       const bool on_device = s.shared && o.via == cuda::Via::Device;
       if (reads || !on_device) {
         // Waits for the copies out of the staging buffer before it is refilled.
-        auto host = call([&] { return stage->host(len); });
-        if (reads) call([&] { plan.plan_->read_step(i, host); });
+        auto host = attempt([&](ffi::Status& st) { return stage->host(len, st); }).value();
+        if (reads) attempt([&](ffi::Status& st) { plan.plan_->read_step(i, host, st); }).throw_if_error();
         if (s.shared && !on_device) {
           c.broadcast({reinterpret_cast<std::byte*>(host.data()), host.size()}, s.reader);
         }
       }
       if (on_device) {
-        const std::uint64_t scratch = call([&] { return stage->scratch(len); });
-        if (reads) call([&] { stage->host_to_scratch(len); });
+        const std::uint64_t scratch =
+            attempt([&](ffi::Status& st) { return stage->scratch(len, st); }).value();
+        if (reads) attempt([&](ffi::Status& st) { stage->host_to_scratch(len, st); }).throw_if_error();
         c.broadcast_device(reinterpret_cast<void*>(static_cast<std::uintptr_t>(scratch)), len, s.reader,
                            stream);
       }
@@ -99,14 +99,14 @@ struct DeviceLoad {
         const auto n = static_cast<std::size_t>(p.len);
         const std::size_t to = placements[p.request].offset + static_cast<std::size_t>(p.out_offset);
         if (on_device) {
-          call([&] { stage->scratch_to_destination(from, n, to); });
+          attempt([&](ffi::Status& st) { stage->scratch_to_destination(from, n, to, st); }).throw_if_error();
         } else {
-          call([&] { stage->host_to_destination(from, n, to); });
+          attempt([&](ffi::Status& st) { stage->host_to_destination(from, n, to, st); }).throw_if_error();
         }
       }
     }
-    const std::uint64_t ptr = call([&] { return stage->finish(); });
-    return cuda_jobs::Make::tensors(
+    const std::uint64_t ptr = attempt([&](ffi::Status& st) { return stage->finish(st); }).value();
+    return Access<cuda::DeviceTensors>::make(
         cuda::DeviceBuffer(reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr)), end, o.device),
         std::move(placements));
   }

@@ -38,11 +38,9 @@ namespace safetensors {
 inline constexpr bool dlpack_has_narrow_floats = DLPACK_MAJOR_VERSION > 1 ||
                                                  (DLPACK_MAJOR_VERSION == 1 && DLPACK_MINOR_VERSION >= 1);
 
-/// The DLPack type of a dtype. Throws `Error` (`TypeMismatch`) for a dtype the DLPack version in
-/// use cannot express (the fp8/fp6/fp4 types before DLPack 1.1).
-///
-///   DLDataType t = safetensors::dlpack_dtype(Dtype::BF16);   // {kDLBfloat, 16, 1}
-[[nodiscard]] inline DLDataType dlpack_dtype(Dtype dtype) {
+namespace nothrow {
+/// `safetensors::dlpack_dtype` without exceptions.
+[[nodiscard]] inline Expected<DLDataType> dlpack_dtype(Dtype dtype) {
   using enum Dtype;
   auto type = [](auto code, std::size_t bits) {
     return DLDataType{static_cast<std::uint8_t>(code), static_cast<std::uint8_t>(bits), 1};
@@ -95,10 +93,20 @@ inline constexpr bool dlpack_has_narrow_floats = DLPACK_MAJOR_VERSION > 1 ||
       break;
   }
 #endif
-  throw Error(ErrorKind::TypeMismatch, "DLPack " + std::to_string(DLPACK_MAJOR_VERSION) + "." +
-                                           std::to_string(DLPACK_MINOR_VERSION) + " has no type for " +
-                                           std::string(to_string(dtype)) +
-                                           " (its fp8, fp6 and fp4 codes came in DLPack 1.1)");
+  return Status(ErrorKind::TypeMismatch, "DLPack " + std::to_string(DLPACK_MAJOR_VERSION) + "." +
+                                             std::to_string(DLPACK_MINOR_VERSION) + " has no type for " +
+                                             std::string(to_string(dtype)) +
+                                             " (its fp8, fp6 and fp4 codes came in DLPack 1.1)");
+}
+
+}  // namespace nothrow
+
+/// The DLPack type of a dtype. Throws `Error` (`TypeMismatch`) for a dtype the DLPack version in
+/// use cannot express (the fp8/fp6/fp4 types before DLPack 1.1).
+///
+///   DLDataType t = safetensors::dlpack_dtype(Dtype::BF16);   // {kDLBfloat, 16, 1}
+[[nodiscard]] inline DLDataType dlpack_dtype(Dtype dtype) {
+  return nothrow::dlpack_dtype(dtype).value();
 }
 
 /// Calls a DLPack tensor's deleter: what a `DLPackTensor` does when it is destroyed.
@@ -123,14 +131,17 @@ struct DLPackExport {
 };
 
 /// Fills everything but the data pointer, device and flags; `shape` is in elements.
-inline std::unique_ptr<DLPackExport> dlpack_export(Dtype dtype, const std::vector<std::size_t>& shape,
-                                                   std::shared_ptr<const void> owner) {
+inline Expected<std::unique_ptr<DLPackExport>> dlpack_export(Dtype dtype,
+                                                             const std::vector<std::size_t>& shape,
+                                                             std::shared_ptr<const void> owner) {
+  auto type = nothrow::dlpack_dtype(dtype);
+  if (!type) return type.status();
   auto out = std::make_unique<DLPackExport>();
   out->shape.reserve(shape.size());
   for (auto d : shape) {
     if (d > static_cast<std::size_t>(INT64_MAX)) {
-      throw Error(ErrorKind::ValidationOverflow,
-                  "a dimension of " + std::to_string(d) + " does not fit DLPack's int64");
+      return Status(ErrorKind::ValidationOverflow,
+                    "a dimension of " + std::to_string(d) + " does not fit DLPack's int64");
     }
     out->shape.push_back(static_cast<std::int64_t>(d));
   }
@@ -143,13 +154,45 @@ inline std::unique_ptr<DLPackExport> dlpack_export(Dtype dtype, const std::vecto
   m.manager_ctx = out.get();
   m.deleter = [](DLManagedTensorVersioned* self) { delete static_cast<DLPackExport*>(self->manager_ctx); };
   m.dl_tensor.ndim = static_cast<std::int32_t>(shape.size());
-  m.dl_tensor.dtype = dlpack_dtype(dtype);
+  m.dl_tensor.dtype = *type;
   m.dl_tensor.shape = out->shape.empty() ? nullptr : out->shape.data();
   m.dl_tensor.strides = out->strides.empty() ? nullptr : out->strides.data();
   m.dl_tensor.byte_offset = 0;
   return out;
 }
 }  // namespace detail
+
+namespace nothrow {
+/// `safetensors::to_dlpack` without exceptions.
+[[nodiscard]] inline Expected<DLPackTensor> to_dlpack(const TensorView& view) {
+  std::size_t bits = bit_size(view.dtype);
+  if (bits == 0) {
+    return Status(
+        ErrorKind::TypeMismatch,
+        "dtype value " + std::to_string(static_cast<unsigned>(view.dtype)) + " is not a safetensors dtype");
+  }
+  // numel * bits / 8, as the format computes a tensor's size; checked so a bogus view cannot lie.
+  std::size_t numel = 1;
+  for (auto d : view.shape) {
+    if (d != 0 && numel > SIZE_MAX / d) {
+      return Status(ErrorKind::ValidationOverflow, "the view's shape has more elements than fit in 64 bits");
+    }
+    numel *= d;
+  }
+  if (numel > SIZE_MAX / bits || numel * bits % 8 != 0 || numel * bits / 8 != view.data.size()) {
+    return Status(ErrorKind::TensorInvalidInfo, "the view holds " + std::to_string(view.data.size()) +
+                                                    " bytes, which is not " + std::to_string(numel) +
+                                                    " elements of " + std::string(to_string(view.dtype)));
+  }
+  auto out = detail::dlpack_export(view.dtype, view.shape, view.owner);
+  if (!out) return out.status();
+  DLTensor& t = (*out)->managed.dl_tensor;
+  t.data = view.data.empty() ? nullptr : const_cast<std::byte*>(view.data.data());
+  t.device = DLDevice{kDLCPU, 0};
+  (*out)->managed.flags = DLPACK_FLAG_BITMASK_READ_ONLY;
+  return DLPackTensor(&out->release()->managed);
+}
+}  // namespace nothrow
 
 /// Exports a view (CPU memory) as a DLPack tensor that keeps the view's bytes alive (its `owner`:
 /// the mapped file or the view's own buffer) until the consumer calls the deleter. The tensor is
@@ -160,30 +203,7 @@ inline std::unique_ptr<DLPackExport> dlpack_export(Dtype dtype, const std::vecto
 ///
 ///   auto t = safetensors::to_dlpack(f.get_tensor("wte.weight"));
 [[nodiscard]] inline DLPackTensor to_dlpack(const TensorView& view) {
-  std::size_t bits = bit_size(view.dtype);
-  if (bits == 0) {
-    throw Error(ErrorKind::TypeMismatch, "dtype value " + std::to_string(static_cast<unsigned>(view.dtype)) +
-                                             " is not a safetensors dtype");
-  }
-  // numel * bits / 8, as the format computes a tensor's size; checked so a bogus view cannot lie.
-  std::size_t numel = 1;
-  for (auto d : view.shape) {
-    if (d != 0 && numel > SIZE_MAX / d) {
-      throw Error(ErrorKind::ValidationOverflow, "the view's shape has more elements than fit in 64 bits");
-    }
-    numel *= d;
-  }
-  if (numel > SIZE_MAX / bits || numel * bits % 8 != 0 || numel * bits / 8 != view.data.size()) {
-    throw Error(ErrorKind::TensorInvalidInfo, "the view holds " + std::to_string(view.data.size()) +
-                                                  " bytes, which is not " + std::to_string(numel) +
-                                                  " elements of " + std::string(to_string(view.dtype)));
-  }
-  auto out = detail::dlpack_export(view.dtype, view.shape, view.owner);
-  DLTensor& t = out->managed.dl_tensor;
-  t.data = view.data.empty() ? nullptr : const_cast<std::byte*>(view.data.data());
-  t.device = DLDevice{kDLCPU, 0};
-  out->managed.flags = DLPACK_FLAG_BITMASK_READ_ONLY;
-  return DLPackTensor(&out.release()->managed);
+  return nothrow::to_dlpack(view).value();
 }
 
 }  // namespace safetensors

@@ -1,12 +1,26 @@
-// The library's one exception type, with a stable kind.
+// The library's errors: a stable kind and a message, in two faces over one code path.
+//
+// The throwing API reports an error as the exception `Error`. The non-throwing API
+// (`safetensors::nothrow::`, for code built with -fno-exceptions) returns it as a value: a
+// `Status`, or an `Expected<T>` holding either a `T` or the `Status`. Each throwing call is
+// `nothrow::<the same call>(...).value()`, so both faces give the same kind and message for the
+// same input. In a program built without exceptions the throwing API still compiles; an error it
+// would throw is printed and ends the process (`std::abort`), as cxx and the standard library do
+// there: use the nothrow functions in such programs.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 
 namespace safetensors {
 
@@ -68,6 +82,36 @@ inline constexpr std::size_t error_kind_count = 22;
   return i < error_kind_count ? names[i] : std::string_view{};
 }
 
+/// An outcome as a value: success (`ok()`), or an error's kind and message. What the
+/// `nothrow::` functions return when there is no other result, and what an `Expected<T>` holds
+/// when it holds no `T`.
+///
+///   if (auto st = safetensors::nothrow::save_file("out.safetensors", {{"w", view}}); !st.ok())
+///     std::fprintf(stderr, "%s\n", st.message().c_str());
+class [[nodiscard]] Status {
+ public:
+  /// Success.
+  Status() = default;
+  /// An error of `kind`.
+  Status(ErrorKind kind, std::string message) : failed_(true), kind_(kind), message_(std::move(message)) {}
+
+  [[nodiscard]] bool ok() const noexcept { return !failed_; }
+  explicit operator bool() const noexcept { return ok(); }
+  /// The error's kind (`Internal` when `ok()`: there is none).
+  [[nodiscard]] ErrorKind kind() const noexcept { return failed_ ? kind_ : ErrorKind::Internal; }
+  /// What went wrong, naming the file, the tensor and the sizes involved ("" when `ok()`).
+  [[nodiscard]] const std::string& message() const noexcept { return message_; }
+
+  /// Throws the error as an `Error` (without exceptions: prints it and aborts); nothing when
+  /// `ok()`. This is how the throwing API reports what the nothrow API returns.
+  void throw_if_error() const;
+
+ private:
+  bool failed_ = false;
+  ErrorKind kind_ = ErrorKind::Internal;
+  std::string message_;
+};
+
 /// Every error the library reports. `what()` names the file, the tensor and the sizes involved,
 /// with a hint where a common cause is known; `kind()` is stable for programs to test.
 ///
@@ -78,8 +122,12 @@ class Error : public std::runtime_error {
   /// A NUL in `message` (a tensor name or path may hold one) is written `\0`: `what()` is a C
   /// string, and would otherwise end there.
   Error(ErrorKind kind, const std::string& message) : std::runtime_error(whole(message)), kind_(kind) {}
+  /// The exception for an error `Status` (one that is not `ok()`).
+  explicit Error(const Status& status) : Error(status.kind(), status.message()) {}
 
   [[nodiscard]] ErrorKind kind() const noexcept { return kind_; }
+  /// The same error as a value.
+  [[nodiscard]] Status status() const { return Status(kind_, what()); }
 
  private:
   static std::string whole(std::string text) {
@@ -89,6 +137,103 @@ class Error : public std::runtime_error {
   }
 
   ErrorKind kind_;
+};
+
+namespace detail {
+/// Reports an error the throwing way: throws `Error`, or in a program built without exceptions
+/// prints it and aborts (the nothrow API never gets here).
+[[noreturn]] inline void raise(const Status& status) {
+#if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
+  throw Error(status);
+#else
+  std::fprintf(stderr,
+               "safetensors: %.*s error in a program built without exceptions (use the "
+               "safetensors::nothrow API there): %s\n",
+               static_cast<int>(to_string(status.kind()).size()), to_string(status.kind()).data(),
+               status.message().c_str());
+  std::abort();
+#endif
+}
+
+/// `raise(Status(kind, message))`.
+[[noreturn]] inline void raise(ErrorKind kind, std::string message) {
+  raise(Status(kind, std::move(message)));
+}
+
+/// The error an operation on a moved-from `SafeOpen`, `Checkpoint`, `Slice`, `Selection` or
+/// `Uploader` reports: a caller's mistake, as `Internal` (no kind fits better, and a new one
+/// would change the stable set).
+inline Status moved_from(std::string_view type) {
+  return Status(ErrorKind::Internal, "this " + std::string(type) +
+                                         " was moved from and holds nothing; use the " + std::string(type) +
+                                         " it was moved into");
+}
+}  // namespace detail
+
+inline void Status::throw_if_error() const {
+  if (failed_) detail::raise(*this);
+}
+
+/// A `T`, or the error (`Status`) that kept the call from making one: what the `nothrow::`
+/// functions return. `value()` gives the `T`, or reports the error the throwing way.
+///
+///   auto opened = safetensors::nothrow::open("model.safetensors");
+///   if (!opened) std::puts(opened.status().message().c_str());
+///   else auto w = safetensors::nothrow::get_tensor(*opened, "wte.weight");
+template <class T>
+class [[nodiscard]] Expected {
+  static_assert(!std::is_reference_v<T> && !std::is_same_v<std::remove_cv_t<T>, Status>);
+
+ public:
+  using value_type = T;
+
+  Expected(T value) : value_(std::move(value)) {}  // NOLINT: implicit, like std::expected
+  /// An error. An `ok()` status here (a defect) is turned into an `Internal` error, so that an
+  /// `Expected` always holds one or the other.
+  Expected(Status error)  // NOLINT: implicit, so that functions can `return status;`
+      : status_(error.ok()
+                    ? Status(ErrorKind::Internal, "an Expected was made from a success without a value")
+                    : std::move(error)) {}
+
+  [[nodiscard]] bool has_value() const noexcept { return value_.has_value(); }
+  explicit operator bool() const noexcept { return has_value(); }
+
+  /// The outcome: `ok()` when there is a value, else the error.
+  [[nodiscard]] const Status& status() const noexcept { return status_; }
+
+  /// The value; without one, reports the error the throwing way (throws `Error`).
+  [[nodiscard]] T& value() & {
+    check();
+    return *value_;
+  }
+  [[nodiscard]] const T& value() const& {
+    check();
+    return *value_;
+  }
+  [[nodiscard]] T&& value() && {
+    check();
+    return std::move(*value_);
+  }
+  /// The value, or `fallback` when there is none.
+  template <class U>
+  [[nodiscard]] T value_or(U&& fallback) const& {
+    return value_ ? *value_ : static_cast<T>(std::forward<U>(fallback));
+  }
+
+  /// The value; like `value()`, it never hands out a missing one.
+  [[nodiscard]] T& operator*() & { return value(); }
+  [[nodiscard]] const T& operator*() const& { return value(); }
+  [[nodiscard]] T&& operator*() && { return std::move(*this).value(); }
+  [[nodiscard]] T* operator->() { return &value(); }
+  [[nodiscard]] const T* operator->() const { return &value(); }
+
+ private:
+  void check() const {
+    if (!value_) detail::raise(status_);
+  }
+
+  std::optional<T> value_;
+  Status status_;
 };
 
 }  // namespace safetensors

@@ -58,8 +58,8 @@ class MpiCollective final : public Collective {
 
   void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) override {
     if (all.size() != mine.size() * size_) {
-      throw Error(ErrorKind::InvalidSlice, "all_gather needs " + std::to_string(mine.size() * size_) +
-                                               " destination bytes, got " + std::to_string(all.size()));
+      detail::raise(ErrorKind::InvalidSlice, "all_gather needs " + std::to_string(mine.size() * size_) +
+                                                 " destination bytes, got " + std::to_string(all.size()));
     }
     if (mine.size() <= chunk) {
       check(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, all.data(),
@@ -86,8 +86,8 @@ class MpiCollective final : public Collective {
     char text[MPI_MAX_ERROR_STRING] = {};
     int len = 0;
     MPI_Error_string(rc, text, &len);
-    throw Error(ErrorKind::Io,
-                std::string(what) + " failed: " + std::string(text, static_cast<std::size_t>(len)));
+    detail::raise(ErrorKind::Io,
+                  std::string(what) + " failed: " + std::string(text, static_cast<std::size_t>(len)));
   }
 
   MPI_Comm comm_;

@@ -29,9 +29,9 @@ class NcclLibrary {
     handle_.reset(::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL));
     if (!handle_) {
       const char* why = ::dlerror();
-      throw Error(ErrorKind::Cuda, "NCCL is not available: cannot load " + library + " (" +
-                                       (why != nullptr ? why : "unknown reason") +
-                                       "); install NCCL 2 or put it on LD_LIBRARY_PATH");
+      detail::raise(ErrorKind::Cuda, "NCCL is not available: cannot load " + library + " (" +
+                                         (why != nullptr ? why : "unknown reason") +
+                                         "); install NCCL 2 or put it on LD_LIBRARY_PATH");
     }
     sym(get_error_string, "ncclGetErrorString", library);
     sym(get_unique_id, "ncclGetUniqueId", library);
@@ -53,9 +53,9 @@ class NcclLibrary {
   void check(int rc, const char* what) const {
     if (rc == 0) return;
     const char* text = get_error_string != nullptr ? get_error_string(rc) : nullptr;
-    throw Error(ErrorKind::Cuda, std::string(what) +
-                                     " failed: " + (text != nullptr ? text : "unknown NCCL error") +
-                                     " (ncclResult_t " + std::to_string(rc) + ")");
+    detail::raise(ErrorKind::Cuda, std::string(what) +
+                                       " failed: " + (text != nullptr ? text : "unknown NCCL error") +
+                                       " (ncclResult_t " + std::to_string(rc) + ")");
   }
 
  private:
@@ -66,7 +66,8 @@ class NcclLibrary {
   void sym(F& f, const char* name, const std::string& library) {
     void* p = ::dlsym(handle_.get(), name);
     if (p == nullptr) {
-      throw Error(ErrorKind::Cuda, "NCCL library " + library + " has no " + name + "; NCCL 2.x is required");
+      detail::raise(ErrorKind::Cuda,
+                    "NCCL library " + library + " has no " + name + "; NCCL 2.x is required");
     }
     f = reinterpret_cast<F>(p);
   }
@@ -121,8 +122,8 @@ class NcclCollective final : public Collective {
  private:
   static constexpr int uint8 = 1;  // ncclUint8
   [[noreturn]] static void host_refused() {
-    throw Error(ErrorKind::Cuda,
-                "NcclCollective moves device memory only; use an MPI or own collective for host loads");
+    detail::raise(ErrorKind::Cuda,
+                  "NcclCollective moves device memory only; use an MPI or own collective for host loads");
   }
   std::shared_ptr<const NcclLibrary> nccl_;
   void* comm_ = nullptr;

@@ -22,6 +22,38 @@
 
 namespace safetensors {
 
+class SafeOpen;
+
+namespace nothrow {
+/// Opens and validates `path`, as `SafeOpen(path, options)`, without exceptions.
+///
+///   auto opened = safetensors::nothrow::open("model.safetensors");
+///   if (!opened) std::puts(opened.status().message().c_str());
+[[nodiscard]] Expected<SafeOpen> open(const std::filesystem::path& path, OpenOptions options = {});
+/// `SafeOpen::from_bytes` without exceptions.
+[[nodiscard]] Expected<SafeOpen> from_bytes(std::span<const std::byte> bytes,
+                                            std::shared_ptr<const void> keep_alive = {},
+                                            OpenOptions options = {}, std::string name = "<memory>");
+/// `SafeOpen::from_bytes_copy` without exceptions.
+[[nodiscard]] Expected<SafeOpen> from_bytes_copy(std::span<const std::byte> bytes, OpenOptions options = {},
+                                                 std::string name = "<memory>");
+/// `SafeOpen::keys` without exceptions (`Internal` for a moved-from SafeOpen).
+[[nodiscard]] Expected<std::vector<std::string>> keys(const SafeOpen& file);
+/// `SafeOpen::metadata` without exceptions.
+[[nodiscard]] Expected<std::map<std::string, std::string>> metadata(const SafeOpen& file);
+/// `SafeOpen::info` without exceptions.
+[[nodiscard]] Expected<TensorInfo> info(const SafeOpen& file, std::string_view name);
+/// `SafeOpen::get_tensor` without exceptions.
+///
+///   auto w = safetensors::nothrow::get_tensor(f, "wte.weight");
+///   if (w) std::printf("%zu bytes\n", w->data.size());
+[[nodiscard]] Expected<TensorView> get_tensor(const SafeOpen& file, std::string_view name);
+/// `SafeOpen::get_slice` without exceptions.
+[[nodiscard]] Expected<Slice> get_slice(const SafeOpen& file, std::string_view name);
+/// `SafeOpen::read_data` without exceptions.
+Status read_data(const SafeOpen& file, std::size_t offset, std::span<std::byte> dst);
+}  // namespace nothrow
+
 /// An open, validated safetensors file.
 ///
 ///   safetensors::SafeOpen f("model.safetensors");
@@ -32,11 +64,13 @@ namespace safetensors {
 ///
 /// Opening reads and validates the whole header (every check of the format) and nothing else.
 /// Copies share one open file. Views returned by `get_tensor` keep it alive on their own.
-/// All methods are safe to call from several threads at once.
+/// All methods are safe to call from several threads at once. Every method that can fail has
+/// a twin in `safetensors::nothrow` returning the error as a value (`nothrow::open`,
+/// `nothrow::get_tensor`, ...); the methods here are those twins' `.value()`.
 class SafeOpen {
  public:
   explicit SafeOpen(const std::filesystem::path& path, OpenOptions options = {})
-      : state_(open(path, options)), source_(detail::Source::of(*state_->file, state_)) {}
+      : SafeOpen(nothrow::open(path, options).value()) {}
 
   /// A file already in memory (downloaded, embedded), validated exactly as a file on disk.
   /// Views borrow `bytes` (no copy) and hold `keep_alive`, which must own them: then views and
@@ -50,31 +84,21 @@ class SafeOpen {
   [[nodiscard]] static SafeOpen from_bytes(std::span<const std::byte> bytes,
                                            std::shared_ptr<const void> keep_alive = {},
                                            OpenOptions options = {}, std::string name = "<memory>") {
-    return SafeOpen(open_memory(bytes, std::move(keep_alive), options, std::move(name)));
+    return nothrow::from_bytes(bytes, std::move(keep_alive), options, std::move(name)).value();
   }
 
   /// `from_bytes` over a copy of `bytes` (64-byte aligned) that the SafeOpen owns: the caller's
   /// buffer may go away right after the call.
   [[nodiscard]] static SafeOpen from_bytes_copy(std::span<const std::byte> bytes, OpenOptions options = {},
                                                 std::string name = "<memory>") {
-    auto copy = detail::allocate_bytes(bytes.size(), "a copy of " + name);
-    if (!bytes.empty()) std::memcpy(copy.get(), bytes.data(), bytes.size());
-    std::span<const std::byte> mine{copy.get(), bytes.size()};
-    return from_bytes(mine, std::move(copy), options, std::move(name));
+    return nothrow::from_bytes_copy(bytes, options, std::move(name)).value();
   }
 
   /// Bytes after the last tensor: 0 unless opened with `allow_trailing_bytes`.
   [[nodiscard]] std::uint64_t trailing_bytes() const { return file().trailing_bytes(); }
 
   /// Tensor names sorted byte-wise, like Python's `safe_open(...).keys()`.
-  [[nodiscard]] std::vector<std::string> keys() const {
-    const auto& f = file();
-    const std::size_t n = f.tensor_count();
-    std::vector<std::string> out;
-    out.reserve(n);
-    for (std::size_t k = 0; k < n; ++k) out.emplace_back(detail::view(f.sorted_name(k)));
-    return out;
-  }
+  [[nodiscard]] std::vector<std::string> keys() const { return nothrow::keys(*this).value(); }
 
   /// Tensor names in file (offset) order.
   [[nodiscard]] std::vector<std::string> offset_keys() const {
@@ -87,7 +111,7 @@ class SafeOpen {
 
   /// The `__metadata__` map (empty when the file has none).
   [[nodiscard]] std::map<std::string, std::string> metadata() const {
-    return detail::metadata_of(file().metadata());
+    return nothrow::metadata(*this).value();
   }
 
   /// Whether the header has a `__metadata__` map at all.
@@ -101,19 +125,25 @@ class SafeOpen {
   [[nodiscard]] std::size_t size() const { return file().tensor_count(); }
 
   /// A tensor's dtype, shape and offsets; touches no tensor data. Throws `TensorNotFound`.
-  [[nodiscard]] TensorInfo info(std::string_view name) const { return source().info(name); }
+  [[nodiscard]] TensorInfo info(std::string_view name) const { return nothrow::info(*this, name).value(); }
 
   /// A view of a tensor: into the mapping (no copy), or with the read backend into a buffer
   /// read for this call. Throws `TensorNotFound`, or `Io` when a read fails.
-  [[nodiscard]] TensorView get_tensor(std::string_view name) const { return source().get_tensor(name); }
+  [[nodiscard]] TensorView get_tensor(std::string_view name) const {
+    return nothrow::get_tensor(*this, name).value();
+  }
 
   /// A lazily read slice of a tensor (see `Slice`); nothing is read until you select.
   ///
   ///   auto half = f.get_slice("w").select({Index::all(), Index::range(0, 384)}).read();
-  [[nodiscard]] Slice get_slice(std::string_view name) const { return Slice(source(), name); }
+  [[nodiscard]] Slice get_slice(std::string_view name) const {
+    return nothrow::get_slice(*this, name).value();
+  }
 
   /// Copies bytes `[offset, offset + dst.size())` of the data buffer into `dst`.
-  void read_data(std::size_t offset, std::span<std::byte> dst) const { source().read_data(offset, dst); }
+  void read_data(std::size_t offset, std::span<std::byte> dst) const {
+    nothrow::read_data(*this, offset, dst).throw_if_error();
+  }
 
   /// The path this file was opened with.
   [[nodiscard]] std::filesystem::path path() const { return handle().path; }
@@ -139,54 +169,123 @@ class SafeOpen {
   [[nodiscard]] std::uint64_t bytes_read() const { return file().bytes_read(); }
 
  private:
-  friend struct detail::Access;
+  friend struct detail::Access<SafeOpen>;
 
-  static std::shared_ptr<const detail::FileHandle> open(const std::filesystem::path& path,
-                                                        OpenOptions options) {
+  explicit SafeOpen(std::shared_ptr<const detail::FileHandle> state)
+      : state_(std::move(state)), source_(detail::Source::of(*state_->file, state_)) {}
+
+  // Every method goes through these: a moved-from SafeOpen (null state) reports `Internal`
+  // instead of dereferencing null.
+  [[nodiscard]] const detail::FileHandle& handle() const {
+    if (!state_) detail::moved_from("SafeOpen").throw_if_error();
+    return *state_;
+  }
+  [[nodiscard]] const ffi::File& file() const { return *handle().file; }
+
+  std::shared_ptr<const detail::FileHandle> state_;
+  detail::Source source_;
+};
+
+namespace detail {
+template <>
+struct Access<SafeOpen> {
+  /// The file's source, or `Internal` for a moved-from SafeOpen.
+  static Expected<const Source*> source(const SafeOpen& f) {
+    if (!f.state_) return moved_from("SafeOpen");
+    return &f.source_;
+  }
+
+  static Expected<SafeOpen> open(const std::filesystem::path& path, OpenOptions options) {
     const auto& native = path.native();
-    auto file = detail::call([&] {
-      return ffi::open_file_with(detail::bytes(native), static_cast<std::uint8_t>(options.backend),
-                                 options.allow_trailing_bytes);
-    });
-    return std::make_shared<const detail::FileHandle>(detail::FileHandle{std::move(file), native});
+    auto file = adopt(attempt([&](ffi::Status& st) {
+      return ffi::open_file(bytes(native), static_cast<std::uint8_t>(options.backend),
+                            options.allow_trailing_bytes, st);
+    }));
+    if (!file) return file.status();
+    return SafeOpen(std::make_shared<const FileHandle>(FileHandle{std::move(*file), native}));
   }
 
   // The handle owns the keep-alive owner as well as the file; `Memory` declares the owner first
   // so it is destroyed after the bridge file that borrows its bytes.
   struct Memory {
     std::shared_ptr<const void> keep_alive;
-    detail::FileHandle handle;
+    FileHandle handle;
   };
 
-  static std::shared_ptr<const detail::FileHandle> open_memory(std::span<const std::byte> bytes,
-                                                               std::shared_ptr<const void> keep_alive,
-                                                               OpenOptions options, std::string name) {
+  static Expected<SafeOpen> open_memory(std::span<const std::byte> bytes,
+                                        std::shared_ptr<const void> keep_alive, OpenOptions options,
+                                        std::string name) {
     ::rust::Slice<const std::uint8_t> data{reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()};
-    auto file = detail::call(
-        [&] { return ffi::open_memory(data, detail::bytes(name), options.allow_trailing_bytes); });
+    auto file = adopt(attempt([&](ffi::Status& st) {
+      return ffi::open_memory(data, detail::bytes(name), options.allow_trailing_bytes, st);
+    }));
+    if (!file) return file.status();
     auto memory =
-        std::make_shared<const Memory>(Memory{std::move(keep_alive), {std::move(file), std::move(name)}});
+        std::make_shared<const Memory>(Memory{std::move(keep_alive), {std::move(*file), std::move(name)}});
     // Aliasing constructor: the FileHandle's lifetime is the whole Memory's.
-    return std::shared_ptr<const detail::FileHandle>(memory, &memory->handle);
+    return SafeOpen(std::shared_ptr<const FileHandle>(memory, &memory->handle));
   }
-
-  explicit SafeOpen(std::shared_ptr<const detail::FileHandle> state)
-      : state_(std::move(state)), source_(detail::Source::of(*state_->file, state_)) {}
-
-  // Every method goes through these: a moved-from SafeOpen (null state) throws instead of
-  // dereferencing null.
-  [[nodiscard]] const detail::FileHandle& handle() const {
-    if (!state_) detail::moved_from("SafeOpen");
-    return *state_;
-  }
-  [[nodiscard]] const ffi::File& file() const { return *handle().file; }
-  [[nodiscard]] const detail::Source& source() const {
-    (void)handle();
-    return source_;
-  }
-
-  std::shared_ptr<const detail::FileHandle> state_;
-  detail::Source source_;
 };
+}  // namespace detail
+
+inline Expected<SafeOpen> nothrow::open(const std::filesystem::path& path, OpenOptions options) {
+  return detail::Access<SafeOpen>::open(path, options);
+}
+
+inline Expected<SafeOpen> nothrow::from_bytes(std::span<const std::byte> bytes,
+                                              std::shared_ptr<const void> keep_alive, OpenOptions options,
+                                              std::string name) {
+  return detail::Access<SafeOpen>::open_memory(bytes, std::move(keep_alive), options, std::move(name));
+}
+
+inline Expected<SafeOpen> nothrow::from_bytes_copy(std::span<const std::byte> bytes, OpenOptions options,
+                                                   std::string name) {
+  auto copy = detail::allocate_bytes(bytes.size(), "a copy of " + name);
+  if (!copy) return copy.status();
+  if (!bytes.empty()) std::memcpy(copy->get(), bytes.data(), bytes.size());
+  std::span<const std::byte> mine{copy->get(), bytes.size()};
+  return from_bytes(mine, std::move(*copy), options, std::move(name));
+}
+
+inline Expected<std::vector<std::string>> nothrow::keys(const SafeOpen& file) {
+  auto src = detail::Access<SafeOpen>::source(file);
+  if (!src) return src.status();
+  const ffi::File& f = *(*src)->file;
+  const std::size_t n = f.tensor_count();
+  std::vector<std::string> out;
+  out.reserve(n);
+  for (std::size_t k = 0; k < n; ++k) out.emplace_back(detail::view(f.sorted_name(k)));
+  return out;
+}
+
+inline Expected<std::map<std::string, std::string>> nothrow::metadata(const SafeOpen& file) {
+  auto src = detail::Access<SafeOpen>::source(file);
+  if (!src) return src.status();
+  return detail::metadata_of((*src)->file->metadata());
+}
+
+inline Expected<TensorInfo> nothrow::info(const SafeOpen& file, std::string_view name) {
+  auto src = detail::Access<SafeOpen>::source(file);
+  if (!src) return src.status();
+  return (*src)->info(name);
+}
+
+inline Expected<TensorView> nothrow::get_tensor(const SafeOpen& file, std::string_view name) {
+  auto src = detail::Access<SafeOpen>::source(file);
+  if (!src) return src.status();
+  return (*src)->get_tensor(name);
+}
+
+inline Expected<Slice> nothrow::get_slice(const SafeOpen& file, std::string_view name) {
+  auto src = detail::Access<SafeOpen>::source(file);
+  if (!src) return src.status();
+  return detail::Access<Slice>::make(**src, name);
+}
+
+inline Status nothrow::read_data(const SafeOpen& file, std::size_t offset, std::span<std::byte> dst) {
+  auto src = detail::Access<SafeOpen>::source(file);
+  if (!src) return src.status();
+  return (*src)->read_data(offset, dst);
+}
 
 }  // namespace safetensors

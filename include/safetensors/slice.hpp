@@ -23,6 +23,22 @@
 namespace safetensors {
 
 class LoadPlan;  // include/safetensors/distributed.hpp
+class Selection;
+class Slice;
+class Index;
+
+namespace nothrow {
+/// `Slice::select` without exceptions.
+[[nodiscard]] Expected<Selection> select(const Slice& slice, std::span<const Index> indices);
+[[nodiscard]] Expected<Selection> select(const Slice& slice, std::initializer_list<Index> indices);
+/// `Selection::read` without exceptions.
+[[nodiscard]] Expected<TensorView> read(const Selection& selection);
+/// `Selection::read_into` without exceptions.
+Status read_into(const Selection& selection, std::span<std::byte> dst);
+/// `Selection::read_as` without exceptions.
+Status read_as(const Selection& selection, Dtype to, std::span<std::byte> dst);
+[[nodiscard]] Expected<TensorView> read_as(const Selection& selection, Dtype to);
+}  // namespace nothrow
 
 /// What to take along one dimension, as in Python: an integer selects one position and drops
 /// the dimension (`a[3]`); `Index::all()` is `:`; `Index::range(start, stop, step)` is
@@ -78,8 +94,7 @@ class Index {
   }
 
  private:
-  friend class Slice;
-  friend struct detail::Access;
+  friend struct detail::Access<Index>;
 
   /// `v` as a signed 64-bit value; `fits` false (and the value 0) when it has none.
   template <std::integral I>
@@ -101,13 +116,13 @@ class Index {
 
   /// The bridge's form; `InvalidSlice` for a value that did not fit (checked here, so that
   /// every path to the bridge, the CUDA uploader's included, refuses it).
-  [[nodiscard]] ffi::SliceIndex raw() const {
+  [[nodiscard]] Expected<ffi::SliceIndex> raw() const {
     if (!fits_) {
-      throw Error(ErrorKind::InvalidSlice,
-                  "a slice position, bound or step does not fit in a signed 64-bit integer (above "
-                  "2^63 - 1, for example SIZE_MAX); positions must lie inside the tensor");
+      return Status(ErrorKind::InvalidSlice,
+                    "a slice position, bound or step does not fit in a signed 64-bit integer (above "
+                    "2^63 - 1, for example SIZE_MAX); positions must lie inside the tensor");
     }
-    return {kind_, start_, stop_, step_, has_start_, has_stop_};
+    return ffi::SliceIndex{kind_, start_, stop_, step_, has_start_, has_stop_};
   }
 
   std::uint8_t kind_ = 0;
@@ -118,6 +133,27 @@ class Index {
   bool has_stop_ = false;
   bool fits_ = true;
 };
+
+namespace detail {
+template <>
+struct Access<Index> {
+  static Expected<ffi::SliceIndex> raw(const Index& i) { return i.raw(); }
+  static bool fits(const Index& i) { return i.fits_; }
+};
+
+/// Every index of a selection in the bridge's form; `InvalidSlice` naming the first that does
+/// not fit in 64 bits.
+inline Expected<std::vector<ffi::SliceIndex>> raw_indices(std::span<const Index> indices) {
+  std::vector<ffi::SliceIndex> raw;
+  raw.reserve(indices.size());
+  for (const auto& i : indices) {
+    auto r = Access<Index>::raw(i);
+    if (!r) return r.status();
+    raw.push_back(*r);
+  }
+  return raw;
+}
+}  // namespace detail
 
 /// A contiguous byte run of a selection, relative to the start of the file's data buffer
 /// (add `SafeOpen::data_offset()` for a position in the file).
@@ -151,23 +187,7 @@ class Selection {
   /// The selected elements as one contiguous tensor. A selection that is a single run of a
   /// mapped file is returned without copying; otherwise the bytes are copied into a new buffer
   /// owned by the view. Only the selected bytes are read.
-  [[nodiscard]] TensorView read() const {
-    TensorView v{dtype_, shape_, {}, {}};
-    std::size_t len = byte_size();
-    if (len == 0) return v;
-    if (src_.data != nullptr && plan().contiguous()) {
-      auto [bytes_span, keep] =
-          src_.bytes_at(static_cast<std::size_t>(plan().runs()[0].offset), len, "a slice");
-      v.data = bytes_span;
-      v.owner = std::move(keep);
-      return v;
-    }
-    auto buffer = detail::allocate_bytes(len, "a slice");
-    read_into({buffer.get(), len});
-    v.data = {buffer.get(), len};
-    v.owner = std::move(buffer);
-    return v;
-  }
+  [[nodiscard]] TensorView read() const { return nothrow::read(*this).value(); }
 
   /// Reads the selection and converts it to `to` in one step (see `safetensors::convert`):
   /// `dst` holds exactly numel × size(to) bytes. A selection that is one run of a mapped file
@@ -175,10 +195,12 @@ class Selection {
   ///
   ///   std::vector<float> part(cols.numel());
   ///   cols.read_as(Dtype::F32, std::as_writable_bytes(std::span(part)));
-  void read_as(Dtype to, std::span<std::byte> dst) const { convert(read(), to, dst); }
+  void read_as(Dtype to, std::span<std::byte> dst) const {
+    nothrow::read_as(*this, to, dst).throw_if_error();
+  }
 
   /// The selection converted to `to`, in a buffer the returned view owns.
-  [[nodiscard]] TensorView read_as(Dtype to) const { return convert(read(), to); }
+  [[nodiscard]] TensorView read_as(Dtype to) const { return nothrow::read_as(*this, to).value(); }
 
   /// Number of elements in the selection.
   [[nodiscard]] std::size_t numel() const {
@@ -189,24 +211,22 @@ class Selection {
 
   /// Copies the selected bytes, contiguous and in row-major order, into `dst`, which must hold
   /// exactly `byte_size()` bytes (else `InvalidSlice`).
-  void read_into(std::span<std::byte> dst) const {
-    ::rust::Slice<std::uint8_t> out{reinterpret_cast<std::uint8_t*>(dst.data()), dst.size()};
-    const auto& p = plan();
-    detail::call([&] { src_.file->read_slice(p, out); });
-  }
+  void read_into(std::span<std::byte> dst) const { nothrow::read_into(*this, dst).throw_if_error(); }
 
  private:
-  friend class Slice;
-  [[nodiscard]] const ffi::SlicePlan& plan() const {
-    if (!plan_) detail::moved_from("Selection");
-    return *plan_;
-  }
-
+  friend struct detail::Access<Selection>;
   friend class LoadPlan;  // reads the file and plan a selection came from
+
   Selection(detail::Source src, std::string name, Dtype dtype, ::rust::Box<ffi::SlicePlan> plan)
       : src_(std::move(src)), name_(std::move(name)), dtype_(dtype), plan_(detail::share(std::move(plan))) {
     auto s = plan_->shape();
     shape_.assign(s.data(), s.data() + s.size());  // not rust::Slice iterators: see detail/bridge.hpp
+  }
+
+  /// The plan; a moved-from Selection reports `Internal` the throwing way.
+  [[nodiscard]] const ffi::SlicePlan& plan() const {
+    if (!plan_) detail::moved_from("Selection").throw_if_error();
+    return *plan_;
   }
 
   detail::Source src_;
@@ -215,6 +235,21 @@ class Selection {
   std::vector<std::size_t> shape_;
   std::shared_ptr<const ffi::SlicePlan> plan_;
 };
+
+namespace detail {
+template <>
+struct Access<Selection> {
+  static Selection make(Source src, std::string name, Dtype dtype, ::rust::Box<ffi::SlicePlan> plan) {
+    return Selection(std::move(src), std::move(name), dtype, std::move(plan));
+  }
+  static const Source& source(const Selection& s) { return s.src_; }
+  /// The plan, or `Internal` for a moved-from Selection.
+  static Expected<const ffi::SlicePlan*> plan(const Selection& s) {
+    if (!s.plan_) return moved_from("Selection");
+    return s.plan_.get();
+  }
+};
+}  // namespace detail
 
 /// A tensor to slice, from `SafeOpen::get_slice` or `Checkpoint::get_slice`. Knows its dtype
 /// and shape; reads nothing until a selection is read.
@@ -232,24 +267,10 @@ class Slice {
   /// Throws `InvalidSlice` (too many indices, out of range, step < 1) or `MisalignedSlice`
   /// (a sub-byte dtype cut inside a byte).
   [[nodiscard]] Selection select(std::span<const Index> indices) const {
-    if (!src_.owner) detail::moved_from("Slice");
-    std::vector<ffi::SliceIndex> raw;
-    raw.reserve(indices.size());
-    for (std::size_t k = 0; k < indices.size(); ++k) {
-      if (!indices[k].fits_) {
-        throw Error(ErrorKind::InvalidSlice, "index " + std::to_string(k) + " of the slice of `" + name_ +
-                                                 "` does not fit in a signed 64-bit integer (above 2^63 - "
-                                                 "1, for example SIZE_MAX); its shape is " +
-                                                 detail::shape_text(shape_));
-      }
-      raw.push_back(indices[k].raw());
-    }
-    ::rust::Slice<const ffi::SliceIndex> r{raw.data(), raw.size()};
-    auto plan = detail::call([&] { return src_.file->plan_slice(index_, r); });
-    return Selection(src_, name_, dtype_, std::move(plan));
+    return nothrow::select(*this, indices).value();
   }
   [[nodiscard]] Selection select(std::initializer_list<Index> indices) const {
-    return select(std::span<const Index>(indices.begin(), indices.size()));
+    return nothrow::select(*this, indices).value();
   }
 
   /// The whole tensor converted to `to` into `dst` (numel × size(to) bytes): a fused read and
@@ -257,14 +278,13 @@ class Slice {
   void read_as(Dtype to, std::span<std::byte> dst) const { select({}).read_as(to, dst); }
 
  private:
-  friend class SafeOpen;
-  friend class Checkpoint;
-  Slice(detail::Source src, std::string_view name) : src_(std::move(src)), name_(name) {
-    auto m = src_.find(name);
-    index_ = m.index;
-    dtype_ = static_cast<Dtype>(m.dtype);
-    shape_ = src_.shape_of(m);
-  }
+  friend struct detail::Access<Slice>;
+  Slice(detail::Source src, std::string_view name, const ffi::TensorMeta& m)
+      : src_(std::move(src)),
+        name_(name),
+        index_(m.index),
+        dtype_(static_cast<Dtype>(m.dtype)),
+        shape_(src_.shape_of(m)) {}
 
   detail::Source src_;
   std::string name_;
@@ -272,5 +292,85 @@ class Slice {
   Dtype dtype_{};
   std::vector<std::size_t> shape_;
 };
+
+namespace detail {
+template <>
+struct Access<Slice> {
+  /// The slice of tensor `name` of `src` (`TensorNotFound` when it has none).
+  static Expected<Slice> make(Source src, std::string_view name) {
+    auto m = src.find(name);
+    if (!m) return m.status();
+    return Slice(std::move(src), name, *m);
+  }
+
+  static Expected<Selection> select(const Slice& s, std::span<const Index> indices) {
+    if (!s.src_.owner) return moved_from("Slice");
+    for (std::size_t k = 0; k < indices.size(); ++k) {
+      if (!Access<Index>::fits(indices[k])) {
+        return Status(ErrorKind::InvalidSlice, "index " + std::to_string(k) + " of the slice of `" + s.name_ +
+                                                   "` does not fit in a signed 64-bit integer (above 2^63 - "
+                                                   "1, for example SIZE_MAX); its shape is " +
+                                                   shape_text(s.shape_));
+      }
+    }
+    auto raw = raw_indices(indices);
+    if (!raw) return raw.status();
+    ::rust::Slice<const ffi::SliceIndex> r{raw->data(), raw->size()};
+    auto plan = adopt(attempt([&](ffi::Status& st) { return s.src_.file->plan_slice(s.index_, r, st); }));
+    if (!plan) return plan.status();
+    return Access<Selection>::make(s.src_, s.name_, s.dtype_, std::move(*plan));
+  }
+};
+}  // namespace detail
+
+inline Expected<Selection> nothrow::select(const Slice& slice, std::span<const Index> indices) {
+  return detail::Access<Slice>::select(slice, indices);
+}
+
+inline Expected<Selection> nothrow::select(const Slice& slice, std::initializer_list<Index> indices) {
+  return detail::Access<Slice>::select(slice, std::span<const Index>(indices.begin(), indices.size()));
+}
+
+inline Status nothrow::read_into(const Selection& selection, std::span<std::byte> dst) {
+  auto plan = detail::Access<Selection>::plan(selection);
+  if (!plan) return plan.status();
+  ::rust::Slice<std::uint8_t> out{reinterpret_cast<std::uint8_t*>(dst.data()), dst.size()};
+  const auto& src = detail::Access<Selection>::source(selection);
+  return detail::attempt([&](ffi::Status& st) { src.file->read_slice(**plan, out, st); });
+}
+
+inline Expected<TensorView> nothrow::read(const Selection& selection) {
+  auto plan = detail::Access<Selection>::plan(selection);
+  if (!plan) return plan.status();
+  TensorView v{selection.dtype(), selection.shape(), {}, {}};
+  const std::size_t len = (*plan)->byte_len();
+  if (len == 0) return v;
+  const auto& src = detail::Access<Selection>::source(selection);
+  if (src.data != nullptr && (*plan)->contiguous()) {
+    auto bytes = src.bytes_at(static_cast<std::size_t>((*plan)->runs()[0].offset), len, "a slice");
+    if (!bytes) return bytes.status();
+    v.data = bytes->first;
+    v.owner = std::move(bytes->second);
+    return v;
+  }
+  auto buffer = detail::allocate_bytes(len, "a slice");
+  if (!buffer) return buffer.status();
+  if (auto st = nothrow::read_into(selection, {buffer->get(), len}); !st.ok()) return st;
+  v.data = {buffer->get(), len};
+  v.owner = std::move(*buffer);
+  return v;
+}
+
+inline Status nothrow::read_as(const Selection& selection, Dtype to, std::span<std::byte> dst) {
+  auto view = nothrow::read(selection);
+  if (!view) return view.status();
+  return nothrow::convert(*view, to, dst);
+}
+
+inline Expected<TensorView> nothrow::read_as(const Selection& selection, Dtype to) {
+  auto view = nothrow::read(selection);
+  if (!view) return view.status();
+  return nothrow::convert(*view, to);
+}
 
 }  // namespace safetensors

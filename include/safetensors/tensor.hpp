@@ -73,6 +73,20 @@ template <class T>
 inline constexpr bool is_raw_byte = std::is_same_v<T, std::byte> || std::is_same_v<T, char>;
 }  // namespace detail
 
+struct TensorView;
+
+namespace nothrow {
+/// `TensorView::as<T>()` without exceptions: the elements, or the `TypeMismatch` error.
+///
+///   auto values = safetensors::nothrow::as<float>(view);
+///   if (!values) std::puts(values.status().message().c_str());
+template <class T>
+[[nodiscard]] Expected<std::span<const T>> as(const TensorView& view);
+/// Not on a temporary view: the span would dangle (see `TensorView::as`).
+template <class T>
+void as(const TensorView&& view) = delete;
+}  // namespace nothrow
+
 /// A tensor's dtype, shape and bytes.
 ///
 /// Views from `SafeOpen::get_tensor` point into the file's mapping (or, with the read backend,
@@ -108,45 +122,56 @@ struct TensorView {
   /// compile.
   template <class T>
   [[nodiscard]] std::span<const T> as() const& {
-    static_assert(std::is_trivially_copyable_v<T>, "as<T>() needs a trivially copyable T");
-    if constexpr (detail::is_raw_byte<T>) {
-      return {reinterpret_cast<const T*>(data.data()), data.size()};
-    } else {
-      if (!detail::dtype_accepts<T>(dtype)) {
-        throw Error(ErrorKind::TypeMismatch, "cannot view a " + std::string(to_string(dtype)) +
-                                                 " tensor as elements of " + std::to_string(sizeof(T)) +
-                                                 " bytes of a different type");
-      }
-      if (data.size() != numel() * sizeof(T)) {
-        throw Error(ErrorKind::TypeMismatch, "the view holds " + std::to_string(data.size()) +
-                                                 " bytes but its shape needs " +
-                                                 std::to_string(numel() * sizeof(T)));
-      }
-      if (data.empty()) return {};
-      if constexpr (std::is_same_v<T, bool>) check_bool_bytes();
-      if (reinterpret_cast<std::uintptr_t>(data.data()) % alignof(T) != 0) {
-        throw Error(ErrorKind::TypeMismatch,
-                    "the tensor's data is not aligned to " + std::to_string(alignof(T)) +
-                        " bytes (its file has an unpadded header); copy the bytes first");
-      }
-      return {reinterpret_cast<const T*>(data.data()), data.size() / sizeof(T)};
-    }
+    return nothrow::as<T>(*this).value();
   }
   template <class T>
   std::span<const T> as() const&& = delete;
+};
 
- private:
-  void check_bool_bytes() const {
-    for (std::size_t i = 0; i < data.size(); ++i) {
-      auto b = static_cast<unsigned>(data[i]);
-      if (b > 1) {
-        throw Error(ErrorKind::TypeMismatch, "BOOL element " + std::to_string(i) + " holds the byte " +
+namespace detail {
+/// Why a BOOL tensor's bytes cannot be read as C++ `bool` (one is neither 0 nor 1), if so.
+inline Status check_bool_bytes(std::span<const std::byte> data) {
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    auto b = static_cast<unsigned>(data[i]);
+    if (b > 1) {
+      return Status(ErrorKind::TypeMismatch, "BOOL element " + std::to_string(i) + " holds the byte " +
                                                  std::to_string(b) +
                                                  ", which is not a C++ bool (0 or 1); read the bytes with "
                                                  "as<std::uint8_t>() and treat nonzero as true");
-      }
     }
   }
-};
+  return {};
+}
+}  // namespace detail
+
+template <class T>
+Expected<std::span<const T>> nothrow::as(const TensorView& view) {
+  static_assert(std::is_trivially_copyable_v<T>, "as<T>() needs a trivially copyable T");
+  const auto& data = view.data;
+  if constexpr (detail::is_raw_byte<T>) {
+    return std::span<const T>{reinterpret_cast<const T*>(data.data()), data.size()};
+  } else {
+    if (!detail::dtype_accepts<T>(view.dtype)) {
+      return Status(ErrorKind::TypeMismatch, "cannot view a " + std::string(to_string(view.dtype)) +
+                                                 " tensor as elements of " + std::to_string(sizeof(T)) +
+                                                 " bytes of a different type");
+    }
+    if (data.size() != view.numel() * sizeof(T)) {
+      return Status(ErrorKind::TypeMismatch, "the view holds " + std::to_string(data.size()) +
+                                                 " bytes but its shape needs " +
+                                                 std::to_string(view.numel() * sizeof(T)));
+    }
+    if (data.empty()) return std::span<const T>{};
+    if constexpr (std::is_same_v<T, bool>) {
+      if (auto bad = detail::check_bool_bytes(data); !bad.ok()) return bad;
+    }
+    if (reinterpret_cast<std::uintptr_t>(data.data()) % alignof(T) != 0) {
+      return Status(ErrorKind::TypeMismatch,
+                    "the tensor's data is not aligned to " + std::to_string(alignof(T)) +
+                        " bytes (its file has an unpadded header); copy the bytes first");
+    }
+    return std::span<const T>{reinterpret_cast<const T*>(data.data()), data.size() / sizeof(T)};
+  }
+}
 
 }  // namespace safetensors

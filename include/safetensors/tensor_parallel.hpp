@@ -40,7 +40,8 @@ struct QkvSelection {
 namespace detail {
 inline Selection tp_select(const Slice& s, const ffi::TpRule& rule) {
   ::rust::Slice<const std::size_t> shape{s.shape().data(), s.shape().size()};
-  auto raw = call([&] { return ffi::tp_indices(bytes(s.name()), shape, rule); });
+  auto raw =
+      attempt([&](ffi::Status& st) { return ffi::tp_indices(bytes(s.name()), shape, rule, st); }).value();
   std::vector<Index> idx;
   idx.reserve(raw.size());
   for (const auto& r : raw) {

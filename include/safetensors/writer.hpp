@@ -90,34 +90,24 @@ namespace detail {
 template <class R>
 using KeptTensors = std::deque<std::remove_cvref_t<tensor_ref_t<std::ranges::range_reference_t<R>>>>;
 
-/// A dtype value outside the enumeration (`static_cast<Dtype>(99)`), named as such rather than
-/// reported as a size mismatch.
-inline void check_dtype(std::string_view name, Dtype dtype) {
-  if (static_cast<std::size_t>(dtype) >= dtype_count) {
-    throw Error(ErrorKind::TensorInvalidInfo,
-                "tensor `" + std::string(name) + "` has an invalid dtype value " +
-                    std::to_string(static_cast<unsigned>(dtype)) + " (safetensors::Dtype has values 0 to " +
-                    std::to_string(dtype_count - 1) + ")");
-  }
-}
-
+/// Hands one tensor to the writer. Dimensions are converted to `size_t` here, where their
+/// type is known; the dtype value, the name and the byte length are checked by the core.
 template <class Tensor>
-void add_tensor(ffi::Writer& writer, std::string_view name, const Tensor& tensor,
-                std::vector<std::size_t>& shape) {
+Status add_tensor(ffi::Writer& writer, std::string_view name, const Tensor& tensor,
+                  std::vector<std::size_t>& shape) {
   Dtype dtype{tensor.dtype};
-  check_dtype(name, dtype);
   shape.clear();
   for (auto d : tensor.shape) {
     if constexpr (std::is_signed_v<decltype(d)>) {
       if (d < 0) {
-        throw Error(ErrorKind::TensorInvalidInfo,
-                    "tensor `" + std::string(name) + "` has a negative dimension " + std::to_string(d));
+        return Status(ErrorKind::TensorInvalidInfo,
+                      "tensor `" + std::string(name) + "` has a negative dimension " + std::to_string(d));
       }
     }
     if constexpr (std::numeric_limits<decltype(d)>::digits > std::numeric_limits<std::size_t>::digits) {
       if (d > static_cast<decltype(d)>(std::numeric_limits<std::size_t>::max())) {
-        throw Error(ErrorKind::ValidationOverflow,
-                    "tensor `" + std::string(name) + "` has a dimension that does not fit in 64 bits");
+        return Status(ErrorKind::ValidationOverflow,
+                      "tensor `" + std::string(name) + "` has a dimension that does not fit in 64 bits");
       }
     }
     shape.push_back(static_cast<std::size_t>(d));
@@ -125,14 +115,16 @@ void add_tensor(ffi::Writer& writer, std::string_view name, const Tensor& tensor
   auto data = std::as_bytes(std::span(tensor.data));
   ::rust::Slice<const std::uint8_t> raw{reinterpret_cast<const std::uint8_t*>(data.data()), data.size()};
   ::rust::Slice<const std::size_t> dims{shape.data(), shape.size()};
-  call([&] { writer.add_tensor(bytes(name), static_cast<std::uint8_t>(dtype), dims, raw); });
+  return attempt([&](ffi::Status& st) {
+    writer.add_tensor(bytes(name), static_cast<std::uint8_t>(dtype), dims, raw, st);
+  });
 }
 
 /// Feeds a writer. It keeps the address of every tensor's data until it is dropped, so the
 /// callers below keep `kept` (and the range) alive until then, inside one function call.
 template <NamedTensorRange R>
-::rust::Box<ffi::Writer> make_writer(R&& tensors, const Metadata& metadata, bool empty_metadata,
-                                     KeptTensors<R>& kept) {
+Expected<::rust::Box<ffi::Writer>> make_writer(R&& tensors, const Metadata& metadata, bool empty_metadata,
+                                               KeptTensors<R>& kept) {
   auto writer = ffi::new_writer();
   std::vector<std::size_t> shape;
   using Ref = std::ranges::range_reference_t<R>;
@@ -142,35 +134,94 @@ template <NamedTensorRange R>
     auto&& entry = *it;
     auto&& name_holder = std::get<0>(entry);
     std::string_view name(name_holder);
+    Status added;
     if constexpr (borrows_tensors<R>) {
-      add_tensor(*writer, name, std::get<1>(entry), shape);
+      added = add_tensor(*writer, name, std::get<1>(entry), shape);
     } else if constexpr (std::is_reference_v<Ref>) {
-      add_tensor(*writer, name, kept.emplace_back(std::get<1>(entry)), shape);  // a copy: the range owns it
+      added = add_tensor(*writer, name, kept.emplace_back(std::get<1>(entry)),
+                         shape);  // a copy: the range owns it
     } else {
-      add_tensor(*writer, name, kept.emplace_back(std::get<1>(std::move(entry))), shape);
+      added = add_tensor(*writer, name, kept.emplace_back(std::get<1>(std::move(entry))), shape);
     }
+    if (!added.ok()) return added;
   }
-  if (empty_metadata) call([&] { writer->keep_metadata(); });
+  if (empty_metadata) writer->keep_metadata();
   // Not a structured binding: clang before 16 cannot capture one in a lambda.
-  for (const auto& entry : metadata)
-    call([&] { writer->add_metadata(bytes(entry.first), bytes(entry.second)); });
+  for (const auto& entry : metadata) {
+    auto added =
+        attempt([&](ffi::Status& st) { writer->add_metadata(bytes(entry.first), bytes(entry.second), st); });
+    if (!added.ok()) return added;
+  }
   return writer;
 }
 
 using TensorList = std::initializer_list<std::pair<std::string_view, TensorView>>;
 
-/// Memory for `n` bytes the caller asked for, as a typed error when it cannot be had.
-inline std::vector<std::byte> byte_vector(std::size_t n, std::string_view what) {
+/// Memory for `n` bytes the caller asked for, as a typed error when it cannot be had. (In a
+/// program built without exceptions, a `std::vector` that cannot get its memory aborts, as
+/// every standard container does there; only sizes beyond what a vector can hold are caught.)
+inline Expected<std::vector<std::byte>> byte_vector(std::size_t n, std::string_view what) {
+  const Status failed(ErrorKind::Io, "cannot allocate " + std::to_string(n) + " bytes for " +
+                                         std::string(what) +
+                                         " (out of memory); write to a file with save_file instead");
+  if (n > std::vector<std::byte>().max_size()) return failed;
+#if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
   try {
     return std::vector<std::byte>(n);
   } catch (const std::bad_alloc&) {
   } catch (const std::length_error&) {
   }
-  throw Error(ErrorKind::Io, "cannot allocate " + std::to_string(n) + " bytes for " + std::string(what) +
-                                 " (out of memory); write to a file with save_file instead");
+  return failed;
+#else
+  return std::vector<std::byte>(n);
+#endif
 }
 
 }  // namespace detail
+
+namespace nothrow {
+
+/// `safetensors::serialize` without exceptions.
+template <NamedTensorRange R>
+[[nodiscard]] Expected<std::vector<std::byte>> serialize(R&& tensors, const Metadata& metadata = {},
+                                                         SaveOptions options = {}) {
+  detail::KeptTensors<R> kept;
+  auto writer = detail::make_writer(std::forward<R>(tensors), metadata, options.empty_metadata, kept);
+  if (!writer) return writer.status();
+  // Laid out once: `prepare` checks everything and keeps the layout that `write_into` writes.
+  auto len = detail::attempt([&](ffi::Status& st) { return (*writer)->prepare(st); });
+  if (!len) return len.status();
+  auto out = detail::byte_vector(*len, "the serialized file");
+  if (!out) return out.status();
+  ::rust::Slice<std::uint8_t> dst{reinterpret_cast<std::uint8_t*>(out->data()), out->size()};
+  if (auto st = detail::attempt([&](ffi::Status& s) { (*writer)->write_into(dst, s); }); !st.ok()) return st;
+  return out;
+}
+[[nodiscard]] inline Expected<std::vector<std::byte>> serialize(detail::TensorList tensors,
+                                                                const Metadata& metadata = {},
+                                                                SaveOptions options = {}) {
+  return serialize<const detail::TensorList&>(tensors, metadata, options);
+}
+
+/// `safetensors::save_file` without exceptions.
+///
+///   auto saved = safetensors::nothrow::save_file("out.safetensors", {{"w", view}});
+///   if (!saved.ok()) std::puts(saved.message().c_str());
+template <NamedTensorRange R>
+Status save_file(const std::filesystem::path& path, R&& tensors, const Metadata& metadata = {},
+                 SaveOptions options = {}) {
+  detail::KeptTensors<R> kept;
+  auto writer = detail::make_writer(std::forward<R>(tensors), metadata, options.empty_metadata, kept);
+  if (!writer) return writer.status();
+  return detail::attempt(
+      [&](ffi::Status& st) { (*writer)->write_file(detail::bytes(path.native()), options.sync, st); });
+}
+inline Status save_file(const std::filesystem::path& path, detail::TensorList tensors,
+                        const Metadata& metadata = {}, SaveOptions options = {}) {
+  return save_file<const detail::TensorList&>(path, tensors, metadata, options);
+}
+
+}  // namespace nothrow
 
 /// The bytes of a safetensors file holding `tensors` and `metadata`, laid out exactly as the
 /// reference writes them (dtype-descending then name order, compact JSON, padded to 8).
@@ -179,17 +230,7 @@ inline std::vector<std::byte> byte_vector(std::size_t n, std::string_view what) 
 template <NamedTensorRange R>
 [[nodiscard]] std::vector<std::byte> serialize(R&& tensors, const Metadata& metadata = {},
                                                SaveOptions options = {}) {
-  detail::KeptTensors<R> kept;
-  auto writer = detail::make_writer(std::forward<R>(tensors), metadata, options.empty_metadata, kept);
-  // The buffer is sized before it is filled, so the header is laid out twice: the bridge's
-  // `file_len` and `write_into` each build the core's `Prepared` afresh (tensor bytes are
-  // copied once). Once would need the bridge's `Writer` to keep the `Prepared` from the first
-  // call for the second; C++ cannot size the file without the core's layout rule.
-  std::size_t len = detail::call([&] { return writer->file_len(); });
-  auto out = detail::byte_vector(len, "the serialized file");
-  ::rust::Slice<std::uint8_t> dst{reinterpret_cast<std::uint8_t*>(out.data()), out.size()};
-  detail::call([&] { writer->write_into(dst); });
-  return out;
+  return nothrow::serialize(std::forward<R>(tensors), metadata, options).value();
 }
 [[nodiscard]] inline std::vector<std::byte> serialize(detail::TensorList tensors,
                                                       const Metadata& metadata = {},
@@ -208,9 +249,7 @@ template <NamedTensorRange R>
 template <NamedTensorRange R>
 void save_file(const std::filesystem::path& path, R&& tensors, const Metadata& metadata = {},
                SaveOptions options = {}) {
-  detail::KeptTensors<R> kept;
-  auto writer = detail::make_writer(std::forward<R>(tensors), metadata, options.empty_metadata, kept);
-  detail::call([&] { writer->write_file(detail::bytes(path.native()), options.sync); });
+  nothrow::save_file(path, std::forward<R>(tensors), metadata, options).throw_if_error();
 }
 inline void save_file(const std::filesystem::path& path, detail::TensorList tensors,
                       const Metadata& metadata = {}, SaveOptions options = {}) {

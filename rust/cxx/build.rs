@@ -12,8 +12,11 @@ fn main() {
     // Default visibility: libsafetensors.so (cmake/SafetensorsShared.cmake) exports these C++
     // functions through its version script, which cannot export hidden symbols. Their names are
     // ours (namespace safetensors), so they cannot collide with another library's.
+    // No exceptions: the bridge reports every outcome through a status and never throws (see
+    // src/lib.rs), and this flag makes that a compile-time rule (cxx's `Result` would need them).
     cxx_build::bridge("src/lib.rs")
         .std("c++17")
+        .flag_if_supported("-fno-exceptions")
         .compile("safetensors_cxx_bridge");
     println!("cargo:rerun-if-changed=src/lib.rs");
     println!("cargo:rerun-if-env-changed=SAFETENSORS_CXX_INCLUDE_DIR");

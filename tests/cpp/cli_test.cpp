@@ -489,6 +489,16 @@ TEST_F(Cli, NamesMetadataAndPathsArePrintedEscaped) {
   EXPECT_TRUE(has(validate.out, "x\\x1b]0;title\\x07")) << validate.out;
 }
 
+TEST_F(Cli, InspectJsonWritesEachByteOfAPathThatIsNotUtf8AsAReplacementCharacter) {
+  // A path may hold any bytes; JSON cannot. Each byte that is not UTF-8 becomes `\ufffd`, and
+  // the valid text around it (a real U+00E9 and a control) stays as it was.
+  auto path = dir_ / std::filesystem::path("caf\xc3\xa9-\xe2\x82-\xff\x1f.safetensors");
+  std::filesystem::copy_file(good_, path);
+  auto r = cli({"inspect", path.string(), "--json"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "caf\xc3\xa9-\\ufffd\\ufffd-\\ufffd\\u001f.safetensors\"")) << r.out;
+}
+
 TEST_F(Cli, InspectCapsColumnWidthsForHugeNames) {
   std::string json =
       "{\"" + std::string(100'000, 'n') + "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}";

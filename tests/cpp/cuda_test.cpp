@@ -181,6 +181,41 @@ TEST(CudaGpu, SubsetsSlicesAndSingleTensors) {
   expect_same(download(one.data(), one.byte_size()), f.get_tensor("t3").data, "to_device");
 }
 
+TEST(CudaGpu, TheNothrowFacesLoadTheSameBytesAndReportTheSameErrors) {
+  if (!test::gpu_or_skip()) return;
+  namespace nc = safetensors::nothrow::cuda;
+  test::TempDir dir;
+  SafeOpen f(make_file(dir));
+  auto shared = nc::load(f);
+  ASSERT_TRUE(shared) << shared.status().message();
+  check_upload(f, *shared);
+  auto up = nc::make_uploader(0, {.staging_slots = 2, .slot_bytes = 1u << 20});
+  ASSERT_TRUE(up) << up.status().message();
+  std::vector<cuda::Request> req{{"t4", {Index::all(), Index::range(0, 8)}}, {"t1", {}}};
+  auto part = nc::load(*up, f, req);
+  ASSERT_TRUE(part);
+  auto cols = f.get_slice("t4").select({Index::all(), Index::range(0, 8)}).read();
+  expect_same(download(nc::data(*part, "t4").value(), cols.data.size()), cols.data, "nothrow slice");
+  EXPECT_TRUE(nc::synchronize(*up).ok());
+  auto one = nc::to_device(f, "t3");
+  ASSERT_TRUE(one);
+  expect_same(download(one->data(), one->byte_size()), f.get_tensor("t3").data, "nothrow to_device");
+
+  // The same errors as the throwing faces, kind for kind.
+  EXPECT_EQ(nc::make_uploader(-1).status().kind(), kind_of([] { cuda::Uploader u(-1); }));
+  EXPECT_EQ(nc::make_uploader(-1).status().kind(), ErrorKind::Cuda);
+  EXPECT_EQ(nc::load(f, 99).status().kind(), kind_of([&] { (void)cuda::load(f, 99); }));
+  std::vector<cuda::Request> missing{{"nope", {}}};
+  EXPECT_EQ(nc::load(*up, f, missing).status().kind(), ErrorKind::TensorNotFound);
+  std::vector<cuda::Request> bad_slice{{"t4", {SIZE_MAX}}};
+  EXPECT_EQ(nc::load(*up, f, bad_slice).status().kind(), ErrorKind::InvalidSlice);
+  EXPECT_EQ(nc::data(*part, "nope").status().kind(), ErrorKind::TensorNotFound);
+  auto released = std::move(*part).release_buffer();
+  EXPECT_EQ(nc::data(*part, "t4").status().kind(), ErrorKind::Internal);  // NOLINT: after release
+  auto moved = std::move(*up);
+  EXPECT_EQ(nc::synchronize(*up).kind(), ErrorKind::Internal);  // NOLINT: use after move
+}
+
 TEST(CudaGpu, ShardedCheckpointsLoadIntoOneAllocation) {
   if (!test::gpu_or_skip()) return;
   auto dir = test::fixture("shards", "manifest.tsv");

@@ -24,35 +24,33 @@ namespace safetensors::detail {
 /// the read itself); huge pages take 512 times fewer faults.
 ///
 /// `n` comes from a file's header, so running out of memory is an `Io` error naming `what` and
-/// the size, never a `std::bad_alloc`.
-inline std::shared_ptr<std::byte[]> allocate_bytes(std::size_t n, std::string_view what) {
-  auto fail = [&]() -> std::shared_ptr<std::byte[]> {
-    throw Error(ErrorKind::Io, "cannot allocate " + std::to_string(n) + " bytes for " + std::string(what) +
-                                   " (out of memory); read it in pieces, or use the mapped backend");
-  };
+/// the size, never a `std::bad_alloc`. (The `shared_ptr`'s own control block is a small
+/// allocation of the ordinary kind.)
+inline Expected<std::shared_ptr<std::byte[]>> allocate_bytes(std::size_t n, std::string_view what) {
+  const Status out_of_memory(ErrorKind::Io,
+                             "cannot allocate " + std::to_string(n) + " bytes for " + std::string(what) +
+                                 " (out of memory); read it in pieces, or use the mapped backend");
   // No object may exceed PTRDIFF_MAX bytes, and libstdc++'s aligned `operator new` rounds the
   // size up without an overflow check (SIZE_MAX becomes 0 and "succeeds").
-  if (n > static_cast<std::size_t>(PTRDIFF_MAX)) return fail();
-  try {
+  if (n > static_cast<std::size_t>(PTRDIFF_MAX)) return out_of_memory;
 #if defined(__linux__)
-    constexpr std::size_t huge = std::size_t{2} << 20;
-    if (n >= 2 * huge) {  // at least 4 MiB, so rounding wastes at most a third
-      std::size_t len = (n + huge - 1) / huge * huge + huge;
-      void* base = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (base != MAP_FAILED) {
-        auto addr = reinterpret_cast<std::uintptr_t>(base);
-        auto* aligned = reinterpret_cast<std::byte*>((addr + huge - 1) / huge * huge);
-        ::madvise(aligned, len - huge, MADV_HUGEPAGE);  // advice only: failure is harmless
-        return std::shared_ptr<std::byte[]>(aligned, [base, len](std::byte*) { ::munmap(base, len); });
-      }
+  constexpr std::size_t huge = std::size_t{2} << 20;
+  if (n >= 2 * huge) {  // at least 4 MiB, so rounding wastes at most a third
+    std::size_t len = (n + huge - 1) / huge * huge + huge;
+    void* base = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base != MAP_FAILED) {
+      auto addr = reinterpret_cast<std::uintptr_t>(base);
+      auto* aligned = reinterpret_cast<std::byte*>((addr + huge - 1) / huge * huge);
+      ::madvise(aligned, len - huge, MADV_HUGEPAGE);  // advice only: failure is harmless
+      return std::shared_ptr<std::byte[]>(aligned, [base, len](std::byte*) { ::munmap(base, len); });
     }
-#endif
-    constexpr std::align_val_t align{64};
-    auto* p = static_cast<std::byte*>(::operator new[](n == 0 ? 1 : n, align));
-    return std::shared_ptr<std::byte[]>(p, [](std::byte* q) { ::operator delete[](q, align); });
-  } catch (const std::bad_alloc&) {
-    return fail();
   }
+#endif
+  // The non-throwing `operator new`: no `std::bad_alloc` to catch, with or without exceptions.
+  constexpr std::align_val_t align{64};
+  auto* p = static_cast<std::byte*>(::operator new[](n == 0 ? 1 : n, align, std::nothrow));
+  if (p == nullptr) return out_of_memory;
+  return std::shared_ptr<std::byte[]>(p, [](std::byte* q) { ::operator delete[](q, align); });
 }
 
 }  // namespace safetensors::detail

@@ -1,42 +1,58 @@
 // Private: the generated bridge and the helpers that keep its types out of the public API.
 #pragma once
 
-#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "safetensors/error.hpp"
-#include "safetensors/version.hpp"
-// cxx.h first: it defines rust::Error, which the generated header leaves out.
 #include "safetensors/ffi/lib.rs.h"
 #include "safetensors/ffi/rust/cxx.h"
+#include "safetensors/version.hpp"
 
 namespace safetensors::detail {
 
-/// Rebuilds a typed `Error` from a bridge error, whose text is `"<kind>:<message>"`.
-[[noreturn]] inline void rethrow(const ::rust::Error& e) {
-  std::string_view text = e.what();
-  unsigned kind = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), kind);
-  if (ec != std::errc{} || end == text.data() + text.size() || *end != ':' || kind >= error_kind_count) {
-    throw Error(ErrorKind::Internal, "unexpected error from the safetensors core: " + std::string(text));
+/// The outcome a bridge call reported through its `ffi::Status`.
+inline Status status_of(const ffi::Status& s) {
+  if (s.ok) return {};
+  std::string message(s.message.data(), s.message.size());
+  if (s.kind >= error_kind_count || message.empty()) {
+    return Status(ErrorKind::Internal, "the safetensors core reported an unexpected outcome (kind " +
+                                           std::to_string(static_cast<unsigned>(s.kind)) + "): " + message);
   }
-  throw Error(static_cast<ErrorKind>(kind), std::string(end + 1, text.data() + text.size()));
+  return Status(static_cast<ErrorKind>(s.kind), std::move(message));
 }
 
-/// A method called on a moved-from `SafeOpen`, `Checkpoint`, `Slice` or `Selection`: a defined
-/// error rather than a null dereference. A caller's mistake, reported as `Internal` (no error
-/// kind fits better; a new one would change the stable set).
-[[noreturn]] inline void moved_from(std::string_view type) {
-  throw Error(ErrorKind::Internal, "this " + std::string(type) +
-                                       " was moved from and holds nothing; use the " + std::string(type) +
-                                       " it was moved into");
+/// Runs a bridge call that reports through the `ffi::Status&` it is given (a lambda taking it
+/// and passing it on as the call's last argument): a `Status` for a call without a result,
+/// else an `Expected` of its result. The bridge never throws, so this is all the error handling
+/// a call needs, with or without exceptions.
+template <class F>
+auto attempt(F&& call) {
+  ffi::Status st{};
+  using R = std::invoke_result_t<F, ffi::Status&>;
+  if constexpr (std::is_void_v<R>) {
+    std::forward<F>(call)(st);
+    return status_of(st);
+  } else {
+    R result = std::forward<F>(call)(st);
+    if (!st.ok) return Expected<R>(status_of(st));
+    return Expected<R>(std::move(result));
+  }
+}
+
+/// Adopts a Rust object a bridge call handed over by address (null when it failed).
+template <class T>
+Expected<::rust::Box<T>> adopt(Expected<T*> made) {
+  if (!made) return made.status();
+  if (*made == nullptr) return Status(ErrorKind::Internal, "the safetensors core returned no object");
+  return ::rust::Box<T>::from_raw(*made);
 }
 
 /// `[2, 3]`, for messages.
@@ -44,16 +60,6 @@ inline std::string shape_text(const std::vector<std::size_t>& shape) {
   std::string s = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
-}
-
-/// Calls into the bridge, translating its errors into `safetensors::Error`.
-template <class F>
-decltype(auto) call(F&& f) {
-  try {
-    return std::forward<F>(f)();
-  } catch (const ::rust::Error& e) {
-    rethrow(e);
-  }
 }
 
 /// Bytes of a string, as the bridge takes them (no UTF-8 check: invalid names simply match

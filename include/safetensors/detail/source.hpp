@@ -15,9 +15,14 @@
 
 namespace safetensors::detail {
 
-/// Lets other parts of the API (the CUDA uploader) reach the private state of `SafeOpen`,
-/// `Checkpoint` and `Index`; defined where it is used.
+/// The private door of a public type `T` (`SafeOpen`, `Checkpoint`, `Slice`, `Selection`,
+/// `Index`, ...): specialised right after `T`, and used by the `nothrow::` functions and by
+/// other parts of the API (the CUDA uploader, multi-rank loading) that need `T`'s internals.
+template <class T>
 struct Access;
+
+/// Bytes of a view and what keeps them alive.
+using OwnedBytes = std::pair<std::span<const std::byte>, std::shared_ptr<const void>>;
 
 /// One open file: the bridge object, its mapped data (null with the read backend), every
 /// tensor's dimensions, and the shared owner that keeps them alive (a SafeOpen's handle, or a
@@ -35,39 +40,43 @@ struct Source {
     return {&f, data, f.dims().data(), std::move(owner)};
   }
 
-  [[nodiscard]] ffi::TensorMeta find(std::string_view name) const {
-    return call([&] { return file->find(bytes(name)); });
+  [[nodiscard]] Expected<ffi::TensorMeta> find(std::string_view name) const {
+    return attempt([&](ffi::Status& st) { return file->find(bytes(name), st); });
   }
 
   [[nodiscard]] std::vector<std::size_t> shape_of(const ffi::TensorMeta& m) const {
     return {dims + m.shape_start, dims + m.shape_start + m.shape_len};
   }
 
-  [[nodiscard]] TensorInfo info(std::string_view name) const {
+  [[nodiscard]] Expected<TensorInfo> info(std::string_view name) const {
     auto m = find(name);
-    return {static_cast<Dtype>(m.dtype), shape_of(m), {m.begin, m.end}};
+    if (!m) return m.status();
+    return TensorInfo{static_cast<Dtype>(m->dtype), shape_of(*m), {m->begin, m->end}};
   }
 
-  void read_data(std::size_t offset, std::span<std::byte> dst) const {
+  [[nodiscard]] Status read_data(std::size_t offset, std::span<std::byte> dst) const {
     ::rust::Slice<std::uint8_t> out{reinterpret_cast<std::uint8_t*>(dst.data()), dst.size()};
-    call([&] { file->read_data(offset, out); });
+    return attempt([&](ffi::Status& st) { file->read_data(offset, out, st); });
   }
 
   /// Bytes `[offset, offset + len)` of the data buffer as a view's data and owner: the mapping
   /// itself when mapped, else a new 64-byte-aligned buffer read from the file.
-  [[nodiscard]] std::pair<std::span<const std::byte>, std::shared_ptr<const void>> bytes_at(
-      std::size_t offset, std::size_t len, std::string_view what) const {
-    if (len == 0) return {};
-    if (data != nullptr) return {{data + offset, len}, owner};
+  [[nodiscard]] Expected<OwnedBytes> bytes_at(std::size_t offset, std::size_t len,
+                                              std::string_view what) const {
+    if (len == 0) return OwnedBytes{};
+    if (data != nullptr) return OwnedBytes{{data + offset, len}, owner};
     auto buffer = allocate_bytes(len, what);
-    read_data(offset, {buffer.get(), len});
-    return {{buffer.get(), len}, std::move(buffer)};
+    if (!buffer) return buffer.status();
+    if (auto read = read_data(offset, {buffer->get(), len}); !read.ok()) return read;
+    return OwnedBytes{{buffer->get(), len}, std::move(*buffer)};
   }
 
-  [[nodiscard]] TensorView get_tensor(std::string_view name) const {
+  [[nodiscard]] Expected<TensorView> get_tensor(std::string_view name) const {
     auto m = find(name);
-    auto [bytes_span, keep] = bytes_at(m.begin, m.end - m.begin, "tensor `" + std::string(name) + "`");
-    return {static_cast<Dtype>(m.dtype), shape_of(m), bytes_span, std::move(keep)};
+    if (!m) return m.status();
+    auto bytes = bytes_at(m->begin, m->end - m->begin, "tensor `" + std::string(name) + "`");
+    if (!bytes) return bytes.status();
+    return TensorView{static_cast<Dtype>(m->dtype), shape_of(*m), bytes->first, std::move(bytes->second)};
   }
 };
 

@@ -5,8 +5,9 @@ use std::sync::OnceLock;
 
 use safetensors_core::{CheckpointOptions, Error};
 
+use crate::ffi::Status;
 use crate::file::{backend, File};
-use crate::{guard, native_path, BridgeError, Metadata};
+use crate::{guard, handed_over, native_path, Metadata};
 
 pub struct Checkpoint {
     inner: safetensors_core::Checkpoint,
@@ -15,17 +16,14 @@ pub struct Checkpoint {
     metadata: Metadata,
 }
 
-pub fn open_checkpoint(path: &[u8], backend_code: u8) -> Result<Box<Checkpoint>, BridgeError> {
-    open_checkpoint_with(path, backend_code, false, false)
-}
-
-pub fn open_checkpoint_with(
+pub fn open_checkpoint(
     path: &[u8],
     backend_code: u8,
     lenient: bool,
     allow_trailing_bytes: bool,
-) -> Result<Box<Checkpoint>, BridgeError> {
-    guard(|| {
+    status: &mut Status,
+) -> *mut Checkpoint {
+    guard(status, || {
         let options = CheckpointOptions {
             backend: backend(backend_code),
             lenient,
@@ -34,7 +32,7 @@ pub fn open_checkpoint_with(
         let inner = safetensors_core::Checkpoint::open_with(native_path(path), options)?;
         let files = (0..inner.shard_count()).map(|_| OnceLock::new()).collect();
         let metadata = Metadata::new(inner.metadata());
-        Ok(Box::new(Checkpoint {
+        Ok(handed_over(Checkpoint {
             inner,
             files,
             metadata,
@@ -60,8 +58,8 @@ impl Checkpoint {
 
     /// Names are compared as bytes: a name that is not UTF-8 matches no tensor (a lossy
     /// conversion could turn it into the name of another one).
-    pub fn shard_of(&self, name: &[u8]) -> Result<usize, BridgeError> {
-        guard(|| match std::str::from_utf8(name) {
+    pub fn shard_of(&self, name: &[u8], status: &mut Status) -> usize {
+        guard(status, || match std::str::from_utf8(name) {
             Ok(name) => self.inner.shard_of(name),
             Err(_) => Err(Error::TensorNotFound {
                 name: String::from_utf8_lossy(name).into_owned(),
@@ -70,19 +68,26 @@ impl Checkpoint {
         })
     }
 
-    /// # Safety
-    /// None: the bridge needs `unsafe` to name the lifetime tying the shard to `self`.
-    #[allow(clippy::needless_lifetimes)]
-    pub unsafe fn shard_file<'a>(&'a self, shard: usize) -> Result<&'a File, BridgeError> {
-        guard(|| {
-            let file = self.inner.shard(shard)?;
-            Ok(self.files[shard].get_or_init(|| File::wrap(file.clone())))
-        })
+    /// Shard `shard`, opened on first use; it lives as long as `self` (null on failure).
+    pub fn shard_file(&self, shard: usize, status: &mut Status) -> *const File {
+        guard(status, || self.shard(shard).map(|f| f as *const File))
+    }
+
+    /// The core checkpoint, for the other glue modules.
+    pub(crate) fn core(&self) -> &safetensors_core::Checkpoint {
+        &self.inner
+    }
+
+    /// Shard `shard`, opened on first use (and checked against the index), as the bridge wraps
+    /// it.
+    pub(crate) fn shard(&self, shard: usize) -> Result<&File, Error> {
+        let file = self.inner.shard(shard)?;
+        Ok(self.files[shard].get_or_init(|| File::wrap(file.clone())))
     }
 
     /// [`Checkpoint::shard_of`], then the shard opened and (lenient mode) checked to hold it.
-    pub fn shard_holding(&self, name: &[u8]) -> Result<usize, BridgeError> {
-        guard(|| match std::str::from_utf8(name) {
+    pub fn shard_holding(&self, name: &[u8], status: &mut Status) -> usize {
+        guard(status, || match std::str::from_utf8(name) {
             Ok(name) => self.inner.shard_holding(name),
             Err(_) => Err(Error::TensorNotFound {
                 name: String::from_utf8_lossy(name).into_owned(),
@@ -91,12 +96,14 @@ impl Checkpoint {
         })
     }
 
-    pub fn missing(&self) -> Result<Vec<String>, BridgeError> {
-        guard(|| Ok(self.inner.missing()?.into_iter().map(|(n, _)| n).collect()))
+    pub fn missing(&self, status: &mut Status) -> Vec<String> {
+        guard(status, || {
+            Ok(self.inner.missing()?.into_iter().map(|(n, _)| n).collect())
+        })
     }
 
-    pub fn shard_trailing_bytes(&self, shard: usize) -> Result<u64, BridgeError> {
-        guard(|| Ok(self.inner.shard(shard)?.trailing_bytes()))
+    pub fn shard_trailing_bytes(&self, shard: usize, status: &mut Status) -> u64 {
+        guard(status, || Ok(self.inner.shard(shard)?.trailing_bytes()))
     }
 
     pub fn shard_count(&self) -> usize {
@@ -135,6 +142,7 @@ mod tests {
     use safetensors_core::{serialize_to_file, Dtype, TensorView};
 
     use super::open_checkpoint;
+    use crate::status::{adopt, outcome};
 
     fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("st-cxx-{}-{name}", std::process::id()));
@@ -153,11 +161,16 @@ mod tests {
             ("x", TensorView::new(Dtype::U8, &[1], &[2])),
         ];
         serialize_to_file(views, None, &path).unwrap();
-        let ckpt = open_checkpoint(path.as_os_str().as_bytes(), 0).unwrap();
-        let err = ckpt.shard_of(b"w\xff").err().unwrap().to_string();
-        assert!(err.starts_with("10:"), "{err}");
+        let ckpt = adopt(
+            outcome(|s| open_checkpoint(path.as_os_str().as_bytes(), 0, false, false, s)).unwrap(),
+        );
+        let err = outcome(|s| ckpt.shard_of(b"w\xff", s)).unwrap_err();
+        assert_eq!(err.kind, 10, "{}", err.message);
         assert_eq!(ckpt.position(b"w\xff"), -1);
-        assert_eq!(ckpt.shard_of("w\u{FFFD}".as_bytes()).unwrap(), 0);
+        assert_eq!(
+            outcome(|s| ckpt.shard_of("w\u{FFFD}".as_bytes(), s)).unwrap(),
+            0
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -167,19 +180,17 @@ mod tests {
         let mut raw = dir.as_os_str().as_bytes().to_vec();
         raw.extend_from_slice(b"/caf\xe9-\xe0\xe8.safetensors");
         let mut writer = crate::new_writer();
-        writer
-            .add_tensor(b"w", Dtype::U8 as u8, &[2], &[5, 6])
-            .unwrap();
+        outcome(|s| writer.add_tensor(b"w", Dtype::U8 as u8, &[2], &[5, 6], s)).unwrap();
         // SAFETY: the tensor bytes are a static array that outlives the writer.
-        unsafe { writer.write_file(&raw, false) }.unwrap();
+        outcome(|s| unsafe { writer.write_file(&raw, false, s) }).unwrap();
         let names: Vec<Vec<u8>> = std::fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().as_bytes().to_vec())
             .collect();
         assert_eq!(names, [b"caf\xe9-\xe0\xe8.safetensors".to_vec()]);
-        let file = crate::open_file(&raw, 1).unwrap();
+        let file = adopt(outcome(|s| crate::open_file(&raw, 1, false, s)).unwrap());
         assert_eq!(file.tensor_count(), 1);
-        let ckpt = open_checkpoint(&raw, 0).unwrap();
+        let ckpt = adopt(outcome(|s| open_checkpoint(&raw, 0, false, false, s)).unwrap());
         assert_eq!(ckpt.shard_path(0), raw.as_slice());
         assert_eq!(OsStr::from_bytes(ckpt.shard_path(0)).len(), raw.len());
         std::fs::remove_dir_all(&dir).unwrap();

@@ -2,13 +2,19 @@
 //! bytes as slices; everything else is `safetensors_core::convert`.
 
 use safetensors_core::convert;
-use safetensors_core::{Dtype, TensorView};
+use safetensors_core::{Error, TensorView};
 
-use crate::{guard, BridgeError};
+use crate::ffi::Status;
+use crate::guard;
 
-/// The dtype with index `d` (C++ passes `Dtype` values, but a `static_cast` can make any byte).
-fn dtype(d: u8) -> Result<Dtype, BridgeError> {
-    guard(|| convert::dtype_to_convert(d))
+/// A tensor as it crosses the bridge: its dtype index (C++ passes `Dtype` values, but a
+/// `static_cast` can make any byte), shape and bytes.
+fn view<'a>(dtype_index: u8, shape: &'a [usize], data: &'a [u8]) -> Result<TensorView<'a>, Error> {
+    Ok(TensorView::new(
+        convert::dtype_to_convert(dtype_index)?,
+        shape,
+        data,
+    ))
 }
 
 pub fn convert_tensor(
@@ -17,18 +23,21 @@ pub fn convert_tensor(
     src: &[u8],
     to: u8,
     dst: &mut [u8],
-) -> Result<(), BridgeError> {
-    let (from, to) = (dtype(from)?, dtype(to)?);
-    guard(|| convert::convert(from, shape, src, to, dst))
+    status: &mut Status,
+) {
+    guard(status, || {
+        let (from, to) = (
+            convert::dtype_to_convert(from)?,
+            convert::dtype_to_convert(to)?,
+        );
+        convert::convert(from, shape, src, to, dst)
+    })
 }
 
-/// A tensor as it crosses the bridge: its dtype index, shape and bytes.
-fn view<'a>(
-    dtype_index: u8,
-    shape: &'a [usize],
-    data: &'a [u8],
-) -> Result<TensorView<'a>, BridgeError> {
-    Ok(TensorView::new(dtype(dtype_index)?, shape, data))
+pub fn converted_len(shape: &[usize], to: u8, status: &mut Status) -> usize {
+    guard(status, || {
+        convert::output_len(shape, convert::dtype_to_convert(to)?)
+    })
 }
 
 #[allow(clippy::too_many_arguments)] // cxx bridges take no structs holding slices
@@ -43,18 +52,24 @@ pub fn dequantize_fp8_blocks(
     block_cols: usize,
     to: u8,
     dst: &mut [u8],
-) -> Result<(), BridgeError> {
-    let w = view(weight_dtype, weight_shape, weight)?;
-    let s = view(scale_dtype, scale_shape, scale)?;
-    let to = dtype(to)?;
-    guard(|| convert::dequantize_fp8_blocks(w, s, (block_rows, block_cols), to, dst))
+    status: &mut Status,
+) {
+    guard(status, || {
+        let w = view(weight_dtype, weight_shape, weight)?;
+        let s = view(scale_dtype, scale_shape, scale)?;
+        let to = convert::dtype_to_convert(to)?;
+        convert::dequantize_fp8_blocks(w, s, (block_rows, block_cols), to, dst)
+    })
 }
 
 pub fn mxfp4_output_shape(
     blocks_shape: &[usize],
     scales_shape: &[usize],
-) -> Result<Vec<usize>, BridgeError> {
-    guard(|| convert::mxfp4_output_shape(blocks_shape, scales_shape))
+    status: &mut Status,
+) -> Vec<usize> {
+    guard(status, || {
+        convert::mxfp4_output_shape(blocks_shape, scales_shape)
+    })
 }
 
 #[allow(clippy::too_many_arguments)] // cxx bridges take no structs holding slices
@@ -67,9 +82,12 @@ pub fn dequantize_mxfp4(
     scales: &[u8],
     to: u8,
     dst: &mut [u8],
-) -> Result<(), BridgeError> {
-    let b = view(blocks_dtype, blocks_shape, blocks)?;
-    let s = view(scales_dtype, scales_shape, scales)?;
-    let to = dtype(to)?;
-    guard(|| convert::dequantize_mxfp4(b, s, to, dst))
+    status: &mut Status,
+) {
+    guard(status, || {
+        let b = view(blocks_dtype, blocks_shape, blocks)?;
+        let s = view(scales_dtype, scales_shape, scales)?;
+        let to = convert::dtype_to_convert(to)?;
+        convert::dequantize_mxfp4(b, s, to, dst)
+    })
 }

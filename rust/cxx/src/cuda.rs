@@ -10,9 +10,10 @@ use safetensors_core::upload::UploadPlan;
 use safetensors_core::{Error, Indexer, SafeFile};
 
 use crate::checkpoint::Checkpoint;
+use crate::ffi::Status;
 use crate::ffi::{SliceIndex, UploadPlacement};
 use crate::file::{indexer, File};
-use crate::{guard, BridgeError};
+use crate::guard;
 
 /// Tensors and slices to upload, with the files they come from.
 pub struct UploadJob {
@@ -42,8 +43,8 @@ impl UploadJob {
 
     /// Every tensor of `file`, in sorted-name order (what C++ `keys()` lists): one bridge call
     /// for a whole file instead of one per tensor.
-    pub fn add_file(&mut self, file: &File) -> Result<(), BridgeError> {
-        guard(|| {
+    pub fn add_file(&mut self, file: &File, status: &mut Status) {
+        guard(status, || {
             let (source, f) = self.source(file);
             for name in f.header().sorted_names() {
                 self.plan.add_tensor(source, &f, name)?;
@@ -53,23 +54,19 @@ impl UploadJob {
     }
 
     /// Every tensor of a checkpoint, in its `keys()` order, each from its shard.
-    pub fn add_checkpoint(&mut self, ckpt: &Checkpoint) -> Result<(), BridgeError> {
-        for i in 0..ckpt.tensor_count() {
-            let name = ckpt.name_at(i);
-            // Both are guarded already.
-            let shard = ckpt.shard_of(name.as_bytes())?;
-            // SAFETY: `shard_file` has no requirement; `unsafe` only names its lifetime.
-            let file = unsafe { ckpt.shard_file(shard) }?;
-            guard(|| {
-                let (source, f) = self.source(file);
-                self.plan.add_tensor(source, &f, name).map(drop)
-            })?;
-        }
-        Ok(())
+    pub fn add_checkpoint(&mut self, ckpt: &Checkpoint, status: &mut Status) {
+        guard(status, || {
+            for name in ckpt.core().names() {
+                let shard = ckpt.core().shard_of(name)?;
+                let (source, f) = self.source(ckpt.shard(shard)?);
+                self.plan.add_tensor(source, &f, name)?;
+            }
+            Ok(())
+        })
     }
 
-    pub fn add_tensor(&mut self, file: &File, name: &[u8]) -> Result<(), BridgeError> {
-        guard(|| {
+    pub fn add_tensor(&mut self, file: &File, name: &[u8], status: &mut Status) {
+        guard(status, || {
             let (source, f) = self.source(file);
             self.plan
                 .add_tensor(source, &f, &utf8_name(name)?)
@@ -82,8 +79,9 @@ impl UploadJob {
         file: &File,
         name: &[u8],
         indices: &[SliceIndex],
-    ) -> Result<(), BridgeError> {
-        guard(|| {
+        status: &mut Status,
+    ) {
+        guard(status, || {
             let (source, f) = self.source(file);
             let indexers: Vec<Indexer> = indices.iter().map(indexer).collect();
             self.plan
@@ -140,6 +138,7 @@ fn ring_options(slots: usize, slot_bytes: usize, readers: usize) -> RingOptions 
 #[cfg(feature = "cuda")]
 mod enabled {
     use super::*;
+    use crate::handed_over;
 
     pub struct Uploader(safetensors_cuda::Uploader);
 
@@ -148,16 +147,17 @@ mod enabled {
         slots: usize,
         slot_bytes: usize,
         readers: usize,
-    ) -> Result<Box<Uploader>, BridgeError> {
-        guard(|| {
+        status: &mut Status,
+    ) -> *mut Uploader {
+        guard(status, || {
             safetensors_cuda::Uploader::new(device, ring_options(slots, slot_bytes, readers))
-                .map(|u| Box::new(Uploader(u)))
+                .map(|u| handed_over(Uploader(u)))
         })
     }
 
     impl Uploader {
-        pub fn upload(&self, job: &UploadJob) -> Result<u64, BridgeError> {
-            guard(|| {
+        pub fn upload(&self, job: &UploadJob, status: &mut Status) -> u64 {
+            guard(status, || {
                 self.0
                     .upload(&job.file_refs(), &job.plan)
                     .map(|b| b.release())
@@ -170,16 +170,17 @@ mod enabled {
             dst: u64,
             capacity: usize,
             stream: u64,
-        ) -> Result<(), BridgeError> {
-            guard(|| {
+            status: &mut Status,
+        ) {
+            guard(status, || {
                 self.0
                     .upload_into(&job.file_refs(), &job.plan, dst, capacity, stream)
                     .map(drop)
             })
         }
 
-        pub fn synchronize(&self) -> Result<(), BridgeError> {
-            guard(|| self.0.synchronize())
+        pub fn synchronize(&self, status: &mut Status) {
+            guard(status, || self.0.synchronize())
         }
 
         pub fn staging_bytes(&self) -> usize {
@@ -187,8 +188,8 @@ mod enabled {
         }
     }
 
-    pub fn cuda_shared_upload(device: usize, job: &UploadJob) -> Result<u64, BridgeError> {
-        guard(|| {
+    pub fn cuda_shared_upload(device: usize, job: &UploadJob, status: &mut Status) -> u64 {
+        guard(status, || {
             safetensors_cuda::Uploader::shared(device)?
                 .upload(&job.file_refs(), &job.plan)
                 .map(|b| b.release())
@@ -199,31 +200,37 @@ mod enabled {
         true
     }
 
-    pub fn cuda_device_count() -> Result<usize, BridgeError> {
-        guard(safetensors_cuda::device_count)
+    pub fn cuda_device_count(status: &mut Status) -> usize {
+        guard(status, safetensors_cuda::device_count)
     }
 
-    pub fn cuda_device_name(device: usize) -> Result<String, BridgeError> {
-        guard(|| safetensors_cuda::Gpu::open(device)?.name())
+    pub fn cuda_device_name(device: usize, status: &mut Status) -> String {
+        guard(status, || safetensors_cuda::Gpu::open(device)?.name())
     }
 
-    pub fn cuda_free(device: usize, ptr: u64) -> Result<(), BridgeError> {
-        guard(|| safetensors_cuda::free(device, ptr))
+    pub fn cuda_free(device: usize, ptr: u64, status: &mut Status) {
+        guard(status, || safetensors_cuda::free(device, ptr))
     }
 
-    pub fn cuda_download(device: usize, src: u64, dst: &mut [u8]) -> Result<(), BridgeError> {
-        guard(|| safetensors_cuda::Gpu::open(device)?.download(src, dst))
+    pub fn cuda_download(device: usize, src: u64, dst: &mut [u8], status: &mut Status) {
+        guard(status, || {
+            safetensors_cuda::Gpu::open(device)?.download(src, dst)
+        })
     }
 
-    pub fn cuda_pinned_copy_seconds(device: usize, bytes: usize) -> Result<f64, BridgeError> {
-        guard(|| safetensors_cuda::Gpu::open(device)?.pinned_copy_seconds(bytes))
+    pub fn cuda_pinned_copy_seconds(device: usize, bytes: usize, status: &mut Status) -> f64 {
+        guard(status, || {
+            safetensors_cuda::Gpu::open(device)?.pinned_copy_seconds(bytes)
+        })
     }
 
     /// One rank's device staging for a multi-rank load (`safetensors_cuda::Stager`).
     pub struct DeviceStage(safetensors_cuda::Stager);
 
-    pub fn new_device_stage(device: usize, total: usize) -> Result<Box<DeviceStage>, BridgeError> {
-        guard(|| safetensors_cuda::Stager::new(device, total).map(|s| Box::new(DeviceStage(s))))
+    pub fn new_device_stage(device: usize, total: usize, status: &mut Status) -> *mut DeviceStage {
+        guard(status, || {
+            safetensors_cuda::Stager::new(device, total).map(|s| handed_over(DeviceStage(s)))
+        })
     }
 
     impl DeviceStage {
@@ -233,33 +240,41 @@ mod enabled {
         pub fn stream(&self) -> u64 {
             self.0.stream()
         }
-        pub fn host(&mut self, len: usize) -> Result<&mut [u8], BridgeError> {
-            guard(|| self.0.host(len))
+        /// # Safety
+        /// None: the bridge needs `unsafe` to name the lifetime.
+        pub unsafe fn host<'a>(&'a mut self, len: usize, status: &mut Status) -> &'a mut [u8] {
+            guard(status, || self.0.host(len))
         }
         pub fn host_to_destination(
             &mut self,
             src_offset: usize,
             len: usize,
             dst_offset: usize,
-        ) -> Result<(), BridgeError> {
-            guard(|| self.0.host_to_destination(src_offset, len, dst_offset))
+            status: &mut Status,
+        ) {
+            guard(status, || {
+                self.0.host_to_destination(src_offset, len, dst_offset)
+            })
         }
-        pub fn scratch(&mut self, len: usize) -> Result<u64, BridgeError> {
-            guard(|| self.0.scratch(len))
+        pub fn scratch(&mut self, len: usize, status: &mut Status) -> u64 {
+            guard(status, || self.0.scratch(len))
         }
-        pub fn host_to_scratch(&mut self, len: usize) -> Result<(), BridgeError> {
-            guard(|| self.0.host_to_scratch(len))
+        pub fn host_to_scratch(&mut self, len: usize, status: &mut Status) {
+            guard(status, || self.0.host_to_scratch(len))
         }
         pub fn scratch_to_destination(
             &mut self,
             src_offset: usize,
             len: usize,
             dst_offset: usize,
-        ) -> Result<(), BridgeError> {
-            guard(|| self.0.scratch_to_destination(src_offset, len, dst_offset))
+            status: &mut Status,
+        ) {
+            guard(status, || {
+                self.0.scratch_to_destination(src_offset, len, dst_offset)
+            })
         }
-        pub fn finish(&mut self) -> Result<u64, BridgeError> {
-            guard(|| self.0.finish())
+        pub fn finish(&mut self, status: &mut Status) -> u64 {
+            guard(status, || self.0.finish())
         }
     }
 }
@@ -267,78 +282,68 @@ mod enabled {
 #[cfg(not(feature = "cuda"))]
 mod enabled {
     use super::*;
+    use crate::status::Fallback;
 
     /// Never constructed in a build without CUDA.
     pub struct Uploader(());
 
-    fn unavailable<T>() -> Result<T, BridgeError> {
-        guard(|| {
+    /// Every CUDA entry point of a build without CUDA: a `Cuda` error saying so.
+    fn unavailable<T: Fallback>(status: &mut Status) -> T {
+        guard(status, || {
             Err(Error::Cuda {
-                message:
-                    "this build of the safetensors library has no CUDA support (configure with \
-                          -DSAFETENSORS_CUDA=ON)"
-                        .into(),
+                message: "this build of the safetensors library has no CUDA support (configure \
+                          with -DSAFETENSORS_CUDA=ON)"
+                    .into(),
             })
         })
     }
 
-    pub fn new_uploader(
-        _: usize,
-        _: usize,
-        _: usize,
-        _: usize,
-    ) -> Result<Box<Uploader>, BridgeError> {
-        unavailable()
+    pub fn new_uploader(_: usize, _: usize, _: usize, _: usize, s: &mut Status) -> *mut Uploader {
+        unavailable(s)
     }
 
     impl Uploader {
-        pub fn upload(&self, _: &UploadJob) -> Result<u64, BridgeError> {
-            unavailable()
+        pub fn upload(&self, _: &UploadJob, s: &mut Status) -> u64 {
+            unavailable(s)
         }
-        pub fn upload_into(
-            &self,
-            _: &UploadJob,
-            _: u64,
-            _: usize,
-            _: u64,
-        ) -> Result<(), BridgeError> {
-            unavailable()
+        pub fn upload_into(&self, _: &UploadJob, _: u64, _: usize, _: u64, s: &mut Status) {
+            unavailable(s)
         }
-        pub fn synchronize(&self) -> Result<(), BridgeError> {
-            unavailable()
+        pub fn synchronize(&self, s: &mut Status) {
+            unavailable(s)
         }
         pub fn staging_bytes(&self) -> usize {
             0
         }
     }
 
-    pub fn cuda_shared_upload(_: usize, _: &UploadJob) -> Result<u64, BridgeError> {
-        unavailable()
+    pub fn cuda_shared_upload(_: usize, _: &UploadJob, s: &mut Status) -> u64 {
+        unavailable(s)
     }
     pub fn cuda_built() -> bool {
         false
     }
-    pub fn cuda_device_count() -> Result<usize, BridgeError> {
-        unavailable()
+    pub fn cuda_device_count(s: &mut Status) -> usize {
+        unavailable(s)
     }
-    pub fn cuda_device_name(_: usize) -> Result<String, BridgeError> {
-        unavailable()
+    pub fn cuda_device_name(_: usize, s: &mut Status) -> String {
+        unavailable(s)
     }
-    pub fn cuda_free(_: usize, _: u64) -> Result<(), BridgeError> {
-        unavailable()
+    pub fn cuda_free(_: usize, _: u64, s: &mut Status) {
+        unavailable(s)
     }
-    pub fn cuda_download(_: usize, _: u64, _: &mut [u8]) -> Result<(), BridgeError> {
-        unavailable()
+    pub fn cuda_download(_: usize, _: u64, _: &mut [u8], s: &mut Status) {
+        unavailable(s)
     }
-    pub fn cuda_pinned_copy_seconds(_: usize, _: usize) -> Result<f64, BridgeError> {
-        unavailable()
+    pub fn cuda_pinned_copy_seconds(_: usize, _: usize, s: &mut Status) -> f64 {
+        unavailable(s)
     }
 
     /// Never constructed in a build without CUDA.
     pub struct DeviceStage(());
 
-    pub fn new_device_stage(_: usize, _: usize) -> Result<Box<DeviceStage>, BridgeError> {
-        unavailable()
+    pub fn new_device_stage(_: usize, _: usize, s: &mut Status) -> *mut DeviceStage {
+        unavailable(s)
     }
 
     impl DeviceStage {
@@ -348,33 +353,25 @@ mod enabled {
         pub fn stream(&self) -> u64 {
             0
         }
-        pub fn host(&mut self, _: usize) -> Result<&mut [u8], BridgeError> {
-            unavailable()
+        /// # Safety
+        /// None: the bridge needs `unsafe` to name the lifetime.
+        pub unsafe fn host<'a>(&'a mut self, _: usize, s: &mut Status) -> &'a mut [u8] {
+            unavailable(s)
         }
-        pub fn host_to_destination(
-            &mut self,
-            _: usize,
-            _: usize,
-            _: usize,
-        ) -> Result<(), BridgeError> {
-            unavailable()
+        pub fn host_to_destination(&mut self, _: usize, _: usize, _: usize, s: &mut Status) {
+            unavailable(s)
         }
-        pub fn scratch(&mut self, _: usize) -> Result<u64, BridgeError> {
-            unavailable()
+        pub fn scratch(&mut self, _: usize, s: &mut Status) -> u64 {
+            unavailable(s)
         }
-        pub fn host_to_scratch(&mut self, _: usize) -> Result<(), BridgeError> {
-            unavailable()
+        pub fn host_to_scratch(&mut self, _: usize, s: &mut Status) {
+            unavailable(s)
         }
-        pub fn scratch_to_destination(
-            &mut self,
-            _: usize,
-            _: usize,
-            _: usize,
-        ) -> Result<(), BridgeError> {
-            unavailable()
+        pub fn scratch_to_destination(&mut self, _: usize, _: usize, _: usize, s: &mut Status) {
+            unavailable(s)
         }
-        pub fn finish(&mut self) -> Result<u64, BridgeError> {
-            unavailable()
+        pub fn finish(&mut self, s: &mut Status) -> u64 {
+            unavailable(s)
         }
     }
 }

@@ -9,9 +9,10 @@ use safetensors_core::distributed::{
 };
 use safetensors_core::{Error, Indexer, SafeFile};
 
+use crate::ffi::Status;
 use crate::ffi::{DistPiece, DistStep, SliceIndex, TpRule};
 use crate::file::{File, SlicePlan};
-use crate::{guard, BridgeError};
+use crate::{guard, handed_over};
 
 fn slice_index(i: Indexer) -> SliceIndex {
     match i {
@@ -41,8 +42,9 @@ pub fn tp_indices(
     name: &[u8],
     shape: &[usize],
     rule: &TpRule,
-) -> Result<Vec<SliceIndex>, BridgeError> {
-    guard(|| {
+    status: &mut Status,
+) -> Vec<SliceIndex> {
+    guard(status, || {
         let name = String::from_utf8_lossy(name);
         let split = if rule.uneven {
             Split::Uneven
@@ -113,13 +115,8 @@ pub fn new_dist_plan_builder(world: usize) -> Box<DistPlanBuilder> {
 impl DistPlanBuilder {
     /// Adds a selection `plan` of a tensor of `file` to what `rank` needs. Files are told apart
     /// by identity: selections from one open file or checkpoint share reads.
-    pub fn add_need(
-        &mut self,
-        rank: usize,
-        file: &File,
-        plan: &SlicePlan,
-    ) -> Result<(), BridgeError> {
-        guard(|| {
+    pub fn add_need(&mut self, rank: usize, file: &File, plan: &SlicePlan, status: &mut Status) {
+        guard(status, || {
             let world = self.needs.len();
             let Some(list) = self.needs.get_mut(rank) else {
                 return Err(Error::InvalidSlice {
@@ -145,10 +142,10 @@ impl DistPlanBuilder {
         })
     }
 
-    pub fn build_plan(&self, max_step: u64) -> Result<Box<DistPlan>, BridgeError> {
-        guard(|| {
+    pub fn build_plan(&self, max_step: u64, status: &mut Status) -> *mut DistPlan {
+        guard(status, || {
             let plan = LoadPlan::new(&self.needs, max_step)?;
-            Ok(Box::new(DistPlan {
+            Ok(handed_over(DistPlan {
                 plan,
                 files: self.files.clone(),
                 read: AtomicU64::new(0),
@@ -208,8 +205,8 @@ impl DistPlan {
         self.plan.result_lens(rank).to_vec()
     }
     /// Reads step `i` into `dst` (exactly its length), counting and logging the read.
-    pub fn read_step(&self, i: usize, dst: &mut [u8]) -> Result<(), BridgeError> {
-        guard(|| {
+    pub fn read_step(&self, i: usize, dst: &mut [u8], status: &mut Status) {
+        guard(status, || {
             let s = self.step(i);
             if i >= self.step_count() || dst.len() as u64 != s.len {
                 return Err(Error::InvalidSlice {

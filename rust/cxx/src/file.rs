@@ -4,8 +4,8 @@ use std::sync::{Arc, OnceLock};
 
 use safetensors_core::{Backend, Error, Indexer, OpenOptions, SafeFile, TensorInfo};
 
-use crate::ffi::{ByteRun, SliceIndex};
-use crate::{guard, native_path, BridgeError, Metadata, TensorMeta};
+use crate::ffi::{ByteRun, SliceIndex, Status};
+use crate::{guard, handed_over, native_path, Metadata, TensorMeta};
 
 /// An open file plus what C++ asks for repeatedly, prepared once. Shared with a checkpoint when
 /// it is one of its shards.
@@ -41,27 +41,21 @@ impl File {
     }
 }
 
-/// Opens `path` with backend 0 (mmap), 1 (read) or 2 (direct).
-pub fn open_file(path: &[u8], backend_code: u8) -> Result<Box<File>, BridgeError> {
-    guard(|| {
-        let inner = SafeFile::open(native_path(path), backend(backend_code))?;
-        Ok(Box::new(File::wrap(Arc::new(inner))))
-    })
-}
-
-/// Opens `path`, accepting trailing bytes when asked.
-pub fn open_file_with(
+/// Opens `path` with backend 0 (mmap), 1 (read) or 2 (direct), accepting trailing bytes when
+/// asked.
+pub fn open_file(
     path: &[u8],
     backend_code: u8,
     allow_trailing_bytes: bool,
-) -> Result<Box<File>, BridgeError> {
-    guard(|| {
+    status: &mut Status,
+) -> *mut File {
+    guard(status, || {
         let options = OpenOptions {
             backend: backend(backend_code),
             allow_trailing_bytes,
         };
         let inner = SafeFile::open_with(native_path(path), options)?;
-        Ok(Box::new(File::wrap(Arc::new(inner))))
+        Ok(handed_over(File::wrap(Arc::new(inner))))
     })
 }
 
@@ -97,8 +91,9 @@ pub unsafe fn open_memory(
     data: &[u8],
     name: &[u8],
     allow_trailing_bytes: bool,
-) -> Result<Box<File>, BridgeError> {
-    guard(|| {
+    status: &mut Status,
+) -> *mut File {
+    guard(status, || {
         let lent = Lent {
             ptr: data.as_ptr(),
             len: data.len(),
@@ -108,7 +103,7 @@ pub unsafe fn open_memory(
             ..OpenOptions::default()
         };
         let inner = SafeFile::from_memory(native_path(name), Box::new(lent), options)?;
-        Ok(Box::new(File::wrap(Arc::new(inner))))
+        Ok(handed_over(File::wrap(Arc::new(inner))))
     })
 }
 
@@ -146,8 +141,8 @@ impl File {
         self.inner.trailing_bytes()
     }
 
-    pub fn find(&self, name: &[u8]) -> Result<TensorMeta, BridgeError> {
-        guard(|| {
+    pub fn find(&self, name: &[u8], status: &mut Status) -> TensorMeta {
+        guard(status, || {
             let index = usize::try_from(self.position(name)).map_err(|_| {
                 Error::TensorNotFound {
                     name: String::from_utf8_lossy(name).into_owned(),
@@ -171,11 +166,7 @@ impl File {
             (Some(info), Some(span)) => meta(index, &info, span),
             _ => TensorMeta {
                 index,
-                dtype: 0,
-                begin: 0,
-                end: 0,
-                shape_start: 0,
-                shape_len: 0,
+                ..TensorMeta::default()
             },
         }
     }
@@ -222,8 +213,8 @@ impl File {
         self.inner.header().data_len()
     }
 
-    pub fn read_data(&self, offset: u64, dst: &mut [u8]) -> Result<(), BridgeError> {
-        guard(|| self.inner.read_data(offset, dst))
+    pub fn read_data(&self, offset: u64, dst: &mut [u8], status: &mut Status) {
+        guard(status, || self.inner.read_data(offset, dst))
     }
 
     pub fn bytes_read(&self) -> u64 {
@@ -234,13 +225,14 @@ impl File {
         &self,
         index: usize,
         indexers: &[SliceIndex],
-    ) -> Result<Box<SlicePlan>, BridgeError> {
-        guard(|| {
+        status: &mut Status,
+    ) -> *mut SlicePlan {
+        guard(status, || {
             let info = self.tensor_at(index)?;
             let indexers: Vec<Indexer> = indexers.iter().map(indexer).collect();
             let plan = safetensors_core::SlicePlan::new(&info, &indexers)
                 .map_err(|e| e.in_file(self.inner.path()))?;
-            Ok(Box::new(SlicePlan {
+            Ok(handed_over(SlicePlan {
                 plan,
                 index,
                 begin: info.data_offsets.0,
@@ -248,8 +240,8 @@ impl File {
         })
     }
 
-    pub fn read_slice(&self, plan: &SlicePlan, dst: &mut [u8]) -> Result<(), BridgeError> {
-        guard(|| {
+    pub fn read_slice(&self, plan: &SlicePlan, dst: &mut [u8], status: &mut Status) {
+        guard(status, || {
             let info = self.tensor_at(plan.index)?;
             self.inner.read_slice_of(&info, &plan.plan, dst)
         })

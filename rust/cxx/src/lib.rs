@@ -2,11 +2,13 @@
 //!
 //! Users never see these types: `include/safetensors/*.hpp` wraps them in the public C++20 API.
 //!
-//! Two rules hold for every function below, because a panic that reaches the bridge aborts the
-//! host process:
-//! - every fallible function returns `Result`, runs inside [`guard`] (which turns a panic into
-//!   an `Internal` error), and its error text starts with the numeric error kind and a colon,
-//!   which the C++ side parses back into `safetensors::ErrorKind`;
+//! No call across this bridge throws or panics, so that the headers work in programs built
+//! without exceptions (`-fno-exceptions`), where cxx's `Result` would abort the process:
+//! - every fallible function takes a `&mut Status` last, runs inside [`guard`] (which also turns
+//!   a panic into an `Internal` error), and reports its outcome there: `ok`, or the error's
+//!   numeric kind and message. On failure it returns a harmless placeholder (0, empty, null);
+//!   functions that make a Rust object return it as a raw pointer, null on failure, which C++
+//!   adopts with `rust::Box::from_raw`;
 //! - every infallible accessor is total: an index out of range gives an empty value, never a
 //!   panic (the C++ wrappers only pass valid indices anyway).
 
@@ -15,36 +17,45 @@ mod convert;
 mod cuda;
 mod distributed;
 mod file;
+mod status;
 mod stream;
 mod version;
 mod writer;
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use safetensors_core::{Dtype, Error, ErrorKind};
+use safetensors_core::{Dtype, ErrorKind};
 
-pub use checkpoint::{open_checkpoint, open_checkpoint_with, Checkpoint};
-pub use convert::{convert_tensor, dequantize_fp8_blocks, dequantize_mxfp4, mxfp4_output_shape};
+pub use checkpoint::{open_checkpoint, Checkpoint};
+pub use convert::{
+    convert_tensor, converted_len, dequantize_fp8_blocks, dequantize_mxfp4, mxfp4_output_shape,
+};
 pub use cuda::{
     cuda_built, cuda_device_count, cuda_device_name, cuda_download, cuda_free,
     cuda_pinned_copy_seconds, cuda_shared_upload, new_device_stage, new_upload_job, new_uploader,
     DeviceStage, UploadJob, Uploader,
 };
 pub use distributed::{new_dist_plan_builder, tp_indices, DistPlan, DistPlanBuilder};
-pub use file::{open_file, open_file_with, open_memory, File, SlicePlan};
+pub use file::{open_file, open_memory, File, SlicePlan};
+pub(crate) use status::guard;
 pub use writer::{new_writer, Writer};
 
-// cxx needs the explicit lifetime on `shard_file`, which clippy would have us elide.
-#[allow(clippy::needless_lifetimes)]
 #[cxx::bridge(namespace = "safetensors::ffi")]
 mod ffi {
     // ---- shared structs ------------------------------------------------------------------
 
+    /// How a fallible call ended. C++ passes a fresh one (`ok` false) to every fallible call,
+    /// which sets `ok`, or the error's kind (`safetensors::ErrorKind`'s value) and message.
+    #[derive(Debug, Default)]
+    struct Status {
+        ok: bool,
+        kind: u8,
+        message: String,
+    }
+
     /// One tensor: position in file order, dtype index, data offsets, and where its shape is in
     /// `File::dims` (so that C++ reads it without another call).
-    #[derive(Debug, Clone, Copy)]
+    #[derive(Debug, Clone, Copy, Default)]
     struct TensorMeta {
         index: usize,
         dtype: u8,
@@ -84,20 +95,9 @@ mod ffi {
         length: u64,
     }
 
-    // ---- cold reads: the direct backend (rust/cxx/src/stream.rs) ---------------------------
+    // ---- files (glue in file.rs; cold-read queries in stream.rs) ---------------------------
 
     extern "Rust" {
-        /// The backend: 0 mmap, 1 read, 2 direct.
-        fn backend_code(self: &File) -> u8;
-        /// With the direct backend, why reads fell back to `pread` ("" while they bypass the
-        /// page cache, and for the other backends).
-        fn direct_fallback(self: &File) -> &str;
-    }
-
-    // ---- Rust functions C++ calls --------------------------------------------------------
-
-    extern "Rust" {
-        /// An open safetensors file (mapped, or read on demand).
         /// A metadata map as sorted (key, value) pairs, walked by index.
         type Metadata;
         /// Number of entries.
@@ -107,30 +107,32 @@ mod ffi {
         /// Value of key `i` ("" out of range).
         fn value(self: &Metadata, i: usize) -> &str;
 
+        /// An open safetensors file (mapped, or read on demand).
         type File;
 
-        /// Opens and validates `path` (raw bytes of a native path). `backend`: 0 mmap, 1 read, 2 direct.
-        fn open_file(path: &[u8], backend: u8) -> Result<Box<File>>;
-        /// `open_file`, accepting bytes after the last tensor when `allow_trailing_bytes`.
-        fn open_file_with(
+        /// Opens and validates `path` (raw bytes of a native path). `backend`: 0 mmap, 1 read,
+        /// 2 direct. `allow_trailing_bytes` accepts bytes after the last tensor. Null on failure.
+        fn open_file(
             path: &[u8],
             backend: u8,
             allow_trailing_bytes: bool,
-        ) -> Result<Box<File>>;
+            status: &mut Status,
+        ) -> *mut File;
         /// Validates a complete file in memory. The File borrows `data`: the caller keeps it
         /// alive, unmoved and unchanged, until the File is dropped. `name` is for messages.
         unsafe fn open_memory(
             data: &[u8],
             name: &[u8],
             allow_trailing_bytes: bool,
-        ) -> Result<Box<File>>;
+            status: &mut Status,
+        ) -> *mut File;
         /// Bytes after the last tensor (0 unless allowed at open).
         fn trailing_bytes(self: &File) -> u64;
 
         /// Number of tensors.
         fn tensor_count(self: &File) -> usize;
         /// The tensor named `name`, or a `TensorNotFound` error naming the file.
-        fn find(self: &File, name: &[u8]) -> Result<TensorMeta>;
+        fn find(self: &File, name: &[u8], status: &mut Status) -> TensorMeta;
         /// Position of `name` in file order, or -1.
         fn position(self: &File, name: &[u8]) -> isize;
         /// The tensor at `index` in file order (all zero when out of range).
@@ -156,14 +158,24 @@ mod ffi {
         /// Length of the data buffer.
         fn data_len(self: &File) -> usize;
         /// Copies data-buffer bytes `[offset, offset + dst.len())` into `dst`.
-        fn read_data(self: &File, offset: u64, dst: &mut [u8]) -> Result<()>;
+        fn read_data(self: &File, offset: u64, dst: &mut [u8], status: &mut Status);
         /// Data bytes fetched by the read backend so far.
         fn bytes_read(self: &File) -> u64;
-        /// Plans a slice of the tensor at `index` in file order.
-        fn plan_slice(self: &File, index: usize, indexers: &[SliceIndex])
-            -> Result<Box<SlicePlan>>;
+        /// Plans a slice of the tensor at `index` in file order. Null on failure.
+        fn plan_slice(
+            self: &File,
+            index: usize,
+            indexers: &[SliceIndex],
+            status: &mut Status,
+        ) -> *mut SlicePlan;
         /// Copies the bytes `plan` selects into `dst` (exactly `plan.byte_len()` bytes).
-        fn read_slice(self: &File, plan: &SlicePlan, dst: &mut [u8]) -> Result<()>;
+        fn read_slice(self: &File, plan: &SlicePlan, dst: &mut [u8], status: &mut Status);
+
+        /// The backend: 0 mmap, 1 read, 2 direct.
+        fn backend_code(self: &File) -> u8;
+        /// With the direct backend, why reads fell back to `pread` ("" while they bypass the
+        /// page cache, and for the other backends).
+        fn direct_fallback(self: &File) -> &str;
 
         /// A planned slice: the new shape and the byte runs, no data.
         type SlicePlan;
@@ -175,7 +187,11 @@ mod ffi {
         fn runs(self: &SlicePlan) -> Vec<ByteRun>;
         /// Whether the slice is at most one contiguous run.
         fn contiguous(self: &SlicePlan) -> bool;
+    }
 
+    // ---- writing (glue in writer.rs) -------------------------------------------------------
+
+    extern "Rust" {
         /// Tensors collected for one write; see `rust/cxx/src/writer.rs` for the lifetime rule.
         type Writer;
         /// An empty writer.
@@ -187,35 +203,40 @@ mod ffi {
             dtype: u8,
             shape: &[usize],
             data: &[u8],
-        ) -> Result<()>;
+            status: &mut Status,
+        );
         /// Writes `__metadata__` even if no entry is added.
         fn keep_metadata(self: &mut Writer);
         /// Adds a metadata entry (refuses a repeated key).
-        fn add_metadata(self: &mut Writer, key: &[u8], value: &[u8]) -> Result<()>;
-        /// Checks everything and returns the length of the file.
-        unsafe fn file_len(self: &Writer) -> Result<usize>;
-        /// Writes the file into `dst` (exactly `file_len()` bytes).
-        unsafe fn write_into(self: &Writer, dst: &mut [u8]) -> Result<()>;
+        fn add_metadata(self: &mut Writer, key: &[u8], value: &[u8], status: &mut Status);
+        /// Checks everything, lays the file out once, and returns its length; `write_into` then
+        /// writes that layout.
+        unsafe fn prepare(self: &mut Writer, status: &mut Status) -> usize;
+        /// Writes the prepared file into `dst` (exactly `prepare`'s length).
+        unsafe fn write_into(self: &Writer, dst: &mut [u8], status: &mut Status);
         /// Writes the file atomically at `path`, fsynced when `sync`.
-        unsafe fn write_file(self: &Writer, path: &[u8], sync: bool) -> Result<()>;
+        unsafe fn write_file(self: &Writer, path: &[u8], sync: bool, status: &mut Status);
+    }
 
+    // ---- sharded checkpoints (glue in checkpoint.rs) ---------------------------------------
+
+    extern "Rust" {
         /// A sharded checkpoint (an index and its shards) or a single file.
         type Checkpoint;
-        /// Opens an index (`.json`) or a single safetensors file.
-        fn open_checkpoint(path: &[u8], backend: u8) -> Result<Box<Checkpoint>>;
-        /// `open_checkpoint` with the lenient mode and trailing bytes options.
-        fn open_checkpoint_with(
+        /// Opens an index (`.json`) or a single safetensors file. Null on failure.
+        fn open_checkpoint(
             path: &[u8],
             backend: u8,
             lenient: bool,
             allow_trailing_bytes: bool,
-        ) -> Result<Box<Checkpoint>>;
+            status: &mut Status,
+        ) -> *mut Checkpoint;
         /// The shard holding `name`, opened, with `ShardMissing` when (lenient) it lacks it.
-        fn shard_holding(self: &Checkpoint, name: &[u8]) -> Result<usize>;
+        fn shard_holding(self: &Checkpoint, name: &[u8], status: &mut Status) -> usize;
         /// Tensors the index lists but their shard lacks, sorted (opens every shard).
-        fn missing(self: &Checkpoint) -> Result<Vec<String>>;
+        fn missing(self: &Checkpoint, status: &mut Status) -> Vec<String>;
         /// Bytes after the last tensor of shard `shard` (opens it).
-        fn shard_trailing_bytes(self: &Checkpoint, shard: usize) -> Result<u64>;
+        fn shard_trailing_bytes(self: &Checkpoint, shard: usize, status: &mut Status) -> u64;
         /// Number of tensors the index lists.
         fn tensor_count(self: &Checkpoint) -> usize;
         /// Tensor name `i` in sorted order.
@@ -223,10 +244,10 @@ mod ffi {
         /// Sorted position of `name`, or -1.
         fn position(self: &Checkpoint, name: &[u8]) -> isize;
         /// The shard holding `name`, or `TensorNotFound`.
-        fn shard_of(self: &Checkpoint, name: &[u8]) -> Result<usize>;
-        /// Shard `shard`, opened (once) and checked against the index on first use.
-        // `unsafe` only because cxx requires it to spell the lifetime; nothing unsafe happens.
-        unsafe fn shard_file<'a>(self: &'a Checkpoint, shard: usize) -> Result<&'a File>;
+        fn shard_of(self: &Checkpoint, name: &[u8], status: &mut Status) -> usize;
+        /// Shard `shard`, opened (once) and checked against the index on first use; it lives as
+        /// long as the checkpoint. Null on failure.
+        fn shard_file(self: &Checkpoint, shard: usize, status: &mut Status) -> *const File;
         /// Number of shard files.
         fn shard_count(self: &Checkpoint) -> usize;
         /// Path of shard `shard` (raw bytes).
@@ -239,24 +260,29 @@ mod ffi {
         fn has_metadata(self: &Checkpoint) -> bool;
         /// The index's metadata (or the single file's `__metadata__`).
         fn metadata(self: &Checkpoint) -> &Metadata;
+    }
 
+    // ---- GPU uploads (glue in cuda.rs) -----------------------------------------------------
+
+    extern "Rust" {
         /// Tensors and slices to upload, from any files and shards.
         type UploadJob;
         /// An empty job; every tensor will start on a multiple of `alignment` bytes.
         fn new_upload_job(alignment: usize) -> Box<UploadJob>;
         /// Adds every tensor of `file`, in sorted-name order (`keys()`), in one call.
-        fn add_file(self: &mut UploadJob, file: &File) -> Result<()>;
+        fn add_file(self: &mut UploadJob, file: &File, status: &mut Status);
         /// Adds every tensor of a checkpoint, in its `keys()` order, in one call.
-        fn add_checkpoint(self: &mut UploadJob, ckpt: &Checkpoint) -> Result<()>;
+        fn add_checkpoint(self: &mut UploadJob, ckpt: &Checkpoint, status: &mut Status);
         /// Adds a whole tensor of `file`.
-        fn add_tensor(self: &mut UploadJob, file: &File, name: &[u8]) -> Result<()>;
+        fn add_tensor(self: &mut UploadJob, file: &File, name: &[u8], status: &mut Status);
         /// Adds a slice of a tensor of `file`.
         fn add_slice(
             self: &mut UploadJob,
             file: &File,
             name: &[u8],
             indices: &[SliceIndex],
-        ) -> Result<()>;
+            status: &mut Status,
+        );
         /// Bytes the destination needs.
         fn total_bytes(self: &UploadJob) -> usize;
         /// Where every tensor goes, in the order added.
@@ -264,15 +290,17 @@ mod ffi {
 
         /// Uploads jobs to one GPU through a pinned staging ring.
         type Uploader;
-        /// An uploader for `device` (0 for a default slots, slot_bytes or readers).
+        /// An uploader for `device` (0 for a default slots, slot_bytes or readers). Null on
+        /// failure.
         fn new_uploader(
             device: usize,
             slots: usize,
             slot_bytes: usize,
             readers: usize,
-        ) -> Result<Box<Uploader>>;
+            status: &mut Status,
+        ) -> *mut Uploader;
         /// Uploads into a new allocation (complete on return); the caller owns the address.
-        fn upload(self: &Uploader, job: &UploadJob) -> Result<u64>;
+        fn upload(self: &Uploader, job: &UploadJob, status: &mut Status) -> u64;
         /// Enqueues the upload into `dst` on `stream` and returns.
         fn upload_into(
             self: &Uploader,
@@ -280,60 +308,81 @@ mod ffi {
             dst: u64,
             capacity: usize,
             stream: u64,
-        ) -> Result<()>;
+            status: &mut Status,
+        );
         /// Waits for every copy this uploader enqueued.
-        fn synchronize(self: &Uploader) -> Result<()>;
+        fn synchronize(self: &Uploader, status: &mut Status);
         /// Pinned host memory held by the staging ring.
         fn staging_bytes(self: &Uploader) -> usize;
 
         /// Uploads through the process's shared uploader for `device` (made on first use, its
         /// staging allocated as uploads need it) into a new allocation, complete on return.
-        fn cuda_shared_upload(device: usize, job: &UploadJob) -> Result<u64>;
+        fn cuda_shared_upload(device: usize, job: &UploadJob, status: &mut Status) -> u64;
         /// Whether this build has the CUDA path.
         fn cuda_built() -> bool;
         /// Number of CUDA devices, or why there are none.
-        fn cuda_device_count() -> Result<usize>;
+        fn cuda_device_count(status: &mut Status) -> usize;
         /// A device's name.
-        fn cuda_device_name(device: usize) -> Result<String>;
+        fn cuda_device_name(device: usize, status: &mut Status) -> String;
         /// Frees device memory returned by `upload`.
-        fn cuda_free(device: usize, ptr: u64) -> Result<()>;
+        fn cuda_free(device: usize, ptr: u64, status: &mut Status);
         /// Copies device memory to the host (synchronous).
-        fn cuda_download(device: usize, src: u64, dst: &mut [u8]) -> Result<()>;
+        fn cuda_download(device: usize, src: u64, dst: &mut [u8], status: &mut Status);
         /// Seconds for one copy of `bytes` from pinned memory to the device.
-        fn cuda_pinned_copy_seconds(device: usize, bytes: usize) -> Result<f64>;
+        fn cuda_pinned_copy_seconds(device: usize, bytes: usize, status: &mut Status) -> f64;
 
         /// One rank's device staging for a multi-rank load: a destination allocation, a
         /// pinned staging buffer, a device scratch buffer and a stream.
         type DeviceStage;
-        /// A stage on `device` whose destination holds `total` bytes.
-        fn new_device_stage(device: usize, total: usize) -> Result<Box<DeviceStage>>;
+        /// A stage on `device` whose destination holds `total` bytes. Null on failure.
+        fn new_device_stage(device: usize, total: usize, status: &mut Status) -> *mut DeviceStage;
         /// The destination's device address (0 once handed over by `finish`).
         fn destination(self: &DeviceStage) -> u64;
         /// The stream every copy is ordered on.
         fn stream(self: &DeviceStage) -> u64;
-        /// The pinned staging buffer (`len` bytes), once the copies out of it are done.
-        fn host(self: &mut DeviceStage, len: usize) -> Result<&mut [u8]>;
+        /// The pinned staging buffer (`len` bytes), once the copies out of it are done (empty on
+        /// failure). `unsafe` only because cxx requires it to spell the lifetime.
+        unsafe fn host<'a>(
+            self: &'a mut DeviceStage,
+            len: usize,
+            status: &mut Status,
+        ) -> &'a mut [u8];
         /// Enqueues staged bytes `[src_offset, +len)` to destination offset `dst_offset`.
         fn host_to_destination(
             self: &mut DeviceStage,
             src_offset: usize,
             len: usize,
             dst_offset: usize,
-        ) -> Result<()>;
+            status: &mut Status,
+        );
         /// A device scratch buffer of at least `len` bytes, by address.
-        fn scratch(self: &mut DeviceStage, len: usize) -> Result<u64>;
+        fn scratch(self: &mut DeviceStage, len: usize, status: &mut Status) -> u64;
         /// Enqueues the first `len` staged bytes into the scratch buffer.
-        fn host_to_scratch(self: &mut DeviceStage, len: usize) -> Result<()>;
+        fn host_to_scratch(self: &mut DeviceStage, len: usize, status: &mut Status);
         /// Enqueues scratch bytes `[src_offset, +len)` to destination offset `dst_offset`.
         fn scratch_to_destination(
             self: &mut DeviceStage,
             src_offset: usize,
             len: usize,
             dst_offset: usize,
-        ) -> Result<()>;
+            status: &mut Status,
+        );
         /// Waits for every copy and hands the destination over, by address.
-        fn finish(self: &mut DeviceStage) -> Result<u64>;
+        fn finish(self: &mut DeviceStage, status: &mut Status) -> u64;
+    }
 
+    // Objects handed over by address (null on failure) are adopted by C++ as `rust::Box`es:
+    // their `Box` glue is generated here, as no signature names it.
+    impl Box<File> {}
+    impl Box<SlicePlan> {}
+    impl Box<Checkpoint> {}
+    impl Box<Uploader> {}
+    impl Box<DeviceStage> {}
+    impl Box<DistPlan> {}
+
+    // ---- dtypes and error kinds, as the core names them ------------------------------------
+
+    extern "Rust" {
         /// Header spelling of dtype index `dtype` ("" when out of range).
         fn dtype_name(dtype: u8) -> &'static str;
         /// Bits per element of dtype index `dtype` (0 when out of range).
@@ -342,7 +391,8 @@ mod ffi {
         fn error_kind_name(kind: u8) -> &'static str;
     }
 
-    // ---- dtype conversion and dequantization (rust/cxx/src/convert.rs) ---------------------
+    // ---- dtype conversion and dequantization (glue in convert.rs) --------------------------
+
     extern "Rust" {
         /// Converts the elements of a `from` tensor of `shape` into `to` (`dst` holds exactly
         /// numel × size(to) bytes).
@@ -352,7 +402,10 @@ mod ffi {
             src: &[u8],
             to: u8,
             dst: &mut [u8],
-        ) -> Result<()>;
+            status: &mut Status,
+        );
+        /// Bytes the elements of `shape` take as `to` (the tensor byte-length rule).
+        fn converted_len(shape: &[usize], to: u8, status: &mut Status) -> usize;
         /// DeepSeek-V3 style: a 2-D weight times its per-block scales, into `to`.
         #[allow(clippy::too_many_arguments)]
         fn dequantize_fp8_blocks(
@@ -366,10 +419,14 @@ mod ffi {
             block_cols: usize,
             to: u8,
             dst: &mut [u8],
-        ) -> Result<()>;
+            status: &mut Status,
+        );
         /// Shape of an MXFP4 dequantization: `[..., G, 16]` blocks give `[..., G*32]`.
-        fn mxfp4_output_shape(blocks_shape: &[usize], scales_shape: &[usize])
-            -> Result<Vec<usize>>;
+        fn mxfp4_output_shape(
+            blocks_shape: &[usize],
+            scales_shape: &[usize],
+            status: &mut Status,
+        ) -> Vec<usize>;
         /// gpt-oss style MXFP4 blocks and E8M0 scales, into `to`.
         #[allow(clippy::too_many_arguments)]
         fn dequantize_mxfp4(
@@ -381,7 +438,8 @@ mod ffi {
             scales: &[u8],
             to: u8,
             dst: &mut [u8],
-        ) -> Result<()>;
+            status: &mut Status,
+        );
     }
 
     // ---- multi-rank loading (glue in distributed.rs) ---------------------------------------
@@ -425,7 +483,12 @@ mod ffi {
 
     extern "Rust" {
         /// The selection a tensor-parallel rule gives a tensor `name` of `shape`.
-        fn tp_indices(name: &[u8], shape: &[usize], rule: &TpRule) -> Result<Vec<SliceIndex>>;
+        fn tp_indices(
+            name: &[u8],
+            shape: &[usize],
+            rule: &TpRule,
+            status: &mut Status,
+        ) -> Vec<SliceIndex>;
 
         /// Every rank's selections, before planning.
         type DistPlanBuilder;
@@ -437,9 +500,10 @@ mod ffi {
             rank: usize,
             file: &File,
             plan: &SlicePlan,
-        ) -> Result<()>;
-        /// Plans every rank's reads; no step is longer than `max_step` bytes.
-        fn build_plan(self: &DistPlanBuilder, max_step: u64) -> Result<Box<DistPlan>>;
+            status: &mut Status,
+        );
+        /// Plans every rank's reads; no step is longer than `max_step` bytes. Null on failure.
+        fn build_plan(self: &DistPlanBuilder, max_step: u64, status: &mut Status) -> *mut DistPlan;
 
         /// A distributed load plan: the same steps on every rank.
         type DistPlan;
@@ -454,7 +518,7 @@ mod ffi {
         /// Byte length of each of `rank`'s results.
         fn result_lens(self: &DistPlan, rank: usize) -> Vec<u64>;
         /// Reads step `i` into `dst` (exactly its length).
-        fn read_step(self: &DistPlan, i: usize, dst: &mut [u8]) -> Result<()>;
+        fn read_step(self: &DistPlan, i: usize, dst: &mut [u8], status: &mut Status);
         /// Bytes this object has read through `read_step`.
         fn bytes_read_here(self: &DistPlan) -> u64;
         /// The steps this object has read, in order.
@@ -469,11 +533,12 @@ mod ffi {
         fn bytes_broadcast(self: &DistPlan) -> u64;
         /// Bytes a naive per-rank load reads (whole tensors on every rank).
         fn naive_bytes_read(self: &DistPlan) -> u64;
-
     }
 }
 
-pub use ffi::{ByteRun, DistPiece, DistStep, SliceIndex, TensorMeta, TpRule, UploadPlacement};
+pub use ffi::{
+    ByteRun, DistPiece, DistStep, SliceIndex, Status, TensorMeta, TpRule, UploadPlacement,
+};
 
 /// A metadata map as the sorted pairs C++ walks by index (out of range: "").
 pub struct Metadata(Vec<(String, String)>);
@@ -499,35 +564,6 @@ impl Metadata {
     }
 }
 
-/// An error on its way to C++: the text is `"<kind>:<message>"`.
-#[derive(Debug)]
-pub struct BridgeError {
-    kind: ErrorKind,
-    message: String,
-}
-
-impl fmt::Display for BridgeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // C++ reads the text as a C string (`what()`): a NUL (names and paths may hold one)
-        // would cut the message there, so it crosses as the two characters `\0`.
-        write!(
-            f,
-            "{}:{}",
-            self.kind as u8,
-            self.message.replace('\0', "\\0")
-        )
-    }
-}
-
-impl From<Error> for BridgeError {
-    fn from(e: Error) -> Self {
-        BridgeError {
-            kind: e.kind(),
-            message: e.to_string(),
-        }
-    }
-}
-
 /// A native path from the raw bytes C++ passes (`path.native()`), byte for byte. Every bridge
 /// entry that takes a path uses this: a lossy UTF-8 conversion would turn each byte of a
 /// Latin-1 name into three and name another file.
@@ -536,19 +572,9 @@ pub(crate) fn native_path(bytes: &[u8]) -> &std::path::Path {
     std::path::Path::new(std::ffi::OsStr::from_bytes(bytes))
 }
 
-/// Runs `f`, converting a panic into an `Internal` error instead of letting it abort the host.
-pub(crate) fn guard<T>(f: impl FnOnce() -> Result<T, Error>) -> Result<T, BridgeError> {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(result) => result.map_err(BridgeError::from),
-        Err(payload) => {
-            let what = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            Err(Error::Internal { message: what }.into())
-        }
-    }
+/// A Rust object handed to C++ by address; C++ adopts it with `rust::Box::from_raw`.
+pub(crate) fn handed_over<T>(value: T) -> *mut T {
+    Box::into_raw(Box::new(value))
 }
 
 fn dtype_name(dtype: u8) -> &'static str {
@@ -568,28 +594,6 @@ fn error_kind_name(kind: u8) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn errors_cross_as_kind_colon_message() {
-        let e: BridgeError = Error::TensorNotFound { name: "w".into() }.into();
-        assert_eq!(e.to_string(), "10:tensor `w` not found");
-    }
-
-    #[test]
-    fn a_nul_in_a_message_crosses_escaped() {
-        let e: BridgeError = Error::TensorNotFound {
-            name: "a\0b".into(),
-        }
-        .into();
-        assert_eq!(e.to_string(), "10:tensor `a\\0b` not found");
-    }
-
-    #[test]
-    fn guard_turns_panics_into_internal_errors() {
-        let r: Result<(), _> = guard(|| panic!("boom"));
-        let text = r.unwrap_err().to_string();
-        assert!(text.starts_with("20:") && text.contains("boom"), "{text}");
-    }
 
     #[test]
     fn lookups_out_of_range_are_empty() {

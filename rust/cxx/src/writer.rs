@@ -6,7 +6,8 @@ use safetensors_core::{
     dtype_to_write, text_to_write, Dtype, Durability, Error, PreparedFile, TensorView, TextField,
 };
 
-use crate::{guard, BridgeError};
+use crate::ffi::Status;
+use crate::guard;
 
 /// Tensors and metadata collected for one `serialize` or `save_file` call.
 ///
@@ -20,6 +21,9 @@ pub struct Writer {
     shapes: Vec<Vec<usize>>,
     data: Vec<(*const u8, usize)>,
     metadata: Option<BTreeMap<String, String>>,
+    /// The layout `prepare` made, which `write_into` writes: `serialize` sizes its buffer and
+    /// fills it from one layout. It borrows the tensor bytes under the same rule as `data`.
+    prepared: Option<PreparedFile<'static>>,
 }
 
 pub fn new_writer() -> Box<Writer> {
@@ -29,6 +33,7 @@ pub fn new_writer() -> Box<Writer> {
         shapes: Vec::new(),
         data: Vec::new(),
         metadata: None,
+        prepared: None,
     })
 }
 
@@ -39,14 +44,16 @@ impl Writer {
         dtype: u8,
         shape: &[usize],
         data: &[u8],
-    ) -> Result<(), BridgeError> {
-        guard(|| {
+        status: &mut Status,
+    ) {
+        guard(status, || {
             let name = text_to_write(name, TextField::TensorName)?;
             let dtype = dtype_to_write(&name, dtype)?;
             self.names.push(name);
             self.dtypes.push(dtype);
             self.shapes.push(shape.to_vec());
             self.data.push((data.as_ptr(), data.len()));
+            self.prepared = None;
             Ok(())
         })
     }
@@ -55,10 +62,11 @@ impl Writer {
     /// `metadata={}`).
     pub fn keep_metadata(&mut self) {
         self.metadata.get_or_insert_with(BTreeMap::new);
+        self.prepared = None;
     }
 
-    pub fn add_metadata(&mut self, key: &[u8], value: &[u8]) -> Result<(), BridgeError> {
-        guard(|| {
+    pub fn add_metadata(&mut self, key: &[u8], value: &[u8], status: &mut Status) {
+        guard(status, || {
             let key = text_to_write(key, TextField::MetadataKey)?;
             let value = text_to_write(value, TextField::MetadataValue)?;
             let map = self.metadata.get_or_insert_with(BTreeMap::new);
@@ -69,6 +77,7 @@ impl Writer {
                 });
             }
             map.insert(key, value);
+            self.prepared = None;
             Ok(())
         })
     }
@@ -93,22 +102,41 @@ impl Writer {
         PreparedFile::new(views, self.metadata.as_ref())
     }
 
+    /// Lays the file out (every check included) and keeps the layout for `write_into`; returns
+    /// the file's length.
+    ///
+    /// # Safety
+    /// Every span passed to `add_tensor` must stay alive until the writer is dropped.
+    pub unsafe fn prepare(&mut self, status: &mut Status) -> usize {
+        guard(status, || {
+            let prepared = unsafe { self.prepared() }?;
+            let len = prepared.len();
+            // SAFETY: a `PreparedFile` keeps only the tensor data slices (names and shapes are
+            // read while laying out), and those stay alive until the writer is dropped (the
+            // caller's contract), so the layout may outlive this borrow of `self`.
+            let prepared: PreparedFile<'static> = unsafe { std::mem::transmute(prepared) };
+            self.prepared = Some(prepared);
+            Ok(len)
+        })
+    }
+
+    /// Writes the layout `prepare` made into `dst` (exactly that many bytes).
+    ///
     /// # Safety
     /// Every span passed to `add_tensor` must still be alive.
-    pub unsafe fn file_len(&self) -> Result<usize, BridgeError> {
-        guard(|| unsafe { self.prepared() }.map(|p| p.len()))
+    pub unsafe fn write_into(&self, dst: &mut [u8], status: &mut Status) {
+        guard(status, || match &self.prepared {
+            Some(prepared) => prepared.write_into(dst),
+            None => Err(Error::Internal {
+                message: "the writer was asked to write before `prepare` laid the file out".into(),
+            }),
+        })
     }
 
     /// # Safety
     /// Every span passed to `add_tensor` must still be alive.
-    pub unsafe fn write_into(&self, dst: &mut [u8]) -> Result<(), BridgeError> {
-        guard(|| unsafe { self.prepared() }?.write_into(dst))
-    }
-
-    /// # Safety
-    /// Every span passed to `add_tensor` must still be alive.
-    pub unsafe fn write_file(&self, path: &[u8], sync: bool) -> Result<(), BridgeError> {
-        guard(|| {
+    pub unsafe fn write_file(&self, path: &[u8], sync: bool, status: &mut Status) {
+        guard(status, || {
             let path = crate::native_path(path);
             let durability = if sync {
                 Durability::Synced

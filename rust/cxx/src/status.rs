@@ -1,0 +1,135 @@
+//! How a fallible bridge call reports its outcome: through the `Status` C++ passes in, never by
+//! throwing (cxx's `Result` becomes a C++ exception, or an abort in programs built without
+//! exceptions) and never by panicking (a panic that reaches the bridge aborts the host).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use safetensors_core::Error;
+
+use crate::ffi::{Status, TensorMeta};
+
+/// What a fallible bridge function returns when it fails: C++ reads the status first and never
+/// uses this value.
+pub(crate) trait Fallback {
+    fn fallback() -> Self;
+}
+
+macro_rules! fallback_default {
+    ($($t:ty),*) => {
+        $(impl Fallback for $t {
+            fn fallback() -> Self {
+                Default::default()
+            }
+        })*
+    };
+}
+
+fallback_default!((), bool, u64, usize, f64, String, TensorMeta);
+
+impl<T> Fallback for Vec<T> {
+    fn fallback() -> Self {
+        Vec::new()
+    }
+}
+
+impl<T> Fallback for *mut T {
+    fn fallback() -> Self {
+        std::ptr::null_mut()
+    }
+}
+
+impl<T> Fallback for *const T {
+    fn fallback() -> Self {
+        std::ptr::null()
+    }
+}
+
+impl<T> Fallback for &mut [T] {
+    fn fallback() -> Self {
+        &mut []
+    }
+}
+
+/// Runs `f` and records how it ended in `status`: `ok`, or the error's kind and message (a
+/// panic becomes an `Internal` error instead of aborting the host process). On failure the
+/// result is `T`'s placeholder.
+pub(crate) fn guard<T: Fallback>(status: &mut Status, f: impl FnOnce() -> Result<T, Error>) -> T {
+    let outcome = catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        let what = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(Error::Internal { message: what })
+    });
+    match outcome {
+        Ok(value) => {
+            status.ok = true;
+            value
+        }
+        Err(e) => {
+            status.ok = false;
+            status.kind = e.kind() as u8;
+            status.message = e.to_string();
+            T::fallback()
+        }
+    }
+}
+
+/// Runs a bridge call the way C++ does, for tests: its value, or the status it failed with.
+#[cfg(test)]
+pub(crate) fn outcome<T>(call: impl FnOnce(&mut Status) -> T) -> Result<T, Status> {
+    let mut status = Status::default();
+    let value = call(&mut status);
+    if status.ok {
+        Ok(value)
+    } else {
+        Err(status)
+    }
+}
+
+/// Adopts an object a bridge call handed over by address, as C++ does (`rust::Box::from_raw`).
+#[cfg(test)]
+pub(crate) fn adopt<T>(ptr: *mut T) -> Box<T> {
+    assert!(!ptr.is_null());
+    // SAFETY: bridge functions hand over objects made by `handed_over` (`Box::into_raw`).
+    unsafe { Box::from_raw(ptr) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use safetensors_core::ErrorKind;
+
+    #[test]
+    fn errors_cross_as_kind_and_whole_message() {
+        let mut status = Status::default();
+        let r: usize = guard(&mut status, || {
+            Err(Error::TensorNotFound {
+                name: "a\0b".into(),
+            })
+        });
+        assert_eq!(r, 0);
+        assert!(!status.ok);
+        assert_eq!(status.kind, ErrorKind::TensorNotFound as u8);
+        // The message crosses with its length: a NUL in it is kept (C++ escapes it for what()).
+        assert_eq!(status.message, "tensor `a\0b` not found");
+    }
+
+    #[test]
+    fn success_sets_ok_and_returns_the_value() {
+        let mut status = Status::default();
+        assert_eq!(guard(&mut status, || Ok(7u64)), 7);
+        assert!(status.ok);
+    }
+
+    #[test]
+    fn panics_become_internal_errors_and_null_results() {
+        let mut status = Status::default();
+        let p: *mut u8 = guard(&mut status, || panic!("boom"));
+        assert!(p.is_null());
+        assert!(!status.ok);
+        assert_eq!(status.kind, ErrorKind::Internal as u8);
+        assert!(status.message.contains("boom"), "{}", status.message);
+    }
+}

@@ -1,0 +1,245 @@
+// The non-throwing API (`safetensors::nothrow`): each call gives, as a value, exactly the error
+// (kind and message) its throwing twin throws, and the value its twin returns; `Expected` and
+// `Status` behave as documented. (tests/consumers/no_exceptions runs the hostile corpus through
+// it in a program built with -fno-exceptions -fno-rtti.)
+#include <safetensors/safetensors.hpp>
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "support.hpp"
+
+namespace nt = safetensors::nothrow;
+using safetensors::Dtype;
+using safetensors::Error;
+using safetensors::ErrorKind;
+using safetensors::Expected;
+using safetensors::Index;
+using safetensors::Status;
+
+namespace {
+
+/// The error `f` throws, as a Status (ok when it throws nothing).
+template <class F>
+Status thrown(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.status();
+  }
+  return {};
+}
+
+/// Both faces of one call agree: the nothrow status equals what the throwing call throws.
+void expect_same(const Status& nothrow, const Status& throwing) {
+  EXPECT_EQ(nothrow.ok(), throwing.ok()) << nothrow.message() << " | " << throwing.message();
+  EXPECT_EQ(nothrow.kind(), throwing.kind());
+  EXPECT_EQ(nothrow.message(), throwing.message());
+}
+
+class Nothrow : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::map<std::string, safetensors::TensorView> tensors{
+        {"w", {Dtype::F32, {2, 2}, std::as_bytes(std::span(values_))}},
+        {"flags", {Dtype::BOOL, {3}, std::as_bytes(std::span(flags_))}}};
+    safetensors::save_file(file_, tensors, {{"format", "pt"}});
+  }
+
+  test::TempDir dir_;
+  std::filesystem::path file_ = dir_ / "a.safetensors";
+  float values_[4] = {1, 2, 3, 4};
+  std::uint8_t flags_[3] = {0, 1, 7};
+};
+
+TEST_F(Nothrow, OpeningGivesTheFileOrTheSameErrorAsTheConstructor) {
+  auto ok = nt::open(file_);
+  ASSERT_TRUE(ok.has_value());
+  EXPECT_TRUE(ok.status().ok());
+  EXPECT_EQ(nt::keys(*ok).value(), (std::vector<std::string>{"flags", "w"}));
+  EXPECT_EQ(nt::metadata(*ok).value().at("format"), "pt");
+
+  for (const auto& path : {dir_ / "missing.safetensors", dir_.path()}) {
+    auto bad = nt::open(path);
+    ASSERT_FALSE(bad);
+    EXPECT_EQ(bad.status().kind(), ErrorKind::Io);
+    expect_same(bad.status(), thrown([&] { safetensors::SafeOpen f(path); }));
+  }
+  test::write_bytes(dir_ / "short.safetensors", std::vector<std::uint8_t>{1, 2, 3});
+  auto short_file = nt::open(dir_ / "short.safetensors", {safetensors::Backend::Read});
+  EXPECT_EQ(short_file.status().kind(), ErrorKind::HeaderTooSmall);
+  expect_same(short_file.status(), thrown([&] { safetensors::SafeOpen f(dir_ / "short.safetensors"); }));
+}
+
+TEST_F(Nothrow, LookupsReportWhatTheirThrowingTwinsThrow) {
+  safetensors::SafeOpen f(file_);
+  auto w = nt::get_tensor(f, "w");
+  ASSERT_TRUE(w);
+  EXPECT_EQ(nt::as<float>(*w).value()[3], 4.0f);
+  EXPECT_EQ(nt::info(f, "w").value().shape, (std::vector<std::size_t>{2, 2}));
+
+  expect_same(nt::get_tensor(f, "nope").status(), thrown([&] { (void)f.get_tensor("nope"); }));
+  expect_same(nt::info(f, "nope").status(), thrown([&] { (void)f.info("nope"); }));
+  expect_same(nt::get_slice(f, "nope").status(), thrown([&] { (void)f.get_slice("nope"); }));
+  EXPECT_EQ(nt::get_tensor(f, "nope").status().kind(), ErrorKind::TensorNotFound);
+
+  auto flags = f.get_tensor("flags");
+  expect_same(nt::as<bool>(flags).status(), thrown([&] { (void)flags.as<bool>(); }));
+  EXPECT_EQ(nt::as<bool>(flags).status().kind(), ErrorKind::TypeMismatch);
+  expect_same(nt::as<double>(*w).status(), thrown([&] { (void)w->as<double>(); }));
+  EXPECT_EQ(nt::as<std::uint8_t>(flags).value()[2], 7);
+
+  std::vector<std::byte> small(3);
+  expect_same(nt::read_data(f, 0, small), thrown([&] { f.read_data(0, small); }));
+  std::vector<std::byte> past(8);
+  expect_same(nt::read_data(f, 1000, past), thrown([&] { f.read_data(1000, past); }));
+}
+
+TEST_F(Nothrow, SlicesReportWhatTheirThrowingTwinsThrow) {
+  for (auto backend : {safetensors::Backend::Mmap, safetensors::Backend::Read}) {
+    safetensors::SafeOpen f(file_, {backend});
+    auto slice = nt::get_slice(f, "w");
+    ASSERT_TRUE(slice);
+    auto col = nt::select(*slice, {Index::all(), 1});
+    ASSERT_TRUE(col);
+    auto read = nt::read(*col);
+    ASSERT_TRUE(read);
+    EXPECT_EQ(nt::as<float>(*read).value()[1], 4.0f);
+    std::vector<float> out(2);
+    EXPECT_TRUE(nt::read_into(*col, std::as_writable_bytes(std::span(out))).ok());
+    EXPECT_EQ(out[0], 2.0f);
+    std::vector<float> wrong(3);
+    expect_same(nt::read_into(*col, std::as_writable_bytes(std::span(wrong))),
+                thrown([&] { col->read_into(std::as_writable_bytes(std::span(wrong))); }));
+    std::vector<double> as64(2);
+    EXPECT_TRUE(nt::read_as(*col, Dtype::F64, std::as_writable_bytes(std::span(as64))).ok());
+    EXPECT_EQ(as64[1], 4.0);
+
+    for (std::vector<Index> bad : {std::vector<Index>{5}, std::vector<Index>{0, 0, 0},
+                                   std::vector<Index>{Index::range(0, 2, 0)}, std::vector<Index>{SIZE_MAX}}) {
+      auto planned = nt::select(*slice, bad);
+      ASSERT_FALSE(planned);
+      EXPECT_EQ(planned.status().kind(), ErrorKind::InvalidSlice);
+      expect_same(planned.status(), thrown([&] { (void)slice->select(bad); }));
+    }
+  }
+}
+
+TEST_F(Nothrow, MovedFromObjectsAreInternalErrorsNotCrashes) {
+  safetensors::SafeOpen f(file_);
+  safetensors::SafeOpen g = std::move(f);
+  EXPECT_EQ(nt::keys(f).status().kind(), ErrorKind::Internal);  // NOLINT: use after move
+  expect_same(nt::get_tensor(f, "w").status(), thrown([&] { (void)f.get_tensor("w"); }));
+  auto slice = g.get_slice("w");
+  auto moved = std::move(slice);
+  expect_same(nt::select(slice, {}).status(), thrown([&] { (void)slice.select({}); }));  // NOLINT
+  auto sel = moved.select({});
+  auto sel2 = std::move(sel);
+  expect_same(nt::read(sel).status(), thrown([&] { (void)sel.read(); }));  // NOLINT
+  safetensors::Checkpoint c(file_);
+  auto c2 = std::move(c);
+  expect_same(nt::keys(c).status(), thrown([&] { (void)c.keys(); }));  // NOLINT
+  EXPECT_EQ(nt::keys(c).status().kind(), ErrorKind::Internal);
+}
+
+TEST_F(Nothrow, CheckpointsReportWhatTheirThrowingTwinsThrow) {
+  std::ofstream(dir_ / "m.safetensors.index.json")
+      << R"({"weight_map": {"w": "a.safetensors", "gone": "a.safetensors"}})";
+  auto strict = nt::open_checkpoint(dir_ / "m.safetensors.index.json");
+  ASSERT_TRUE(strict);
+  expect_same(nt::get_tensor(*strict, "gone").status(), thrown([&] {
+                (void)safetensors::Checkpoint(dir_ / "m.safetensors.index.json").get_tensor("gone");
+              }));
+  EXPECT_EQ(nt::get_tensor(*strict, "gone").status().kind(), ErrorKind::ShardMissing);
+
+  auto lenient = nt::open_checkpoint(dir_ / "m.safetensors.index.json", {.lenient = true});
+  ASSERT_TRUE(lenient);
+  EXPECT_EQ(nt::missing(*lenient).value(), std::vector<std::string>{"gone"});
+  EXPECT_TRUE(nt::get_tensor(*lenient, "w"));
+  EXPECT_EQ(nt::shard_of(*lenient, "w").value(), dir_ / "a.safetensors");
+  EXPECT_TRUE(nt::trailing_bytes(*lenient).value().empty());
+
+  std::ofstream(dir_ / "bad.index.json") << R"({"weight_map": {"w": "../a.safetensors"}})";
+  auto bad = nt::open_checkpoint(dir_ / "bad.index.json");
+  EXPECT_EQ(bad.status().kind(), ErrorKind::InvalidShardPath);
+  expect_same(bad.status(), thrown([&] { safetensors::Checkpoint c(dir_ / "bad.index.json"); }));
+}
+
+TEST_F(Nothrow, WritingReportsWhatTheThrowingWriterThrows) {
+  safetensors::TensorView w{Dtype::F32, {2, 2}, std::as_bytes(std::span(values_))};
+  auto bytes = nt::serialize({{"w", w}}, {{"k", "v"}});
+  ASSERT_TRUE(bytes);
+  EXPECT_EQ(*bytes, safetensors::serialize({{"w", w}}, {{"k", "v"}}));
+  EXPECT_TRUE(nt::save_file(dir_ / "b.safetensors", {{"w", w}}).ok());
+  auto written = safetensors::SafeOpen(dir_ / "b.safetensors").get_tensor("w");
+  EXPECT_EQ(written.as<float>()[2], 3.0f);
+
+  safetensors::TensorView short_view{Dtype::F32, {3, 2}, std::as_bytes(std::span(values_))};
+  safetensors::TensorView bad_dtype{static_cast<Dtype>(99), {4}, std::as_bytes(std::span(values_))};
+  for (const auto& [name, view] : std::vector<std::pair<std::string, safetensors::TensorView>>{
+           {"w", short_view}, {"__metadata__", w}, {"x", bad_dtype}, {std::string("\xff"), w}}) {
+    auto s = nt::serialize({{name, view}});
+    ASSERT_FALSE(s) << name;
+    expect_same(s.status(), thrown([&] { (void)safetensors::serialize({{name, view}}); }));
+    auto saved = nt::save_file(dir_ / "c.safetensors", {{name, view}});
+    EXPECT_EQ(saved.kind(), s.status().kind());
+    expect_same(saved, thrown([&] { safetensors::save_file(dir_ / "c.safetensors", {{name, view}}); }));
+  }
+  auto to_dir = nt::save_file(dir_ / "nowhere" / "d.safetensors", {{"w", w}});
+  EXPECT_EQ(to_dir.kind(), ErrorKind::Io);
+  expect_same(to_dir, thrown([&] {
+                safetensors::save_file(dir_ / "nowhere" / "d.safetensors", {{"w", w}});
+              }));
+}
+
+TEST_F(Nothrow, ConversionsReportWhatTheirThrowingTwinsThrow) {
+  safetensors::SafeOpen f(file_);
+  auto w = f.get_tensor("w");
+  auto half = nt::convert(w, Dtype::F16);
+  ASSERT_TRUE(half);
+  EXPECT_EQ(nt::as_f32(*half).value(), (std::vector<float>{1, 2, 3, 4}));
+  expect_same(nt::convert(w, Dtype::I32).status(),
+              thrown([&] { (void)safetensors::convert(w, Dtype::I32); }));
+  EXPECT_EQ(nt::convert(w, Dtype::I32).status().kind(), ErrorKind::TypeMismatch);
+  safetensors::TensorView odd{Dtype::U8, {3}, std::as_bytes(std::span(flags_))};
+  expect_same(nt::convert(odd, Dtype::F4).status(),
+              thrown([&] { (void)safetensors::convert(odd, Dtype::F4); }));
+  EXPECT_EQ(nt::convert(odd, Dtype::F4).status().kind(), ErrorKind::MisalignedSlice);
+  std::vector<std::byte> wrong(5);
+  expect_same(nt::convert(w, Dtype::F32, wrong), thrown([&] { safetensors::convert(w, Dtype::F32, wrong); }));
+}
+
+TEST(NothrowTypes, ExpectedHoldsAValueOrAnErrorAndValueThrowsTheError) {
+  Expected<int> five = 5;
+  EXPECT_TRUE(five.has_value());
+  EXPECT_EQ(five.value(), 5);
+  EXPECT_EQ(*five, 5);
+  EXPECT_TRUE(five.status().ok());
+  Expected<int> failed = Status(ErrorKind::Io, "disk on fire");
+  EXPECT_FALSE(failed);
+  EXPECT_EQ(failed.value_or(7), 7);
+  EXPECT_EQ(failed.status().message(), "disk on fire");
+  try {
+    (void)failed.value();
+    ADD_FAILURE() << "value() of an error returned";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Io);
+    EXPECT_STREQ(e.what(), "disk on fire");
+  }
+  // An Expected is never empty: a success status without a value is a defect, named as such.
+  Expected<int> neither = Status();
+  EXPECT_FALSE(neither);
+  EXPECT_EQ(neither.status().kind(), ErrorKind::Internal);
+
+  Status ok;
+  EXPECT_TRUE(ok.ok());
+  EXPECT_NO_THROW(ok.throw_if_error());
+  Status bad(ErrorKind::TypeMismatch, "nope\0nul");
+  EXPECT_EQ(test::kind_of([&] { bad.throw_if_error(); }), ErrorKind::TypeMismatch);
+  EXPECT_EQ(Error(bad).status().message(), bad.message());
+}
+
+}  // namespace
