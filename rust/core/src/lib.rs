@@ -45,7 +45,7 @@ mod view;
 mod writer;
 
 pub use checkpoint::{Checkpoint, CheckpointOptions};
-pub use direct::DIRECT_ALIGN;
+pub use direct::{AlignedBuf, DIRECT_ALIGN};
 pub use dtype::{Dtype, UnknownDtype};
 pub use error::{Error, ErrorKind, HeaderContents, Result, TextField};
 pub use file::{Backend, MemoryBytes, OpenOptions, SafeFile};
