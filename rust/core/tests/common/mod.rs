@@ -4,6 +4,7 @@
 pub mod alloc;
 pub mod inputs;
 pub mod json;
+pub mod sharded;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
