@@ -49,10 +49,11 @@ enum class ErrorKind : std::uint8_t {
   Cuda,                          ///< CUDA is unavailable or a CUDA call failed.
   Internal,                      ///< A defect in this library; please report it.
   TypeMismatch,                  ///< `TensorView::as<T>()` with a `T` that does not fit.
+  BudgetExceeded,                ///< A bounded stream waits on tensors the caller still holds.
 };
 
 /// Number of error kinds.
-inline constexpr std::size_t error_kind_count = 22;
+inline constexpr std::size_t error_kind_count = 23;
 
 /// The enumerator's name, e.g. `to_string(ErrorKind::InvalidOffset) == "InvalidOffset"`.
 [[nodiscard]] constexpr std::string_view to_string(ErrorKind kind) {
@@ -77,7 +78,8 @@ inline constexpr std::size_t error_kind_count = 22;
                                                                     "InvalidShardPath",
                                                                     "Cuda",
                                                                     "Internal",
-                                                                    "TypeMismatch"};
+                                                                    "TypeMismatch",
+                                                                    "BudgetExceeded"};
   auto i = static_cast<std::size_t>(kind);
   return i < error_kind_count ? names[i] : std::string_view{};
 }

@@ -1,8 +1,10 @@
 // Backend::Direct through the public API: it reports itself, reads the same bytes as the mapping
-// for tensors at unaligned offsets, and says why when the filesystem refuses O_DIRECT.
+// for tensors at unaligned offsets, and says why when the filesystem refuses O_DIRECT (at open
+// or at the first read, made to by the backend's test hook).
 #include <safetensors/safetensors.hpp>
 
 #include <fcntl.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -44,28 +46,37 @@ TEST(Direct, ReadsTheMappedBytesAndReportsItsBackend) {
   }
 }
 
+// This kernel accepts O_DIRECT even on tmpfs, so the refusal is made by the backend's test hook
+// (SAFETENSORS_TEST_REFUSE_O_DIRECT, read at each open; see rust/core/src/direct.rs): `open`
+// refuses the O_DIRECT open, `read` the first read through it, as a filesystem would.
 TEST(Direct, SaysWhyWhenTheFilesystemRefusesODirect) {
-  const std::filesystem::path shm = "/dev/shm";
-  std::error_code ec;
-  auto path = shm / ("safetensors-direct-test-" + std::to_string(::getpid()) + ".safetensors");
-  if (!std::filesystem::is_directory(shm, ec)) GTEST_SKIP() << "no /dev/shm (tmpfs) here";
+  test::TempDir dir;
   std::vector<std::vector<std::uint8_t>> datas;
-  write_sample(path, datas);
-  // Kernels from 6.6 on accept O_DIRECT on tmpfs: then there is nothing to fall back from.
-  if (int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT); fd >= 0) {
+  write_sample(dir / "f.safetensors", datas);
+  for (const std::string mode : {"open", "read"}) {
+    ASSERT_EQ(::setenv("SAFETENSORS_TEST_REFUSE_O_DIRECT", mode.c_str(), 1), 0);
+    SafeOpen f(dir / "f.safetensors", {Backend::Direct});
+    ::unsetenv("SAFETENSORS_TEST_REFUSE_O_DIRECT");
+    for (std::size_t t = 0; t < datas.size(); ++t) {
+      auto got = f.get_tensor("t" + std::to_string(t));
+      auto want = std::as_bytes(std::span(datas[t]));
+      ASSERT_EQ(got.data.size(), want.size()) << mode;
+      EXPECT_TRUE(std::equal(got.data.begin(), got.data.end(), want.begin())) << mode << " t" << t;
+    }
+    std::string why = f.direct_fallback();
+    EXPECT_NE(why.find("O_DIRECT"), std::string::npos) << why;
+    EXPECT_NE(why.find("pread"), std::string::npos) << why;
+    EXPECT_NE(why.find(mode == "open" ? "at open" : "read"), std::string::npos) << mode << ": " << why;
+  }
+  // Without the hook, a file opened later reads through O_DIRECT again wherever the
+  // filesystem accepts it.
+  SafeOpen f(dir / "f.safetensors", {Backend::Direct});
+  auto t = f.get_tensor("t3");
+  EXPECT_TRUE(std::equal(t.data.begin(), t.data.end(), std::as_bytes(std::span(datas[3])).begin()));
+  if (int fd = ::open((dir / "f.safetensors").c_str(), O_RDONLY | O_DIRECT); fd >= 0) {
     ::close(fd);
-    std::filesystem::remove(path, ec);
-    GTEST_SKIP() << "/dev/shm accepts O_DIRECT on this kernel; nothing to fall back from";
+    EXPECT_EQ(f.direct_fallback(), "");
   }
-  std::string why;
-  {
-    SafeOpen f(path, {Backend::Direct});
-    auto t = f.get_tensor("t2");
-    EXPECT_TRUE(std::equal(t.data.begin(), t.data.end(), std::as_bytes(std::span(datas[2])).begin()));
-    why = f.direct_fallback();
-  }
-  std::filesystem::remove(path, ec);
-  EXPECT_NE(why.find("O_DIRECT"), std::string::npos) << why;
 }
 
 }  // namespace

@@ -7,6 +7,13 @@
 //! path opt-in after such failures. So the refusal is not an error: reads continue with `pread`
 //! on an ordinary descriptor and [`DirectFile::fallback`] says why, so that it is never a silent
 //! surprise.
+//!
+//! Test hook: this kernel (6.6 and later) accepts `O_DIRECT` even on tmpfs, so the fallback
+//! could not be exercised. The environment variable `SAFETENSORS_TEST_REFUSE_O_DIRECT` makes
+//! the backend behave as if the filesystem refused: `open` refuses the `O_DIRECT` open
+//! (`EINVAL`), `read` refuses the first read through it (`EINVAL`). It is read at each open, so
+//! a test may set it for the files it opens; it is a test hook, not a feature, and any other
+//! value is ignored.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::fs::File;
@@ -25,6 +32,29 @@ pub const DIRECT_ALIGN: usize = 4096;
 /// queue full, small enough that a small tensor does not allocate much.
 const BOUNCE_MAX: usize = 8 << 20;
 
+/// The test hook's variable (see the module comment).
+const REFUSE_HOOK: &str = "SAFETENSORS_TEST_REFUSE_O_DIRECT";
+
+/// What the test hook asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refuse {
+    Nothing,
+    Open,
+    Read,
+}
+
+fn refuse_hook() -> Refuse {
+    match std::env::var_os(REFUSE_HOOK) {
+        Some(v) if v == "open" => Refuse::Open,
+        Some(v) if v == "read" => Refuse::Read,
+        _ => Refuse::Nothing,
+    }
+}
+
+fn einval() -> io::Error {
+    io::Error::from_raw_os_error(libc::EINVAL)
+}
+
 /// A file read with `O_DIRECT` where the filesystem allows it, else with `pread`.
 pub struct DirectFile {
     /// Ordinary descriptor: the header, the fallback, and a tail the direct read came short on.
@@ -33,6 +63,8 @@ pub struct DirectFile {
     direct: Option<File>,
     /// Set once a read through `direct` was refused: every later read uses `buffered`.
     refused: AtomicBool,
+    /// The test hook's `read`: refuse the next direct read, as a filesystem would.
+    refuse_read: AtomicBool,
     /// Why reads do not bypass the page cache, once known.
     reason: OnceLock<String>,
 }
@@ -41,10 +73,15 @@ impl DirectFile {
     /// Wraps the already opened and checked `buffered` descriptor of `path`, and tries a second,
     /// `O_DIRECT` descriptor. A refusal is recorded, not returned.
     pub fn open(path: &Path, buffered: File) -> DirectFile {
-        let direct = File::options()
-            .read(true)
-            .custom_flags(libc::O_DIRECT | libc::O_NONBLOCK)
-            .open(path);
+        let hook = refuse_hook();
+        let direct = if hook == Refuse::Open {
+            Err(einval())
+        } else {
+            File::options()
+                .read(true)
+                .custom_flags(libc::O_DIRECT | libc::O_NONBLOCK)
+                .open(path)
+        };
         let reason = OnceLock::new();
         let direct = match direct {
             Ok(f) => Some(f),
@@ -59,6 +96,7 @@ impl DirectFile {
             buffered,
             direct,
             refused: AtomicBool::new(false),
+            refuse_read: AtomicBool::new(hook == Refuse::Read),
             reason,
         }
     }
@@ -68,28 +106,62 @@ impl DirectFile {
         self.reason.get().map(String::as_str)
     }
 
-    /// Fills `dst` from file offset `at`, like `read_exact_at`.
-    pub fn read_exact_at(&self, dst: &mut [u8], at: u64) -> io::Result<()> {
+    /// Runs `read` on the `O_DIRECT` descriptor; `None` when there is none (never opened, or a
+    /// read was refused before) or the filesystem refuses this read (`EINVAL`), which switches
+    /// this file to `pread` for good: the caller then reads with `buffered`.
+    fn direct_read<T>(&self, read: impl FnOnce(&File) -> io::Result<T>) -> io::Result<Option<T>> {
         let direct = match &self.direct {
             Some(d) if !self.refused.load(Ordering::Relaxed) => d,
-            _ => return self.buffered.read_exact_at(dst, at),
+            _ => return Ok(None),
         };
-        match read_direct(direct, dst, at) {
-            // `done` bytes came through O_DIRECT; a short read means the file ended there (or the
-            // filesystem stopped short): pread finishes, and reports a true end of file.
-            Ok(done) if done == dst.len() => Ok(()),
-            Ok(done) => self
-                .buffered
-                .read_exact_at(&mut dst[done..], at + done as u64),
+        let result = if self.refuse_read.swap(false, Ordering::Relaxed) {
+            Err(einval())
+        } else {
+            read(direct)
+        };
+        match result {
+            Ok(v) => Ok(Some(v)),
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 self.refused.store(true, Ordering::Relaxed);
                 let _ = self.reason.set(format!(
                     "the filesystem refused an O_DIRECT read ({e}); reading with pread"
                 ));
-                self.buffered.read_exact_at(dst, at)
+                Ok(None)
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Fills `dst` from file offset `at`, like `read_exact_at`.
+    pub fn read_exact_at(&self, dst: &mut [u8], at: u64) -> io::Result<()> {
+        if dst.is_empty() {
+            // No read at all, so none to refuse.
+            return Ok(());
+        }
+        let done = self
+            .direct_read(|direct| read_direct(direct, dst, at))?
+            .unwrap_or(0);
+        // `done` bytes came through O_DIRECT; a short read means the file ended there (or the
+        // filesystem stopped short): pread finishes, and reports a true end of file.
+        if done < dst.len() {
+            self.buffered
+                .read_exact_at(&mut dst[done..], at + done as u64)?;
+        }
+        Ok(())
+    }
+
+    /// Reads the aligned span at `at` straight into `dst` (both aligned to [`DIRECT_ALIGN`],
+    /// `dst.len()` a multiple of it) with `O_DIRECT`, no bounce buffer; returns the bytes read
+    /// (fewer at end of file), or `None` when `O_DIRECT` is not in use (never opened, or
+    /// refused now or before), in which case nothing useful is in `dst`.
+    pub fn read_span(&self, dst: &mut [u8], at: u64) -> io::Result<Option<usize>> {
+        self.direct_read(|direct| pread_some(direct, dst, at))
+    }
+
+    /// [`DirectFile::read_exact_at`] for the part of a span [`DirectFile::read_span`] did not
+    /// fill: with `pread`, which tells a true end of file from a filesystem that stopped short.
+    pub fn finish(&self, dst: &mut [u8], at: u64) -> io::Result<()> {
+        self.buffered.read_exact_at(dst, at)
     }
 }
 
@@ -125,9 +197,9 @@ fn bounce(file: &File, dst: &mut [u8], pos: u64) -> io::Result<usize> {
     let want = (head + dst.len()).min(BOUNCE_MAX);
     let span = want.div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
     let mut buf = AlignedBuf::new(span)?;
-    let got = pread_some(file, buf.as_mut(), start)?;
+    let got = pread_some(file, buf.as_mut_slice(), start)?;
     let useful = got.saturating_sub(head).min(dst.len()).min(want - head);
-    dst[..useful].copy_from_slice(&buf.as_mut()[head..head + useful]);
+    dst[..useful].copy_from_slice(&buf.as_slice()[head..head + useful]);
     Ok(useful)
 }
 
@@ -152,7 +224,15 @@ fn pread_some(file: &File, dst: &mut [u8], pos: u64) -> io::Result<usize> {
     Ok(done)
 }
 
-/// Heap memory aligned to [`DIRECT_ALIGN`], freed on drop.
+/// Heap memory aligned to [`DIRECT_ALIGN`], freed on drop: what
+/// [`crate::SafeFile::read_data_aligned`] reads into with no bounce copy.
+///
+/// ```
+/// use safetensors_core::{AlignedBuf, DIRECT_ALIGN};
+/// let buf = AlignedBuf::new(3 * DIRECT_ALIGN)?;
+/// assert_eq!(buf.as_slice().as_ptr() as usize % DIRECT_ALIGN, 0);
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub struct AlignedBuf {
     ptr: *mut u8,
     len: usize,
@@ -164,8 +244,8 @@ unsafe impl Send for AlignedBuf {}
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
-    /// Zeroed, aligned memory of `len` bytes (`len` > 0); an `OutOfMemory` error when the
-    /// allocation fails, never an abort.
+    /// Zeroed, aligned memory of `len` bytes; an `OutOfMemory` error when the allocation
+    /// fails, never an abort.
     pub fn new(len: usize) -> io::Result<AlignedBuf> {
         let layout = Layout::from_size_align(len.max(1), DIRECT_ALIGN)
             .map_err(|e| io::Error::new(io::ErrorKind::OutOfMemory, e.to_string()))?;
@@ -181,9 +261,25 @@ impl AlignedBuf {
     }
 
     /// The buffer's bytes.
-    pub fn as_mut(&mut self) -> &mut [u8] {
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: `ptr` points to `len` initialized (zeroed) bytes this buffer owns.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    /// The buffer's bytes, read-only.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: as in `as_mut_slice`; shared access only reads.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// `true` for a buffer of no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 

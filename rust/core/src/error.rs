@@ -198,6 +198,19 @@ pub enum Error {
         /// Bytes given.
         actual: u64,
     },
+    /// A bounded stream cannot go on until the caller drops tensors it was given: the next
+    /// tensor does not fit under `max_inflight_bytes` beside those still held, and no other
+    /// thread was said to be releasing them (`wait_for_release`).
+    BudgetExceeded {
+        /// The tensor the stream would deliver next.
+        tensor: String,
+        /// Bytes of delivered tensors still alive.
+        held: u64,
+        /// The stream's `max_inflight_bytes`.
+        bound: u64,
+        /// Bytes the next tensor (or slice) needs.
+        next: u64,
+    },
     /// A broken internal contract: a defect in this library (please report it), or a Rust
     /// caller that ran a plan on other inputs than it was made for.
     Internal {
@@ -298,11 +311,13 @@ pub enum ErrorKind {
     /// `TensorView::as<T>()` (C++) with a `T` whose type, size or alignment does not fit the
     /// tensor, or a dtype conversion that makes no sense ([`Error::Conversion`]).
     TypeMismatch = 21,
+    /// See [`Error::BudgetExceeded`].
+    BudgetExceeded = 22,
 }
 
 impl ErrorKind {
     /// Every kind, in discriminant order.
-    pub const ALL: [ErrorKind; 22] = [
+    pub const ALL: [ErrorKind; 23] = [
         ErrorKind::HeaderTooSmall,
         ErrorKind::HeaderTooLarge,
         ErrorKind::InvalidHeaderLength,
@@ -325,6 +340,7 @@ impl ErrorKind {
         ErrorKind::Cuda,
         ErrorKind::Internal,
         ErrorKind::TypeMismatch,
+        ErrorKind::BudgetExceeded,
     ];
 
     /// The kind's name, e.g. `"InvalidOffset"`.
@@ -352,6 +368,7 @@ impl ErrorKind {
             ErrorKind::Cuda => "Cuda",
             ErrorKind::Internal => "Internal",
             ErrorKind::TypeMismatch => "TypeMismatch",
+            ErrorKind::BudgetExceeded => "BudgetExceeded",
         }
     }
 }
@@ -397,6 +414,7 @@ impl Error {
             } => ErrorKind::TensorInvalidInfo,
             Error::InvalidDtypeValue { tensor: None, .. } => ErrorKind::TypeMismatch,
             Error::WrongBufferLength { .. } => ErrorKind::InvalidSlice,
+            Error::BudgetExceeded { .. } => ErrorKind::BudgetExceeded,
             Error::Internal { .. } => ErrorKind::Internal,
             Error::InFile { source, .. } => source.kind(),
         }
@@ -689,6 +707,34 @@ impl fmt::Display for Error {
                 plural(*actual, "byte"),
                 plural(*expected, "byte")
             ),
+            Error::BudgetExceeded {
+                tensor,
+                held,
+                bound,
+                next,
+            } => {
+                write!(
+                    f,
+                    "stream budget exceeded: the caller still holds {} of delivered tensors and \
+                     the next one, `{tensor}`, needs {}",
+                    plural(*held, "byte"),
+                    plural(*next, "byte")
+                )?;
+                if next > bound {
+                    write!(
+                        f,
+                        ", more than the {bound}-byte max_inflight_bytes on its own, so it is \
+                         read only once nothing else is held"
+                    )?;
+                } else {
+                    write!(f, ", over the {bound}-byte max_inflight_bytes together")?;
+                }
+                write!(
+                    f,
+                    "; drop delivered tensors before asking for the next one, or raise \
+                     max_inflight_bytes (set wait_for_release when other threads drop them)"
+                )
+            }
             Error::Internal { message } => write!(
                 f,
                 "internal error in the safetensors library (please report): {message}"

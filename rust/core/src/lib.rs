@@ -14,7 +14,8 @@
 //! - `slice.rs`: slice plans; `writer.rs` (with `writer/atomic.rs`): writing;
 //! - `checkpoint.rs`: sharded checkpoints; `convert/`: dtype conversion and dequantization;
 //! - `distributed/`: tensor-parallel rules and multi-rank plans; `upload.rs`: the staged upload
-//!   ring (CUDA lives in `rust/cuda`); `prefetch.rs` and `stream.rs`: cold loads.
+//!   ring (CUDA lives in `rust/cuda`); `request.rs` (what to read, from a file, a checkpoint or
+//!   several files), `prefetch.rs` and `stream.rs`: cold loads.
 //!
 //! ```
 //! use safetensors_core::{serialize, Dtype, SafeTensors, TensorView};
@@ -38,6 +39,7 @@ mod file;
 mod format;
 mod header;
 mod prefetch;
+mod request;
 mod slice;
 mod stream;
 pub mod upload;
@@ -45,15 +47,16 @@ mod view;
 mod writer;
 
 pub use checkpoint::{Checkpoint, CheckpointOptions};
-pub use direct::DIRECT_ALIGN;
+pub use direct::{AlignedBuf, DIRECT_ALIGN};
 pub use dtype::{Dtype, UnknownDtype};
 pub use error::{Error, ErrorKind, HeaderContents, Result, TextField};
 pub use file::{Backend, MemoryBytes, OpenOptions, SafeFile};
 pub use format::{LENGTH_PREFIX_SIZE, MAX_HEADER_SIZE, METADATA_KEY};
 pub use header::{read_header_len, test_hooks, Header, TensorInfo};
 pub use prefetch::{advise, Advice, Plan, Prefetch, PrefetchOptions};
+pub use request::{Request, Source};
 pub use slice::{Indexer, Runs, SlicePlan};
-pub use stream::{StreamTensor, TensorStream};
+pub use stream::{StreamOptions, StreamTensor, TensorStream};
 pub use view::{SafeTensors, TensorView};
 pub use writer::{
     dtype_to_write, serialize, serialize_to_file, text_to_write, write_atomically,

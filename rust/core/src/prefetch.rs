@@ -1,5 +1,6 @@
-//! Warming the page cache for a plan (whole file, some tensors, slices) before a load, with
-//! several threads and large requests in file order, and access hints for the mapped backend.
+//! Warming the page cache for a plan (whole files, a checkpoint, some tensors, slices, ranges)
+//! before a load, with several threads and large requests in file order, and access hints for
+//! the mapped backend.
 //!
 //! Why read and not only `posix_fadvise(WILLNEED)`: the hint is asynchronous and the kernel caps
 //! its readahead, so it alone gives no progress to report and no guarantee; a `pread` of each
@@ -10,77 +11,62 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use crate::error::{Error, Result};
-use crate::file::SafeFile;
+use crate::file::{open_regular, SafeFile};
+use crate::request::{resolve, Request, Source};
 use crate::slice::SlicePlan;
 
-/// What to warm: byte ranges of one file's data buffer, built from tensors and slices.
+/// What to warm: byte ranges of the data buffers of one or more files, built from tensors,
+/// slices and ranges. Files are warmed in the order they joined the plan (the source's order for
+/// [`Plan::of`]), each one's ranges in offset order.
 ///
 /// ```no_run
-/// use safetensors_core::{Backend, Plan, SafeFile};
+/// use safetensors_core::{Backend, Checkpoint, Plan, Request, SafeFile, Source};
 /// let f = SafeFile::open("model.safetensors", Backend::Mmap)?;
 /// let mut plan = Plan::new(&f);
 /// plan.add_tensor(&f, "wte.weight")?;
 /// plan.prefetch(Default::default())?.wait()?;
+///
+/// // A whole checkpoint, or some of its tensors, in one call.
+/// let ckpt = Checkpoint::open("model.safetensors.index.json", Backend::Mmap)?;
+/// Plan::of(Source::Checkpoint(&ckpt), None)?.prefetch(Default::default())?.wait()?;
+/// let some = [Request::tensor("lm_head.weight")];
+/// Plan::of(Source::Checkpoint(&ckpt), Some(&some))?.prefetch(Default::default())?.wait()?;
 /// # Ok::<(), safetensors_core::Error>(())
 /// ```
-#[derive(Debug, Clone)]
+///
+/// A plan holds paths and data offsets only: prefetching reads each file through a descriptor
+/// of its own, opened by path when a reader thread reaches it, and needs no view. Files still
+/// have to be opened and validated once to build a plan (where a tensor lies is in its header);
+/// [`Plan::of`] opens a checkpoint's shards through the checkpoint, which keeps them.
+#[derive(Debug, Clone, Default)]
 pub struct Plan {
+    files: Vec<PlanFile>,
+}
+
+#[derive(Debug, Clone)]
+struct PlanFile {
     path: PathBuf,
     data_start: u64,
     data_len: u64,
     ranges: Vec<(u64, u64)>,
 }
 
-impl Plan {
-    /// An empty plan for `file`.
-    pub fn new(file: &SafeFile) -> Plan {
-        Plan {
-            path: file.path().to_path_buf(),
-            data_start: file.header().data_start() as u64,
-            data_len: file.header().data_len() as u64,
-            ranges: Vec::new(),
-        }
-    }
-
-    /// A plan for every tensor byte of `file`.
-    pub fn whole(file: &SafeFile) -> Plan {
-        let mut plan = Plan::new(file);
-        plan.add_range(0, plan.data_len);
-        plan
-    }
-
-    /// Adds tensor `name`.
-    pub fn add_tensor(&mut self, file: &SafeFile, name: &str) -> Result<()> {
-        let (begin, end) = file.info(name)?.data_offsets;
-        self.add_range(begin as u64, (end - begin) as u64);
-        Ok(())
-    }
-
-    /// Adds the bytes a slice of tensor `name` selects (only those).
-    pub fn add_slice(&mut self, file: &SafeFile, name: &str, slice: &SlicePlan) -> Result<()> {
-        let begin = file.info(name)?.data_offsets.0 as u64;
-        for (offset, len) in slice.runs() {
-            self.add_range(begin + offset as u64, len as u64);
-        }
-        Ok(())
-    }
-
-    /// Adds `len` bytes of the data buffer from `offset` (clamped to the buffer).
-    pub fn add_range(&mut self, offset: u64, len: u64) {
+impl PlanFile {
+    fn add_range(&mut self, offset: u64, len: u64) {
         let end = offset.saturating_add(len).min(self.data_len);
         if offset < end {
             self.ranges.push((offset, end - offset));
         }
     }
 
-    /// The plan's ranges, relative to the data buffer, sorted and merged.
-    pub fn ranges(&self) -> Vec<(u64, u64)> {
+    /// Sorted and merged.
+    fn ranges(&self) -> Vec<(u64, u64)> {
         let mut sorted = self.ranges.clone();
         sorted.sort_unstable();
         let mut out: Vec<(u64, u64)> = Vec::with_capacity(sorted.len());
@@ -92,15 +78,116 @@ impl Plan {
         }
         out
     }
+}
 
-    /// Bytes the plan covers.
+impl Plan {
+    /// An empty plan for `file` (its first file; see [`Plan::add_range`]).
+    pub fn new(file: &SafeFile) -> Plan {
+        let mut plan = Plan::default();
+        plan.add_file(file);
+        plan
+    }
+
+    /// A plan for every tensor byte of `file`.
+    pub fn whole(file: &SafeFile) -> Plan {
+        let mut plan = Plan::new(file);
+        plan.add_range(0, u64::MAX);
+        plan
+    }
+
+    /// A plan for `requests` of `source` (`None`: every tensor of every file, or every tensor
+    /// a checkpoint's index lists), in one call: the files in the source's order, each one's
+    /// bytes in offset order. Opens the checkpoint shards it touches (see [`Source`]).
+    pub fn of(source: Source<'_>, requests: Option<&[Request]>) -> Result<Plan> {
+        let mut plan = Plan::default();
+        for item in resolve(source, requests)? {
+            let slot = plan.add_file(&item.source);
+            for (offset, len) in item.runs() {
+                plan.files[slot].add_range(offset, len);
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Adds `file` to the plan (no bytes yet) unless it is there; returns its position among
+    /// the plan's files. Files are known by path.
+    pub fn add_file(&mut self, file: &SafeFile) -> usize {
+        // From the end: plans are mostly built file by file.
+        if let Some(i) = self.files.iter().rposition(|f| f.path == file.path()) {
+            return i;
+        }
+        self.files.push(PlanFile {
+            path: file.path().to_path_buf(),
+            data_start: file.header().data_start() as u64,
+            data_len: file.header().data_len() as u64,
+            ranges: Vec::new(),
+        });
+        self.files.len() - 1
+    }
+
+    /// Adds tensor `name` of `file` (adding the file if needed).
+    pub fn add_tensor(&mut self, file: &SafeFile, name: &str) -> Result<()> {
+        let (begin, end) = file.info(name)?.data_offsets;
+        self.add_range_in(file, begin as u64, (end - begin) as u64);
+        Ok(())
+    }
+
+    /// Adds the bytes a slice of tensor `name` of `file` selects (only those).
+    pub fn add_slice(&mut self, file: &SafeFile, name: &str, slice: &SlicePlan) -> Result<()> {
+        let begin = file.info(name)?.data_offsets.0 as u64;
+        let slot = self.add_file(file);
+        for (offset, len) in slice.runs() {
+            self.files[slot].add_range(begin + offset as u64, len as u64);
+        }
+        Ok(())
+    }
+
+    /// Adds `len` bytes of the first file's data buffer from `offset` (clamped to the buffer);
+    /// nothing when the plan has no file.
+    pub fn add_range(&mut self, offset: u64, len: u64) {
+        if let Some(f) = self.files.first_mut() {
+            f.add_range(offset, len);
+        }
+    }
+
+    /// Adds `len` bytes of `file`'s data buffer from `offset` (clamped to the buffer).
+    pub fn add_range_in(&mut self, file: &SafeFile, offset: u64, len: u64) {
+        let slot = self.add_file(file);
+        self.files[slot].add_range(offset, len);
+    }
+
+    /// The first file's ranges, relative to its data buffer, sorted and merged.
+    pub fn ranges(&self) -> Vec<(u64, u64)> {
+        self.files.first().map(PlanFile::ranges).unwrap_or_default()
+    }
+
+    /// Number of files in the plan.
+    pub fn file_count(&self) -> usize {
+        self.files.len()
+    }
+
+    /// Path of the plan's file `i`.
+    pub fn file_path(&self, i: usize) -> Option<&Path> {
+        self.files.get(i).map(|f| f.path.as_path())
+    }
+
+    /// The ranges of the plan's file `i`, relative to its data buffer, sorted and merged.
+    pub fn file_ranges(&self, i: usize) -> Vec<(u64, u64)> {
+        self.files.get(i).map(PlanFile::ranges).unwrap_or_default()
+    }
+
+    /// Bytes the plan covers, in every file.
     pub fn total_bytes(&self) -> u64 {
-        self.ranges().iter().map(|r| r.1).sum()
+        self.files
+            .iter()
+            .flat_map(|f| f.ranges())
+            .map(|r| r.1)
+            .sum()
     }
 
     /// Starts warming the plan's bytes in the background; see [`Prefetch`].
     pub fn prefetch(&self, options: PrefetchOptions) -> Result<Prefetch> {
-        Prefetch::start(self, options).map_err(|e| e.in_file(&self.path))
+        Prefetch::start(self, options)
     }
 }
 
@@ -122,10 +209,17 @@ impl Default for PrefetchOptions {
     }
 }
 
+/// One read of the prefetch: `len` bytes of file `file` at file offset `at`.
+#[derive(Clone, Copy)]
+struct Read {
+    file: usize,
+    at: u64,
+    len: usize,
+}
+
 struct Shared {
-    file: File,
-    path: PathBuf,
-    requests: Vec<(u64, usize)>,
+    paths: Vec<PathBuf>,
+    requests: Vec<Read>,
     next: AtomicUsize,
     done: AtomicU64,
     cancel: AtomicBool,
@@ -142,21 +236,25 @@ pub struct Prefetch {
 
 impl Prefetch {
     fn start(plan: &Plan, options: PrefetchOptions) -> Result<Prefetch> {
-        let file = File::open(&plan.path).map_err(|e| Error::io(&plan.path, "open", e))?;
         let step = options.request_bytes.max(1).div_ceil(64 << 10) * (64 << 10);
         let mut requests = Vec::new();
-        for (offset, len) in plan.ranges() {
-            let mut at = 0u64;
-            while at < len {
-                let n = (len - at).min(step as u64);
-                requests.push((plan.data_start + offset + at, n as usize));
-                at += n;
+        for (file, f) in plan.files.iter().enumerate() {
+            for (offset, len) in f.ranges() {
+                let mut at = 0u64;
+                while at < len {
+                    let n = (len - at).min(step as u64);
+                    requests.push(Read {
+                        file,
+                        at: f.data_start + offset + at,
+                        len: n as usize,
+                    });
+                    at += n;
+                }
             }
         }
-        let total = requests.iter().map(|r| r.1 as u64).sum();
+        let total = requests.iter().map(|r| r.len as u64).sum();
         let shared = Arc::new(Shared {
-            file,
-            path: plan.path.clone(),
+            paths: plan.files.iter().map(|f| f.path.clone()).collect(),
             requests,
             next: AtomicUsize::new(0),
             done: AtomicU64::new(0),
@@ -179,7 +277,8 @@ impl Prefetch {
                         threads,
                     };
                     p.stop();
-                    return Err(Error::io(&plan.path, "start a prefetch thread", e));
+                    let at = plan.files.first().map_or(Path::new(""), |f| &f.path);
+                    return Err(Error::io(at, "start a prefetch thread", e));
                 }
             }
         }
@@ -200,7 +299,8 @@ impl Prefetch {
         self.total
     }
 
-    /// Waits for every request; the first read error, if any (naming the file).
+    /// Waits for every request; the first error, if any (an `Io` error naming the file that
+    /// could not be opened or read).
     pub fn wait(mut self) -> Result<()> {
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -227,43 +327,65 @@ impl Drop for Prefetch {
 }
 
 /// Claims requests in file order until none are left, the prefetch is cancelled, or one fails.
+/// Each thread opens a file when it first reaches it and closes it when it moves on, so a
+/// checkpoint of thousands of shards costs at most one descriptor per thread.
 fn worker(s: &Shared, step: usize) {
     let mut buf = Vec::new();
     if buf.try_reserve_exact(step).is_err() {
-        record(s, io::Error::from(io::ErrorKind::OutOfMemory));
+        let path = s.paths.first().map_or(Path::new(""), |p| p.as_path());
+        record(
+            s,
+            Error::io(
+                path,
+                "prefetch",
+                io::Error::from(io::ErrorKind::OutOfMemory),
+            ),
+        );
         return;
     }
     buf.resize(step, 0u8);
+    let mut open: Option<(usize, File)> = None;
     while !s.cancel.load(Ordering::Relaxed) {
         let i = s.next.fetch_add(1, Ordering::Relaxed);
-        let Some(&(at, len)) = s.requests.get(i) else {
+        let Some(&r) = s.requests.get(i) else {
             return;
+        };
+        let file = match open.take() {
+            Some((n, f)) if n == r.file => f,
+            _ => match open_regular(&s.paths[r.file], "a safetensors file") {
+                Ok((f, _)) => f,
+                Err(e) => {
+                    record(s, e);
+                    return;
+                }
+            },
         };
         // SAFETY: a plain system call on a descriptor we own; it only hints.
         unsafe {
             libc::posix_fadvise(
-                s.file.as_raw_fd(),
-                at as libc::off_t,
-                len as libc::off_t,
+                file.as_raw_fd(),
+                r.at as libc::off_t,
+                r.len as libc::off_t,
                 libc::POSIX_FADV_WILLNEED,
             )
         };
-        match s.file.read_exact_at(&mut buf[..len], at) {
+        match file.read_exact_at(&mut buf[..r.len], r.at) {
             Ok(()) => {
-                s.done.fetch_add(len as u64, Ordering::Relaxed);
+                s.done.fetch_add(r.len as u64, Ordering::Relaxed);
             }
             Err(e) => {
-                record(s, e);
+                record(s, Error::io(&s.paths[r.file], "prefetch", e));
                 return;
             }
         }
+        open = Some((r.file, file));
     }
 }
 
-fn record(s: &Shared, e: io::Error) {
+fn record(s: &Shared, e: Error) {
     s.cancel.store(true, Ordering::Relaxed);
     if let Ok(mut slot) = s.error.lock() {
-        slot.get_or_insert_with(|| Error::io(&s.path, "prefetch", e));
+        slot.get_or_insert(e);
     }
 }
 
@@ -278,10 +400,14 @@ pub enum Advice {
     Random,
 }
 
-/// Gives the kernel `advice` for the plan's ranges of `file`'s mapping. A no-op for the read and
-/// direct backends (nothing is mapped). Hints that the kernel refuses are reported as `Io`.
+/// Gives the kernel `advice` for the plan's ranges of `file`'s mapping (nothing when the plan
+/// does not cover `file`). A no-op for the read and direct backends (nothing is mapped). Hints
+/// that the kernel refuses are reported as `Io`.
 pub fn advise(file: &SafeFile, plan: &Plan, advice: Advice) -> Result<()> {
     let Some(data) = file.mapped_data() else {
+        return Ok(());
+    };
+    let Some(entry) = plan.files.iter().find(|f| f.path == file.path()) else {
         return Ok(());
     };
     let flag = match advice {
@@ -292,7 +418,7 @@ pub fn advise(file: &SafeFile, plan: &Plan, advice: Advice) -> Result<()> {
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
     let base = data.as_ptr() as usize;
-    for (offset, len) in plan.ranges() {
+    for (offset, len) in entry.ranges() {
         let start = base + offset as usize;
         // The mapping starts on a page, so rounding down stays inside it.
         let aligned = start - start % page;

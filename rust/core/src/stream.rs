@@ -1,45 +1,101 @@
-//! Host streaming: every tensor of a file (or a chosen subset) delivered in file order as soon as
-//! its bytes are read, with at most `max_inflight_bytes` of buffers alive at once.
+//! Host streaming: tensors (or slices) of a file, a checkpoint or a list of files delivered in
+//! file order as soon as their bytes are read, with at most `max_inflight_bytes` of buffers
+//! alive at once.
 //!
 //! A background thread reads ahead; each delivered [`StreamTensor`] owns its buffer, and dropping
 //! it returns its bytes to the budget. A tensor larger than the bound is still delivered: the
 //! reader waits until nothing else is alive and then reads it alone, so the peak is
 //! `max(max_inflight_bytes, largest tensor)`. Works with every backend (the mapped one copies out
 //! of the mapping, so the budget bounds the copies, not the page cache).
+//!
+//! Why `next` can fail rather than wait: when the reader waits for budget, nothing is queued, and
+//! every byte alive is in a tensor already delivered, only the caller can make room. A caller
+//! that keeps its tensors on the thread that asks for more would wait forever, so by default
+//! `next` says so at once ([`Error::BudgetExceeded`]). Consumers that hand tensors to other
+//! threads, which drop them later, set [`StreamOptions::wait_for_release`] and `next` waits.
 
-use std::sync::mpsc::{sync_channel, Receiver};
-use std::sync::{Arc, Condvar, Mutex};
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
+use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::file::SafeFile;
+use crate::file::{zeroed, SafeFile};
+use crate::request::{resolve, Item, Request, Source};
 
-#[derive(Default)]
-struct Budget {
-    state: Mutex<BudgetState>,
-    freed: Condvar,
+/// How a [`TensorStream`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamOptions {
+    /// Most bytes of buffers alive at once: read, queued and delivered-but-not-dropped. A
+    /// tensor larger than this is read alone, once nothing else is alive. Default 256 MiB.
+    pub max_inflight_bytes: u64,
+    /// When the stream cannot go on until delivered tensors are dropped: `false` (the default)
+    /// makes `next` return [`Error::BudgetExceeded`] at once; `true` makes it wait, for callers
+    /// whose other threads drop the tensors (a caller that holds them itself then waits
+    /// forever).
+    pub wait_for_release: bool,
+}
+
+impl Default for StreamOptions {
+    fn default() -> Self {
+        StreamOptions {
+            max_inflight_bytes: 256 << 20,
+            wait_for_release: false,
+        }
+    }
+}
+
+/// What the reader thread and the consumer share.
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled on every change: bytes released, a tensor queued, the reader waiting or done,
+    /// cancellation.
+    changed: Condvar,
+    bound: u64,
 }
 
 #[derive(Default)]
-struct BudgetState {
+struct State {
+    /// Bytes of buffers alive: being read, queued, or delivered and not dropped.
     alive: u64,
     peak: u64,
     cancelled: bool,
+    /// Read and not yet taken by `next`.
+    ready: VecDeque<Result<StreamTensor>>,
+    /// The item the reader waits to have budget for.
+    waiting: Option<usize>,
+    /// The reader has stopped (everything sent, an error sent, or cancelled).
+    done: bool,
 }
 
-impl Budget {
-    /// Waits until `len` more bytes fit under `bound` (or nothing is alive, for a tensor larger
-    /// than the bound); false when the stream was cancelled.
-    fn acquire(&self, len: u64, bound: u64) -> bool {
-        let Ok(mut s) = self.state.lock() else {
-            return false;
-        };
-        while !s.cancelled && s.alive > 0 && s.alive + len > bound {
-            s = match self.freed.wait(s) {
-                Ok(s) => s,
-                Err(_) => return false,
-            };
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // No code panics while holding the lock; a poisoned lock still holds consistent counts.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn wait<'a>(&self, s: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.changed.wait(s).unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `len` more bytes may be alive now: they fit under the bound, or nothing else is
+    /// alive (a tensor larger than the bound), or they are none.
+    fn fits(&self, s: &State, len: u64) -> bool {
+        len == 0 || s.alive == 0 || s.alive.saturating_add(len) <= self.bound
+    }
+
+    /// Waits until item `item` of `len` bytes fits; false when the stream was cancelled.
+    fn acquire(&self, item: usize, len: u64) -> bool {
+        let mut s = self.lock();
+        while !s.cancelled && !self.fits(&s, len) {
+            if s.waiting != Some(item) {
+                s.waiting = Some(item);
+                self.changed.notify_all();
+            }
+            s = self.wait(s);
         }
+        s.waiting = None;
         if s.cancelled {
             return false;
         }
@@ -49,40 +105,88 @@ impl Budget {
     }
 
     fn release(&self, len: u64) {
-        if let Ok(mut s) = self.state.lock() {
-            s.alive -= len;
-        }
-        self.freed.notify_all();
+        self.lock().alive -= len;
+        self.changed.notify_all();
     }
 
-    fn cancel(&self) {
-        if let Ok(mut s) = self.state.lock() {
-            s.cancelled = true;
+    /// Queues `item` for `next`; hands it back when the stream was cancelled, for the caller to
+    /// drop outside the lock (dropping a tensor takes the lock).
+    fn deliver(&self, item: Result<StreamTensor>) -> Option<Result<StreamTensor>> {
+        let mut s = self.lock();
+        if s.cancelled {
+            return Some(item);
         }
-        self.freed.notify_all();
+        s.ready.push_back(item);
+        self.changed.notify_all();
+        None
     }
 }
 
-/// One delivered tensor; owns its bytes. Dropping it returns them to the stream's budget.
+/// Marks the reader done however it leaves, so that `next` never waits on a reader that is gone.
+struct Finish(Arc<Shared>);
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        self.0.lock().done = true;
+        self.0.changed.notify_all();
+    }
+}
+
+/// One delivered tensor (or slice); owns its bytes. Dropping it returns them to the stream's
+/// budget.
 pub struct StreamTensor {
-    /// Position in file order.
+    /// Position in the request list ([`TensorStream::open`]); for a whole source, and for
+    /// [`TensorStream::new`], the position in delivery order.
+    pub request: usize,
+    /// The file it came from, in the source's numbering (a checkpoint's shard index, or the
+    /// position in the list of files; 0 for [`TensorStream::new`]).
+    pub file: usize,
+    /// The tensor's position in its file, in offset (file) order.
     pub index: usize,
     /// The tensor's name.
     pub name: String,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape of what was delivered: the slice's for a slice.
+    pub shape: Vec<usize>,
     data: Vec<u8>,
-    budget: Arc<Budget>,
+    /// Bytes counted against the budget for it (its full length, also while it is read or
+    /// when reading it failed).
+    reserved: u64,
+    source: Arc<SafeFile>,
+    shared: Arc<Shared>,
 }
 
 impl StreamTensor {
-    /// The tensor's bytes.
+    /// The delivered bytes: the whole tensor, or the slice's selected bytes packed in row-major
+    /// order (what [`SafeFile::read_slice`] gives).
     pub fn data(&self) -> &[u8] {
         &self.data
+    }
+
+    /// Path of the file it came from.
+    pub fn path(&self) -> &Path {
+        self.source.path()
+    }
+}
+
+impl std::fmt::Debug for StreamTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamTensor")
+            .field("request", &self.request)
+            .field("file", &self.file)
+            .field("index", &self.index)
+            .field("name", &self.name)
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape)
+            .field("bytes", &self.data.len())
+            .finish()
     }
 }
 
 impl Drop for StreamTensor {
     fn drop(&mut self) {
-        self.budget.release(self.data.len() as u64);
+        self.shared.release(self.reserved);
     }
 }
 
@@ -90,145 +194,191 @@ impl Drop for StreamTensor {
 ///
 /// ```no_run
 /// use std::sync::Arc;
-/// use safetensors_core::{Backend, SafeFile, TensorStream};
+/// use safetensors_core::{Backend, Checkpoint, Request, SafeFile, Source, StreamOptions, TensorStream};
 /// let f = Arc::new(SafeFile::open("model.safetensors", Backend::Direct)?);
 /// for t in TensorStream::new(f, None, 256 << 20)? {
 ///     let t = t?;                       // transform t.data() here; dropping t frees its budget
 /// }
+/// let ckpt = Checkpoint::open("model.safetensors.index.json", Backend::Direct)?;
+/// for t in TensorStream::open(Source::Checkpoint(&ckpt), None, StreamOptions::default())? {
+///     let t = t?;                       // t.name, t.shape, t.file (the shard), t.data()
+/// }
 /// # Ok::<(), safetensors_core::Error>(())
 /// ```
 ///
-/// The caller makes room by dropping tensors: asking for the next one while holding more than
-/// the bound minus its size (or, before a tensor larger than the bound, holding anything) blocks
-/// until another thread drops what it holds. Known limit: a single thread that holds on never
-/// wakes; hold at most the bound you chose.
+/// The caller makes room by dropping tensors. When the next tensor cannot be read until the
+/// caller drops some (asking for it while holding more than the bound minus its size, or,
+/// before a tensor larger than the bound, holding anything), `next` returns
+/// [`Error::BudgetExceeded`] at once, unless [`StreamOptions::wait_for_release`] is set, in which
+/// case it waits for other threads to drop what they hold.
 ///
-/// After an error the stream ends (and frees everything). Dropping the stream early cancels the
-/// reads not yet started and returns once the one in progress (at most one tensor) is done.
+/// Every error ends the stream (and frees the tensors read but not yet taken); a file that
+/// shrinks gives `Io` for the tensor it cuts short, never other bytes. Dropping the stream early
+/// cancels the reads not yet started and returns once the one in progress (at most one tensor)
+/// is done.
 pub struct TensorStream {
-    rx: Option<Receiver<Result<StreamTensor>>>,
-    budget: Arc<Budget>,
+    shared: Arc<Shared>,
+    items: Arc<[Item]>,
     reader: Option<JoinHandle<()>>,
-    failed: bool,
+    options: StreamOptions,
+    ended: bool,
 }
 
 impl TensorStream {
     /// Streams the tensors at `positions` (file-order indices; `None` for all) of `file`, in
-    /// file order, with at most `max_inflight_bytes` alive (see the module comment).
+    /// file order, with at most `max_inflight_bytes` alive and the default options otherwise.
+    /// Repeated positions are streamed once.
     pub fn new(
         file: Arc<SafeFile>,
         positions: Option<Vec<usize>>,
         max_inflight_bytes: u64,
     ) -> Result<TensorStream> {
-        let count = file.header().len();
-        let mut order = positions.unwrap_or_else(|| (0..count).collect());
+        let options = StreamOptions {
+            max_inflight_bytes,
+            ..StreamOptions::default()
+        };
+        let files = [file];
+        let Some(mut order) = positions else {
+            return TensorStream::open(Source::Files(&files), None, options);
+        };
         order.sort_unstable();
         order.dedup();
-        if let Some(&bad) = order.iter().find(|&&i| i >= count) {
-            return Err(Error::TensorNotFound {
-                name: format!("#{bad}"),
-            }
-            .in_file(file.path()));
-        }
-        let budget = Arc::new(Budget::default());
-        // Delivery is bounded by the budget, not the channel; one slot per tensor never blocks.
-        let (tx, rx) = sync_channel(order.len().max(1));
-        let b = budget.clone();
-        let path = file.path().to_path_buf();
+        let header = files[0].header();
+        let requests = order
+            .into_iter()
+            .map(|i| match header.at(i) {
+                Some(info) => Ok(Request::tensor(info.name).in_file(0)),
+                None => Err(Error::TensorNotFound {
+                    name: format!("#{i}"),
+                }
+                .in_file(files[0].path())),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        TensorStream::open(Source::Files(&files), Some(&requests), options)
+    }
+
+    /// Streams `requests` of `source` (`None`: every tensor of every file, or every tensor a
+    /// checkpoint's index lists, as [`crate::Plan::of`] takes them) in file order: file by file
+    /// in the source's numbering, data offsets ascending within a file, request order among
+    /// equal offsets. Every request is delivered, repeats included. Opens the checkpoint shards
+    /// it touches now; errors in the requests (a missing tensor, a slice that does not fit) are
+    /// returned here, before anything is read.
+    pub fn open(
+        source: Source<'_>,
+        requests: Option<&[Request]>,
+        options: StreamOptions,
+    ) -> Result<TensorStream> {
+        let items: Arc<[Item]> = resolve(source, requests)?.into();
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            bound: options.max_inflight_bytes,
+        });
+        let (s, its) = (shared.clone(), items.clone());
         let reader = std::thread::Builder::new()
             .name("st-stream".into())
-            .spawn(move || {
-                for i in order {
-                    let Some(info) = file.header().at(i) else {
-                        return;
-                    };
-                    let (begin, end) = info.data_offsets;
-                    let len = (end - begin) as u64;
-                    if !b.acquire(len, max_inflight_bytes) {
-                        return;
-                    }
-                    let t = StreamTensor {
-                        index: i,
-                        name: info.name.to_owned(),
-                        data: Vec::new(),
-                        budget: b.clone(),
-                    };
-                    let item = read_into(&file, t, begin, end - begin);
-                    let stop = item.is_err();
-                    if tx.send(item).is_err() || stop {
-                        return;
-                    }
-                }
-            })
-            .map_err(|e| Error::io(&path, "start a stream thread", e))?;
+            .spawn(move || read_all(&s, &its))
+            .map_err(|e| {
+                let at = items.first().map_or(Path::new(""), |it| it.source.path());
+                Error::io(at, "start a stream thread", e)
+            })?;
         Ok(TensorStream {
-            rx: Some(rx),
-            budget,
+            shared,
+            items,
             reader: Some(reader),
-            failed: false,
+            options,
+            ended: false,
         })
     }
 
-    /// The most bytes of delivered-but-alive and being-read buffers so far (instrumentation).
+    /// How many tensors (or slices) the stream delivers in all.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// `true` when the stream delivers nothing.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Bytes the stream delivers in all.
+    pub fn total_bytes(&self) -> u64 {
+        self.items.iter().map(|it| it.len).sum()
+    }
+
+    /// The options it runs with.
+    pub fn options(&self) -> StreamOptions {
+        self.options
+    }
+
+    /// The most bytes of delivered-but-alive, queued and being-read buffers so far
+    /// (instrumentation): at most `max(max_inflight_bytes, largest tensor)`.
     pub fn peak_inflight_bytes(&self) -> u64 {
-        self.budget.state.lock().map_or(0, |s| s.peak)
+        self.shared.lock().peak
     }
 
     /// Bytes alive now.
     pub fn inflight_bytes(&self) -> u64 {
-        self.budget.state.lock().map_or(0, |s| s.alive)
+        self.shared.lock().alive
     }
-}
 
-/// Fills `t` with `len` bytes from data offset `begin`; on failure its budget is returned when
-/// `t` drops.
-fn read_into(
-    file: &SafeFile,
-    mut t: StreamTensor,
-    begin: usize,
-    len: usize,
-) -> Result<StreamTensor> {
-    if t.data.try_reserve_exact(len).is_err() {
-        return Err(Error::io(
-            file.path(),
-            "allocate a stream buffer",
-            std::io::Error::new(
-                std::io::ErrorKind::OutOfMemory,
-                format!("{len} bytes for tensor `{}`", t.name),
-            ),
-        ));
+    /// The error `next` returns when the reader waits for budget that only the caller can free:
+    /// nothing queued, the item still does not fit, and no other thread is said to release.
+    fn stuck(&self, s: &State) -> Option<Error> {
+        let i = s.waiting?;
+        let item = self.items.get(i)?;
+        if self.options.wait_for_release || self.shared.fits(s, item.len) {
+            return None;
+        }
+        Some(
+            Error::BudgetExceeded {
+                tensor: item.name.clone(),
+                held: s.alive,
+                bound: self.shared.bound,
+                next: item.len,
+            }
+            .in_file(item.source.path()),
+        )
     }
-    // Counted against the budget at its full length before the read starts.
-    t.data.resize(len, 0);
-    file.read_data(begin as u64, &mut t.data)?;
-    Ok(t)
+
+    fn shutdown(&mut self) {
+        self.ended = true;
+        self.shared.lock().cancelled = true;
+        self.shared.changed.notify_all();
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        // Dropped outside the lock: each one takes it to release its bytes.
+        let ready = std::mem::take(&mut self.shared.lock().ready);
+        drop(ready);
+    }
 }
 
 impl Iterator for TensorStream {
     type Item = Result<StreamTensor>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.failed {
+        if self.ended {
             return None;
         }
-        let item = self.rx.as_ref()?.recv().ok()?;
-        if item.is_err() {
-            self.failed = true;
+        let mut s = self.shared.lock();
+        let out = loop {
+            if let Some(item) = s.ready.pop_front() {
+                break Some(item);
+            }
+            if s.done {
+                break None;
+            }
+            if let Some(e) = self.stuck(&s) {
+                break Some(Err(e));
+            }
+            s = self.shared.wait(s);
+        };
+        drop(s);
+        if !matches!(out, Some(Ok(_))) {
             self.shutdown();
         }
-        Some(item)
-    }
-}
-
-impl TensorStream {
-    fn shutdown(&mut self) {
-        self.budget.cancel();
-        // Dropping the receiver frees tensors read but not yet taken, and makes the reader's
-        // next send fail, so it stops.
-        self.rx = None;
-        if let Some(r) = self.reader.take() {
-            let _ = r.join();
-        }
+        out
     }
 }
 
@@ -236,4 +386,66 @@ impl Drop for TensorStream {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// The reader thread: each item in order, once it fits the budget.
+fn read_all(shared: &Arc<Shared>, items: &[Item]) {
+    let _finish = Finish(shared.clone());
+    for (i, item) in items.iter().enumerate() {
+        if !shared.acquire(i, item.len) {
+            return;
+        }
+        let t = StreamTensor {
+            request: item.request,
+            file: item.file,
+            index: item.position,
+            name: item.name.clone(),
+            dtype: item.dtype,
+            shape: item.shape.clone(),
+            data: Vec::new(),
+            reserved: item.len,
+            source: item.source.clone(),
+            shared: shared.clone(),
+        };
+        let read = read_item(item, t);
+        let failed = read.is_err();
+        if let Some(unwanted) = shared.deliver(read) {
+            drop(unwanted);
+            return;
+        }
+        if failed {
+            return;
+        }
+    }
+}
+
+/// Fills `t` with `item`'s bytes; on failure its budget is returned when `t` drops.
+fn read_item(item: &Item, mut t: StreamTensor) -> Result<StreamTensor> {
+    let file = &item.source;
+    let len = usize::try_from(item.len).map_err(|_| out_of_memory(item))?;
+    t.data = zeroed(len).map_err(|_| out_of_memory(item))?;
+    match &item.slice {
+        None => file.read_data(item.begin, &mut t.data)?,
+        Some(plan) => {
+            let info = file
+                .header()
+                .at(item.position)
+                .ok_or_else(|| Error::Internal {
+                    message: format!("tensor `{}` has no entry at its position", item.name),
+                })?;
+            file.read_slice_of(&info, plan, &mut t.data)?;
+        }
+    }
+    Ok(t)
+}
+
+fn out_of_memory(item: &Item) -> Error {
+    Error::io(
+        item.source.path(),
+        "allocate a stream buffer",
+        std::io::Error::new(
+            std::io::ErrorKind::OutOfMemory,
+            format!("{} bytes for tensor `{}`", item.len, item.name),
+        ),
+    )
 }

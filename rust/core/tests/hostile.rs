@@ -3,31 +3,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
 use safetensors_core::{Backend, OpenOptions, SafeFile};
-
-/// Builds the corpus with any python3 (it needs only the standard library).
-fn corpus() -> PathBuf {
-    let dir = common::scratch_dir("hostile_corpus");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/hostile/make_corpus.py");
-    let out = Command::new("python3")
-        .arg(script)
-        .arg(&dir)
-        .output()
-        .expect("run python3");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    dir
-}
 
 #[test]
 fn every_hostile_file_gets_its_expected_error_kind() {
-    let dir = corpus();
+    let dir = common::hostile_corpus("hostile_corpus");
     let manifest = std::fs::read_to_string(dir.join("manifest.tsv")).unwrap();
     let mut checked = 0;
     for line in manifest.lines() {

@@ -1,16 +1,19 @@
 //! Prefetching a plan: after `posix_fadvise(DONTNEED)` the file is not cached (per `mincore`);
-//! after prefetching a plan its bytes are resident and the rest mostly is not; progress adds up.
+//! after prefetching a plan (of one file, or across a checkpoint's shards) its bytes are
+//! resident and the rest mostly is not; progress adds up; plans cover files in file order.
 
 mod common;
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::sync::Arc;
 
 use common::scratch_dir;
+use common::sharded::{write_sharded, Spec};
 use safetensors_core::{
-    advise, serialize_to_file, Advice, Backend, Dtype, Indexer, Plan, PrefetchOptions, SafeFile,
-    TensorView,
+    advise, serialize_to_file, Advice, Backend, Checkpoint, Dtype, ErrorKind, Indexer, Plan,
+    PrefetchOptions, Request, SafeFile, Source, TensorView,
 };
 
 const MIB: usize = 1 << 20;
@@ -166,12 +169,7 @@ fn prefetch_reports_progress_and_a_file_that_shrank() {
     // A file truncated after the plan was made: an Io error naming the file, no hang.
     let plan = Plan::whole(&f);
     drop(f);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .unwrap()
-        .set_len(5 * MIB as u64)
-        .unwrap();
+    common::truncate(&path, 5 * MIB as u64);
     let err = plan
         .prefetch(PrefetchOptions::default())
         .unwrap()
@@ -179,4 +177,157 @@ fn prefetch_reports_progress_and_a_file_that_shrank() {
         .unwrap_err();
     assert_eq!(err.kind(), safetensors_core::ErrorKind::Io);
     assert!(err.to_string().contains("p.safetensors"), "{err}");
+}
+
+/// Three shards of four 4 MiB tensors (`s<shard>.t<n>`, U8 of shape [1024, 4096]).
+fn three_shards(dir: &Path) -> std::path::PathBuf {
+    let spec = |i: usize| -> Vec<Spec> {
+        (0..4)
+            .map(|t| (format!("s{i}.t{t}"), Dtype::U8, vec![1024, 4 * 1024]))
+            .collect()
+    };
+    write_sharded(dir, &[spec(0), spec(1), spec(2)])
+}
+
+#[test]
+fn prefetching_part_of_a_checkpoint_makes_its_bytes_resident_across_shards() {
+    let dir = scratch_dir("prefetching_part_of_a_checkpoint");
+    let index = three_shards(&dir);
+    let ckpt = Checkpoint::open(&index, Backend::Read).unwrap();
+    let shards: Vec<_> = (0..3)
+        .map(|i| ckpt.shard_path(i).unwrap().to_owned())
+        .collect();
+    for p in &shards {
+        evict(p);
+        if resident(p).iter().any(|&r| r) {
+            println!(
+                "skipped: the kernel keeps {} cached after DONTNEED",
+                p.display()
+            );
+            return;
+        }
+    }
+    // Out of file order on purpose: the plan warms shard by shard all the same.
+    let requests = [
+        Request::slice("s2.t2", vec![Indexer::range(0, 512)]),
+        Request::tensor("s0.t1"),
+        Request::tensor("s1.t3").in_file(1),
+    ];
+    let plan = Plan::of(Source::Checkpoint(&ckpt), Some(&requests)).unwrap();
+    assert_eq!(plan.file_count(), 3);
+    for (i, p) in shards.iter().enumerate() {
+        assert_eq!(plan.file_path(i), Some(p.as_path()));
+    }
+    assert_eq!(plan.total_bytes(), 10 * MIB as u64);
+    let p = plan
+        .prefetch(PrefetchOptions {
+            threads: 4,
+            request_bytes: MIB,
+        })
+        .unwrap();
+    assert_eq!(p.total_bytes(), 10 * MIB as u64);
+    p.wait().unwrap();
+    let warm = [("s0.t1", 4 * MIB), ("s1.t3", 4 * MIB), ("s2.t2", 2 * MIB)];
+    for (i, path) in shards.iter().enumerate() {
+        let f = ckpt.shard(i).unwrap();
+        let res = resident(path);
+        let start = f.header().data_start();
+        for info in f.header().iter() {
+            let (b, e) = info.data_offsets;
+            match warm.iter().find(|w| w.0 == info.name) {
+                Some(&(_, len)) => {
+                    assert_eq!(fraction(&res, start, (b, b + len)), 1.0, "{}", info.name);
+                    if len < e - b {
+                        let rest = fraction(&res, start, (b + len + MIB, e));
+                        assert!(rest < 0.5, "{}: {rest} of the rest", info.name);
+                    }
+                }
+                None => {
+                    let frac = fraction(&res, start, (b, e));
+                    assert!(
+                        frac < 0.5,
+                        "{}: {frac} of its pages are resident",
+                        info.name
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn plans_cover_whole_checkpoints_lists_of_files_and_files_added_one_by_one() {
+    let dir = scratch_dir("plans_cover_whole_checkpoints");
+    let index = three_shards(&dir);
+    let ckpt = Checkpoint::open(&index, Backend::Mmap).unwrap();
+    let whole = Plan::of(Source::Checkpoint(&ckpt), None).unwrap();
+    assert_eq!(whole.file_count(), 3);
+    assert_eq!(whole.total_bytes(), 48 * MIB as u64);
+    for i in 0..3 {
+        let len = ckpt.shard(i).unwrap().header().data_len() as u64;
+        assert_eq!(whole.file_ranges(i), [(0, len)]);
+    }
+    whole
+        .prefetch(PrefetchOptions::default())
+        .unwrap()
+        .wait()
+        .unwrap();
+
+    // The same files as a list: by position, or the first file holding the name.
+    let files: Vec<Arc<SafeFile>> = (0..3).map(|i| ckpt.shard(i).unwrap().clone()).collect();
+    let list = Plan::of(Source::Files(&files), None).unwrap();
+    assert_eq!(list.total_bytes(), 48 * MIB as u64);
+    let some = [
+        Request::tensor("s2.t0").in_file(2),
+        Request::tensor("s1.t0"),
+    ];
+    let plan = Plan::of(Source::Files(&files), Some(&some)).unwrap();
+    assert_eq!(plan.file_count(), 2);
+    assert_eq!(plan.file_path(0), Some(files[1].path()));
+    assert_eq!(plan.total_bytes(), 8 * MIB as u64);
+    // Requests that name no tensor there are refused when planning.
+    for bad in [
+        Request::tensor("s2.t0").in_file(1),
+        Request::tensor("s2.t0").in_file(3),
+        Request::tensor("nope"),
+    ] {
+        let err = Plan::of(Source::Files(&files), Some(std::slice::from_ref(&bad))).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::TensorNotFound, "{bad:?}: {err}");
+    }
+    let err = Plan::of(
+        Source::Checkpoint(&ckpt),
+        Some(&[Request::tensor("s2.t0").in_file(0)]),
+    )
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TensorNotFound, "{err}");
+    let err = Plan::of(
+        Source::Checkpoint(&ckpt),
+        Some(&[Request::slice("s0.t0", vec![Indexer::range(0, 2000)])]),
+    )
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidSlice, "{err}");
+
+    // Files added one by one: each keeps its own ranges; `ranges` is the first file's.
+    let (a, b) = (&files[0], &files[2]);
+    let mut plan = Plan::new(a);
+    plan.add_tensor(b, "s2.t3").unwrap();
+    plan.add_tensor(a, "s0.t2").unwrap();
+    plan.add_range_in(b, 0, 10);
+    assert_eq!(plan.file_count(), 2);
+    assert_eq!(
+        plan.ranges(),
+        [a.info("s0.t2").unwrap().data_offsets].map(|(x, y)| (x as u64, (y - x) as u64))
+    );
+    assert_eq!(plan.total_bytes(), 8 * MIB as u64 + 10);
+
+    // A shard deleted after planning: an Io error naming it, no hang.
+    let plan = Plan::of(Source::Checkpoint(&ckpt), Some(&[Request::tensor("s1.t1")])).unwrap();
+    std::fs::remove_file(ckpt.shard_path(1).unwrap()).unwrap();
+    let err = plan
+        .prefetch(PrefetchOptions::default())
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Io);
+    assert!(err.to_string().contains("model-1.safetensors"), "{err}");
 }

@@ -1,14 +1,18 @@
-//! Host streaming: every tensor's bytes equal `tensor_bytes`, in file order, with every backend;
-//! the in-flight bound holds (instrumented); early drop and errors end the stream cleanly.
+//! Host streaming: every tensor's (or slice's) bytes equal `tensor_bytes` (or `read_slice`), in
+//! file order, from a file, a checkpoint or a list of files, with every backend; each delivered
+//! item says what it is; the in-flight bound holds (instrumented); a caller holding the budget
+//! gets `BudgetExceeded`, not a hang; early drop and errors end the stream cleanly.
 
 mod common;
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 
 use common::scratch_dir;
+use common::sharded::{write_sharded, Spec};
 use safetensors_core::{
-    serialize_to_file, Backend, Dtype, ErrorKind, SafeFile, TensorStream, TensorView,
+    serialize_to_file, Backend, Checkpoint, Dtype, Error, ErrorKind, Indexer, Request, SafeFile,
+    Source, StreamOptions, TensorStream, TensorView,
 };
 
 const LENS: [usize; 7] = [1000, 70_000, 4096, 300_000, 12, 50_000, 65_536];
@@ -94,12 +98,7 @@ fn a_file_that_shrinks_mid_stream_ends_it_with_io_and_dropping_early_is_prompt()
         let first = stream.next().unwrap().unwrap();
         assert_eq!(first.name, "t0");
         let cut = f.header().data_start() + 2000;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len(cut as u64)
-            .unwrap();
+        common::truncate(&path, cut as u64);
         drop(first);
         let err = stream.next().unwrap().err().unwrap();
         assert_eq!(err.kind(), ErrorKind::Io, "{backend:?}");
@@ -113,4 +112,315 @@ fn a_file_that_shrinks_mid_stream_ends_it_with_io_and_dropping_early_is_prompt()
     let held = stream.next().unwrap().unwrap();
     drop(stream);
     assert_eq!(held.data().len(), 1000);
+}
+
+/// Three shards of tensors of several dtypes and sizes; `s1.big` is larger than [`BOUND`].
+fn three_shards(dir: &Path) -> std::path::PathBuf {
+    let t = |n: &str, d: Dtype, s: &[usize]| -> Spec { (n.to_owned(), d, s.to_vec()) };
+    write_sharded(
+        dir,
+        &[
+            vec![
+                t("s0.w", Dtype::F32, &[64, 33]),
+                t("s0.b", Dtype::F16, &[7]),
+                t("s0.e", Dtype::U8, &[0, 4]),
+                t("s0.m", Dtype::BF16, &[40, 300]),
+            ],
+            vec![
+                t("s1.big", Dtype::U8, &[3, 50_000]),
+                t("s1.x", Dtype::I64, &[5, 6, 7]),
+            ],
+            vec![
+                t("s2.a", Dtype::F64, &[9, 100]),
+                t("s2.z", Dtype::I8, &[33_333]),
+            ],
+        ],
+    )
+}
+
+const BOUND: u64 = 60_000;
+
+#[test]
+fn streams_a_checkpoint_shard_by_shard_saying_what_each_tensor_is_with_every_backend() {
+    let dir = scratch_dir("streams_a_checkpoint");
+    let index = three_shards(&dir);
+    for backend in [Backend::Mmap, Backend::Read, Backend::Direct] {
+        let ckpt = Checkpoint::open(&index, backend).unwrap();
+        let options = StreamOptions {
+            max_inflight_bytes: BOUND,
+            ..StreamOptions::default()
+        };
+        let mut stream = TensorStream::open(Source::Checkpoint(&ckpt), None, options).unwrap();
+        assert_eq!(stream.len(), ckpt.len());
+        let mut last = None;
+        let mut delivered = 0;
+        for (k, t) in stream.by_ref().enumerate() {
+            let t = t.unwrap();
+            let (f, info) = ckpt.locate(&t.name).unwrap();
+            assert_eq!(t.file, ckpt.shard_of(&t.name).unwrap(), "{}", t.name);
+            assert_eq!(t.path(), ckpt.shard_path(t.file).unwrap());
+            assert_eq!(t.index, f.header().position(&t.name).unwrap());
+            assert_eq!(t.request, k);
+            assert_eq!((t.dtype, t.shape.as_slice()), (info.dtype, info.shape));
+            assert_eq!(
+                t.data(),
+                f.tensor_bytes(&t.name).unwrap().as_ref(),
+                "{backend:?}"
+            );
+            // Shard by shard, offsets ascending within each.
+            let at = (t.file, info.data_offsets.0, info.data_offsets.1);
+            assert!(last < Some(at), "{} after {last:?}", t.name);
+            last = Some(at);
+            delivered += 1;
+        }
+        assert_eq!(delivered, ckpt.len());
+        // s1.big (150,000 bytes) exceeds the bound: read alone, so the peak is exactly it.
+        assert_eq!(stream.peak_inflight_bytes(), 150_000, "{backend:?}");
+        assert_eq!(stream.inflight_bytes(), 0);
+    }
+}
+
+#[test]
+fn streams_requested_tensors_and_slices_in_file_order_with_their_request_positions() {
+    let dir = scratch_dir("streams_requested_tensors");
+    let index = three_shards(&dir);
+    let ckpt = Checkpoint::open(&index, Backend::Read).unwrap();
+    let requests = [
+        Request::slice("s2.a", vec![Indexer::range(2, 7), Indexer::range(10, 90)]),
+        Request::tensor("s0.w"),
+        Request::slice(
+            "s0.w",
+            vec![
+                Indexer::FULL,
+                Indexer::Range {
+                    start: Some(1),
+                    stop: None,
+                    step: 3,
+                },
+            ],
+        ),
+        Request::tensor("s0.w"),
+        Request::slice("s1.x", vec![Indexer::Select(3), Indexer::range(1, 4)]),
+        Request::tensor("s0.e"),
+        Request::slice("s0.m", vec![Indexer::range(0, 0)]),
+    ];
+    let options = StreamOptions {
+        max_inflight_bytes: 10_000,
+        ..StreamOptions::default()
+    };
+    for source in ["checkpoint", "files"] {
+        let files: Vec<Arc<SafeFile>> = (0..3).map(|i| ckpt.shard(i).unwrap().clone()).collect();
+        let src = match source {
+            "checkpoint" => Source::Checkpoint(&ckpt),
+            _ => Source::Files(&files),
+        };
+        let stream = TensorStream::open(src, Some(&requests), options).unwrap();
+        assert_eq!(stream.len(), requests.len());
+        let mut order = Vec::new();
+        for t in stream {
+            let t = t.unwrap();
+            let r = &requests[t.request];
+            assert_eq!(t.name, r.name);
+            let f = ckpt.shard(t.file).unwrap();
+            let (want, shape) = match &r.slice {
+                None => (
+                    f.tensor_bytes(&t.name).unwrap().into_owned(),
+                    f.info(&t.name).unwrap().shape.to_vec(),
+                ),
+                Some(ix) => {
+                    let plan = f.plan_slice(&t.name, ix).unwrap();
+                    let mut out = vec![0u8; plan.byte_len()];
+                    f.read_slice(&t.name, &plan, &mut out).unwrap();
+                    (out, plan.shape().to_vec())
+                }
+            };
+            assert_eq!(t.data(), want.as_slice(), "{source}: request {}", t.request);
+            assert_eq!(t.shape, shape);
+            assert_eq!(t.dtype, f.info(&t.name).unwrap().dtype);
+            order.push(t.request);
+        }
+        // File order: shard, then the tensor's offset, then the request's position.
+        let mut want: Vec<usize> = (0..requests.len()).collect();
+        want.sort_by_key(|&k| {
+            let shard = ckpt.shard_of(&requests[k].name).unwrap();
+            let begin = ckpt.shard(shard).unwrap().info(&requests[k].name).unwrap();
+            (shard, begin.data_offsets.0, k)
+        });
+        assert_eq!(order, want, "{source}");
+    }
+}
+
+#[test]
+fn requests_that_do_not_fit_are_refused_before_anything_is_read() {
+    let dir = scratch_dir("requests_that_do_not_fit");
+    let index = three_shards(&dir);
+    let ckpt = Checkpoint::open(&index, Backend::Read).unwrap();
+    for (bad, kind) in [
+        (Request::tensor("nope"), ErrorKind::TensorNotFound),
+        (
+            Request::tensor("s0.w").in_file(2),
+            ErrorKind::TensorNotFound,
+        ),
+        (
+            Request::slice("s0.w", vec![Indexer::range(0, 65)]),
+            ErrorKind::InvalidSlice,
+        ),
+    ] {
+        let err = TensorStream::open(
+            Source::Checkpoint(&ckpt),
+            Some(&[Request::tensor("s0.b"), bad]),
+            StreamOptions::default(),
+        )
+        .err()
+        .unwrap();
+        assert_eq!(err.kind(), kind, "{err}");
+    }
+    let files = [ckpt.shard(0).unwrap().clone()];
+    let err = TensorStream::open(
+        Source::Files(&files),
+        Some(&[Request::tensor("s0.w").in_file(1)]),
+        StreamOptions::default(),
+    )
+    .err()
+    .unwrap();
+    assert_eq!(err.kind(), ErrorKind::TensorNotFound);
+    assert!(err.to_string().contains("file #1"), "{err}");
+}
+
+/// The fields of a `BudgetExceeded` error.
+fn budget(err: &Error) -> (String, u64, u64, u64) {
+    match err.innermost() {
+        Error::BudgetExceeded {
+            tensor,
+            held,
+            bound,
+            next,
+        } => (tensor.clone(), *held, *bound, *next),
+        other => panic!("not BudgetExceeded: {other}"),
+    }
+}
+
+#[test]
+fn a_caller_that_holds_the_budget_gets_an_error_instead_of_a_hang() {
+    let dir = scratch_dir("a_caller_that_holds_the_budget");
+    let path = dir.join("s.safetensors");
+    write_sample(&path);
+    let f = Arc::new(SafeFile::open(&path, Backend::Read).unwrap());
+    // t0, t1 and t2 fit under 100,000 together; t3 (300,000) needs nothing else held.
+    let mut stream = TensorStream::new(f.clone(), None, 100_000).unwrap();
+    let held: Vec<_> = stream.by_ref().take(3).map(Result::unwrap).collect();
+    let err = stream.next().unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::BudgetExceeded);
+    assert_eq!(budget(&err), ("t3".into(), 75_096, 100_000, 300_000));
+    let text = err.to_string();
+    for hint in [
+        "drop delivered tensors",
+        "max_inflight_bytes",
+        "wait_for_release",
+    ] {
+        assert!(text.contains(hint), "{text}");
+    }
+    assert!(stream.next().is_none(), "the stream ends after an error");
+    drop(held);
+    assert_eq!(stream.inflight_bytes(), 0);
+
+    // Two tensors that fit the bound alone but not together.
+    let tensors = [vec![1u8; 60_000], vec![2u8; 60_000]];
+    let two = dir.join("two.safetensors");
+    let shape = [60_000];
+    serialize_to_file(
+        [
+            ("a", TensorView::new(Dtype::U8, &shape, &tensors[0])),
+            ("b", TensorView::new(Dtype::U8, &shape, &tensors[1])),
+        ],
+        None,
+        &two,
+    )
+    .unwrap();
+    for backend in [Backend::Mmap, Backend::Read, Backend::Direct] {
+        let files = [Arc::new(SafeFile::open(&two, backend).unwrap())];
+        let options = StreamOptions {
+            max_inflight_bytes: 100_000,
+            ..StreamOptions::default()
+        };
+        let mut stream = TensorStream::open(Source::Files(&files), None, options).unwrap();
+        let a = stream.next().unwrap().unwrap();
+        let err = stream.next().unwrap().unwrap_err();
+        assert_eq!(budget(&err), ("b".into(), 60_000, 100_000, 60_000));
+        assert!(err.to_string().contains("two.safetensors"), "{err}");
+        assert_eq!(a.data(), &tensors[0][..]);
+        // Dropping what it holds and asking again, in a new stream, goes through.
+        drop(a);
+        let mut stream = TensorStream::open(Source::Files(&files), None, options).unwrap();
+        drop(stream.next().unwrap().unwrap());
+        assert_eq!(stream.next().unwrap().unwrap().data(), &tensors[1][..]);
+    }
+}
+
+#[test]
+fn wait_for_release_waits_for_other_threads_to_drop_tensors() {
+    let dir = scratch_dir("wait_for_release_waits");
+    let path = dir.join("s.safetensors");
+    write_sample(&path);
+    let f = Arc::new(SafeFile::open(&path, Backend::Read).unwrap());
+    let files = [f.clone()];
+    let options = StreamOptions {
+        max_inflight_bytes: 100_000,
+        wait_for_release: true,
+    };
+    let stream = TensorStream::open(Source::Files(&files), None, options).unwrap();
+    // The caller keeps nothing: a worker checks each tensor and drops it, whenever it gets to
+    // it; `next` waits for it where the budget is short.
+    let (tx, rx) = mpsc::channel::<safetensors_core::StreamTensor>();
+    let worker = std::thread::spawn(move || {
+        let mut names = Vec::new();
+        for t in rx {
+            assert_eq!(t.data(), f.tensor_bytes(&t.name).unwrap().as_ref());
+            names.push(t.name.clone());
+        }
+        names
+    });
+    let mut stream = stream;
+    for t in stream.by_ref() {
+        tx.send(t.unwrap()).unwrap();
+    }
+    drop(tx);
+    let names = worker.join().unwrap();
+    assert_eq!(names.len(), LENS.len());
+    let peak = stream.peak_inflight_bytes();
+    assert!(peak <= 300_000, "peak {peak}");
+    assert_eq!(stream.inflight_bytes(), 0);
+}
+
+#[test]
+fn a_shard_that_shrinks_mid_stream_ends_it_with_io_naming_the_shard() {
+    let dir = scratch_dir("a_shard_that_shrinks");
+    let index = three_shards(&dir);
+    for backend in [Backend::Read, Backend::Direct] {
+        let ckpt = Checkpoint::open(&index, backend).unwrap();
+        let options = StreamOptions {
+            max_inflight_bytes: 1,
+            ..StreamOptions::default()
+        };
+        let mut stream = TensorStream::open(Source::Checkpoint(&ckpt), None, options).unwrap();
+        // Bound 1: one tensor at a time, so nothing of shard 1 is read before the cut.
+        let first = stream.next().unwrap().unwrap();
+        assert_eq!(first.file, 0);
+        let shard = ckpt.shard(1).unwrap();
+        let cut = shard.header().data_start() + 1000;
+        common::truncate(shard.path(), cut as u64);
+        drop(first);
+        let mut err = None;
+        for t in stream.by_ref() {
+            match t {
+                Ok(t) => assert_eq!(t.file, 0, "{}", t.name),
+                Err(e) => err = Some(e),
+            }
+        }
+        let err = err.expect("an error");
+        assert_eq!(err.kind(), ErrorKind::Io, "{backend:?}: {err}");
+        assert!(err.to_string().contains("model-1.safetensors"), "{err}");
+        assert_eq!(stream.inflight_bytes(), 0, "everything is freed");
+        three_shards(&dir);
+    }
 }

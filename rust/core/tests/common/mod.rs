@@ -4,6 +4,7 @@
 pub mod alloc;
 pub mod inputs;
 pub mod json;
+pub mod sharded;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -36,6 +37,35 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// The hostile-file corpus (tests/hostile/make_corpus.py, which needs only the standard
+/// library, so any python3 builds it), in a fresh scratch directory `name`; its
+/// `manifest.tsv` gives each file's expected error kind.
+pub fn hostile_corpus(name: &str) -> PathBuf {
+    let dir = scratch_dir(name);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/hostile/make_corpus.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(&dir)
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
+
+/// Cuts the file at `path` to `len` bytes in place, as another process truncating it would.
+pub fn truncate(path: &Path, len: u64) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
 }
 
 /// The interop script shared with the C++ tests.
