@@ -9,6 +9,9 @@
 //   safetensors::DLPackTensor t = safetensors::to_dlpack(view);   // owns one reference
 //   consumer_takes_ownership(t.release());                        // the consumer calls the deleter
 //
+// Device tensors (from `cuda::load`, `cuda::to_device`, an `Uploader`) export too, as `kDLCUDA`
+// tensors whose deleter keeps the device allocation alive.
+//
 // Facts from the DLPack specification (dlpack.h, v1.3): strides are given in elements and may not
 // be NULL when ndim != 0 from v1.2 on; a zero-size tensor has a NULL data pointer; sub-byte types
 // (fp4, fp6) are packed little bit-endian, element i at bits [i*bits, (i+1)*bits), which is how
@@ -22,9 +25,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "safetensors/cuda.hpp"
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
 #include "safetensors/tensor.hpp"
@@ -130,6 +135,32 @@ struct DLPackExport {
   std::shared_ptr<const void> owner;
 };
 
+/// Why `bytes` cannot hold a tensor of `dtype` and `shape` (as the format sizes one: numel × bits
+/// / 8), if so; checked so that a bogus view or placement cannot lie to a consumer. `what` names
+/// it in the message.
+inline Status extent_error(Dtype dtype, const std::vector<std::size_t>& shape, std::size_t bytes,
+                           std::string_view what) {
+  std::size_t bits = bit_size(dtype);
+  if (bits == 0) {
+    return Status(ErrorKind::TypeMismatch, "dtype value " + std::to_string(static_cast<unsigned>(dtype)) +
+                                               " is not a safetensors dtype");
+  }
+  std::size_t numel = 1;
+  for (auto d : shape) {
+    if (d != 0 && numel > SIZE_MAX / d) {
+      return Status(ErrorKind::ValidationOverflow,
+                    std::string(what) + "'s shape has more elements than fit in 64 bits");
+    }
+    numel *= d;
+  }
+  if (numel > SIZE_MAX / bits || numel * bits % 8 != 0 || numel * bits / 8 != bytes) {
+    return Status(ErrorKind::TensorInvalidInfo, std::string(what) + " holds " + std::to_string(bytes) +
+                                                    " bytes, which is not " + std::to_string(numel) +
+                                                    " elements of " + std::string(to_string(dtype)));
+  }
+  return {};
+}
+
 /// Fills everything but the data pointer, device and flags; `shape` is in elements.
 inline Expected<std::unique_ptr<DLPackExport>> dlpack_export(Dtype dtype,
                                                              const std::vector<std::size_t>& shape,
@@ -165,24 +196,8 @@ inline Expected<std::unique_ptr<DLPackExport>> dlpack_export(Dtype dtype,
 namespace nothrow {
 /// `safetensors::to_dlpack` without exceptions.
 [[nodiscard]] inline Expected<DLPackTensor> to_dlpack(const TensorView& view) {
-  std::size_t bits = bit_size(view.dtype);
-  if (bits == 0) {
-    return Status(
-        ErrorKind::TypeMismatch,
-        "dtype value " + std::to_string(static_cast<unsigned>(view.dtype)) + " is not a safetensors dtype");
-  }
-  // numel * bits / 8, as the format computes a tensor's size; checked so a bogus view cannot lie.
-  std::size_t numel = 1;
-  for (auto d : view.shape) {
-    if (d != 0 && numel > SIZE_MAX / d) {
-      return Status(ErrorKind::ValidationOverflow, "the view's shape has more elements than fit in 64 bits");
-    }
-    numel *= d;
-  }
-  if (numel > SIZE_MAX / bits || numel * bits % 8 != 0 || numel * bits / 8 != view.data.size()) {
-    return Status(ErrorKind::TensorInvalidInfo, "the view holds " + std::to_string(view.data.size()) +
-                                                    " bytes, which is not " + std::to_string(numel) +
-                                                    " elements of " + std::string(to_string(view.dtype)));
+  if (auto bad = detail::extent_error(view.dtype, view.shape, view.data.size(), "the view"); !bad.ok()) {
+    return bad;
   }
   auto out = detail::dlpack_export(view.dtype, view.shape, view.owner);
   if (!out) return out.status();
@@ -192,7 +207,59 @@ namespace nothrow {
   (*out)->managed.flags = DLPACK_FLAG_BITMASK_READ_ONLY;
   return DLPackTensor(&out->release()->managed);
 }
+
+/// `to_dlpack(tensors, name)` without exceptions.
+[[nodiscard]] Expected<DLPackTensor> to_dlpack(std::shared_ptr<const cuda::DeviceTensors> tensors,
+                                               std::string_view name);
+/// `to_dlpack(std::move(tensor))` without exceptions.
+[[nodiscard]] Expected<DLPackTensor> to_dlpack(cuda::DeviceTensor&& tensor);
 }  // namespace nothrow
+
+namespace detail {
+/// A `kDLCUDA` tensor of `dtype` and `shape` at device address `address` (`bytes` long) of
+/// `device`, whose deleter releases `owner`, which keeps the allocation alive. DLPack asks for
+/// a data pointer aligned to 256 bytes, with `byte_offset` pointing to the first element: so the
+/// address is split into the 256-byte boundary below it and the rest.
+inline Expected<DLPackTensor> dlpack_device_export(Dtype dtype, const std::vector<std::size_t>& shape,
+                                                   void* address, std::size_t bytes, int device,
+                                                   std::shared_ptr<const void> owner, std::string_view what) {
+  if (auto bad = extent_error(dtype, shape, bytes, what); !bad.ok()) return bad;
+  auto out = dlpack_export(dtype, shape, std::move(owner));
+  if (!out) return out.status();
+  DLTensor& t = (*out)->managed.dl_tensor;
+  const auto at = reinterpret_cast<std::uintptr_t>(address);
+  t.data = bytes == 0 ? nullptr : reinterpret_cast<void*>(at - at % 256);
+  t.byte_offset = bytes == 0 ? 0 : at % 256;
+  t.device = DLDevice{kDLCUDA, device};
+  (*out)->managed.flags = 0;  // device memory the program owns: writable
+  return DLPackTensor(&out->release()->managed);
+}
+}  // namespace detail
+
+inline Expected<DLPackTensor> nothrow::to_dlpack(std::shared_ptr<const cuda::DeviceTensors> tensors,
+                                                 std::string_view name) {
+  if (!tensors) return Status(ErrorKind::Internal, "to_dlpack: no DeviceTensors (a null shared_ptr)");
+  auto address = nothrow::cuda::data(*tensors, name);  // TensorNotFound, or Internal once released
+  if (!address) return address.status();
+  const auto& p = tensors->at(name);
+  const int device = tensors->buffer().device();
+  return detail::dlpack_device_export(p.dtype, p.shape, *address, p.byte_size, device, std::move(tensors),
+                                      "device tensor `" + std::string(name) + "`");
+}
+
+inline Expected<DLPackTensor> nothrow::to_dlpack(cuda::DeviceTensor&& tensor) {
+  if (tensor.buffer.data() == nullptr) {  // every upload allocates at least one byte
+    return Status(
+        ErrorKind::Internal,
+        "to_dlpack: this DeviceTensor holds no device memory (its buffer was released or moved away)");
+  }
+  void* address = tensor.buffer.data();
+  const std::size_t bytes = tensor.buffer.size();
+  const int device = tensor.buffer.device();
+  auto owner = std::make_shared<safetensors::cuda::DeviceBuffer>(std::move(tensor.buffer));
+  return detail::dlpack_device_export(tensor.dtype, tensor.shape, address, bytes, device, std::move(owner),
+                                      "the device tensor");
+}
 
 /// Exports a view (CPU memory) as a DLPack tensor that keeps the view's bytes alive (its `owner`:
 /// the mapped file or the view's own buffer) until the consumer calls the deleter. The tensor is
@@ -204,6 +271,28 @@ namespace nothrow {
 ///   auto t = safetensors::to_dlpack(f.get_tensor("wte.weight"));
 [[nodiscard]] inline DLPackTensor to_dlpack(const TensorView& view) {
   return nothrow::to_dlpack(view).value();
+}
+
+/// Exports tensor `name` of an upload as a `kDLCUDA` DLPack tensor on the upload's device. The
+/// DLPack tensor shares ownership of the whole allocation: it stays valid after `tensors` and
+/// every other reference are gone, until the consumer calls the deleter (export as many tensors
+/// as you like; the allocation is freed after the last deleter). Device memory is writable, so
+/// the read-only flag is not set. Throws `TensorNotFound` for a tensor the upload lacks,
+/// `Internal` for tensors whose buffer was released.
+///
+///   auto all = std::make_shared<safetensors::cuda::DeviceTensors>(safetensors::cuda::load(f));
+///   consumer_takes_ownership(safetensors::to_dlpack(all, "wte.weight").release());
+[[nodiscard]] inline DLPackTensor to_dlpack(std::shared_ptr<const cuda::DeviceTensors> tensors,
+                                            std::string_view name) {
+  return nothrow::to_dlpack(std::move(tensors), name).value();
+}
+
+/// Exports a single uploaded tensor (`cuda::to_device`) as a `kDLCUDA` DLPack tensor that takes
+/// over its allocation: the deleter frees it.
+///
+///   consumer_takes_ownership(safetensors::to_dlpack(safetensors::cuda::to_device(f, "w")).release());
+[[nodiscard]] inline DLPackTensor to_dlpack(cuda::DeviceTensor&& tensor) {
+  return nothrow::to_dlpack(std::move(tensor)).value();
 }
 
 }  // namespace safetensors
