@@ -46,6 +46,9 @@ impl Default for StreamOptions {
     }
 }
 
+/// What [`TensorStream::open_with_handoff`] calls on the reader thread at each hand-over.
+type Handoff = Box<dyn Fn() + Send + Sync>;
+
 /// What the reader thread and the consumer share.
 struct Shared {
     state: Mutex<State>,
@@ -53,6 +56,7 @@ struct Shared {
     /// cancellation.
     changed: Condvar,
     bound: u64,
+    handoff: Option<Handoff>,
 }
 
 #[derive(Default)]
@@ -117,6 +121,10 @@ impl Shared {
             return Some(item);
         }
         s.ready.push_back(item);
+        // Under the lock, so that `next` cannot take the item before the hand-over is announced.
+        if let Some(announce) = &self.handoff {
+            announce();
+        }
         self.changed.notify_all();
         None
     }
@@ -268,11 +276,36 @@ impl TensorStream {
         requests: Option<&[Request]>,
         options: StreamOptions,
     ) -> Result<TensorStream> {
+        TensorStream::start(source, requests, options, None)
+    }
+
+    /// [`TensorStream::open`], calling `handoff` on the reader thread each time it hands a
+    /// tensor (or the error that ends the stream) to `next`, after everything in it was
+    /// allocated and written and before `next` can return it. For callers whose tools cannot
+    /// see this crate's synchronisation: the C++ bridge tells ThreadSanitizer about each
+    /// hand-over there, since this crate is not instrumented and its locks are invisible to it.
+    /// `handoff` runs under the stream's lock: it must not block or call back into the stream.
+    pub fn open_with_handoff(
+        source: Source<'_>,
+        requests: Option<&[Request]>,
+        options: StreamOptions,
+        handoff: impl Fn() + Send + Sync + 'static,
+    ) -> Result<TensorStream> {
+        TensorStream::start(source, requests, options, Some(Box::new(handoff)))
+    }
+
+    fn start(
+        source: Source<'_>,
+        requests: Option<&[Request]>,
+        options: StreamOptions,
+        handoff: Option<Handoff>,
+    ) -> Result<TensorStream> {
         let items: Arc<[Item]> = resolve(source, requests)?.into();
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
             bound: options.max_inflight_bytes,
+            handoff,
         });
         let (s, its) = (shared.clone(), items.clone());
         let reader = std::thread::Builder::new()
