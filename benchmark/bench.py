@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """bench.py: the same work items as bench_cpp, with Python's safetensors 0.8.0 and NumPy.
 
-    bench.py [--runs N] [--items open,load,load_copy,slice,save,gpu] [--json OUT] FILE...
-    bench.py [--items open,load,load_copy,gpu] [--json OUT] MODEL... ITERATIONS
+    bench.py [--runs N] [--items open,load,load_copy,slice,save,gpu] [--cold] [--json OUT] FILE...
+    bench.py [--items open,load,load_copy,gpu] [--cold] [--json OUT] MODEL... ITERATIONS
 
     open       safe_open(path, "np"), keys(), get_slice(k).get_shape() for every key
     load       safetensors.numpy.load_file(path): every tensor into NumPy arrays
@@ -15,10 +15,13 @@
 
 Files with dtypes NumPy lacks (bf16, fp8) go through safetensors.torch when torch is installed,
 else those items are reported as skipped. Writes the same JSON schema as bench_cpp (tool
-"bench.py"). Medians of --runs runs after one warm-up; the page cache is warm. With a number
-ITERATIONS after the files instead (the seed README's `bench.py MODEL ITERATIONS`): the time per
-iteration of each load over ITERATIONS iterations, the first one included, as bench_cpp's same
-form. A bad argument or a missing file is a usage message and exit code 2; a file that is not
+"bench.py"). Medians of --runs runs after one warm-up, with the spread (min, max); the page
+cache is warm, unless --cold: then the page cache is dropped before every run (sync, then
+`echo 3 > /proc/sys/vm/drop_caches`: needs root; without it, a message and exit code 1), the
+default item is `load` (Python's load_file from the disk, to set beside bench_cpp --cold) and
+the default --runs is 5. With a number ITERATIONS after the files instead (the seed README's
+`bench.py MODEL ITERATIONS`): the time per iteration of each load over ITERATIONS iterations,
+the first one included, as bench_cpp's same form. A bad argument or a missing file is a usage message and exit code 2; a file that is not
 valid safetensors, exit code 1. Arguments are checked before NumPy and safetensors are imported.
 """
 import argparse
@@ -55,7 +58,19 @@ def timed(runs, body, setup=lambda: None):
 def result(item, runs, nbytes=0, skipped=None):
     if skipped:
         return {"item": item, "skipped": skipped}
-    return {"item": item, "median_s": statistics.median(runs), "bytes": nbytes, "runs_s": runs}
+    return {"item": item, "median_s": statistics.median(runs), "min_s": min(runs), "max_s": max(runs),
+            "bytes": nbytes, "runs_s": runs}
+
+
+def drop_caches():
+    """Drops the page cache (--cold); False without the permission (root) to."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
 
 
 def machine():
@@ -102,11 +117,14 @@ def open_all(path):
             f.get_slice(k).get_shape()
 
 
-def bench_file(path, runs, items):
+def bench_file(path, runs, items, cold=False):
+    """Every item of one file; with `cold`, the page cache is dropped before every run."""
     size = os.path.getsize(path)
-    with open(path, "rb") as f:  # warm the page cache
-        while f.read(1 << 24):
-            pass
+    setup = drop_caches if cold else (lambda: None)
+    if not cold:
+        with open(path, "rb") as f:  # warm the page cache
+            while f.read(1 << 24):
+                pass
     with safe_open(path, framework="np") as f:
         keys = list(f.keys())
     out = []
@@ -120,10 +138,10 @@ def bench_file(path, runs, items):
         load_file_fw, save_file_fw, framework = fw
 
     if "open" in items:
-        out.append(result("open", timed(max(runs, 21), lambda: open_all(path))))
+        out.append(result("open", timed(max(runs, 21), lambda: open_all(path), setup)))
     if "load" in items or "load_copy" in items:
         held = []
-        t = timed(runs, lambda: held.append(load_file_fw(path)), held.clear)
+        t = timed(runs, lambda: held.append(load_file_fw(path)), lambda: (held.clear(), setup()))
         held.clear()
         for item in ("load", "load_copy"):
             if item in items:
@@ -143,7 +161,7 @@ def bench_file(path, runs, items):
                     held.append(f.get_slice(k)[:, : shapes[k][1] // 2])
             return held
 
-        out.append(result("slice", timed(runs, slice_all), nbytes))
+        out.append(result("slice", timed(runs, slice_all, setup), nbytes))
     if "save_nosync" in items and size < (2 << 30):
         tensors = load_file_fw(path)
         with safe_open(path, framework="np") as f:
@@ -151,7 +169,7 @@ def bench_file(path, runs, items):
         target = os.path.join(os.path.dirname(path), ".bench-save-py.safetensors")
         remove = lambda: os.path.exists(target) and os.remove(target)
         # Python's save_file does not fsync: it is the like-for-like figure for save_nosync.
-        t = timed(runs, lambda: save_file_fw(tensors, target, metadata=meta), remove)
+        t = timed(runs, lambda: save_file_fw(tensors, target, metadata=meta), lambda: (remove(), setup()))
         out.append(result("save_nosync", t, size))
         remove()
     if "gpu" in items:
@@ -238,27 +256,32 @@ def convert_items(runs, elements=64 << 20):
     return out
 
 
-def iterate_file(path, iterations, items):
-    """`MODEL ITERATIONS`: each load's timings over `iterations` iterations, the first included."""
+def iterate_file(path, iterations, items, cold=False):
+    """`MODEL ITERATIONS`: each load's timings over `iterations` iterations, the first included;
+    with `cold`, the page cache is dropped before every iteration."""
     size = os.path.getsize(path)
-    with open(path, "rb") as f:  # warm the page cache, as bench_cpp does
-        while f.read(1 << 24):
-            pass
+    setup = drop_caches if cold else (lambda: None)
+    if not cold:
+        with open(path, "rb") as f:  # warm the page cache, as bench_cpp does
+            while f.read(1 << 24):
+                pass
     with safe_open(path, framework="np") as f:
         tensors = len(f.keys())
     out = []
     if "open" in items:
-        out.append(result("open", timings(iterations, lambda: open_all(path))))
+        out.append(result("open", timings(iterations, lambda: open_all(path), setup)))
     if "load" in items or "load_copy" in items:
         fw = frameworks(path)
         held = []
-        t = None if isinstance(fw, str) else timings(iterations, lambda: held.append(fw[0](path)), held.clear)
+        t = None if isinstance(fw, str) else timings(iterations, lambda: held.append(fw[0](path)),
+                                                     lambda: (held.clear(), setup()))
         for item in ("load", "load_copy"):
             if item in items:
                 out.append(result(item, t, size, skipped=fw if t is None else None))
     if "gpu" in items:
         load = gpu_loader(path)
-        out.append(result("gpu", None, skipped=load) if isinstance(load, str) else result("gpu", timings(iterations, load), size))
+        out.append(result("gpu", None, skipped=load) if isinstance(load, str)
+                   else result("gpu", timings(iterations, load, setup), size))
     for r in out:
         if "skipped" not in r:
             r["per_iteration_s"] = statistics.mean(r["runs_s"])
@@ -271,7 +294,10 @@ def print_medians(entry, runs):
         if "skipped" in r:
             print(f"  {r['item']:<10} skipped: {r['skipped']}")
         else:
-            print(f"  {r['item']:<10} {r['median_s'] * 1e3:10.3f} ms")
+            line = f"  {r['item']:<10} {r['median_s'] * 1e3:10.3f} ms ({r['min_s'] * 1e3:.1f}-{r['max_s'] * 1e3:.1f})"
+            if r["bytes"]:
+                line += f"  {r['bytes'] / r['median_s'] / 1e9:6.2f} GB/s"
+            print(line)
 
 
 def print_iterations(entry):
@@ -290,12 +316,13 @@ def print_iterations(entry):
 def parse(argv):
     """The command line, checked as a whole (argparse's usage message and exit code 2)."""
     p = argparse.ArgumentParser(prog="bench.py", description=__doc__.splitlines()[0],
-                                usage="%(prog)s [--runs N] [--items ITEM,...] [--json OUT] FILE...\n"
-                                      "       %(prog)s [--items ITEM,...] [--json OUT] MODEL... ITERATIONS")
+                                usage="%(prog)s [--runs N] [--items ITEM,...] [--cold] [--json OUT] FILE...\n"
+                                      "       %(prog)s [--items ITEM,...] [--cold] [--json OUT] MODEL... ITERATIONS")
     p.add_argument("files", nargs="*", help="safetensors files; a last argument made of digits is ITERATIONS")
     p.add_argument("--runs", type=int)
     p.add_argument("--items")
     p.add_argument("--json")
+    p.add_argument("--cold", action="store_true")
     a = p.parse_args(argv)
     numbers = [f for f in a.files if f.isdigit()]
     a.files = [f for f in a.files if not f.isdigit()]
@@ -306,7 +333,8 @@ def parse(argv):
         p.error(f"ITERATIONS takes a number from 1 to 1000000, got '{numbers[0]}'")
     if a.runs is not None and not 1 <= a.runs <= 1_000_000:
         p.error(f"--runs takes a number from 1 to 1000000, got '{a.runs}'")
-    default = ITERATION_ITEMS if a.iterations else {"open", "load", "load_copy", "slice", "save_nosync", "gpu"}
+    default = (ITERATION_ITEMS if a.iterations else {"load"} if a.cold
+               else {"open", "load", "load_copy", "slice", "save_nosync", "gpu"})
     a.items = set(a.items.split(",")) if a.items else default
     for item in sorted(a.items - ITEMS):
         p.error(f"unknown item '{item}' in --items")
@@ -337,17 +365,23 @@ def main(argv):
         print(f"bench.py: {e}: needs safetensors==0.8.0 and NumPy (pip install -r benchmark/requirements.txt)",
               file=sys.stderr)
         return 1
+    cache = "cold" if a.cold else "warm"
+    if a.cold and not drop_caches():
+        print("bench.py: --cold drops the page cache before every run (sync, then echo 3 > "
+              "/proc/sys/vm/drop_caches), which needs root and a writable /proc/sys/vm/drop_caches: "
+              "run it as root, or without --cold", file=sys.stderr)
+        return 1
     report = {"tool": "bench.py", "safetensors": safetensors.__version__, "numpy": np.__version__,
-              "date": datetime.date.today().isoformat(), "machine": machine(), "cache": "warm", "files": []}
-    print(f"bench.py | safetensors {safetensors.__version__} | {report['machine']} | page cache warm")
+              "date": datetime.date.today().isoformat(), "machine": machine(), "cache": cache, "files": []}
+    print(f"bench.py | safetensors {safetensors.__version__} | {report['machine']} | page cache {cache}")
     for path in a.files:
         try:
             if a.iterations:
-                entry = iterate_file(path, a.iterations, a.items)
+                entry = iterate_file(path, a.iterations, a.items, a.cold)
                 print_iterations(entry)
             else:
-                runs = a.runs or (3 if os.path.getsize(path) > (2 << 30) else 7)
-                entry = bench_file(path, runs, a.items)
+                runs = a.runs or (5 if a.cold else 3 if os.path.getsize(path) > (2 << 30) else 7)
+                entry = bench_file(path, runs, a.items, a.cold)
                 print_medians(entry, runs)
         except (safetensors.SafetensorError, OSError, ValueError) as e:
             print(f"bench.py: {path}: {e}", file=sys.stderr)

@@ -1,7 +1,8 @@
 // bench_cpp: what loading, slicing and saving safetensors files costs from C++, through the
 // public API only, next to what the machine's own limits are for the same bytes.
 //
-//   bench_cpp [--runs N] [--items open,load,load_copy,slice,save,gpu] [--cold] [--json OUT] FILE...
+//   bench_cpp [--runs N] [--items open,load,load_copy,slice,save,gpu] [--json OUT] FILE...
+//   bench_cpp --cold [--runs N] [--items disk,mmap,read,direct,prefetch,stream] [--json OUT] FILE...
 //   bench_cpp [--items open,load,load_copy,gpu] [--cold] [--json OUT] MODEL... ITERATIONS
 //
 // Work items (bench.py measures the same ones with Python's safetensors):
@@ -25,12 +26,24 @@
 // faults), and one memcpy of the file's size. open, load and load_copy are the loads that
 // `safetensors bench` times too (cpp/measure.hpp).
 //
-// Medians of --runs runs (default 7; 3 for files over 2 GB), after one warm-up run. With a
-// number ITERATIONS after the files instead (the seed README's `bench_cpp MODEL ITERATIONS`):
-// the time per iteration of each load over ITERATIONS iterations, the first one included, as in
-// its table of 1, 10 and 100 iterations. The page cache is warm unless --cold (needs root),
-// which drops it before every run. A bad argument or a missing file is a usage message and exit
-// code 2; a file that is not valid safetensors, exit code 1.
+// Cold items (cold.hpp), the default with --cold: each a full read of the file with its page
+// cache dropped first, next to the disk's own rate measured in the same run:
+//   disk       the disk's sequential read rate: fio, direct I/O, 4 jobs at queue depth 16 with
+//              16 MiB requests, each over a quarter of the file (dd iflag=direct x 4 in parallel
+//              where fio is missing)
+//   mmap, read, direct   every tensor read in file order with that backend
+//   prefetch   safetensors::prefetch of the whole file, then every tensor through the mapping
+//   stream     every tensor delivered by a TensorStream (direct backend, 256 MiB bound)
+// The items take turns run by run, so that a disk whose speed drifts affects them alike;
+// medians, the spread (min-max) and each item's rate as a fraction of the disk's are printed
+// and written to the JSON.
+//
+// Medians of --runs runs (default 7; 3 for files over 2 GB; 5 with --cold), after one warm-up
+// run (none for the cold items). With a number ITERATIONS after the files instead (the seed
+// README's `bench_cpp MODEL ITERATIONS`): the time per iteration of each load over ITERATIONS
+// iterations, the first one included, as in its table of 1, 10 and 100 iterations. The page
+// cache is warm unless --cold (needs root), which drops it before every run. A bad argument or a missing file
+// is a usage message and exit code 2; a file that is not valid safetensors, exit code 1.
 #include <safetensors/safetensors.hpp>
 
 #include <algorithm>
@@ -44,6 +57,7 @@
 #include <sstream>
 
 #include "bench_convert.hpp"
+#include "cold.hpp"
 #include "limits.hpp"
 
 namespace {
@@ -57,13 +71,22 @@ using safetensors::TensorView;
 constexpr const char* kUsage =
     "usage: bench_cpp [--runs N] [--items open,load,load_copy,slice,save,gpu,convert] [--cold] [--json OUT] "
     "FILE...\n"
+    "       bench_cpp --cold [--runs N] [--items disk,mmap,read,direct,prefetch,stream] [--json OUT] "
+    "FILE...\n"
     "       bench_cpp [--items open,load,load_copy,gpu] [--cold] [--json OUT] MODEL... ITERATIONS\n"
     "  The first form prints medians of N runs (default 7; 3 for files over 2 GB) next to the\n"
-    "  machine's limits for the same bytes; the second, the time per iteration of each load over\n"
-    "  ITERATIONS iterations (the first one included). --cold drops the page cache before every\n"
-    "  run (needs root). A file named like a number is given as ./10.\n";
+    "  machine's limits for the same bytes; the second, cold full reads (with each backend, after\n"
+    "  a prefetch, streamed) next to the disk's own rate (fio, else dd), 5 runs by default; the\n"
+    "  third, the time per iteration of each load over ITERATIONS iterations (the first one\n"
+    "  included). --cold drops the page cache before every run (needs root). A file named like a\n"
+    "  number is given as ./10.\n";
 
-const std::set<std::string> kAllItems{"open", "load", "load_copy", "slice", "save", "gpu", "convert"};
+const std::set<std::string> kColdItems{"disk", "mmap", "read", "direct", "prefetch", "stream"};
+const std::set<std::string> kAllItems = [] {
+  std::set<std::string> all{"open", "load", "load_copy", "slice", "save", "gpu", "convert"};
+  all.insert(kColdItems.begin(), kColdItems.end());
+  return all;
+}();
 const std::set<std::string> kIterationItems{"open", "load", "load_copy", "gpu"};
 
 struct Options {
@@ -264,7 +287,12 @@ std::string json_result(const Result& r, bool per_iteration = false) {
     return o.str();
   }
   if (per_iteration) o << ",\"per_iteration_s\":" << measure::mean(r.runs);
-  o << ",\"median_s\":" << measure::median(r.runs) << ",\"bytes\":" << r.bytes << ",\"runs_s\":[";
+  o << ",\"median_s\":" << measure::median(r.runs);
+  if (!r.runs.empty()) {
+    auto [lo, hi] = std::minmax_element(r.runs.begin(), r.runs.end());
+    o << ",\"min_s\":" << *lo << ",\"max_s\":" << *hi;
+  }
+  o << ",\"bytes\":" << r.bytes << ",\"runs_s\":[";
   for (std::size_t i = 0; i < r.runs.size(); ++i) o << (i ? "," : "") << r.runs[i];
   o << "]}";
   return o.str();
@@ -348,6 +376,7 @@ Options read_arguments(int argc, char** argv) {
   }
   if (!items_given)
     o.items = o.iterations ? kIterationItems
+              : o.cold     ? kColdItems
                            : std::set<std::string>{"open", "load", "load_copy", "slice", "save", "gpu"};
   return o;
 }
@@ -373,6 +402,11 @@ Options parse(int argc, char** argv) {
 
 // ---- FILE...: medians next to the limits -------------------------------------------------------
 
+/// Why --cold cannot run here, checked before any work: it drops the page cache, which needs root.
+constexpr const char* kColdNeedsRoot =
+    "--cold drops the page cache before every run (sync, then echo 3 > /proc/sys/vm/drop_caches), "
+    "which needs root and a writable /proc/sys/vm/drop_caches: run it as root, or without --cold";
+
 /// What runs before every timed run: nothing with a warm page cache (warmed once here), or
 /// dropping the cache (--cold).
 std::function<void()> cache_setup(const Options& opt, const fs::path& path) {
@@ -380,8 +414,7 @@ std::function<void()> cache_setup(const Options& opt, const fs::path& path) {
     measure::warm(path);
     return [] {};
   }
-  if (!measure::drop_caches())
-    throw std::runtime_error("--cold needs root and a writable /proc/sys/vm/drop_caches");
+  if (!measure::drop_caches()) throw std::runtime_error(kColdNeedsRoot);
   return [] { measure::drop_caches(); };
 }
 
@@ -436,30 +469,117 @@ void print_file(const FileResults& r) {
 }
 
 /// The file's entry in the JSON report.
-std::string file_json(const fs::path& path, std::size_t size, std::size_t tensors, const FileResults& r) {
+/// The file's entry in the JSON report; `cold` holds the cold items' entries (JSON objects,
+/// comma-separated) and the disk measurement's description, when they ran.
+std::string file_json(const fs::path& path, std::size_t size, std::size_t tensors, const FileResults& r,
+                      bool classic, const std::pair<std::string, std::string>& cold) {
   std::ostringstream json;
   json << "{\"name\":\"" << path.filename().string() << "\",\"bytes\":" << size << ",\"tensors\":" << tensors
        << ",\"items\":[";
   for (std::size_t i = 0; i < r.items.size(); ++i) json << (i ? "," : "") << json_result(r.items[i].first);
-  json << "],\"limits\":[" << json_result(r.limits.read) << "," << json_result(r.limits.read_fresh) << ","
-       << json_result(r.limits.memcpy);
-  if (r.with_save)
-    json << "," << json_result(r.limits.write_sync) << "," << json_result(r.limits.write_nosync);
-  if (r.gpu.pinned.skipped.empty()) json << "," << json_result(r.gpu.pinned);
-  json << "],\"gpu_host_extra_bytes\":" << r.gpu.host_extra << "}";
+  json << (!r.items.empty() && !cold.first.empty() ? "," : "") << cold.first << "],\"limits\":[";
+  if (classic) {
+    json << json_result(r.limits.read) << "," << json_result(r.limits.read_fresh) << ","
+         << json_result(r.limits.memcpy);
+    if (r.with_save)
+      json << "," << json_result(r.limits.write_sync) << "," << json_result(r.limits.write_nosync);
+    if (r.gpu.pinned.skipped.empty()) json << "," << json_result(r.gpu.pinned);
+  }
+  json << "],\"gpu_host_extra_bytes\":" << r.gpu.host_extra;
+  if (!cold.second.empty()) json << ",\"disk\":" << cold.second;
+  json << "}";
   return json.str();
+}
+
+// ---- --cold: full reads from the disk, beside the disk's own rate ------------------------------
+
+/// JSON text of `s`, quoted (the disk command holds a path).
+std::string json_text(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) continue;
+    out += c;
+  }
+  return out + "\"";
+}
+
+/// The cold items of one file, taking turns run by run, each after `setup` drops the page cache:
+/// their JSON entries (with the spread and the fraction of the disk's rate) and the disk
+/// measurement's description.
+std::pair<std::string, std::string> cold_items(const Options& opt, const fs::path& path, int runs,
+                                               const std::function<void()>& setup) {
+  using safetensors::Backend;
+  const std::size_t size = fs::file_size(path);
+  struct Item {
+    std::string name, label;
+    std::function<std::uint64_t()> body;
+    Result result;
+  };
+  std::vector<Item> items;
+  auto add = [&](const std::string& name, const std::string& label, std::function<std::uint64_t()> body) {
+    if (opt.items.count(name)) items.push_back({name, label, std::move(body), {name, {}, size, {}}});
+  };
+  cold::DiskTool tool;
+  add("disk", "disk (direct I/O, 4 jobs x queue depth 16)", nullptr);
+  add("mmap", "mmap: every tensor through the mapping", [&] { return cold::read_all(path, Backend::Mmap); });
+  add("read", "read: pread of every tensor", [&] { return cold::read_all(path, Backend::Read); });
+  add("direct", "direct: O_DIRECT of every tensor", [&] { return cold::read_all(path, Backend::Direct); });
+  add("prefetch", "prefetch, then every tensor through the mapping",
+      [&] { return cold::prefetch_then_read(path); });
+  add("stream", "stream: TensorStream, direct backend",
+      [&] { return cold::streamed(path, Backend::Direct); });
+  for (int run = 0; run < runs; ++run) {
+    for (auto& item : items) {
+      setup();
+      if (!item.body) {
+        item.result.runs.push_back(cold::disk_seconds(path, size, tool));
+        continue;
+      }
+      auto start = measure::Clock::now();
+      sink += item.body();
+      item.result.runs.push_back(measure::seconds_since(start));
+    }
+  }
+  double disk = 0;
+  for (const auto& item : items)
+    if (item.name == "disk") disk = measure::median(item.result.runs);
+  std::string json;
+  for (const auto& item : items) {
+    const auto& r = item.result.runs;
+    double m = measure::median(r);
+    auto [lo, hi] = std::minmax_element(r.begin(), r.end());
+    std::printf("  %-50s %9.3f s (%.3f-%.3f)  %6.2f GB/s", item.label.c_str(), m, *lo, *hi,
+                static_cast<double>(size) / m / 1e9);
+    std::string entry = json_result(item.result);
+    if (disk > 0 && item.name != "disk") {
+      std::printf("  %.2fx the disk's rate", disk / m);
+      entry.insert(entry.size() - 1, ",\"disk_ratio\":" + std::to_string(disk / m));
+    }
+    std::printf("\n");
+    json += (json.empty() ? "" : ",") + entry;
+  }
+  if (tool.name.empty()) return {json, ""};
+  std::printf("  disk measured with %s: %s\n", tool.name.c_str(), tool.command.c_str());
+  return {json, "{\"tool\":" + json_text(tool.name) + ",\"command\":" + json_text(tool.command) + "}"};
 }
 
 std::string bench_file(const Options& opt, const fs::path& path) {
   std::size_t size = fs::file_size(path);
-  int runs = opt.runs ? opt.runs : (size > (2ull << 30) ? 3 : 7);
+  int runs = opt.runs ? opt.runs : opt.cold ? 5 : (size > (2ull << 30) ? 3 : 7);
   auto setup = cache_setup(opt, path);
   std::size_t tensors = SafeOpen(path).size();
   std::printf("%s (%zu bytes, %zu tensors, %d runs)\n", path.filename().c_str(), size, tensors, runs);
+  std::pair<std::string, std::string> cold;
+  bool any_cold = false, classic = false;
+  for (const auto& item : opt.items) (kColdItems.count(item) ? any_cold : classic) |= item != "convert";
+  if (any_cold) cold = cold_items(opt, path, runs, setup);
   FileResults results;
-  run_items(opt, path, runs, setup, results);
-  print_file(results);
-  return file_json(path, size, tensors, results);
+  if (classic) {
+    run_items(opt, path, runs, setup, results);
+    print_file(results);
+  }
+  return file_json(path, size, tensors, results, classic, cold);
 }
 
 // ---- MODEL ITERATIONS: time per iteration ------------------------------------------------------
@@ -516,6 +636,10 @@ int main(int argc, char** argv) {
   if (opt.help) {
     std::fputs(kUsage, stdout);
     return 0;
+  }
+  if (opt.cold && !measure::drop_caches()) {
+    std::fprintf(stderr, "bench_cpp: %s\n", kColdNeedsRoot);
+    return 1;
   }
   try {
     std::time_t now = std::time(nullptr);

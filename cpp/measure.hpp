@@ -72,6 +72,19 @@ inline double mean(const std::vector<double>& v) {
 
 // ---- the loads both programs time ------------------------------------------------------------
 
+/// Depends on every byte of `bytes`, so that no read of them can be optimised away.
+inline std::uint64_t checksum(std::span<const std::byte> bytes) {
+  std::uint64_t sum = 0;
+  std::size_t i = 0;
+  for (; i + 8 <= bytes.size(); i += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, bytes.data() + i, 8);
+    sum += w;
+  }
+  for (; i < bytes.size(); ++i) sum += static_cast<std::uint8_t>(bytes[i]);
+  return sum;
+}
+
 /// One of the ways of loading a whole file that both programs time, run again and again on one
 /// path:
 ///   open       open the file, list keys, take every tensor's view (no data touched)
@@ -113,18 +126,6 @@ class LoadItem {
   [[nodiscard]] std::uint64_t sink() const { return sink_; }
 
  private:
-  static std::uint64_t checksum(std::span<const std::byte> bytes) {
-    std::uint64_t sum = 0;
-    std::size_t i = 0;
-    for (; i + 8 <= bytes.size(); i += 8) {
-      std::uint64_t w;
-      std::memcpy(&w, bytes.data() + i, 8);
-      sum += w;
-    }
-    for (; i < bytes.size(); ++i) sum += static_cast<std::uint8_t>(bytes[i]);
-    return sum;
-  }
-
   Kind kind_;
   std::filesystem::path path_;
   std::vector<safetensors::TensorView> kept_;

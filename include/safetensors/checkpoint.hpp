@@ -201,6 +201,19 @@ struct Access<Checkpoint> {
     return {};
   }
 
+  /// Opens the shards a prefetch or a stream of `requests` will read (from the index alone),
+  /// through `open_shard`, before the Rust side opens them on its own, so that ThreadSanitizer
+  /// sees those opens ordered too. A shard that fails to open is left to the call that needs
+  /// it, which reports the error of the first request it cannot serve.
+  static Expected<const ffi::Checkpoint*> open_shards_for(const Checkpoint& ckpt,
+                                                          const ffi::RequestList& requests) {
+    if (!ckpt.state_) return moved_from("Checkpoint");
+    const auto& h = *ckpt.state_;
+    auto shards = h.ckpt->request_shards(requests);
+    for (std::size_t k = 0; k < shards.size(); ++k) (void)open_shard(h, shards.data()[k]);
+    return h.ckpt.operator->();
+  }
+
   /// Shard `shard`, opened once and published through the handle's atomics.
   static Expected<const ffi::File*> open_shard(const Checkpoint::Handle& h, std::size_t shard) {
     auto& slot = h.files[shard];

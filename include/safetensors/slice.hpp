@@ -185,8 +185,10 @@ class Selection {
   }
 
   /// The selected elements as one contiguous tensor. A selection that is a single run of a
-  /// mapped file is returned without copying; otherwise the bytes are copied into a new buffer
-  /// owned by the view. Only the selected bytes are read.
+  /// mapped file is returned without copying; with the direct backend, a single run of at least
+  /// one block is read straight from the disk into an aligned buffer the view owns (as
+  /// `get_tensor` does); otherwise the bytes are copied into a new buffer owned by the view.
+  /// Only the selected bytes are read.
   [[nodiscard]] TensorView read() const { return nothrow::read(*this).value(); }
 
   /// Reads the selection and converts it to `to` in one step (see `safetensors::convert`):
@@ -346,7 +348,7 @@ inline Expected<TensorView> nothrow::read(const Selection& selection) {
   const std::size_t len = (*plan)->byte_len();
   if (len == 0) return v;
   const auto& src = detail::Access<Selection>::source(selection);
-  if (src.data != nullptr && (*plan)->contiguous()) {
+  if ((src.data != nullptr || src.direct) && (*plan)->contiguous()) {
     auto bytes = src.bytes_at(static_cast<std::size_t>((*plan)->runs()[0].offset), len, "a slice");
     if (!bytes) return bytes.status();
     v.data = bytes->first;

@@ -4,6 +4,8 @@
 // like the number), a file that is not safetensors exit code 1. The same cases for both.
 #include <safetensors/safetensors.hpp>
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <array>
@@ -97,6 +99,7 @@ TEST_P(Bench, BadArgumentsAreUsageErrors) {
                                                                 {m, "10", "--runs", "3"},
                                                                 {"10"},
                                                                 {"--items", "bogus", m},
+                                                                {"--cold", "--items", "bogus", m},
                                                                 {"--items", "slice", m, "5"},
                                                                 {"--frobnicate", m}}) {
     auto r = bench(args);
@@ -117,6 +120,27 @@ TEST_P(Bench, AFileThatIsNotSafetensorsIsAnError) {
     EXPECT_TRUE(has(r.err, "bad.safetensors")) << r.err;
     EXPECT_FALSE(has(r.err, "Traceback")) << r.err;
   }
+}
+
+// --cold drops the machine's page cache before every run: without the permission to, a message
+// that says so and exit code 1, before any work. As root, the program runs as `nobody`
+// (setpriv) instead of dropping the caches of the machine the tests run on.
+TEST_P(Bench, ColdWithoutPermissionToDropThePageCacheSaysSoAndExits1) {
+  if (!can_measure()) GTEST_SKIP() << "no NumPy and safetensors in " << SAFETENSORS_TEST_PYTHON;
+  std::vector<std::string> command;
+  if (::geteuid() == 0) {
+    if (test::run({"setpriv", "--version"}).code != 0)
+      GTEST_SKIP() << "root, and no setpriv to run as nobody";
+    command = {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"};
+  }
+  command.insert(command.end(), GetParam().command.begin(), GetParam().command.end());
+  for (const char* a : {"--cold", "--runs", "1"}) command.emplace_back(a);
+  command.push_back(model_.string());
+  auto r = test::run(command);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_TRUE(has(r.err, "needs root") && has(r.err, "drop_caches")) << r.err;
+  EXPECT_FALSE(has(r.out, "model.safetensors (")) << "no work before the check: " << r.out;
+  EXPECT_FALSE(has(r.err, "Traceback")) << r.err;
 }
 
 TEST_P(Bench, HelpIsExitCode0) {

@@ -1,6 +1,7 @@
 // The hostile-file corpus (tests/hostile/make_corpus.py) through the public API: every case is a
-// safetensors::Error of its expected kind naming the file, with every backend; never a crash
-// (the asan preset runs this under ASan + UBSan). Look-alikes that must open do, and read back.
+// safetensors::Error of its expected kind naming the file, with every backend, opened or
+// streamed; never a crash (the asan preset runs this under ASan + UBSan). Look-alikes that must
+// open do, and read back.
 #include <safetensors/safetensors.hpp>
 
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "support.hpp"
@@ -113,6 +115,55 @@ TEST(HostileInMemory, EveryCaseIsItsExpectedErrorKindNamingTheBuffer) {
     ++checked;
   }
   EXPECT_GT(checked, 100u);
+}
+
+/// How reading every tensor of `path` ends, as an error kind's name or "OK": through
+/// `SafeOpen`/`Checkpoint::get_tensor`, or through a `TensorStream` whose bytes must equal them.
+std::string outcome(const std::filesystem::path& path, Backend backend, bool as_checkpoint, bool streamed) {
+  try {
+    std::optional<SafeOpen> f;
+    std::optional<safetensors::Checkpoint> ckpt;
+    if (as_checkpoint) {
+      ckpt.emplace(path, safetensors::CheckpointOptions{backend});
+    } else {
+      f.emplace(path, safetensors::OpenOptions{backend});
+    }
+    auto get = [&](const std::string& name) { return f ? f->get_tensor(name) : ckpt->get_tensor(name); };
+    const std::size_t count = f ? f->size() : ckpt->size();
+    if (!streamed) {
+      for (const auto& name : f ? f->keys() : ckpt->keys()) (void)get(name);
+      return "OK";
+    }
+    const safetensors::StreamOptions small{.max_inflight_bytes = 4096};
+    auto stream = f ? safetensors::TensorStream(*f, small) : safetensors::TensorStream(*ckpt, small);
+    std::size_t n = 0;
+    for (auto& item : stream) {
+      auto want = get(item.name);
+      EXPECT_TRUE(item.view.data.size() == want.data.size() &&
+                  std::equal(want.data.begin(), want.data.end(), item.view.data.begin()))
+          << path << " " << item.name;
+      ++n;
+    }
+    EXPECT_EQ(n, count) << path;
+    return "OK";
+  } catch (const safetensors::Error& e) {
+    return std::string(safetensors::to_string(e.kind()));
+  }
+}
+
+// The corpus through streams, of the file and of the file as a checkpoint: every case ends with
+// the same error kind as reading it through SafeOpen (or Checkpoint), at the open, when the
+// stream is made or from `next`, and every file that opens streams exactly its get_tensor bytes.
+TEST_P(Hostile, EveryCaseStreamsAsSafeOpenReadsIt) {
+  auto c = corpus();
+  if (!c) return;
+  auto& [dir, cases] = *c;
+  for (const auto& k : cases) {
+    auto path = dir / k.file;
+    EXPECT_EQ(outcome(path, GetParam(), false, true), k.kind) << k.file << " (" << k.what << ")";
+    EXPECT_EQ(outcome(path, GetParam(), true, true), outcome(path, GetParam(), true, false))
+        << k.file << " (" << k.what << ") as a checkpoint";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Hostile, ::testing::Values(Backend::Mmap, Backend::Read, Backend::Direct),

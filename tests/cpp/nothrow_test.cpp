@@ -22,23 +22,8 @@ using safetensors::Status;
 
 namespace {
 
-/// The error `f` throws, as a Status (ok when it throws nothing).
-template <class F>
-Status thrown(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.status();
-  }
-  return {};
-}
-
-/// Both faces of one call agree: the nothrow status equals what the throwing call throws.
-void expect_same(const Status& nothrow, const Status& throwing) {
-  EXPECT_EQ(nothrow.ok(), throwing.ok()) << nothrow.message() << " | " << throwing.message();
-  EXPECT_EQ(nothrow.kind(), throwing.kind());
-  EXPECT_EQ(nothrow.message(), throwing.message());
-}
+using test::expect_same;
+using test::thrown;
 
 class Nothrow : public ::testing::Test {
  protected:

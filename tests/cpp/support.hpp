@@ -37,6 +37,25 @@ safetensors::ErrorKind kind_of(F&& f) {
   return safetensors::ErrorKind::Internal;
 }
 
+/// The error `f` throws, as a Status (ok when it throws nothing): to set beside what the nothrow
+/// twin of the same call returns.
+template <class F>
+safetensors::Status thrown(F&& f) {
+  try {
+    f();
+  } catch (const safetensors::Error& e) {
+    return e.status();
+  }
+  return {};
+}
+
+/// Both faces of one call agree: the nothrow status equals what the throwing call throws.
+inline void expect_same(const safetensors::Status& nothrow, const safetensors::Status& throwing) {
+  EXPECT_EQ(nothrow.ok(), throwing.ok()) << nothrow.message() << " | " << throwing.message();
+  EXPECT_EQ(nothrow.kind(), throwing.kind());
+  EXPECT_EQ(nothrow.message(), throwing.message());
+}
+
 /// A fresh directory removed at scope exit.
 class TempDir {
  public:

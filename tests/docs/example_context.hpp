@@ -27,6 +27,8 @@ using namespace safetensors;
 std::vector<std::byte> download();
 void consumer(const void* dlpack_tensor);
 void consumer_takes_ownership(const void* dlpack_tensor);
+void show_progress(std::uint64_t bytes_done);
+void transform(const TensorView& tensor);
 
 #define SAFETENSORS_EXAMPLE_GIVEN                                                                       \
   SafeOpen &f, Checkpoint &ckpt, TensorView &view, TensorView &w, Selection &cols, std::size_t rank,    \

@@ -25,8 +25,10 @@ namespace safetensors::detail {
 ///
 /// `n` comes from a file's header, so running out of memory is an `Io` error naming `what` and
 /// the size, never a `std::bad_alloc`. (The `shared_ptr`'s own control block is a small
-/// allocation of the ordinary kind.)
-inline Expected<std::shared_ptr<std::byte[]>> allocate_bytes(std::size_t n, std::string_view what) {
+/// allocation of the ordinary kind.) `alignment` (a power of two, at most 2 MiB) may ask for
+/// more than 64 bytes: the direct backend reads into buffers aligned to 4096.
+inline Expected<std::shared_ptr<std::byte[]>> allocate_bytes(std::size_t n, std::string_view what,
+                                                             std::size_t alignment = 64) {
   const Status out_of_memory(ErrorKind::Io,
                              "cannot allocate " + std::to_string(n) + " bytes for " + std::string(what) +
                                  " (out of memory); read it in pieces, or use the mapped backend");
@@ -47,10 +49,10 @@ inline Expected<std::shared_ptr<std::byte[]>> allocate_bytes(std::size_t n, std:
   }
 #endif
   // The non-throwing `operator new`: no `std::bad_alloc` to catch, with or without exceptions.
-  constexpr std::align_val_t align{64};
+  const std::align_val_t align{alignment < 64 ? 64 : alignment};
   auto* p = static_cast<std::byte*>(::operator new[](n == 0 ? 1 : n, align, std::nothrow));
   if (p == nullptr) return out_of_memory;
-  return std::shared_ptr<std::byte[]>(p, [](std::byte* q) { ::operator delete[](q, align); });
+  return std::shared_ptr<std::byte[]>(p, [align](std::byte* q) { ::operator delete[](q, align); });
 }
 
 }  // namespace safetensors::detail

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -24,20 +25,27 @@ struct Access;
 /// Bytes of a view and what keeps them alive.
 using OwnedBytes = std::pair<std::span<const std::byte>, std::shared_ptr<const void>>;
 
+/// Views of the direct backend of at least this many bytes own the aligned span around their
+/// bytes, read straight from the disk; smaller ones (less than one block) are copied into a
+/// buffer of their own size, so that a file of many tiny tensors does not cost a block each.
+inline constexpr std::size_t direct_view_min_bytes = 4096;
+
 /// One open file: the bridge object, its mapped data (null with the read backend), every
-/// tensor's dimensions, and the shared owner that keeps them alive (a SafeOpen's handle, or a
-/// checkpoint's). Built once per file, so that a lookup costs one call into the bridge.
+/// tensor's dimensions, whether it reads with the direct backend, and the shared owner that
+/// keeps them alive (a SafeOpen's handle, or a checkpoint's). Built once per file, so that a
+/// lookup costs one call into the bridge.
 struct Source {
   const ffi::File* file = nullptr;
   const std::byte* data = nullptr;
   const std::size_t* dims = nullptr;
   std::shared_ptr<const void> owner;
+  bool direct = false;
 
   static Source of(const ffi::File& f, std::shared_ptr<const void> owner) {
     auto mapped = f.mapped_data();
     const std::byte* data =
         f.is_mapped() && mapped.size() > 0 ? reinterpret_cast<const std::byte*>(mapped.data()) : nullptr;
-    return {&f, data, f.dims().data(), std::move(owner)};
+    return {&f, data, f.dims().data(), std::move(owner), f.backend_code() == 2};
   }
 
   [[nodiscard]] Expected<ffi::TensorMeta> find(std::string_view name) const {
@@ -60,15 +68,33 @@ struct Source {
   }
 
   /// Bytes `[offset, offset + len)` of the data buffer as a view's data and owner: the mapping
-  /// itself when mapped, else a new 64-byte-aligned buffer read from the file.
+  /// itself when mapped; with the direct backend (at least `direct_view_min_bytes`), the
+  /// aligned span around them; else a new 64-byte-aligned buffer read from the file.
   [[nodiscard]] Expected<OwnedBytes> bytes_at(std::size_t offset, std::size_t len,
                                               std::string_view what) const {
     if (len == 0) return OwnedBytes{};
     if (data != nullptr) return OwnedBytes{{data + offset, len}, owner};
+    if (direct && len >= direct_view_min_bytes) return aligned_bytes(offset, len, what);
     auto buffer = allocate_bytes(len, what);
     if (!buffer) return buffer.status();
     if (auto read = read_data(offset, {buffer->get(), len}); !read.ok()) return read;
     return OwnedBytes{{buffer->get(), len}, std::move(*buffer)};
+  }
+
+  /// The direct backend's view memory: a buffer aligned for `O_DIRECT` holding the aligned
+  /// span of the file around the bytes, which the core reads straight into it (no bounce copy;
+  /// after a fallback to `pread`, only the bytes themselves, at the same place). The view's
+  /// data points at the bytes inside it.
+  [[nodiscard]] Expected<OwnedBytes> aligned_bytes(std::size_t offset, std::size_t len,
+                                                   std::string_view what) const {
+    auto span = attempt([&](ffi::Status& st) { return file->aligned_len(offset, len, st); });
+    if (!span) return span.status();
+    auto buffer = allocate_bytes(*span, what, ffi::direct_align());
+    if (!buffer) return buffer.status();
+    ::rust::Slice<std::uint8_t> out{reinterpret_cast<std::uint8_t*>(buffer->get()), *span};
+    auto head = attempt([&](ffi::Status& st) { return file->read_data_aligned(offset, len, out, st); });
+    if (!head) return head.status();
+    return OwnedBytes{{buffer->get() + *head, len}, std::move(*buffer)};
   }
 
   [[nodiscard]] Expected<TensorView> get_tensor(std::string_view name) const {

@@ -233,10 +233,24 @@ fn pread_some(file: &File, dst: &mut [u8], pos: u64) -> io::Result<usize> {
 /// assert_eq!(buf.as_slice().as_ptr() as usize % DIRECT_ALIGN, 0);
 /// # Ok::<(), std::io::Error>(())
 /// ```
+///
+/// Buffers of [`MAPPED_MIN`] bytes or more are anonymous mappings, 2 MiB aligned and advised to
+/// use transparent huge pages: the kernel hands out zeroed pages when they are first written (by
+/// the disk, for a direct read), where the allocator's aligned zeroed memory would first write
+/// every byte itself; and huge pages take 512 times fewer faults (measured on cold streams: the
+/// faults of 4 KiB pages cost more than the copy a bounce buffer makes).
 pub struct AlignedBuf {
     ptr: *mut u8,
     len: usize,
+    /// The whole mapping (start, length) for a mapped buffer.
+    mapping: Option<(*mut libc::c_void, usize)>,
 }
+
+/// Size from which an [`AlignedBuf`] is a mapping of its own.
+const MAPPED_MIN: usize = 4 << 20;
+
+/// A huge page, the mapping's alignment.
+const HUGE: usize = 2 << 20;
 
 // SAFETY: the buffer is plain owned memory, like a `Vec<u8>`.
 unsafe impl Send for AlignedBuf {}
@@ -247,6 +261,9 @@ impl AlignedBuf {
     /// Zeroed, aligned memory of `len` bytes; an `OutOfMemory` error when the allocation
     /// fails, never an abort.
     pub fn new(len: usize) -> io::Result<AlignedBuf> {
+        if len >= MAPPED_MIN {
+            return AlignedBuf::mapped(len);
+        }
         let layout = Layout::from_size_align(len.max(1), DIRECT_ALIGN)
             .map_err(|e| io::Error::new(io::ErrorKind::OutOfMemory, e.to_string()))?;
         // SAFETY: the layout has a non-zero size.
@@ -257,7 +274,45 @@ impl AlignedBuf {
                 format!("cannot allocate an aligned buffer of {len} bytes"),
             ));
         }
-        Ok(AlignedBuf { ptr, len })
+        Ok(AlignedBuf {
+            ptr,
+            len,
+            mapping: None,
+        })
+    }
+
+    fn mapped(len: usize) -> io::Result<AlignedBuf> {
+        let failed = || {
+            io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                format!("cannot map an aligned buffer of {len} bytes"),
+            )
+        };
+        let total = len.checked_add(HUGE).ok_or_else(failed)?;
+        // SAFETY: a fresh private anonymous mapping; no memory of ours is involved.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                total,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(failed());
+        }
+        let skip = (base as usize).next_multiple_of(HUGE) - base as usize;
+        // SAFETY: `skip < HUGE`, so the buffer's start and its `len` bytes lie in the mapping.
+        let ptr = unsafe { base.cast::<u8>().add(skip) };
+        // SAFETY: `[ptr, ptr + len)` lies inside the mapping; advice only (failure is harmless).
+        unsafe { libc::madvise(ptr.cast(), len, libc::MADV_HUGEPAGE) };
+        Ok(AlignedBuf {
+            ptr,
+            len,
+            mapping: Some((base, total)),
+        })
     }
 
     /// The buffer's bytes.
@@ -285,6 +340,11 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        if let Some((base, total)) = self.mapping {
+            // SAFETY: mapped in `mapped` with this start and length, and unmapped only here.
+            unsafe { libc::munmap(base, total) };
+            return;
+        }
         // SAFETY: allocated in `new` with this very layout.
         unsafe {
             dealloc(

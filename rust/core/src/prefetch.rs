@@ -98,9 +98,14 @@ impl Plan {
     /// A plan for `requests` of `source` (`None`: every tensor of every file, or every tensor
     /// a checkpoint's index lists), in one call: the files in the source's order, each one's
     /// bytes in offset order. Opens the checkpoint shards it touches (see [`Source`]).
+    ///
+    /// Files in memory ([`SafeFile::from_memory`]) have nothing to warm and are left out.
     pub fn of(source: Source<'_>, requests: Option<&[Request]>) -> Result<Plan> {
         let mut plan = Plan::default();
         for item in resolve(source, requests)? {
+            if item.source.is_in_memory() {
+                continue;
+            }
             let slot = plan.add_file(&item.source);
             for (offset, len) in item.runs() {
                 plan.files[slot].add_range(offset, len);
@@ -228,10 +233,12 @@ struct Shared {
 
 /// A prefetch in progress: [`Prefetch::bytes_done`] reports progress, [`Prefetch::wait`] the
 /// outcome. Dropping it cancels the requests not yet started and waits for the running ones.
+/// Every method may be called from several threads at once (a progress display beside a
+/// waiting thread).
 pub struct Prefetch {
     shared: Arc<Shared>,
     total: u64,
-    threads: Vec<JoinHandle<()>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Prefetch {
@@ -271,10 +278,10 @@ impl Prefetch {
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {
-                    let mut p = Prefetch {
+                    let p = Prefetch {
                         shared,
                         total,
-                        threads,
+                        threads: Mutex::new(threads),
                     };
                     p.stop();
                     let at = plan.files.first().map_or(Path::new(""), |f| &f.path);
@@ -285,7 +292,7 @@ impl Prefetch {
         Ok(Prefetch {
             shared,
             total,
-            threads,
+            threads: Mutex::new(threads),
         })
     }
 
@@ -300,11 +307,10 @@ impl Prefetch {
     }
 
     /// Waits for every request; the first error, if any (an `Io` error naming the file that
-    /// could not be opened or read).
-    pub fn wait(mut self) -> Result<()> {
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
+    /// could not be opened or read). The error is handed over once: a later call (or one
+    /// waiting beside it) returns `Ok(())`, the prefetch having ended either way.
+    pub fn wait(&self) -> Result<()> {
+        self.join();
         let err = self.shared.error.lock().map(|mut e| e.take());
         match err {
             Ok(Some(e)) => Err(e),
@@ -312,11 +318,17 @@ impl Prefetch {
         }
     }
 
-    fn stop(&mut self) {
-        self.shared.cancel.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
+    /// Joins every reader thread (a second caller waits for the first to finish joining).
+    fn join(&self) {
+        let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        for t in threads.drain(..) {
             let _ = t.join();
         }
+    }
+
+    fn stop(&self) {
+        self.shared.cancel.store(true, Ordering::Relaxed);
+        self.join();
     }
 }
 

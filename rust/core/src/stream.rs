@@ -8,6 +8,13 @@
 //! `max(max_inflight_bytes, largest tensor)`. Works with every backend (the mapped one copies out
 //! of the mapping, so the budget bounds the copies, not the page cache).
 //!
+//! With the direct backend a whole tensor of at least one block is read with `O_DIRECT` straight
+//! into an aligned buffer ([`SafeFile::read_data_aligned`]): no bounce buffer and no copy, which
+//! is what lets a stream read at the disk's speed. That buffer also holds the rest of the
+//! 4096-byte blocks at the tensor's two ends (at most 8 KiB more); the budget counts tensor
+//! bytes, as it does for every backend (whose buffers also round up to whole pages), so the
+//! bound and the peak keep their meaning across backends.
+//!
 //! Why `next` can fail rather than wait: when the reader waits for budget, nothing is queued, and
 //! every byte alive is in a tensor already delivered, only the caller can make room. A caller
 //! that keeps its tensors on the thread that asks for more would wait forever, so by default
@@ -19,9 +26,10 @@ use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
+use crate::direct::{AlignedBuf, DIRECT_ALIGN};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::file::{zeroed, SafeFile};
+use crate::file::{zeroed, Backend, SafeFile};
 use crate::request::{resolve, Item, Request, Source};
 
 /// How a [`TensorStream`] runs.
@@ -46,6 +54,9 @@ impl Default for StreamOptions {
     }
 }
 
+/// What [`TensorStream::open_with_handoff`] calls on the reader thread at each hand-over.
+type Handoff = Box<dyn Fn() + Send + Sync>;
+
 /// What the reader thread and the consumer share.
 struct Shared {
     state: Mutex<State>,
@@ -53,6 +64,7 @@ struct Shared {
     /// cancellation.
     changed: Condvar,
     bound: u64,
+    handoff: Option<Handoff>,
 }
 
 #[derive(Default)]
@@ -117,6 +129,10 @@ impl Shared {
             return Some(item);
         }
         s.ready.push_back(item);
+        // Under the lock, so that `next` cannot take the item before the hand-over is announced.
+        if let Some(announce) = &self.handoff {
+            announce();
+        }
         self.changed.notify_all();
         None
     }
@@ -149,7 +165,7 @@ pub struct StreamTensor {
     pub dtype: Dtype,
     /// Shape of what was delivered: the slice's for a slice.
     pub shape: Vec<usize>,
-    data: Vec<u8>,
+    data: Buffer,
     /// Bytes counted against the budget for it (its full length, also while it is read or
     /// when reading it failed).
     reserved: u64,
@@ -161,7 +177,10 @@ impl StreamTensor {
     /// The delivered bytes: the whole tensor, or the slice's selected bytes packed in row-major
     /// order (what [`SafeFile::read_slice`] gives).
     pub fn data(&self) -> &[u8] {
-        &self.data
+        match &self.data {
+            Buffer::Plain(v) => v,
+            Buffer::Aligned { buf, head, len } => &buf.as_slice()[*head..*head + *len],
+        }
     }
 
     /// Path of the file it came from.
@@ -179,9 +198,20 @@ impl std::fmt::Debug for StreamTensor {
             .field("name", &self.name)
             .field("dtype", &self.dtype)
             .field("shape", &self.shape)
-            .field("bytes", &self.data.len())
+            .field("bytes", &self.data().len())
             .finish()
     }
+}
+
+/// A delivered tensor's bytes: a buffer of exactly its length, or (direct backend) the aligned
+/// span around it, read straight from the disk, with where the tensor starts in it.
+enum Buffer {
+    Plain(Vec<u8>),
+    Aligned {
+        buf: AlignedBuf,
+        head: usize,
+        len: usize,
+    },
 }
 
 impl Drop for StreamTensor {
@@ -268,11 +298,36 @@ impl TensorStream {
         requests: Option<&[Request]>,
         options: StreamOptions,
     ) -> Result<TensorStream> {
+        TensorStream::start(source, requests, options, None)
+    }
+
+    /// [`TensorStream::open`], calling `handoff` on the reader thread each time it hands a
+    /// tensor (or the error that ends the stream) to `next`, after everything in it was
+    /// allocated and written and before `next` can return it. For callers whose tools cannot
+    /// see this crate's synchronisation: the C++ bridge tells ThreadSanitizer about each
+    /// hand-over there, since this crate is not instrumented and its locks are invisible to it.
+    /// `handoff` runs under the stream's lock: it must not block or call back into the stream.
+    pub fn open_with_handoff(
+        source: Source<'_>,
+        requests: Option<&[Request]>,
+        options: StreamOptions,
+        handoff: impl Fn() + Send + Sync + 'static,
+    ) -> Result<TensorStream> {
+        TensorStream::start(source, requests, options, Some(Box::new(handoff)))
+    }
+
+    fn start(
+        source: Source<'_>,
+        requests: Option<&[Request]>,
+        options: StreamOptions,
+        handoff: Option<Handoff>,
+    ) -> Result<TensorStream> {
         let items: Arc<[Item]> = resolve(source, requests)?.into();
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
             bound: options.max_inflight_bytes,
+            handoff,
         });
         let (s, its) = (shared.clone(), items.clone());
         let reader = std::thread::Builder::new()
@@ -402,7 +457,7 @@ fn read_all(shared: &Arc<Shared>, items: &[Item]) {
             name: item.name.clone(),
             dtype: item.dtype,
             shape: item.shape.clone(),
-            data: Vec::new(),
+            data: Buffer::Plain(Vec::new()),
             reserved: item.len,
             source: item.source.clone(),
             shared: shared.clone(),
@@ -423,9 +478,16 @@ fn read_all(shared: &Arc<Shared>, items: &[Item]) {
 fn read_item(item: &Item, mut t: StreamTensor) -> Result<StreamTensor> {
     let file = &item.source;
     let len = usize::try_from(item.len).map_err(|_| out_of_memory(item))?;
-    t.data = zeroed(len).map_err(|_| out_of_memory(item))?;
+    if item.slice.is_none() && file.backend() == Backend::Direct && len >= DIRECT_ALIGN {
+        let mut buf =
+            AlignedBuf::new(file.aligned_len(item.begin, len)?).map_err(|_| out_of_memory(item))?;
+        let head = file.read_data_aligned(item.begin, len, buf.as_mut_slice())?;
+        t.data = Buffer::Aligned { buf, head, len };
+        return Ok(t);
+    }
+    let mut data = zeroed(len).map_err(|_| out_of_memory(item))?;
     match &item.slice {
-        None => file.read_data(item.begin, &mut t.data)?,
+        None => file.read_data(item.begin, &mut data)?,
         Some(plan) => {
             let info = file
                 .header()
@@ -433,9 +495,10 @@ fn read_item(item: &Item, mut t: StreamTensor) -> Result<StreamTensor> {
                 .ok_or_else(|| Error::Internal {
                     message: format!("tensor `{}` has no entry at its position", item.name),
                 })?;
-            file.read_slice_of(&info, plan, &mut t.data)?;
+            file.read_slice_of(&info, plan, &mut data)?;
         }
     }
+    t.data = Buffer::Plain(data);
     Ok(t)
 }
 

@@ -179,6 +179,49 @@ fn prefetch_reports_progress_and_a_file_that_shrank() {
     assert!(err.to_string().contains("p.safetensors"), "{err}");
 }
 
+#[test]
+fn wait_hands_the_error_to_one_of_several_waiting_threads() {
+    let dir = scratch_dir("wait_from_several_threads");
+    let path = dir.join("p.safetensors");
+    write_sample(&path);
+    let f = SafeFile::open(&path, Backend::Read).unwrap();
+    let plan = Plan::whole(&f);
+    std::fs::remove_file(&path).unwrap();
+    let p = plan.prefetch(PrefetchOptions::default()).unwrap();
+    let errors: usize = std::thread::scope(|s| {
+        let waiters: Vec<_> = (0..3).map(|_| s.spawn(|| p.wait().is_err())).collect();
+        waiters
+            .into_iter()
+            .map(|w| w.join().unwrap() as usize)
+            .sum()
+    });
+    assert_eq!(errors, 1, "the error is handed over once");
+    assert!(p.wait().is_ok(), "and the prefetch has ended");
+}
+
+#[test]
+fn a_file_in_memory_has_nothing_to_warm() {
+    let dir = scratch_dir("a_file_in_memory");
+    let path = dir.join("p.safetensors");
+    write_sample(&path);
+    let bytes = std::fs::read(&path).unwrap();
+    let f = Arc::new(
+        SafeFile::from_memory(
+            Path::new("<memory>"),
+            Box::new(bytes),
+            safetensors_core::OpenOptions::default(),
+        )
+        .unwrap(),
+    );
+    let plan = Plan::of(Source::Files(&[f]), None).unwrap();
+    assert_eq!(plan.file_count(), 0);
+    assert_eq!(plan.total_bytes(), 0);
+    plan.prefetch(PrefetchOptions::default())
+        .unwrap()
+        .wait()
+        .unwrap();
+}
+
 /// Three shards of four 4 MiB tensors (`s<shard>.t<n>`, U8 of shape [1024, 4096]).
 fn three_shards(dir: &Path) -> std::path::PathBuf {
     let spec = |i: usize| -> Vec<Spec> {

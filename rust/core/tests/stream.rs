@@ -424,3 +424,33 @@ fn a_shard_that_shrinks_mid_stream_ends_it_with_io_naming_the_shard() {
         three_shards(&dir);
     }
 }
+
+#[test]
+fn open_with_handoff_announces_every_hand_over_on_the_reader_thread() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = scratch_dir("open_with_handoff");
+    let path = dir.join("s.safetensors");
+    write_sample(&path);
+    let files = [Arc::new(SafeFile::open(&path, Backend::Read).unwrap())];
+    let announced = Arc::new(AtomicUsize::new(0));
+    let caller = std::thread::current().id();
+    let count = announced.clone();
+    let handoff = move || {
+        assert_ne!(std::thread::current().id(), caller, "on the reader thread");
+        count.fetch_add(1, Ordering::SeqCst);
+    };
+    let options = StreamOptions {
+        max_inflight_bytes: 1,
+        ..StreamOptions::default()
+    };
+    let stream =
+        TensorStream::open_with_handoff(Source::Files(&files), None, options, handoff).unwrap();
+    let mut taken = 0;
+    for t in stream {
+        t.unwrap();
+        taken += 1;
+        // Announced before `next` could return it.
+        assert!(announced.load(Ordering::SeqCst) >= taken);
+    }
+    assert_eq!(announced.load(Ordering::SeqCst), LENS.len());
+}

@@ -38,6 +38,10 @@ pub use cuda::{
 pub use distributed::{new_dist_plan_builder, tp_indices, DistPlan, DistPlanBuilder};
 pub use file::{open_file, open_memory, File, SlicePlan};
 pub(crate) use status::guard;
+pub use stream::{
+    advise_file, direct_align, new_request_list, prefetch_checkpoint, prefetch_file,
+    stream_checkpoint, stream_file, PrefetchJob, RequestList, StreamTensor, TensorStream,
+};
 pub use writer::{new_writer, Writer};
 
 #[cxx::bridge(namespace = "safetensors::ffi")]
@@ -380,6 +384,141 @@ mod ffi {
     impl Box<DeviceStage> {}
     impl Box<DistPlan> {}
 
+    // ---- cold reads: prefetch, advice, streams, aligned reads (glue in stream.rs) ------------
+
+    /// One request of a prefetch, a piece of advice or a stream, in the buffers that cross with
+    /// it (every request of a call crosses at once): the tensor's name is bytes
+    /// `[name_start, name_start + name_len)` of the names; when `sliced`, its slice is indices
+    /// `[slice_start, slice_start + slice_len)`; when `pinned`, it must come from file (shard)
+    /// `file`.
+    #[derive(Debug, Clone, Copy)]
+    struct RequestSpan {
+        name_start: usize,
+        name_len: usize,
+        pinned: bool,
+        file: usize,
+        sliced: bool,
+        slice_start: usize,
+        slice_len: usize,
+    }
+
+    extern "Rust" {
+        /// What a prefetch, advice or stream reads: every tensor, or requests.
+        type RequestList;
+        /// Every tensor (`all`), or the requests `spans` describe. Null on failure.
+        fn new_request_list(
+            all: bool,
+            spans: &[RequestSpan],
+            names: &[u8],
+            indices: &[SliceIndex],
+            status: &mut Status,
+        ) -> *mut RequestList;
+        /// The shards `requests` touches (all of them for every tensor), from the index alone:
+        /// C++ opens them first, through its own synchronisation (see checkpoint.hpp).
+        fn request_shards(self: &Checkpoint, requests: &RequestList) -> Vec<usize>;
+
+        /// A prefetch in progress; dropping it cancels what has not started.
+        type PrefetchJob;
+        /// Starts warming `requests` of `file` with `threads` threads and requests of
+        /// `request_bytes`. Null on failure.
+        fn prefetch_file(
+            file: &File,
+            requests: &RequestList,
+            threads: usize,
+            request_bytes: usize,
+            status: &mut Status,
+        ) -> *mut PrefetchJob;
+        /// The same over a checkpoint's shards, in shard order.
+        fn prefetch_checkpoint(
+            ckpt: &Checkpoint,
+            requests: &RequestList,
+            threads: usize,
+            request_bytes: usize,
+            status: &mut Status,
+        ) -> *mut PrefetchJob;
+        /// Bytes warmed so far.
+        fn bytes_done(self: &PrefetchJob) -> u64;
+        /// Bytes the prefetch covers.
+        fn total_bytes(self: &PrefetchJob) -> u64;
+        /// Waits for the end; the first error, every time it is asked (from any thread).
+        fn wait(self: &PrefetchJob, status: &mut Status);
+
+        /// `madvise` hints (0 will-need, 1 sequential, 2 random) for `requests` of a mapped
+        /// file; nothing for the other backends.
+        fn advise_file(file: &File, requests: &RequestList, advice: u8, status: &mut Status);
+
+        /// Tensors delivered in file order with bounded buffers.
+        type TensorStream;
+        /// Streams `requests` of `file`. `announce`, when not 0, is the address of a C function
+        /// `void(void*)` that the reader thread calls with `token` at every hand-over (the C++
+        /// header passes ThreadSanitizer's `__tsan_release`). Null on failure.
+        unsafe fn stream_file(
+            file: &File,
+            requests: &RequestList,
+            max_inflight_bytes: u64,
+            wait_for_release: bool,
+            announce: usize,
+            token: usize,
+            status: &mut Status,
+        ) -> *mut TensorStream;
+        /// The same over a checkpoint's shards.
+        unsafe fn stream_checkpoint(
+            ckpt: &Checkpoint,
+            requests: &RequestList,
+            max_inflight_bytes: u64,
+            wait_for_release: bool,
+            announce: usize,
+            token: usize,
+            status: &mut Status,
+        ) -> *mut TensorStream;
+        /// The next tensor; null at the end (status ok) or on the error that ends the stream.
+        fn next_tensor(self: &mut TensorStream, status: &mut Status) -> *mut StreamTensor;
+        /// Tensors (or slices) the stream delivers in all.
+        fn tensor_count(self: &TensorStream) -> usize;
+        /// Bytes the stream delivers in all.
+        fn total_bytes(self: &TensorStream) -> u64;
+        /// The most bytes alive at once so far (instrumentation).
+        fn peak_inflight_bytes(self: &TensorStream) -> u64;
+        /// Bytes alive now.
+        fn inflight_bytes(self: &TensorStream) -> u64;
+
+        /// One delivered tensor; owns its bytes, returned to the budget when dropped.
+        type StreamTensor;
+        /// Position in the request list (for every tensor: in delivery order).
+        fn request(self: &StreamTensor) -> usize;
+        /// The file (shard) it came from, in the source's numbering.
+        fn file(self: &StreamTensor) -> usize;
+        /// Its position in that file, in offset order.
+        fn index(self: &StreamTensor) -> usize;
+        fn name(self: &StreamTensor) -> &str;
+        /// Dtype index.
+        fn dtype(self: &StreamTensor) -> u8;
+        /// Shape of what was delivered (the slice's for a slice).
+        fn shape(self: &StreamTensor) -> &[usize];
+        fn data(self: &StreamTensor) -> &[u8];
+        /// Path of the file it came from (raw bytes).
+        fn path(self: &StreamTensor) -> &[u8];
+
+        /// Alignment of the direct backend's reads (offsets, lengths and memory).
+        fn direct_align() -> usize;
+        /// Bytes `read_data_aligned` needs for data bytes `[offset, offset + len)`.
+        fn aligned_len(self: &File, offset: u64, len: usize, status: &mut Status) -> usize;
+        /// Reads data bytes `[offset, offset + len)` into the aligned `dst` (straight from the
+        /// disk with the direct backend) and returns where they start in it.
+        fn read_data_aligned(
+            self: &File,
+            offset: u64,
+            len: usize,
+            dst: &mut [u8],
+            status: &mut Status,
+        ) -> usize;
+    }
+
+    impl Box<RequestList> {}
+    impl Box<PrefetchJob> {}
+    impl Box<TensorStream> {}
+    impl Box<StreamTensor> {}
+
     // ---- dtypes and error kinds, as the core names them ------------------------------------
 
     extern "Rust" {
@@ -537,7 +676,8 @@ mod ffi {
 }
 
 pub use ffi::{
-    ByteRun, DistPiece, DistStep, SliceIndex, Status, TensorMeta, TpRule, UploadPlacement,
+    ByteRun, DistPiece, DistStep, RequestSpan, SliceIndex, Status, TensorMeta, TpRule,
+    UploadPlacement,
 };
 
 /// A metadata map as the sorted pairs C++ walks by index (out of range: "").

@@ -1,0 +1,334 @@
+// Tensors delivered one by one, in file order, as soon as their bytes are read, with at most a
+// bounded number of bytes of buffers alive at once: for engines that transform each weight as
+// it arrives and cannot hold the checkpoint and its transformed copy together.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "safetensors/checkpoint.hpp"
+#include "safetensors/detail/bridge.hpp"
+#include "safetensors/request.hpp"
+#include "safetensors/safe_open.hpp"
+#include "safetensors/tensor.hpp"
+
+// ThreadSanitizer cannot see the Rust core's locks (it is not instrumented), so a stream tells it
+// about each hand-over from the core's reader thread itself: with `__tsan_release` on that thread
+// and `__tsan_acquire` in `next`. Programs built without it pass nothing and call nothing.
+#if defined(__SANITIZE_THREAD__)
+#define SAFETENSORS_DETAIL_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SAFETENSORS_DETAIL_TSAN 1
+#endif
+#endif
+#if defined(SAFETENSORS_DETAIL_TSAN)
+#include <sanitizer/tsan_interface.h>
+#endif
+
+namespace safetensors {
+
+/// How a `TensorStream` runs.
+struct StreamOptions {
+  /// Most bytes of buffers alive at once: being read, read ahead, and delivered to you and not
+  /// yet dropped. A tensor larger than this is still delivered: it is read alone, once nothing
+  /// else is alive, so the peak is max(max_inflight_bytes, largest tensor).
+  std::uint64_t max_inflight_bytes = std::uint64_t{256} << 20;
+  /// When the stream cannot go on until you drop tensors it gave you: false makes `next` report
+  /// `BudgetExceeded` at once (the thread asking holds them: waiting would never end); true makes
+  /// it wait, for programs whose other threads drop them.
+  bool wait_for_release = false;
+};
+
+/// One delivered tensor (or selection) and where it came from.
+struct StreamItem {
+  /// The tensor's name.
+  std::string name;
+  /// Its dtype, its shape (the selection's, for a selection) and its bytes, which the view owns:
+  /// they return to the stream's budget when the last copy of the view (and of this item) is
+  /// dropped, on any thread, also after the stream is gone.
+  TensorView view;
+  /// Its position in the request list; streaming every tensor, its position in delivery order.
+  std::size_t request = 0;
+  /// The shard it came from (a position in `Checkpoint::shard_paths()`; 0 for a `SafeOpen`).
+  std::size_t shard = 0;
+  /// Its position in that file, in offset (file) order.
+  std::size_t index = 0;
+  /// Path of the file it came from.
+  std::filesystem::path path;
+};
+
+class TensorStream;
+
+namespace nothrow {
+/// `TensorStream(file, options)` without exceptions.
+///
+///   auto stream = safetensors::nothrow::stream(f, {.max_inflight_bytes = 64 << 20});
+[[nodiscard]] Expected<TensorStream> stream(const SafeOpen& file, StreamOptions options = {});
+/// `TensorStream(file, requests, options)` without exceptions.
+[[nodiscard]] Expected<TensorStream> stream(const SafeOpen& file, std::span<const Request> requests,
+                                            StreamOptions options = {});
+/// `TensorStream(ckpt, options)` without exceptions.
+[[nodiscard]] Expected<TensorStream> stream(const Checkpoint& ckpt, StreamOptions options = {});
+/// `TensorStream(ckpt, requests, options)` without exceptions.
+[[nodiscard]] Expected<TensorStream> stream(const Checkpoint& ckpt, std::span<const Request> requests,
+                                            StreamOptions options = {});
+/// `TensorStream::next` without exceptions: the next item, `std::nullopt` at the end, or the
+/// error that ended the stream.
+///
+///   auto stream = safetensors::nothrow::stream(ckpt);
+///   while (stream) {
+///     auto item = safetensors::nothrow::next(*stream);
+///     if (!item || !item->has_value()) break;  // the error (item.status()), or the end
+///     const safetensors::StreamItem& t = **item;
+///     std::printf("%s: %zu bytes\n", t.name.c_str(), t.view.data.size());
+///   }
+[[nodiscard]] Expected<std::optional<StreamItem>> next(TensorStream& stream);
+}  // namespace nothrow
+
+/// Every tensor (or the requested tensors and selections) of a file or a checkpoint, in file
+/// order (shard by shard, offsets ascending within each), each delivered as soon as its bytes
+/// are read, with at most `max_inflight_bytes` of buffers alive at once. Works with every
+/// backend (the mapped one copies out of the mapping: the bound counts the copies, not the page
+/// cache). A background thread reads ahead as far as the bound allows.
+///
+///   safetensors::TensorStream stream(ckpt, {.max_inflight_bytes = 512 << 20});
+///   for (safetensors::StreamItem& t : stream) {
+///     std::printf("%s from shard %zu\n", t.name.c_str(), t.shard);   // transform t.view here;
+///   }                                                                // dropping it frees its bytes
+///
+/// Iterating (or `next()`) throws the error that ends the stream; `nothrow::next` returns it.
+/// A tensor's bytes return to the budget when the last copy of its view is dropped. When the
+/// next tensor cannot be read until you drop some (you hold more than the bound minus its
+/// size, or anything before a tensor larger than the bound), `next` reports `BudgetExceeded` at
+/// once, unless `wait_for_release` is set, in which case it waits for other threads to drop
+/// what they hold. A range-for drops each item before asking for the next, so a loop that keeps
+/// nothing never sees that error.
+///
+/// Errors: those of the requests (`TensorNotFound`, `InvalidSlice`, ...) when the stream is
+/// made, before anything is read; then every error ends the stream and frees what was read but
+/// not delivered: a file that shrinks gives `Io` for the tensor it cuts short, never other bytes.
+/// Destroying the stream early cancels the reads not yet started and returns once the one in
+/// progress (at most one tensor) is done; items already delivered stay valid.
+///
+/// Threads: a TensorStream is used by one thread at a time (`next`, iteration and the byte
+/// counts are not synchronised with one another), like a `std::ifstream`; the items it delivers
+/// are independent values that any thread may use, copy and drop. Move-only; iterators and
+/// `begin()` belong to the object they came from (call `begin()` once, as for an input stream).
+class TensorStream {
+ public:
+  /// Every tensor of `file`.
+  explicit TensorStream(const SafeOpen& file, StreamOptions options = {})
+      : TensorStream(nothrow::stream(file, options).value()) {}
+  /// `requests` of `file`, each delivered (repeats included) in file order.
+  ///
+  ///   std::vector<safetensors::Request> want{{"wte.weight"},
+  ///                                          {"h.0.mlp.c_fc.weight", {Index::all(), Index::range(0, 768)}}};
+  ///   safetensors::TensorStream some(f, want);
+  TensorStream(const SafeOpen& file, std::span<const Request> requests, StreamOptions options = {})
+      : TensorStream(nothrow::stream(file, requests, options).value()) {}
+  /// Every tensor the checkpoint's index lists, shard by shard.
+  explicit TensorStream(const Checkpoint& ckpt, StreamOptions options = {})
+      : TensorStream(nothrow::stream(ckpt, options).value()) {}
+  /// `requests` of the checkpoint.
+  TensorStream(const Checkpoint& ckpt, std::span<const Request> requests, StreamOptions options = {})
+      : TensorStream(nothrow::stream(ckpt, requests, options).value()) {}
+
+  TensorStream(TensorStream&&) noexcept = default;
+  TensorStream& operator=(TensorStream&&) noexcept = default;
+  TensorStream(const TensorStream&) = delete;
+  TensorStream& operator=(const TensorStream&) = delete;
+  ~TensorStream() = default;
+
+  /// The next item, or `std::nullopt` once every one was delivered (and after an error).
+  /// Throws the error that ends the stream (`BudgetExceeded`, `Io`, ...).
+  [[nodiscard]] std::optional<StreamItem> next() { return nothrow::next(*this).value(); }
+
+  /// Items the stream delivers in all.
+  [[nodiscard]] std::size_t size() const { return stream().tensor_count(); }
+  /// Bytes it delivers in all.
+  [[nodiscard]] std::uint64_t total_bytes() const { return stream().total_bytes(); }
+  /// The most bytes of buffers alive at once so far (instrumentation, for tests and tuning):
+  /// at most max(`max_inflight_bytes`, largest tensor).
+  [[nodiscard]] std::uint64_t peak_inflight_bytes() const { return stream().peak_inflight_bytes(); }
+  /// Bytes of buffers alive now (read, read ahead, or delivered and not dropped).
+  [[nodiscard]] std::uint64_t inflight_bytes() const { return stream().inflight_bytes(); }
+  [[nodiscard]] StreamOptions options() const { return options_; }
+
+  /// An input iterator over the items: each `++` drops the current item (the iterator's copy;
+  /// yours stay valid) and then asks for the next, throwing the error that ends the stream.
+  class iterator {
+   public:
+    using iterator_concept = std::input_iterator_tag;
+    using iterator_category = std::input_iterator_tag;
+    using value_type = StreamItem;
+    using difference_type = std::ptrdiff_t;
+    using reference = StreamItem&;
+
+    iterator() = default;
+    reference operator*() const { return *stream_->current_; }
+    StreamItem* operator->() const { return &*stream_->current_; }
+    iterator& operator++() {
+      stream_->advance();
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    friend bool operator==(const iterator& it, std::default_sentinel_t) { return it.at_end(); }
+
+   private:
+    [[nodiscard]] bool at_end() const { return stream_ == nullptr || !stream_->current_; }
+
+    friend class TensorStream;
+    explicit iterator(TensorStream* s) : stream_(s) {}
+    TensorStream* stream_ = nullptr;
+  };
+
+  /// Asks for the first item (throwing as `next` does).
+  [[nodiscard]] iterator begin() {
+    advance();
+    return iterator(this);
+  }
+  [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
+
+ private:
+  friend struct detail::Access<TensorStream>;
+
+  // What the core's reader thread refers to (the ThreadSanitizer token) must not move with the
+  // TensorStream, and must outlive the bridge stream, which joins that thread: declared first.
+  struct State {
+    char handoff = 0;
+    std::optional<::rust::Box<ffi::TensorStream>> stream;
+  };
+
+  TensorStream(std::unique_ptr<State> state, StreamOptions options)
+      : state_(std::move(state)), options_(options) {}
+
+  [[nodiscard]] const ffi::TensorStream& stream() const {
+    if (!state_) detail::moved_from("TensorStream").throw_if_error();
+    return **state_->stream;
+  }
+
+  void advance() {
+    current_.reset();  // first, so that the budget it held is free for the next one
+    current_ = next();
+  }
+
+  std::unique_ptr<State> state_;
+  StreamOptions options_;
+  std::optional<StreamItem> current_;
+};
+
+namespace detail {
+template <>
+struct Access<TensorStream> {
+  using State = TensorStream::State;
+
+  /// Where the reader thread announces hand-overs (ThreadSanitizer builds only), as the bridge
+  /// takes it: a function's address and its argument.
+  static std::pair<std::uintptr_t, std::uintptr_t> announce(State& s) {
+#if defined(SAFETENSORS_DETAIL_TSAN)
+    return {reinterpret_cast<std::uintptr_t>(&__tsan_release), reinterpret_cast<std::uintptr_t>(&s.handoff)};
+#else
+    (void)s;
+    return {0, 0};
+#endif
+  }
+
+  template <class Open>
+  static Expected<TensorStream> open(StreamOptions o, Open&& open) {
+    auto state = std::make_unique<State>();
+    auto [call, token] = announce(*state);
+    auto made = adopt(attempt([&](ffi::Status& st) {
+      return open(o.max_inflight_bytes, o.wait_for_release, static_cast<std::size_t>(call),
+                  static_cast<std::size_t>(token), st);
+    }));
+    if (!made) return made.status();
+    state->stream.emplace(std::move(*made));
+    return TensorStream(std::move(state), o);
+  }
+
+  static Expected<TensorStream> of_file(const SafeOpen& file,
+                                        std::optional<std::span<const Request>> requests, StreamOptions o) {
+    auto src = Access<SafeOpen>::source(file);
+    if (!src) return src.status();
+    auto list = request_list(requests);
+    if (!list) return list.status();
+    return open(o, [&](auto&&... args) { return ffi::stream_file(*(*src)->file, **list, args...); });
+  }
+
+  static Expected<TensorStream> of_checkpoint(const Checkpoint& ckpt,
+                                              std::optional<std::span<const Request>> requests,
+                                              StreamOptions o) {
+    auto list = request_list(requests);
+    if (!list) return list.status();
+    auto c = Access<Checkpoint>::open_shards_for(ckpt, **list);
+    if (!c) return c.status();
+    return open(o, [&](auto&&... args) { return ffi::stream_checkpoint(**c, **list, args...); });
+  }
+
+  /// An item that owns the delivered tensor: its view's owner is the bridge object, whose
+  /// destruction returns the bytes to the budget.
+  static StreamItem item(::rust::Box<ffi::StreamTensor> box) {
+    std::shared_ptr<const ffi::StreamTensor> t = share(std::move(box));
+    auto shape = t->shape();
+    auto data = t->data();
+    auto path = t->path();
+    StreamItem out;
+    out.name = std::string(view(t->name()));
+    out.request = t->request();
+    out.shard = t->file();
+    out.index = t->index();
+    out.path = std::string(reinterpret_cast<const char*>(path.data()), path.size());
+    std::span<const std::byte> bytes;
+    if (data.size() > 0) bytes = {reinterpret_cast<const std::byte*>(data.data()), data.size()};
+    out.view =
+        TensorView{static_cast<Dtype>(t->dtype()),
+                   std::vector<std::size_t>(shape.data(), shape.data() + shape.size()), bytes, std::move(t)};
+    return out;
+  }
+
+  static Expected<std::optional<StreamItem>> next(TensorStream& s) {
+    if (!s.state_) return moved_from("TensorStream");
+    State& state = *s.state_;
+    auto got = attempt([&](ffi::Status& st) { return (*state.stream)->next_tensor(st); });
+#if defined(SAFETENSORS_DETAIL_TSAN)
+    __tsan_acquire(&state.handoff);
+#endif
+    if (!got) return got.status();
+    if (*got == nullptr) return std::optional<StreamItem>{};
+    return std::optional<StreamItem>(item(::rust::Box<ffi::StreamTensor>::from_raw(*got)));
+  }
+};
+}  // namespace detail
+
+inline Expected<TensorStream> nothrow::stream(const SafeOpen& file, StreamOptions options) {
+  return detail::Access<TensorStream>::of_file(file, std::nullopt, options);
+}
+
+inline Expected<TensorStream> nothrow::stream(const SafeOpen& file, std::span<const Request> requests,
+                                              StreamOptions options) {
+  return detail::Access<TensorStream>::of_file(file, requests, options);
+}
+
+inline Expected<TensorStream> nothrow::stream(const Checkpoint& ckpt, StreamOptions options) {
+  return detail::Access<TensorStream>::of_checkpoint(ckpt, std::nullopt, options);
+}
+
+inline Expected<TensorStream> nothrow::stream(const Checkpoint& ckpt, std::span<const Request> requests,
+                                              StreamOptions options) {
+  return detail::Access<TensorStream>::of_checkpoint(ckpt, requests, options);
+}
+
+inline Expected<std::optional<StreamItem>> nothrow::next(TensorStream& stream) {
+  return detail::Access<TensorStream>::next(stream);
+}
+
+}  // namespace safetensors
