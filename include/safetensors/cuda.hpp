@@ -176,7 +176,10 @@ Status synchronize(Uploader& uploader);
 [[nodiscard]] Expected<void*> data(const DeviceTensors& tensors, std::string_view name);
 /// `Uploader::load` with a landing callback, without exceptions.
 ///
-///   auto w = safetensors::nothrow::cuda::load(*up, f, {}, [](const auto& t) { return Status{}; });
+///   auto up = safetensors::nothrow::cuda::make_uploader(0);
+///   auto w = safetensors::nothrow::cuda::load(*up, f, {}, [](const cuda::Landed& t) {
+///     return t.byte_size > 0 ? Status{} : Status(ErrorKind::Internal, "empty");   // not ok(): stop
+///   });
 [[nodiscard]] Expected<DeviceTensors> load(Uploader& uploader, const SafeOpen& file,
                                            std::span<const Request> requests, const OnLanded& on_landed,
                                            LandingOptions options = {});
@@ -588,7 +591,8 @@ class Uploader {
   /// handed to `on_landed` as it lands, in request order, on this thread; the engine transforms
   /// it while the rest is still in flight. Every copy has completed on return.
   ///
-  ///   auto w = up.load(f, {}, [&](const cuda::Landed& t) { std::printf("%s\n", t.name.data()); });
+  ///   cuda::Uploader up(0);
+  ///   auto w = up.load(f, {}, [&](const cuda::Landed& t) { std::printf("%zu landed\n", t.index); });
   [[nodiscard]] DeviceTensors load(const SafeOpen& file, std::span<const Request> requests,
                                    const OnLanded& on_landed, LandingOptions options = {}) {
     return detail::landing::rethrowing(on_landed, [&](const nothrow::cuda::OnLanded& cb) {
@@ -627,7 +631,8 @@ class Uploader {
   /// (the slot size, or less for a smaller ring): the only device memory the upload allocates,
   /// freed before returning. Returns its size.
   ///
-  ///   up.stream(f, {}, 64 << 20, [&](const cuda::Landed& t) { std::printf("%zu\n", t.byte_size); });
+  ///   cuda::Uploader up(0);
+  ///   up.stream(f, {}, 64 << 20, [&](const cuda::Landed& t) { std::printf("%zu bytes\n", t.byte_size); });
   std::size_t stream(const SafeOpen& file, std::span<const Request> requests, std::size_t scratch_bytes,
                      const OnLanded& on_landed, LandingOptions options = {}) {
     return detail::landing::rethrowing(on_landed, [&](const nothrow::cuda::OnLanded& cb) {
