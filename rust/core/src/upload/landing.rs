@@ -15,8 +15,10 @@
 //! largest tensor), and `lap` is a multiple of the chunk size, so no chunk does either. Chunk `k`
 //! overwrites what lay one lap earlier, so before filling it a reader waits until every tensor
 //! there has been released: delivered, and the work the caller enqueued on it done (the release
-//! mark the delivery returned, e.g. an event on the consumer's stream, has completed). Device
-//! memory is then exactly `lap` bytes, whatever the size of the upload.
+//! mark the delivery returned, e.g. an event on the consumer's stream, has completed); and until
+//! the chunk one lap earlier has been submitted, so that its copy (padding included) runs before
+//! this one on the in-order copy stream instead of overwriting it. Device memory is then exactly
+//! `lap` bytes, whatever the size of the upload.
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -342,14 +344,16 @@ impl<T: LandingTarget> Progress for Flow<'_, T> {
         let Some(lap) = self.layout.lap else {
             return Ok(true);
         };
-        // Chunk k covers [k·chunk, (k+1)·chunk): one lap earlier must be free.
+        // Chunk k covers [k·chunk, (k+1)·chunk): one lap earlier must be free, and the chunk
+        // there submitted.
         let need = ((k as u64 + 1) * self.layout.chunk).saturating_sub(lap);
+        let before = k.checked_sub((lap / self.layout.chunk) as usize);
         let mut st = lock(&self.state);
         loop {
             if st.failed {
                 return Ok(false);
             }
-            if self.free_below(&st) >= need {
+            if self.free_below(&st) >= need && before.is_none_or(|j| st.submitted[j]) {
                 return Ok(true);
             }
             if !st.releasing {
@@ -376,6 +380,9 @@ impl<T: LandingTarget> Progress for Flow<'_, T> {
     fn submitted(&self, k: usize) -> Result<()> {
         let mut st = lock(&self.state);
         st.submitted[k] = true;
+        if self.layout.lap.is_some() {
+            self.changed.notify_all(); // a reader may wait for this chunk (see `room_for`)
+        }
         while st.prefix < self.chunks && st.submitted[st.prefix] {
             st.prefix += 1;
         }
