@@ -18,13 +18,21 @@
 // One-shot calls (`cuda::load`, `to_device`) share one uploader per device, created on first
 // use, whose staging grows only to what uploads need.
 //
+// Streaming: `Uploader::load`, `load_into` and `stream` with a callback hand each tensor over as
+// it lands in device memory (or as soon as its copies are enqueued, with an event to wait on), so
+// an engine can transform it on its own stream while the rest is in flight; `stream` lands them
+// in a bounded device scratch ring instead of one allocation holding them all.
+//
 // Every call that can fail has a twin in `safetensors::nothrow::cuda` returning the error as a
 // value (`nothrow::cuda::load`, `nothrow::cuda::make_uploader`, ...).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -65,6 +73,47 @@ struct Placement {
   std::size_t byte_size = 0;
 };
 
+/// When a streaming upload hands a tensor to its callback.
+enum class Deliver : std::uint8_t {
+  /// Once its bytes are in device memory: read them from any stream, or synchronously.
+  Landed,
+  /// As soon as its last copy is enqueued: order work on it after `Landed::event` (or let
+  /// `LandingOptions::consumer_stream` do it), and never read it synchronously.
+  Enqueued,
+};
+
+/// A tensor handed to a landing callback. Its views and its event are valid until the callback
+/// returns.
+struct Landed {
+  /// Its position in the request list (in `keys()` order when every tensor is uploaded).
+  std::size_t index = 0;
+  std::string_view name;
+  Dtype dtype{};
+  std::span<const std::size_t> shape;
+  /// Its bytes in device memory: in the destination, or in the scratch ring.
+  void* data = nullptr;
+  std::size_t byte_size = 0;
+  /// A `CUevent` (`cudaEvent_t`) recorded on the copy stream after its last copy: wait on it
+  /// (`cuStreamWaitEvent`) before the callback returns; the library reuses it afterwards.
+  std::uintptr_t event = 0;
+};
+
+/// How a streaming upload hands tensors over.
+struct LandingOptions {
+  Deliver deliver = Deliver::Landed;
+  /// A stream of the device's primary context (`cudaStreamCreate` after `cudaSetDevice`; 0 and
+  /// `cudaStreamPerThread` too) that the library makes wait for each tensor's event before the
+  /// callback runs, so that work the callback enqueues there sees the bytes. With `stream`'s
+  /// scratch ring, the library records an event there after the callback returns and refills
+  /// the tensor's region only once that event has completed.
+  std::optional<std::uintptr_t> consumer_stream = std::nullopt;
+};
+
+/// A landing callback. It runs on the thread that called the upload, one tensor at a time, in
+/// request order; an exception it throws stops the upload and is rethrown once every copy has
+/// completed.
+using OnLanded = std::function<void(const Landed&)>;
+
 class DeviceBuffer;
 class DeviceTensors;
 class Uploader;
@@ -73,12 +122,20 @@ struct DeviceTensor;
 }  // namespace safetensors::cuda
 
 namespace safetensors::nothrow::cuda {
+using safetensors::cuda::Deliver;
 using safetensors::cuda::DeviceTensor;
 using safetensors::cuda::DeviceTensors;
+using safetensors::cuda::Landed;
+using safetensors::cuda::LandingOptions;
 using safetensors::cuda::Placement;
 using safetensors::cuda::Request;
 using safetensors::cuda::Uploader;
 using safetensors::cuda::UploadOptions;
+
+/// A landing callback of the nothrow API: a `Status` that is not `ok()` stops the upload, which
+/// then returns that status. (An exception it throws anyway stops it too, as an `Error`'s own
+/// kind and message, or `Internal`.)
+using OnLanded = std::function<Status(const Landed&)>;
 
 /// `cuda::device_count` without exceptions.
 [[nodiscard]] Expected<int> device_count();
@@ -117,6 +174,36 @@ Status synchronize(Uploader& uploader);
                                                UploadOptions options = {});
 /// `DeviceTensors::data` without exceptions.
 [[nodiscard]] Expected<void*> data(const DeviceTensors& tensors, std::string_view name);
+/// `Uploader::load` with a landing callback, without exceptions.
+///
+///   auto up = safetensors::nothrow::cuda::make_uploader(0);
+///   auto w = safetensors::nothrow::cuda::load(*up, f, {}, [](const cuda::Landed& t) {
+///     return t.byte_size > 0 ? Status{} : Status(ErrorKind::Internal, "empty");   // not ok(): stop
+///   });
+[[nodiscard]] Expected<DeviceTensors> load(Uploader& uploader, const SafeOpen& file,
+                                           std::span<const Request> requests, const OnLanded& on_landed,
+                                           LandingOptions options = {});
+[[nodiscard]] Expected<DeviceTensors> load(Uploader& uploader, const Checkpoint& ckpt,
+                                           std::span<const Request> requests, const OnLanded& on_landed,
+                                           LandingOptions options = {});
+/// `Uploader::load_into` with a landing callback, without exceptions.
+[[nodiscard]] Expected<std::vector<Placement>> load_into(Uploader& uploader, const SafeOpen& file,
+                                                         std::span<const Request> requests, void* dst,
+                                                         std::size_t capacity, std::uintptr_t stream,
+                                                         const OnLanded& on_landed,
+                                                         LandingOptions options = {});
+[[nodiscard]] Expected<std::vector<Placement>> load_into(Uploader& uploader, const Checkpoint& ckpt,
+                                                         std::span<const Request> requests, void* dst,
+                                                         std::size_t capacity, std::uintptr_t stream,
+                                                         const OnLanded& on_landed,
+                                                         LandingOptions options = {});
+/// `Uploader::stream` without exceptions: the scratch ring's size, or the error.
+Expected<std::size_t> stream(Uploader& uploader, const SafeOpen& file, std::span<const Request> requests,
+                             std::size_t scratch_bytes, const OnLanded& on_landed,
+                             LandingOptions options = {});
+Expected<std::size_t> stream(Uploader& uploader, const Checkpoint& ckpt, std::span<const Request> requests,
+                             std::size_t scratch_bytes, const OnLanded& on_landed,
+                             LandingOptions options = {});
 }  // namespace safetensors::nothrow::cuda
 
 namespace safetensors::detail {
@@ -180,6 +267,91 @@ inline Expected<Job> job_for(const Checkpoint& ckpt, std::span<const Request> re
 }
 
 /// Every placement, in one bridge call.
+inline std::vector<Placement> placements(const ffi::UploadJob& job);
+}  // namespace safetensors::detail::cuda_jobs
+
+// Streaming uploads: how the library calls a landing callback back, and how the throwing API
+// passes a callback's exception through the bridge, which never throws.
+namespace safetensors::detail::landing {
+
+/// What one streaming upload's callback needs, and why it stopped the upload (`ok()`: it did
+/// not).
+struct Sink {
+  const nothrow::cuda::OnLanded* on_landed;
+  const std::vector<cuda::Placement>* placements;
+  Status stopped;
+};
+
+/// Calls the callback with tensor `t` (the library calls this, see `ffi::LandingSink`). Never
+/// throws: an exception the callback throws is kept as the reason it stopped.
+inline bool deliver(std::uintptr_t context, const ffi::LandedTensor* t) noexcept {
+  auto& sink = *reinterpret_cast<Sink*>(context);
+  if (t == nullptr || t->index >= sink.placements->size()) {
+    sink.stopped =
+        Status(ErrorKind::Internal, "a streaming upload handed over a tensor it was not asked for");
+    return false;
+  }
+  const auto& p = (*sink.placements)[t->index];
+  const cuda::Landed landed{t->index,
+                            p.name,
+                            p.dtype,
+                            p.shape,
+                            reinterpret_cast<void*>(static_cast<std::uintptr_t>(t->data)),
+                            p.byte_size,
+                            static_cast<std::uintptr_t>(t->event)};
+#if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
+  try {
+    sink.stopped = (*sink.on_landed)(landed);
+  } catch (const Error& e) {
+    sink.stopped = e.status();
+  } catch (const std::exception& e) {
+    sink.stopped = Status(ErrorKind::Internal, std::string("the landing callback threw: ") + e.what());
+  } catch (...) {
+    sink.stopped = Status(ErrorKind::Internal, "the landing callback threw an exception");
+  }
+#else
+  sink.stopped = (*sink.on_landed)(landed);
+#endif
+  return sink.stopped.ok();
+}
+
+/// The bridge's view of `sink` and `options`.
+inline ffi::LandingSink bridge_sink(Sink& sink, const cuda::LandingOptions& options) {
+  return ffi::LandingSink{reinterpret_cast<std::size_t>(&deliver), reinterpret_cast<std::size_t>(&sink),
+                          options.deliver == cuda::Deliver::Enqueued, options.consumer_stream.has_value(),
+                          static_cast<std::uint64_t>(options.consumer_stream.value_or(0))};
+}
+
+/// The throwing face of a streaming call: runs `call` (its nothrow twin, given a nothrow
+/// callback) with `on_landed`; an exception `on_landed` throws stops the upload and is rethrown
+/// as it was once `call` has returned (every copy completed), else `.value()`.
+template <class Call>
+auto rethrowing(const cuda::OnLanded& on_landed, Call&& call) {
+#if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
+  std::exception_ptr thrown;
+  nothrow::cuda::OnLanded guarded = [&](const cuda::Landed& t) -> Status {
+    try {
+      on_landed(t);
+    } catch (...) {
+      thrown = std::current_exception();
+      return Status(ErrorKind::Internal, "the landing callback threw an exception");
+    }
+    return {};
+  };
+  auto result = std::forward<Call>(call)(guarded);
+  if (thrown) std::rethrow_exception(thrown);
+  return std::move(result).value();
+#else
+  nothrow::cuda::OnLanded plain = [&](const cuda::Landed& t) -> Status {
+    on_landed(t);
+    return {};
+  };
+  return std::forward<Call>(call)(plain).value();
+#endif
+}
+}  // namespace safetensors::detail::landing
+
+namespace safetensors::detail::cuda_jobs {
 inline std::vector<Placement> placements(const ffi::UploadJob& job) {
   auto raw = job.placements();
   std::vector<Placement> out;
@@ -415,6 +587,65 @@ class Uploader {
     return nothrow::cuda::load_into(*this, ckpt, requests, dst, capacity, stream).value();
   }
 
+  /// Every requested tensor (every tensor when `requests` is empty) in one new allocation, each
+  /// handed to `on_landed` as it lands, in request order, on this thread; the engine transforms
+  /// it while the rest is still in flight. Every copy has completed on return.
+  ///
+  ///   cuda::Uploader up(0);
+  ///   auto w = up.load(f, {}, [&](const cuda::Landed& t) { std::printf("%zu landed\n", t.index); });
+  [[nodiscard]] DeviceTensors load(const SafeOpen& file, std::span<const Request> requests,
+                                   const OnLanded& on_landed, LandingOptions options = {}) {
+    return detail::landing::rethrowing(on_landed, [&](const nothrow::cuda::OnLanded& cb) {
+      return nothrow::cuda::load(*this, file, requests, cb, options);
+    });
+  }
+  [[nodiscard]] DeviceTensors load(const Checkpoint& ckpt, std::span<const Request> requests,
+                                   const OnLanded& on_landed, LandingOptions options = {}) {
+    return detail::landing::rethrowing(on_landed, [&](const nothrow::cuda::OnLanded& cb) {
+      return nothrow::cuda::load(*this, ckpt, requests, cb, options);
+    });
+  }
+
+  /// `load_into` (same checks of `dst` and `stream`, copies on `stream`), handing each tensor to
+  /// `on_landed` as it lands. Returns once every copy has completed, successful or not.
+  std::vector<Placement> load_into(const SafeOpen& file, std::span<const Request> requests, void* dst,
+                                   std::size_t capacity, std::uintptr_t stream, const OnLanded& on_landed,
+                                   LandingOptions options = {}) {
+    return detail::landing::rethrowing(on_landed, [&](const nothrow::cuda::OnLanded& cb) {
+      return nothrow::cuda::load_into(*this, file, requests, dst, capacity, stream, cb, options);
+    });
+  }
+  std::vector<Placement> load_into(const Checkpoint& ckpt, std::span<const Request> requests, void* dst,
+                                   std::size_t capacity, std::uintptr_t stream, const OnLanded& on_landed,
+                                   LandingOptions options = {}) {
+    return detail::landing::rethrowing(on_landed, [&](const nothrow::cuda::OnLanded& cb) {
+      return nothrow::cuda::load_into(*this, ckpt, requests, dst, capacity, stream, cb, options);
+    });
+  }
+
+  /// Streams the requested tensors through a device scratch ring of about `scratch_bytes`, for
+  /// engines that transform each tensor into their own layout and cannot hold the checkpoint:
+  /// `on_landed` gets each one in the ring, and its region is refilled once the callback has
+  /// returned and, with `options.consumer_stream`, once the work it enqueued there by then has
+  /// completed. The ring is max(`scratch_bytes`, largest tensor) rounded up to whole chunks
+  /// (the slot size, or less for a smaller ring): the only device memory the upload allocates,
+  /// freed before returning. Returns its size.
+  ///
+  ///   cuda::Uploader up(0);
+  ///   up.stream(f, {}, 64 << 20, [&](const cuda::Landed& t) { std::printf("%zu bytes\n", t.byte_size); });
+  std::size_t stream(const SafeOpen& file, std::span<const Request> requests, std::size_t scratch_bytes,
+                     const OnLanded& on_landed, LandingOptions options = {}) {
+    return detail::landing::rethrowing(on_landed, [&](const nothrow::cuda::OnLanded& cb) {
+      return nothrow::cuda::stream(*this, file, requests, scratch_bytes, cb, options);
+    });
+  }
+  std::size_t stream(const Checkpoint& ckpt, std::span<const Request> requests, std::size_t scratch_bytes,
+                     const OnLanded& on_landed, LandingOptions options = {}) {
+    return detail::landing::rethrowing(on_landed, [&](const nothrow::cuda::OnLanded& cb) {
+      return nothrow::cuda::stream(*this, ckpt, requests, scratch_bytes, cb, options);
+    });
+  }
+
   /// Waits for every copy this uploader has enqueued.
   void synchronize() { nothrow::cuda::synchronize(*this).throw_if_error(); }
 
@@ -484,6 +715,74 @@ struct Access<cuda::Uploader> {
   static Status synchronize(cuda::Uploader& up) {
     if (!up.impl_) return moved_from("Uploader");
     return attempt([&](ffi::Status& st) { up.impl_->synchronize(st); });
+  }
+
+  /// A streaming upload of `requests` of `from`: `run(impl, job, sink)` makes the bridge call.
+  /// Returns the job's placements and `run`'s result, or why the callback stopped the upload.
+  template <class From, class Run>
+  static auto streaming(cuda::Uploader& up, const From& from, std::span<const cuda::Request> requests,
+                        const nothrow::cuda::OnLanded& on_landed, const cuda::LandingOptions& options,
+                        Run&& run) -> Expected<std::pair<std::vector<cuda::Placement>, std::uint64_t>> {
+    // Kept alive here: the callback may destroy `up`.
+    std::shared_ptr<const ffi::Uploader> impl = up.impl_;
+    if (!impl) return moved_from("Uploader");
+    auto job = cuda_jobs::job_for(from, requests, up.options_.alignment);
+    if (!job) return job.status();
+    auto placements = cuda_jobs::placements(**job);
+    landing::Sink sink{&on_landed, &placements, {}};
+    const auto bridge = landing::bridge_sink(sink, options);
+    auto out = attempt([&](ffi::Status& st) -> std::uint64_t { return run(*impl, **job, bridge, st); });
+    if (!sink.stopped.ok()) return sink.stopped;
+    if (!out) return out.status();
+    return std::pair{std::move(placements), *out};
+  }
+
+  template <class From>
+  static Expected<cuda::DeviceTensors> load(cuda::Uploader& up, const From& from,
+                                            std::span<const cuda::Request> requests,
+                                            const nothrow::cuda::OnLanded& on_landed,
+                                            const cuda::LandingOptions& options) {
+    const int device = up.device_;
+    std::size_t total = 0;
+    auto done = streaming(up, from, requests, on_landed, options,
+                          [&](const ffi::Uploader& impl, const ffi::UploadJob& job,
+                              const ffi::LandingSink& sink, ffi::Status& st) {
+                            total = job.total_bytes();
+                            return impl.upload_landing(job, sink, st);
+                          });
+    if (!done) return done.status();
+    auto* ptr = reinterpret_cast<void*>(static_cast<std::uintptr_t>(done->second));
+    return Access<cuda::DeviceTensors>::make(cuda::DeviceBuffer(ptr, total, device), std::move(done->first));
+  }
+
+  template <class From>
+  static Expected<std::vector<cuda::Placement>> load_into(cuda::Uploader& up, const From& from,
+                                                          std::span<const cuda::Request> requests, void* dst,
+                                                          std::size_t capacity, std::uintptr_t stream,
+                                                          const nothrow::cuda::OnLanded& on_landed,
+                                                          const cuda::LandingOptions& options) {
+    auto done = streaming(up, from, requests, on_landed, options,
+                          [&](const ffi::Uploader& impl, const ffi::UploadJob& job,
+                              const ffi::LandingSink& sink, ffi::Status& st) {
+                            impl.upload_into_landing(job, reinterpret_cast<std::uintptr_t>(dst), capacity,
+                                                     stream, sink, st);
+                            return std::uint64_t{0};
+                          });
+    if (!done) return done.status();
+    return std::move(done->first);
+  }
+
+  template <class From>
+  static Expected<std::size_t> stream(cuda::Uploader& up, const From& from,
+                                      std::span<const cuda::Request> requests, std::size_t scratch_bytes,
+                                      const nothrow::cuda::OnLanded& on_landed,
+                                      const cuda::LandingOptions& options) {
+    auto done =
+        streaming(up, from, requests, on_landed, options,
+                  [&](const ffi::Uploader& impl, const ffi::UploadJob& job, const ffi::LandingSink& sink,
+                      ffi::Status& st) { return impl.upload_scratch(job, scratch_bytes, sink, st); });
+    if (!done) return done.status();
+    return static_cast<std::size_t>(done->second);
   }
 };
 
@@ -629,6 +928,46 @@ inline Expected<DeviceTensor> to_device(const SafeOpen& file, std::string_view n
 
 inline Expected<void*> data(const DeviceTensors& tensors, std::string_view name) {
   return detail::Access<DeviceTensors>::data(tensors, name);
+}
+
+inline Expected<DeviceTensors> load(Uploader& uploader, const SafeOpen& file,
+                                    std::span<const Request> requests, const OnLanded& on_landed,
+                                    LandingOptions options) {
+  return detail::Access<Uploader>::load(uploader, file, requests, on_landed, options);
+}
+
+inline Expected<DeviceTensors> load(Uploader& uploader, const Checkpoint& ckpt,
+                                    std::span<const Request> requests, const OnLanded& on_landed,
+                                    LandingOptions options) {
+  return detail::Access<Uploader>::load(uploader, ckpt, requests, on_landed, options);
+}
+
+inline Expected<std::vector<Placement>> load_into(Uploader& uploader, const SafeOpen& file,
+                                                  std::span<const Request> requests, void* dst,
+                                                  std::size_t capacity, std::uintptr_t stream,
+                                                  const OnLanded& on_landed, LandingOptions options) {
+  return detail::Access<Uploader>::load_into(uploader, file, requests, dst, capacity, stream, on_landed,
+                                             options);
+}
+
+inline Expected<std::vector<Placement>> load_into(Uploader& uploader, const Checkpoint& ckpt,
+                                                  std::span<const Request> requests, void* dst,
+                                                  std::size_t capacity, std::uintptr_t stream,
+                                                  const OnLanded& on_landed, LandingOptions options) {
+  return detail::Access<Uploader>::load_into(uploader, ckpt, requests, dst, capacity, stream, on_landed,
+                                             options);
+}
+
+inline Expected<std::size_t> stream(Uploader& uploader, const SafeOpen& file,
+                                    std::span<const Request> requests, std::size_t scratch_bytes,
+                                    const OnLanded& on_landed, LandingOptions options) {
+  return detail::Access<Uploader>::stream(uploader, file, requests, scratch_bytes, on_landed, options);
+}
+
+inline Expected<std::size_t> stream(Uploader& uploader, const Checkpoint& ckpt,
+                                    std::span<const Request> requests, std::size_t scratch_bytes,
+                                    const OnLanded& on_landed, LandingOptions options) {
+  return detail::Access<Uploader>::stream(uploader, ckpt, requests, scratch_bytes, on_landed, options);
 }
 
 }  // namespace safetensors::nothrow::cuda

@@ -138,6 +138,9 @@ FAKECUDA_API CUresult cuEventElapsedTime(float* ms, CUevent start, CUevent end);
 FAKECUDA_API int fakecuda_live_device_allocations(void);
 FAKECUDA_API size_t fakecuda_live_device_bytes(void);
 FAKECUDA_API int fakecuda_live_pinned_allocations(void);
+/* The most device bytes (all devices) live at once since the last reset; a non-zero `reset`
+ * first restarts the count from the bytes live now. */
+FAKECUDA_API size_t fakecuda_peak_device_bytes(int reset);
 /* Live streams (created by cuStreamCreate, not destroyed) and events. */
 FAKECUDA_API int fakecuda_live_streams(void);
 FAKECUDA_API int fakecuda_live_events(void);

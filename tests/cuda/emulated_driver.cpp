@@ -62,7 +62,10 @@
 // event would then never mark the copy done); a copy between a stream and memory of different
 // contexts or devices; memory, streams or events used after their context was reset, after
 // being freed or destroyed; a copy overrunning an allocation; work enqueued on a stream in
-// graph capture (the real driver would record it into a graph instead of running it).
+// graph capture (the real driver would record it into a graph instead of running it); a copy
+// touching device bytes that a pending copy on another stream writes (or reads, when this one
+// writes) with no wait ordering the two on this stream (cuStreamWaitEvent, or the legacy default
+// stream's implicit waits): the real driver runs them concurrently, so the bytes depend on timing.
 //
 // Injected failures: SAFETENSORS_FAKE_CUDA_FAIL=<function>:<N>[:<code>][,...] makes the N-th
 // call of that entry point (counted from cuInit; the name with or without its _v2) fail with
@@ -78,6 +81,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdarg>
@@ -262,6 +266,7 @@ struct Driver {
   std::unordered_map<std::string, unsigned long long> total_calls;  // since start
   unsigned long long pageable_async = 0;
   unsigned long long copies_done = 0;
+  std::size_t live_device_bytes = 0, peak_device_bytes = 0;
   std::vector<std::unique_ptr<ThreadState>> threads;  // never freed: see me()
 };
 
@@ -480,6 +485,46 @@ void push_wait(CUstream s, CUstream other) {
   push(s, std::move(w));
 }
 
+/// Whether `s` has a wait queued for `other` to complete `seq` (so what is enqueued on `s` now
+/// runs after it). Direct waits only: orderings through a third stream are not followed.
+bool waits_for(CUstream s, CUstream other, std::uint64_t seq) {
+  for (const Op& w : s->queue) {
+    if (w.kind == Op::wait && w.other == other && w.other_seq >= seq) return true;
+  }
+  return false;
+}
+
+bool overlap(const std::uint8_t* a, std::size_t an, const std::uint8_t* b, std::size_t bn) {
+  return a && b && an && bn && a < b + bn && b < a + an;
+}
+
+/// Aborts when copy `op` on `s` touches device bytes that a pending copy on another stream
+/// writes, or reads while `op` writes them, and nothing orders the two (lock held).
+void check_hazards(const char* fn, CUstream s, const Op& op) {
+  const std::uint8_t* writes = op.dst_dev ? op.dst : nullptr;
+  const std::uint8_t* reads = op.src_dev ? op.src : nullptr;
+  if (op.kind != Op::copy || (!writes && !reads)) return;
+  for (auto& [key, t] : drv().streams) {
+    if (t.get() == s) continue;
+    for (const Op& p : t->queue) {
+      if (p.kind != Op::copy) continue;
+      const std::uint8_t* p_writes = p.dst_dev ? p.dst : nullptr;
+      const std::uint8_t* p_reads = p.src_dev ? p.src : nullptr;
+      bool p_write_clash = overlap(p_writes, p.n, writes, op.n) || overlap(p_writes, p.n, reads, op.n);
+      bool clash = p_write_clash || overlap(p_reads, p.n, writes, op.n);
+      if (clash && !waits_for(s, t.get(), p.seq)) {
+        die(fn,
+            "a copy of %zu bytes on stream %p touches device memory that a pending %s on stream %p "
+            "(%zu bytes) %s, and nothing orders the two (record an event after one and "
+            "cuStreamWaitEvent on it before the other, or synchronize): the real driver runs them "
+            "concurrently",
+            op.n, static_cast<void*>(s), p.fn, static_cast<void*>(t.get()), p.n,
+            p_write_clash ? "writes" : "reads");
+      }
+    }
+  }
+}
+
 /// Enqueues `op` with the legacy default stream's implicit ordering; returns its position.
 std::uint64_t enqueue(const char* fn, CUstream s, Op op) {
   if (s->capturing) {
@@ -497,6 +542,7 @@ std::uint64_t enqueue(const char* fn, CUstream s, Op op) {
     push_wait(s, s->ctx->legacy);
   }
   op.fn = fn;
+  check_hazards(fn, s, op);
   push(s, std::move(op));
   return s->enqueued;
 }
@@ -617,6 +663,7 @@ void reset_context(Lock& lk, CUcontext c, const char* why) {
   for (auto it = d.dev.begin(); it != d.dev.end();) {
     if (it->second.ctx == c && it->second.gen == old) {
       d.dev_dead[it->first] = Dead{it->second.size, why};
+      d.live_device_bytes -= it->second.size;
       it = d.dev.erase(it);
     } else {
       ++it;
@@ -1049,6 +1096,8 @@ CUresult cuMemAlloc_v2(CUdeviceptr* dptr, std::size_t bytes) {
   CUdeviceptr p = next;
   next = ((p + bytes + 4096 + 511) & ~CUdeviceptr{511}) + 256;
   d.dev.emplace(p, std::move(a));
+  d.live_device_bytes += bytes;
+  d.peak_device_bytes = std::max(d.peak_device_bytes, d.live_device_bytes);
   *dptr = p;
   return CUDA_SUCCESS;
 }
@@ -1070,6 +1119,7 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
         hex(dptr).c_str(), it->second.size, it->second.pending);
   }
   d.dev_dead[dptr] = Dead{it->second.size, "freed by cuMemFree"};
+  d.live_device_bytes -= it->second.size;
   d.dev.erase(it);
   return CUDA_SUCCESS;
 }
@@ -1514,6 +1564,12 @@ int fakecuda_primary_ctx_resets(int device) {
   return valid_device(device) && device < static_cast<int>(drv().primaries.size())
              ? drv().primaries[static_cast<std::size_t>(device)]->resets
              : -1;
+}
+
+std::size_t fakecuda_peak_device_bytes(int reset) {
+  Lock lk(drv().mu);
+  if (reset) drv().peak_device_bytes = drv().live_device_bytes;
+  return drv().peak_device_bytes;
 }
 
 unsigned long long fakecuda_copies_completed(void) {

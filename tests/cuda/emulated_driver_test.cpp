@@ -464,6 +464,79 @@ TEST_F(EmulatedDriver, DiesWhenACopyOverrunsItsAllocation) {
       "32 bytes at .* overrun the device allocation");
 }
 
+TEST_F(EmulatedDriver, DiesWhenACopyReadsDeviceBytesAPendingCopyOnAnotherStreamWrites) {
+  EXPECT_DEATH(
+      {
+        PendingCopy copy;  // writes copy.device on copy.stream, held
+        CUstream other = nullptr;
+        void* out = nullptr;
+        cuStreamCreate(&other, CU_STREAM_NON_BLOCKING);
+        cuMemHostAlloc(&out, 16, 0);
+        cuMemcpyDtoHAsync_v2(out, copy.device + 100, 16, other);
+      },
+      "touches device memory that a pending cuMemcpyHtoDAsync_v2 on stream .* writes, and nothing "
+      "orders the two");
+}
+
+TEST_F(EmulatedDriver, DiesWhenACopyOverwritesDeviceBytesAPendingCopyOnAnotherStreamReads) {
+  EXPECT_DEATH(
+      {
+        CUdeviceptr src = 0;
+        CUdeviceptr dst = 0;
+        CUstream reader = nullptr;
+        CUstream writer = nullptr;
+        std::uint8_t bytes[64] = {};
+        cuMemAlloc_v2(&src, 64);
+        cuMemAlloc_v2(&dst, 64);
+        cuStreamCreate(&reader, CU_STREAM_NON_BLOCKING);
+        cuStreamCreate(&writer, CU_STREAM_NON_BLOCKING);
+        fakecuda_hold(1);
+        cuMemcpyDtoDAsync_v2(dst, src, 64, reader);
+        cuMemcpyHtoDAsync_v2(src + 32, bytes, 8, writer);  // pageable source: taken at once
+      },
+      "a copy of 8 bytes on stream .* touches device memory that a pending cuMemcpyDtoDAsync_v2 .* "
+      "reads");
+}
+
+TEST_F(EmulatedDriver, CopiesOnTwoStreamsOrderedByAnEventOrSynchronizationAreAllowed) {
+  Resources r(4096, CU_STREAM_NON_BLOCKING, 11);
+  CUstream other = nullptr;
+  CUevent e = nullptr;
+  CUdeviceptr copy = 0;
+  CU_OK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  CU_OK(cuEventCreate(&e, 0));
+  CU_OK(cuMemAlloc_v2(&copy, r.n));
+  fakecuda_hold(1);
+  CU_OK(cuMemcpyHtoDAsync_v2(r.device, r.pinned, r.n, r.stream));
+  CU_OK(cuEventRecord(e, r.stream));
+  CU_OK(cuStreamWaitEvent(other, e, 0));
+  CU_OK(cuMemcpyDtoDAsync_v2(copy, r.device, r.n, other));  // ordered by the event
+  fakecuda_hold(0);
+  CU_OK(cuStreamSynchronize(other));
+  // Nothing pending any more: overwriting from the first stream needs no ordering.
+  CU_OK(cuMemcpyHtoDAsync_v2(r.device, r.pinned, r.n, r.stream));
+  CU_OK(cuStreamSynchronize(r.stream));
+  std::vector<std::uint8_t> back(r.n);
+  CU_OK(cuMemcpyDtoH_v2(back.data(), copy, r.n));
+  EXPECT_EQ(back, r.want);
+  CU_OK(cuMemFree_v2(copy));
+  CU_OK(cuEventDestroy_v2(e));
+  CU_OK(cuStreamDestroy_v2(other));
+}
+
+TEST_F(EmulatedDriver, PeakDeviceBytesCountTheMostLiveAtOnce) {
+  const std::size_t before = fakecuda_peak_device_bytes(1);
+  CUdeviceptr a = 0, b = 0, c = 0;
+  CU_OK(cuMemAlloc_v2(&a, 1000));
+  CU_OK(cuMemAlloc_v2(&b, 3000));
+  CU_OK(cuMemFree_v2(a));
+  CU_OK(cuMemAlloc_v2(&c, 500));
+  EXPECT_EQ(fakecuda_peak_device_bytes(0), before + 4000);
+  CU_OK(cuMemFree_v2(b));
+  CU_OK(cuMemFree_v2(c));
+  EXPECT_EQ(fakecuda_peak_device_bytes(1), before);
+}
+
 TEST_F(EmulatedDriver, DiesWhenWorkIsEnqueuedOnACapturingStream) {
   EXPECT_DEATH(
       {

@@ -33,6 +33,8 @@ CONTEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "example_cont
 # (file name, a piece of the example's text) -> declarations the example takes as given.
 PREAMBLES = {
     ("README.md", "{rows, cols}"): "std::size_t rows = 2, cols = 3;",
+    ("README.md", "repack("): "void repack(void*, std::size_t, void*);\n"
+    "void quantize(void*, std::string_view, void*);",
 }
 
 HEADER_EXAMPLE = re.compile(r"^\s*///? {3}(.*)$")

@@ -11,7 +11,13 @@
 //! `k - slots` has been submitted from that slot and its copy has completed, fills the slot from
 //! the files (`pread`, or a copy from the mapping), and submits one asynchronous copy of the
 //! whole chunk. Bytes of the destination that no tensor covers (alignment padding) are zeroed.
+//!
+//! Streaming delivery (each tensor handed over as it lands, optionally through a bounded device
+//! scratch ring) runs the same readers with two hooks: see [`landing`].
 
+pub mod landing;
+
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 
@@ -38,6 +44,8 @@ pub struct Placement {
 /// One contiguous run of source bytes and where it goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Piece {
+    /// The placement it belongs to.
+    placement: usize,
     source: usize,
     /// Offset in the source file's data buffer.
     src: u64,
@@ -75,6 +83,7 @@ impl UploadPlan {
         let offset = self.reserve(name, info.dtype, info.shape.to_vec(), (end - begin) as u64)?;
         if end > begin {
             self.pieces.push(Piece {
+                placement: self.placements.len() - 1,
                 source,
                 src: begin as u64,
                 dst: offset,
@@ -102,8 +111,10 @@ impl UploadPlan {
         )?;
         let base = info.data_offsets.0 as u64;
         let mut at = offset;
+        let placement = self.placements.len() - 1;
         for (run, len) in plan.runs() {
             self.pieces.push(Piece {
+                placement,
                 source,
                 src: base + run as u64,
                 dst: at,
@@ -300,7 +311,7 @@ impl<S: Send> Ring<S> {
         plan: &UploadPlan,
     ) -> Result<UploadStats> {
         let _running = lock(&self.running);
-        self.run_locked(target, files, plan)
+        self.run_locked(target, files, plan, self.plain_shape(), &mut || Ok(()))
     }
 
     /// [`Ring::run`] then [`Ring::wait_all`] in one turn: on return, successful or not, no copy
@@ -312,19 +323,38 @@ impl<S: Send> Ring<S> {
         plan: &UploadPlan,
     ) -> Result<UploadStats> {
         let _running = lock(&self.running);
-        let run = self.run_locked(target, files, plan);
+        let run = self.run_locked(target, files, plan, self.plain_shape(), &mut || Ok(()));
         let waited = self.wait_all_locked(target);
         let stats = run?;
         waited.map(|()| stats)
     }
 
+    /// Chunks of one slot, placed where the plan says, with no streaming hooks.
+    fn plain_shape(&self) -> RunShape<'static> {
+        RunShape {
+            chunk: self.slot_bytes as u64,
+            lap: None,
+            progress: None,
+        }
+    }
+
+    /// The slot size: the chunk size of uploads into one destination.
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    /// One run: reader threads fill and submit the chunks while the calling thread runs
+    /// `on_main` (a streaming delivery; nothing otherwise), then joins them. An error of
+    /// `on_main` stops the readers.
     fn run_locked<T: UploadTarget<Slot = S>>(
         &self,
         target: &T,
         files: &[&SafeFile],
         plan: &UploadPlan,
+        shape: RunShape<'_>,
+        on_main: &mut dyn FnMut() -> Result<()>,
     ) -> Result<UploadStats> {
-        let chunk = self.slot_bytes as u64;
+        let chunk = shape.chunk.max(1);
         let chunks = plan.total.div_ceil(chunk) as usize;
         // Each chunk's pieces, found by binary search over pieces sorted by destination.
         let mut pieces = plan.pieces.clone();
@@ -356,10 +386,13 @@ impl<S: Send> Ring<S> {
             files,
             pieces: &pieces,
             total: plan.total,
+            chunk,
+            lap: shape.lap,
             chunks,
             want: want.min(self.slot_bytes),
             next: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
+            progress: shape.progress,
         };
         let first_error: Mutex<Option<Error>> = Mutex::new(None);
         let readers = self.readers.min(chunks.max(1));
@@ -367,24 +400,52 @@ impl<S: Send> Ring<S> {
             let readers: Vec<_> = (0..readers)
                 .map(|_| {
                     scope.spawn(|| {
-                        let result = target
-                            .enter_thread()
-                            .and_then(|()| self.read_chunks(target, &job));
+                        let result = catch_unwind(AssertUnwindSafe(|| {
+                            target
+                                .enter_thread()
+                                .and_then(|()| self.read_chunks(target, &job))
+                        }));
                         target.leave_thread();
-                        if let Err(e) = result {
-                            lock(&first_error).get_or_insert(e);
-                            self.abort(&job);
+                        match result {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => {
+                                lock(&first_error).get_or_insert(e);
+                                self.abort(&job);
+                            }
+                            // The other readers and a streaming delivery must not wait for this
+                            // one's chunks; the join below passes the panic on.
+                            Err(panic) => {
+                                self.abort(&job);
+                                resume_unwind(panic);
+                            }
                         }
                     })
                 })
                 .collect();
+            // A panic here (a streaming delivery's) must stop the readers too, or the scope
+            // would wait for them forever; it is passed on once they are joined.
+            let main = catch_unwind(AssertUnwindSafe(&mut *on_main));
+            if !matches!(main, Ok(Ok(()))) {
+                self.abort(&job);
+            }
+            let main_panic = match main {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => {
+                    lock(&first_error).get_or_insert(e);
+                    None
+                }
+                Err(panic) => Some(panic),
+            };
             // Joined explicitly (pthread_join) rather than by the end of the scope (a futex wait):
             // C++ programs built with ThreadSanitizer see the join, so what the readers wrote (an
             // error, say) is ordered before the caller reads it.
             for reader in readers {
                 if let Err(panic) = reader.join() {
-                    std::panic::resume_unwind(panic); // as the scope itself would
+                    resume_unwind(panic); // as the scope itself would
                 }
+            }
+            if let Some(panic) = main_panic {
+                resume_unwind(panic);
             }
         });
         match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
@@ -404,43 +465,72 @@ impl<S: Send> Ring<S> {
             lock(state).aborted = true;
             cv.notify_all();
         }
+        if let Some(progress) = job.progress {
+            progress.abort();
+        }
     }
 
     fn read_chunks<T: UploadTarget<Slot = S>>(&self, target: &T, job: &Job<'_>) -> Result<()> {
-        let ring = self.slots.len();
         loop {
             let k = job.next.fetch_add(1, Ordering::SeqCst);
             if k >= job.chunks || job.failed.load(Ordering::SeqCst) {
                 return Ok(());
             }
-            let (state, turn_changed) = &self.slots[k % ring];
-            let mut st = lock(state);
-            while st.turn != k && !st.aborted {
-                st = turn_changed.wait(st).unwrap_or_else(|p| p.into_inner());
+            // Before taking the slot: a reader waiting here for room in a scratch ring must not
+            // hold a lock that `abort` needs.
+            if let Some(progress) = job.progress {
+                if !progress.room_for(k)? {
+                    return Ok(());
+                }
             }
-            if st.aborted {
+            if !self.fill_and_submit(target, job, k)? {
                 return Ok(());
             }
-            let st = &mut *st;
-            if let Some(slot) = st.slot.as_mut() {
-                target.wait(slot)?;
+            if let Some(progress) = job.progress {
+                progress.submitted(k)?;
             }
-            let start = k as u64 * self.slot_bytes as u64;
-            let len = (job.total - start).min(self.slot_bytes as u64) as usize;
-            if st.capacity < len {
-                // The old buffer's copy is done (waited above): dropping it frees it.
-                st.slot = None;
-                st.capacity = 0;
-                let cap = job.want.max(len);
-                st.slot = Some(target.new_slot(cap)?);
-                st.capacity = cap;
-            }
-            let slot = st.slot.as_mut().expect("allocated above");
-            fill(target.buffer(slot), start, len, job.files, job.pieces)?;
-            target.submit(slot, len, start)?;
-            st.turn = k + ring;
-            turn_changed.notify_all();
         }
+    }
+
+    /// Chunk `k`, once its slot's turn has come: fills the slot and submits its copy; `false`
+    /// when the run was stopped meanwhile. Returns with the slot's lock released.
+    fn fill_and_submit<T: UploadTarget<Slot = S>>(
+        &self,
+        target: &T,
+        job: &Job<'_>,
+        k: usize,
+    ) -> Result<bool> {
+        let ring = self.slots.len();
+        let (state, turn_changed) = &self.slots[k % ring];
+        let mut st = lock(state);
+        while st.turn != k && !st.aborted {
+            st = turn_changed.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        if st.aborted {
+            return Ok(false);
+        }
+        let st = &mut *st;
+        if let Some(slot) = st.slot.as_mut() {
+            target.wait(slot)?;
+        }
+        let start = k as u64 * job.chunk;
+        let len = (job.total - start).min(job.chunk) as usize;
+        if st.capacity < len {
+            // The old buffer's copy is done (waited above): dropping it frees it.
+            st.slot = None;
+            st.capacity = 0;
+            let cap = job.want.max(len);
+            st.slot = Some(target.new_slot(cap)?);
+            st.capacity = cap;
+        }
+        let slot = st.slot.as_mut().expect("allocated above");
+        fill(target.buffer(slot), start, len, job.files, job.pieces)?;
+        // A chunk never straddles the end of a scratch ring (its size is a multiple of the
+        // chunk size), so one copy still carries it.
+        target.submit(slot, len, job.lap.map_or(start, |lap| start % lap))?;
+        st.turn = k + ring;
+        turn_changed.notify_all();
+        Ok(true)
     }
 
     /// Blocks until every submitted copy is done. Waits on every slot even after an error (a
@@ -473,16 +563,29 @@ impl<S: Send> Ring<S> {
     }
 }
 
+/// How one run cuts and places its chunks, and whom it tells (see [`landing`]).
+struct RunShape<'a> {
+    /// Bytes per chunk.
+    chunk: u64,
+    /// In a scratch ring of this many bytes (a multiple of `chunk`), destination offset `o`
+    /// lands at `o % lap`.
+    lap: Option<u64>,
+    progress: Option<&'a dyn landing::Progress>,
+}
+
 /// One run's shared state.
 struct Job<'a> {
     files: &'a [&'a SafeFile],
     pieces: &'a [Piece],
     total: u64,
+    chunk: u64,
+    lap: Option<u64>,
     chunks: usize,
     /// Size of a newly allocated slot.
     want: usize,
     next: AtomicUsize,
     failed: AtomicBool,
+    progress: Option<&'a dyn landing::Progress>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

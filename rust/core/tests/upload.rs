@@ -5,9 +5,10 @@ mod common;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::hang::without_hanging;
 use common::scratch_dir;
 use safetensors_core::upload::{Ring, RingOptions, UploadPlan, UploadTarget};
 use safetensors_core::{
@@ -119,27 +120,6 @@ impl UploadTarget for HostTarget {
             dst[at as usize..at as usize + len].copy_from_slice(&slot.buf[..len]);
         }
         Ok(())
-    }
-}
-
-/// Runs `f` on its own thread and fails the test if it has not finished after two minutes: a
-/// hang is a failure, not a stuck test run. (Not a timing assertion: nothing here takes more
-/// than a fraction of a second when it works.)
-fn without_hanging(what: &str, f: impl FnOnce() + Send + 'static) {
-    let (tx, rx) = mpsc::channel();
-    let worker = std::thread::spawn(move || {
-        f();
-        let _ = tx.send(());
-    });
-    match rx.recv_timeout(Duration::from_secs(120)) {
-        Ok(()) => worker.join().unwrap(),
-        Err(mpsc::RecvTimeoutError::Disconnected) => {
-            // `f` panicked: report its panic.
-            if let Err(p) = worker.join() {
-                std::panic::resume_unwind(p);
-            }
-        }
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what}: hung (deadlock)"),
     }
 }
 

@@ -15,7 +15,11 @@
 //! the context and free it). Every entry point makes the context current only for its own
 //! duration ([`Current`]) and restores the caller's, on the caller's thread and on each reader
 //! thread.
+//!
+//! Streaming uploads (each tensor handed to the caller as it lands, or through a bounded device
+//! scratch ring) are in `landing.rs`.
 
+mod landing;
 mod stage;
 
 use std::ffi::c_void;
@@ -27,6 +31,7 @@ use cudarc::driver::sys;
 use safetensors_core::upload::{Ring, RingOptions, UploadPlan, UploadStats, UploadTarget};
 use safetensors_core::{Error, Result, SafeFile};
 
+pub use landing::{Delivery, LandedTensor};
 pub use stage::Stager;
 
 /// Runs a driver call, turning its error, and the panic `cudarc` raises for a missing driver
@@ -218,6 +223,7 @@ impl Gpu {
             gpu: self,
             stream: stream.handle,
             dst: dst.ptr,
+            events: None,
         };
         target.submit(&mut slot, bytes, 0)?; // warm-up
         target.wait(&mut slot)?;
@@ -539,11 +545,13 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
-/// One upload's destination on a [`Gpu`]: the device pointer and the stream its copies go on.
+/// One upload's destination on a [`Gpu`]: the device pointer and the stream its copies go on,
+/// and for streaming uploads the pool its marks (events) come from.
 struct GpuTarget<'a> {
     gpu: &'a Gpu,
     stream: sys::CUstream,
     dst: sys::CUdeviceptr,
+    events: Option<&'a landing::EventPool>,
 }
 
 // SAFETY: the stream and device pointer are plain handles valid on any thread with the context.
@@ -621,10 +629,11 @@ impl UploadTarget for GpuTarget<'_> {
 /// ```
 pub struct Uploader {
     // Fields drop in this order: the ring's slots (each waits for its copy, then frees its
-    // pinned memory and event), then the stream, then the device handle. The context itself
-    // is never released.
+    // pinned memory and event), then the stream, the streaming uploads' events, then the
+    // device handle. The context itself is never released.
     ring: Ring<PinnedSlot>,
     stream: Stream,
+    events: landing::EventPool,
     gpu: Arc<Gpu>,
 }
 
@@ -642,11 +651,18 @@ impl Uploader {
                 gpu: &gpu,
                 stream: stream.handle,
                 dst: 0,
+                events: None,
             };
             // On error the slots made so far drop, freeing themselves.
             Ring::new(&target, options)?
         };
-        Ok(Uploader { ring, stream, gpu })
+        let events = landing::EventPool::new(gpu.ctx);
+        Ok(Uploader {
+            ring,
+            stream,
+            events,
+            gpu,
+        })
     }
 
     /// The process's uploader for device `ordinal`, made on first use, for one-shot calls:
@@ -662,7 +678,13 @@ impl Uploader {
         let gpu = Gpu::open(ordinal)?;
         let stream = Stream::new(&gpu)?;
         let ring = Ring::lazy(*OPTIONS.get_or_init(RingOptions::default));
-        let u = Arc::new(Uploader { ring, stream, gpu });
+        let events = landing::EventPool::new(gpu.ctx);
+        let u = Arc::new(Uploader {
+            ring,
+            stream,
+            events,
+            gpu,
+        });
         shared.push((ordinal, u.clone()));
         Ok(u)
     }
@@ -682,11 +704,13 @@ impl Uploader {
             gpu: &self.gpu,
             stream,
             dst,
+            events: None,
         }
     }
 
     /// Uploads `plan` into a new allocation; the data is on the device when this returns.
     pub fn upload(&self, files: &[&SafeFile], plan: &UploadPlan) -> Result<DeviceBuffer> {
+        self.not_from_own_callback()?;
         let _current = self.gpu.enter()?;
         let buffer = self.gpu.alloc(plan.total() as usize)?;
         let target = self.target(self.stream.handle, buffer.ptr);
@@ -715,6 +739,15 @@ impl Uploader {
         capacity: usize,
         stream: u64,
     ) -> Result<UploadStats> {
+        self.not_from_own_callback()?;
+        self.check_into(plan, dst, capacity, stream)?;
+        let _current = self.gpu.enter()?;
+        let target = self.target(stream as sys::CUstream, dst);
+        self.ring.run(&target, files, plan)
+    }
+
+    /// Checks a caller's destination and stream for `plan` before anything is enqueued.
+    fn check_into(&self, plan: &UploadPlan, dst: u64, capacity: usize, stream: u64) -> Result<()> {
         if (capacity as u64) < plan.total() {
             return Err(Error::Cuda {
                 message: format!(
@@ -739,12 +772,12 @@ impl Uploader {
         if plan.total() > 0 {
             self.gpu.check_destination(dst, capacity)?;
         }
-        let target = self.target(stream as sys::CUstream, dst);
-        self.ring.run(&target, files, plan)
+        Ok(())
     }
 
     /// Waits for every copy this uploader has enqueued.
     pub fn synchronize(&self) -> Result<()> {
+        self.not_from_own_callback()?;
         let _current = self.gpu.enter()?;
         self.ring.wait_all(&self.target(self.stream.handle, 0))
     }

@@ -1,6 +1,7 @@
 //! Glue for uploads to the GPU: `UploadJob` collects what to upload (from files and shards),
-//! `Uploader` runs it. Without the `cuda` feature every CUDA entry point returns a `Cuda` error
-//! saying so, so the C++ API is the same in every build.
+//! `Uploader` runs it, streaming uploads hand each tensor to a C++ function as it lands. Without
+//! the `cuda` feature every CUDA entry point returns a `Cuda` error saying so, so the C++ API is
+//! the same in every build.
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use safetensors_core::{Error, Indexer, SafeFile};
 
 use crate::checkpoint::Checkpoint;
 use crate::ffi::Status;
-use crate::ffi::{SliceIndex, UploadPlacement};
+use crate::ffi::{LandingSink, SliceIndex, UploadPlacement};
 use crate::file::{indexer, File};
 use crate::guard;
 
@@ -186,6 +187,117 @@ mod enabled {
         pub fn staging_bytes(&self) -> usize {
             self.0.staging_bytes()
         }
+
+        /// # Safety
+        /// `sink` names a C++ function as the bridge declaration says.
+        pub unsafe fn upload_landing(
+            &self,
+            job: &UploadJob,
+            sink: &LandingSink,
+            status: &mut Status,
+        ) -> u64 {
+            guard(status, || {
+                // SAFETY: the caller's promise.
+                let mut to_cxx = unsafe { cxx_sink(sink) };
+                self.0
+                    .upload_landing(&job.file_refs(), &job.plan, delivery(sink, &mut to_cxx))
+                    .map(|b| b.release())
+            })
+        }
+
+        /// # Safety
+        /// As `upload_landing`.
+        pub unsafe fn upload_into_landing(
+            &self,
+            job: &UploadJob,
+            dst: u64,
+            capacity: usize,
+            stream: u64,
+            sink: &LandingSink,
+            status: &mut Status,
+        ) {
+            guard(status, || {
+                // SAFETY: the caller's promise.
+                let mut to_cxx = unsafe { cxx_sink(sink) };
+                let delivery = delivery(sink, &mut to_cxx);
+                self.0
+                    .upload_into_landing(
+                        &job.file_refs(),
+                        &job.plan,
+                        dst,
+                        capacity,
+                        stream,
+                        delivery,
+                    )
+                    .map(drop)
+            })
+        }
+
+        /// # Safety
+        /// As `upload_landing`.
+        pub unsafe fn upload_scratch(
+            &self,
+            job: &UploadJob,
+            scratch_bytes: usize,
+            sink: &LandingSink,
+            status: &mut Status,
+        ) -> usize {
+            guard(status, || {
+                // SAFETY: the caller's promise.
+                let mut to_cxx = unsafe { cxx_sink(sink) };
+                let delivery = delivery(sink, &mut to_cxx);
+                self.0
+                    .upload_scratch(&job.file_refs(), &job.plan, scratch_bytes as u64, delivery)
+                    .map(|bytes| bytes as usize)
+            })
+        }
+    }
+
+    /// The C++ function a `LandingSink` names.
+    type SinkFn = unsafe extern "C" fn(usize, *const crate::ffi::LandedTensor) -> bool;
+
+    /// Calls the C++ function of `sink` for each tensor. It cannot unwind (it is `noexcept` and
+    /// catches what the user's callback throws); `false` means the callback stopped the upload,
+    /// and C++ reports its own reason instead of the `Internal` error returned here.
+    ///
+    /// # Safety
+    /// `sink.call` is the address of such a function, and `sink.context` the argument it expects.
+    unsafe fn cxx_sink(
+        sink: &LandingSink,
+    ) -> impl FnMut(&safetensors_cuda::LandedTensor) -> Result<(), Error> + '_ {
+        move |t| {
+            if sink.call == 0 {
+                return Err(Error::Internal {
+                    message: "a streaming upload was given no landing callback".into(),
+                });
+            }
+            // SAFETY: the caller's promise: a function address of this signature.
+            let call = unsafe { std::mem::transmute::<usize, SinkFn>(sink.call) };
+            let landed = crate::ffi::LandedTensor {
+                index: t.index,
+                data: t.data,
+                event: t.event,
+            };
+            // SAFETY: as above; `landed` outlives the call.
+            if unsafe { call(sink.context, &landed) } {
+                Ok(())
+            } else {
+                Err(Error::Internal {
+                    message: "the landing callback stopped the upload".into(),
+                })
+            }
+        }
+    }
+
+    fn delivery<'a>(
+        sink: &LandingSink,
+        to_cxx: &'a mut dyn FnMut(&safetensors_cuda::LandedTensor) -> Result<(), Error>,
+    ) -> safetensors_cuda::Delivery<'a> {
+        safetensors_cuda::Delivery {
+            when_enqueued: sink.enqueued,
+            consumer: sink.has_consumer.then_some(sink.consumer),
+            sink: to_cxx,
+        }
     }
 
     pub fn cuda_shared_upload(device: usize, job: &UploadJob, status: &mut Status) -> u64 {
@@ -314,6 +426,36 @@ mod enabled {
         }
         pub fn staging_bytes(&self) -> usize {
             0
+        }
+        /// # Safety
+        /// None: nothing is called.
+        pub unsafe fn upload_landing(&self, _: &UploadJob, _: &LandingSink, s: &mut Status) -> u64 {
+            unavailable(s)
+        }
+        /// # Safety
+        /// None: nothing is called.
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn upload_into_landing(
+            &self,
+            _: &UploadJob,
+            _: u64,
+            _: usize,
+            _: u64,
+            _: &LandingSink,
+            s: &mut Status,
+        ) {
+            unavailable(s)
+        }
+        /// # Safety
+        /// None: nothing is called.
+        pub unsafe fn upload_scratch(
+            &self,
+            _: &UploadJob,
+            _: usize,
+            _: &LandingSink,
+            s: &mut Status,
+        ) -> usize {
+            unavailable(s)
         }
     }
 

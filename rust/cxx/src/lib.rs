@@ -375,6 +375,72 @@ mod ffi {
         fn finish(self: &mut DeviceStage, status: &mut Status) -> u64;
     }
 
+    // ---- streaming GPU uploads (glue in cuda.rs) -------------------------------------------
+
+    /// How a streaming upload hands each tensor to C++: `call` is the address of a C++
+    /// function `bool(std::uintptr_t context, const LandedTensor*) noexcept`, called on the
+    /// calling thread with `context`, in request order, one tensor at a time; it returns false
+    /// to stop the upload (C++ keeps why). `enqueued`: call it once the tensor's copies are
+    /// enqueued rather than once they completed. `consumer` (when `has_consumer`): a stream
+    /// made to wait for each tensor's event first (see `safetensors_cuda::Delivery`).
+    #[derive(Debug, Clone, Copy)]
+    struct LandingSink {
+        call: usize,
+        context: usize,
+        enqueued: bool,
+        has_consumer: bool,
+        consumer: u64,
+    }
+
+    /// One tensor handed over: its index in the job, its device address, and the `CUevent`
+    /// recorded on the copy stream after its last copy (valid until the call returns).
+    #[derive(Debug, Clone, Copy)]
+    struct LandedTensor {
+        index: usize,
+        data: u64,
+        event: u64,
+    }
+
+    extern "Rust" {
+        /// Uploads into a new allocation, handing each tensor to `sink` as it lands; complete
+        /// on return. The caller owns the address.
+        ///
+        /// # Safety
+        /// `sink.call` is such a C++ function and `sink.context` what it expects.
+        unsafe fn upload_landing(
+            self: &Uploader,
+            job: &UploadJob,
+            sink: &LandingSink,
+            status: &mut Status,
+        ) -> u64;
+        /// Uploads into `dst` with copies on `stream`, handing each tensor to `sink` as it
+        /// lands; every copy has completed on return.
+        ///
+        /// # Safety
+        /// As `upload_landing`.
+        unsafe fn upload_into_landing(
+            self: &Uploader,
+            job: &UploadJob,
+            dst: u64,
+            capacity: usize,
+            stream: u64,
+            sink: &LandingSink,
+            status: &mut Status,
+        );
+        /// Uploads through a device scratch ring of about `scratch_bytes`, handing each tensor
+        /// to `sink` as it lands there; returns the ring's size (freed on return).
+        ///
+        /// # Safety
+        /// As `upload_landing`.
+        unsafe fn upload_scratch(
+            self: &Uploader,
+            job: &UploadJob,
+            scratch_bytes: usize,
+            sink: &LandingSink,
+            status: &mut Status,
+        ) -> usize;
+    }
+
     // Objects handed over by address (null on failure) are adopted by C++ as `rust::Box`es:
     // their `Box` glue is generated here, as no signature names it.
     impl Box<File> {}
@@ -676,8 +742,8 @@ mod ffi {
 }
 
 pub use ffi::{
-    ByteRun, DistPiece, DistStep, RequestSpan, SliceIndex, Status, TensorMeta, TpRule,
-    UploadPlacement,
+    ByteRun, DistPiece, DistStep, LandedTensor, LandingSink, RequestSpan, SliceIndex, Status,
+    TensorMeta, TpRule, UploadPlacement,
 };
 
 /// A metadata map as the sorted pairs C++ walks by index (out of range: "").

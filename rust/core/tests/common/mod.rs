@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod alloc;
+pub mod hang;
 pub mod inputs;
 pub mod json;
 pub mod sharded;
