@@ -22,16 +22,7 @@ using safetensors::Status;
 
 namespace {
 
-/// The error `f` throws, as a Status (ok when it throws nothing).
-template <class F>
-Status thrown(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.status();
-  }
-  return {};
-}
+using test::thrown;
 
 /// Both faces of one call agree: the nothrow status equals what the throwing call throws.
 void expect_same(const Status& nothrow, const Status& throwing) {

@@ -19,22 +19,30 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace test {
 
 namespace fs = std::filesystem;
 
-/// The kind of the `safetensors::Error` that `f` throws (a test failure if it throws none).
+/// The error `f` throws, as a value (`ok()` when it throws none).
 template <class F>
-safetensors::ErrorKind kind_of(F&& f) {
+safetensors::Status thrown(F&& f) {
   try {
     f();
   } catch (const safetensors::Error& e) {
-    return e.kind();
+    return e.status();
   }
-  ADD_FAILURE() << "no safetensors::Error thrown";
-  return safetensors::ErrorKind::Internal;
+  return {};
+}
+
+/// The kind of the `safetensors::Error` that `f` throws (a test failure if it throws none).
+template <class F>
+safetensors::ErrorKind kind_of(F&& f) {
+  auto status = thrown(std::forward<F>(f));
+  if (status.ok()) ADD_FAILURE() << "no safetensors::Error thrown";
+  return status.kind();
 }
 
 /// A fresh directory removed at scope exit.
