@@ -52,11 +52,9 @@ inline ::rust::Slice<const std::size_t> dims(const std::vector<std::size_t>& sha
   return {shape.data(), shape.size()};
 }
 
-/// Bytes of `numel(shape)` elements of `to`, by the core's tensor byte-length rule
-/// (`ValidationOverflow` when that overflows, `MisalignedSlice` when it ends inside a byte).
+/// Bytes of `numel(shape)` elements of `to`: the size of a conversion's output.
 inline Expected<std::size_t> converted_bytes(const std::vector<std::size_t>& shape, Dtype to) {
-  return attempt(
-      [&](ffi::Status& st) { return ffi::converted_len(dims(shape), static_cast<std::uint8_t>(to), st); });
+  return byte_length("a converted " + std::string(to_string(to)) + " tensor", to, shape);
 }
 
 /// A new `to` tensor of `shape`, in a buffer the view owns, filled by `fill` (a bridge call

@@ -135,25 +135,18 @@ struct DLPackExport {
   std::shared_ptr<const void> owner;
 };
 
-/// Why `bytes` cannot hold a tensor of `dtype` and `shape` (as the format sizes one: numel × bits
-/// / 8), if so; checked so that a bogus view or placement cannot lie to a consumer. `what` names
-/// it in the message.
+/// Why `bytes` cannot hold a tensor of `dtype` and `shape`, if so: checked so that a bogus view or
+/// placement cannot lie to a consumer. The size is the core's tensor byte-length rule; an
+/// element count that overflows is `ValidationOverflow` (and a dtype value outside `Dtype` is
+/// `TypeMismatch`), any other disagreement (bytes missing or left over, sub-byte elements that
+/// end inside a byte) `TensorInvalidInfo`. `what` names the tensor in the message.
 inline Status extent_error(Dtype dtype, const std::vector<std::size_t>& shape, std::size_t bytes,
                            std::string_view what) {
-  std::size_t bits = bit_size(dtype);
-  if (bits == 0) {
-    return Status(ErrorKind::TypeMismatch, "dtype value " + std::to_string(static_cast<unsigned>(dtype)) +
-                                               " is not a safetensors dtype");
-  }
-  std::size_t numel = 1;
-  for (auto d : shape) {
-    if (d != 0 && numel > SIZE_MAX / d) {
-      return Status(ErrorKind::ValidationOverflow,
-                    std::string(what) + "'s shape has more elements than fit in 64 bits");
-    }
-    numel *= d;
-  }
-  if (numel > SIZE_MAX / bits || numel * bits % 8 != 0 || numel * bits / 8 != bytes) {
+  auto want = byte_length(what, dtype, shape);
+  if (!want && want.status().kind() != ErrorKind::MisalignedSlice) return want.status();
+  if (!want || *want != bytes) {
+    std::size_t numel = 1;
+    for (auto d : shape) numel *= d;  // fits: the rule above counted the elements
     return Status(ErrorKind::TensorInvalidInfo, std::string(what) + " holds " + std::to_string(bytes) +
                                                     " bytes, which is not " + std::to_string(numel) +
                                                     " elements of " + std::string(to_string(dtype)));

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
 #include "safetensors/ffi/lib.rs.h"
 #include "safetensors/ffi/rust/cxx.h"
@@ -70,6 +71,17 @@ inline ::rust::Slice<const std::uint8_t> bytes(std::string_view s) {
 
 inline std::string_view view(::rust::Str s) {
   return {s.data(), s.size()};
+}
+
+/// Bytes a tensor `name` of `dtype` and `shape` takes, by the core's tensor byte-length rule
+/// (`ValidationOverflow` when that overflows, `MisalignedSlice` when sub-byte elements end inside
+/// a byte, `TypeMismatch` for a dtype value outside `Dtype`).
+inline Expected<std::size_t> byte_length(std::string_view name, Dtype dtype,
+                                         const std::vector<std::size_t>& shape) {
+  ::rust::Slice<const std::size_t> dims{shape.data(), shape.size()};
+  return attempt([&](ffi::Status& st) {
+    return ffi::tensor_byte_len(bytes(name), static_cast<std::uint8_t>(dtype), dims, st);
+  });
 }
 
 // Copy out of `rust::Slice` through data() and size(), never its iterators: instantiating their

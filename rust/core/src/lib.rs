@@ -47,6 +47,7 @@ pub mod upload;
 mod view;
 mod writer;
 
+pub use byte_len::tensor_byte_len;
 pub use checkpoint::{Checkpoint, CheckpointOptions};
 pub use direct::{AlignedBuf, DIRECT_ALIGN};
 pub use dtype::{Dtype, UnknownDtype};
