@@ -22,6 +22,8 @@
 // value (`nothrow::cuda::load`, `nothrow::cuda::make_uploader`, ...).
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -38,7 +40,7 @@
 #include "safetensors/safe_open.hpp"
 #include "safetensors/slice.hpp"
 
-namespace safetensors::cuda {
+namespace safetensors::inline SAFETENSORS_ABI::cuda {
 
 struct UploadOptions {
   /// Staging buffers (pinned host memory) and their size (0: the defaults, see above).
@@ -70,9 +72,9 @@ class DeviceTensors;
 class Uploader;
 struct DeviceTensor;
 
-}  // namespace safetensors::cuda
+}  // namespace safetensors::inline SAFETENSORS_ABI::cuda
 
-namespace safetensors::nothrow::cuda {
+namespace safetensors::inline SAFETENSORS_ABI::nothrow::cuda {
 using safetensors::cuda::DeviceTensor;
 using safetensors::cuda::DeviceTensors;
 using safetensors::cuda::Placement;
@@ -117,9 +119,9 @@ Status synchronize(Uploader& uploader);
                                                UploadOptions options = {});
 /// `DeviceTensors::data` without exceptions.
 [[nodiscard]] Expected<void*> data(const DeviceTensors& tensors, std::string_view name);
-}  // namespace safetensors::nothrow::cuda
+}  // namespace safetensors::inline SAFETENSORS_ABI::nothrow::cuda
 
-namespace safetensors::detail {
+namespace safetensors::inline SAFETENSORS_ABI::detail {
 /// A device ordinal for the bridge: a negative one is refused here, where its sign is still
 /// known (as a size_t it would name device 18446744073709551615).
 inline Expected<std::size_t> device_ordinal(int device) {
@@ -129,10 +131,10 @@ inline Expected<std::size_t> device_ordinal(int device) {
   }
   return static_cast<std::size_t>(device);
 }
-}  // namespace safetensors::detail
+}  // namespace safetensors::inline SAFETENSORS_ABI::detail
 
 // Building upload jobs: private, as every `rust::` type stays out of the public API.
-namespace safetensors::detail::cuda_jobs {
+namespace safetensors::inline SAFETENSORS_ABI::detail::cuda_jobs {
 using Job = ::rust::Box<ffi::UploadJob>;
 using cuda::Placement;
 using cuda::Request;
@@ -191,9 +193,9 @@ inline std::vector<Placement> placements(const ffi::UploadJob& job) {
   }
   return out;
 }
-}  // namespace safetensors::detail::cuda_jobs
+}  // namespace safetensors::inline SAFETENSORS_ABI::detail::cuda_jobs
 
-namespace safetensors::cuda {
+namespace safetensors::inline SAFETENSORS_ABI::cuda {
 
 /// Where each requested tensor (every tensor when `requests` is empty) would go in one
 /// allocation, and the bytes it needs. Needs no GPU: use it to size your own buffer for
@@ -344,9 +346,9 @@ class DeviceTensors {
   std::unordered_map<std::string, std::size_t, NameHash, std::equal_to<>> index_;
 };
 
-}  // namespace safetensors::cuda
+}  // namespace safetensors::inline SAFETENSORS_ABI::cuda
 
-namespace safetensors::detail {
+namespace safetensors::inline SAFETENSORS_ABI::detail {
 template <>
 struct Access<cuda::DeviceTensors> {
   static cuda::DeviceTensors make(cuda::DeviceBuffer buffer, std::vector<cuda::Placement> placements) {
@@ -370,9 +372,9 @@ struct Access<cuda::DeviceTensors> {
     return static_cast<void*>(static_cast<std::byte*>(t.buffer_.data()) + p->offset);
   }
 };
-}  // namespace safetensors::detail
+}  // namespace safetensors::inline SAFETENSORS_ABI::detail
 
-namespace safetensors::cuda {
+namespace safetensors::inline SAFETENSORS_ABI::cuda {
 
 /// Uploads to one device through a reusable pinned staging ring, allocated when it is made.
 /// Safe to share between threads; uploads through one `Uploader` take turns (they share one
@@ -439,9 +441,9 @@ class Uploader {
   std::shared_ptr<const ffi::Uploader> impl_;
 };
 
-}  // namespace safetensors::cuda
+}  // namespace safetensors::inline SAFETENSORS_ABI::cuda
 
-namespace safetensors::detail {
+namespace safetensors::inline SAFETENSORS_ABI::detail {
 template <>
 struct Access<cuda::Uploader> {
   static Expected<cuda::Uploader> make(int device, cuda::UploadOptions options) {
@@ -502,9 +504,9 @@ Expected<cuda::DeviceTensors> load_shared(int device, const From& from, std::spa
   return Access<cuda::DeviceTensors>::make(*ptr, **job, device);
 }
 }  // namespace cuda_jobs
-}  // namespace safetensors::detail
+}  // namespace safetensors::inline SAFETENSORS_ABI::detail
 
-namespace safetensors::cuda {
+namespace safetensors::inline SAFETENSORS_ABI::cuda {
 
 /// Whether `options` asks for the default ring (then one-shot calls share the device's uploader).
 [[nodiscard]] inline bool default_ring(const UploadOptions& o) noexcept {
@@ -536,9 +538,9 @@ struct DeviceTensor {
   return nothrow::cuda::to_device(file, name, device, options).value();
 }
 
-}  // namespace safetensors::cuda
+}  // namespace safetensors::inline SAFETENSORS_ABI::cuda
 
-namespace safetensors::nothrow::cuda {
+namespace safetensors::inline SAFETENSORS_ABI::nothrow::cuda {
 
 inline Expected<int> device_count() {
   auto n = detail::attempt([](ffi::Status& st) { return ffi::cuda_device_count(st); });
@@ -631,4 +633,4 @@ inline Expected<void*> data(const DeviceTensors& tensors, std::string_view name)
   return detail::Access<DeviceTensors>::data(tensors, name);
 }
 
-}  // namespace safetensors::nothrow::cuda
+}  // namespace safetensors::inline SAFETENSORS_ABI::nothrow::cuda

@@ -19,6 +19,8 @@
 // fp4 type codes exist from DLPack v1.1.
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <dlpack/dlpack.h>
 
 #include <cstddef>
@@ -37,7 +39,7 @@
 static_assert(DLPACK_MAJOR_VERSION >= 1,
               "safetensors/dlpack.hpp needs DLPack 1.0 or later (DLManagedTensorVersioned)");
 
-namespace safetensors {
+namespace safetensors::inline SAFETENSORS_ABI {
 
 /// Whether the DLPack header in use has type codes for the fp8, fp6 and fp4 formats (v1.1+).
 inline constexpr bool dlpack_has_narrow_floats = DLPACK_MAJOR_VERSION > 1 ||
@@ -246,6 +248,12 @@ inline Expected<DLPackTensor> nothrow::to_dlpack(cuda::DeviceTensor&& tensor) {
         ErrorKind::Internal,
         "to_dlpack: this DeviceTensor holds no device memory (its buffer was released or moved away)");
   }
+  // Checked before the buffer moves: a refused export leaves the caller's tensor as it was.
+  if (auto bad = detail::extent_error(tensor.dtype, tensor.shape, tensor.buffer.size(), "the device tensor");
+      !bad.ok()) {
+    return bad;
+  }
+  if (auto type = nothrow::dlpack_dtype(tensor.dtype); !type) return type.status();
   void* address = tensor.buffer.data();
   const std::size_t bytes = tensor.buffer.size();
   const int device = tensor.buffer.device();
@@ -288,4 +296,4 @@ inline Expected<DLPackTensor> nothrow::to_dlpack(cuda::DeviceTensor&& tensor) {
   return nothrow::to_dlpack(std::move(tensor)).value();
 }
 
-}  // namespace safetensors
+}  // namespace safetensors::inline SAFETENSORS_ABI

@@ -1,6 +1,8 @@
 // Private: the generated bridge and the helpers that keep its types out of the public API.
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -17,7 +19,7 @@
 #include "safetensors/ffi/rust/cxx.h"
 #include "safetensors/version.hpp"
 
-namespace safetensors::detail {
+namespace safetensors::inline SAFETENSORS_ABI::detail {
 
 /// The outcome a bridge call reported through its `ffi::Status`.
 inline Status status_of(const ffi::Status& s) {
@@ -108,4 +110,4 @@ std::shared_ptr<const T> share(::rust::Box<T> box) {
                                   [](const T* p) { ::rust::Box<T>::from_raw(const_cast<T*>(p)); });
 }
 
-}  // namespace safetensors::detail
+}  // namespace safetensors::inline SAFETENSORS_ABI::detail
