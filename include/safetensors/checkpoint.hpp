@@ -1,6 +1,8 @@
 // Sharded checkpoints: `model.safetensors.index.json` and its shards, read as one.
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -19,7 +21,7 @@
 #include "safetensors/slice.hpp"
 #include "safetensors/tensor.hpp"
 
-namespace safetensors {
+namespace safetensors::inline SAFETENSORS_ABI {
 
 class Checkpoint;
 
@@ -304,4 +306,4 @@ inline Expected<std::filesystem::path> nothrow::shard_of(const Checkpoint& ckpt,
   return detail::Access<Checkpoint>::shard_path(**c, *shard);
 }
 
-}  // namespace safetensors
+}  // namespace safetensors::inline SAFETENSORS_ABI

@@ -2,13 +2,15 @@
 // user's own communicator (torch.distributed, a custom transport) can carry it.
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <cstddef>
 #include <span>
 #include <string>
 
 #include "safetensors/error.hpp"
 
-namespace safetensors {
+namespace safetensors::inline SAFETENSORS_ABI {
 
 /// A group of ranks that can broadcast and all-gather bytes. Every rank must make the same
 /// calls in the same order (as with MPI and NCCL collectives).
@@ -48,4 +50,4 @@ class Collective {
   }
 };
 
-}  // namespace safetensors
+}  // namespace safetensors::inline SAFETENSORS_ABI

@@ -4,6 +4,8 @@
 // (`rust/core/src/convert/`); these wrappers size buffers and translate errors.
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <new>
@@ -17,7 +19,7 @@
 #include "safetensors/error.hpp"
 #include "safetensors/tensor.hpp"
 
-namespace safetensors {
+namespace safetensors::inline SAFETENSORS_ABI {
 
 /// Whether `d` is a float dtype, i.e. a target `convert` accepts (F4 to F64; not C64).
 [[nodiscard]] constexpr bool is_float(Dtype d) {
@@ -52,11 +54,9 @@ inline ::rust::Slice<const std::size_t> dims(const std::vector<std::size_t>& sha
   return {shape.data(), shape.size()};
 }
 
-/// Bytes of `numel(shape)` elements of `to`, by the core's tensor byte-length rule
-/// (`ValidationOverflow` when that overflows, `MisalignedSlice` when it ends inside a byte).
+/// Bytes of `numel(shape)` elements of `to`: the size of a conversion's output.
 inline Expected<std::size_t> converted_bytes(const std::vector<std::size_t>& shape, Dtype to) {
-  return attempt(
-      [&](ffi::Status& st) { return ffi::converted_len(dims(shape), static_cast<std::uint8_t>(to), st); });
+  return byte_length("a converted " + std::string(to_string(to)) + " tensor", to, shape);
 }
 
 /// A new `to` tensor of `shape`, in a buffer the view owns, filled by `fill` (a bridge call
@@ -147,10 +147,20 @@ inline Status convert(const TensorView& src, Dtype to, std::span<std::byte> dst)
 
 template <class T>
 Expected<std::vector<T>> detail::converted_vector(const TensorView& src, Dtype to) {
+  // The source first: a view whose bytes disagree with its shape is named as such, before its
+  // shape sizes an allocation.
+  auto have = byte_length("the source tensor", src.dtype, src.shape);
+  if (have && *have != src.data.size()) {
+    return Status(ErrorKind::TensorInvalidInfo, "the source tensor holds " + std::to_string(src.data.size()) +
+                                                    " bytes but its dtype and shape make " +
+                                                    std::to_string(*have));
+  }
   auto len = converted_bytes(src.shape, to);
   if (!len) return len.status();
-  std::vector<T> out(*len / sizeof(T));
-  if (auto st = nothrow::convert(src, to, std::as_writable_bytes(std::span(out))); !st.ok()) return st;
+  auto out = checked_vector<T>(*len / sizeof(T), "a converted " + std::string(to_string(to)) + " tensor",
+                               "convert into a buffer of your own, in pieces");
+  if (!out) return out.status();
+  if (auto st = nothrow::convert(src, to, std::as_writable_bytes(std::span(*out))); !st.ok()) return st;
   return out;
 }
 
@@ -204,4 +214,4 @@ inline void convert(const TensorView& src, Dtype to, std::span<std::byte> dst) {
   return nothrow::dequantize_mxfp4(blocks, scales, to).value();
 }
 
-}  // namespace safetensors
+}  // namespace safetensors::inline SAFETENSORS_ABI

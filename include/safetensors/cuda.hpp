@@ -27,6 +27,8 @@
 // value (`nothrow::cuda::load`, `nothrow::cuda::make_uploader`, ...).
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -46,7 +48,7 @@
 #include "safetensors/safe_open.hpp"
 #include "safetensors/slice.hpp"
 
-namespace safetensors::cuda {
+namespace safetensors::inline SAFETENSORS_ABI::cuda {
 
 struct UploadOptions {
   /// Staging buffers (pinned host memory) and their size (0: the defaults, see above).
@@ -119,9 +121,9 @@ class DeviceTensors;
 class Uploader;
 struct DeviceTensor;
 
-}  // namespace safetensors::cuda
+}  // namespace safetensors::inline SAFETENSORS_ABI::cuda
 
-namespace safetensors::nothrow::cuda {
+namespace safetensors::inline SAFETENSORS_ABI::nothrow::cuda {
 using safetensors::cuda::Deliver;
 using safetensors::cuda::DeviceTensor;
 using safetensors::cuda::DeviceTensors;
@@ -174,6 +176,10 @@ Status synchronize(Uploader& uploader);
                                                UploadOptions options = {});
 /// `DeviceTensors::data` without exceptions.
 [[nodiscard]] Expected<void*> data(const DeviceTensors& tensors, std::string_view name);
+/// `DeviceTensors::at` without exceptions: a copy of `name`'s placement, or `TensorNotFound`.
+[[nodiscard]] Expected<Placement> at(const DeviceTensors& tensors, std::string_view name);
+/// `cuda::pinned_copy_seconds` without exceptions.
+[[nodiscard]] Expected<double> pinned_copy_seconds(std::size_t bytes, int device = 0);
 /// `Uploader::load` with a landing callback, without exceptions.
 ///
 ///   auto up = safetensors::nothrow::cuda::make_uploader(0);
@@ -204,9 +210,9 @@ Expected<std::size_t> stream(Uploader& uploader, const SafeOpen& file, std::span
 Expected<std::size_t> stream(Uploader& uploader, const Checkpoint& ckpt, std::span<const Request> requests,
                              std::size_t scratch_bytes, const OnLanded& on_landed,
                              LandingOptions options = {});
-}  // namespace safetensors::nothrow::cuda
+}  // namespace safetensors::inline SAFETENSORS_ABI::nothrow::cuda
 
-namespace safetensors::detail {
+namespace safetensors::inline SAFETENSORS_ABI::detail {
 /// A device ordinal for the bridge: a negative one is refused here, where its sign is still
 /// known (as a size_t it would name device 18446744073709551615).
 inline Expected<std::size_t> device_ordinal(int device) {
@@ -216,10 +222,10 @@ inline Expected<std::size_t> device_ordinal(int device) {
   }
   return static_cast<std::size_t>(device);
 }
-}  // namespace safetensors::detail
+}  // namespace safetensors::inline SAFETENSORS_ABI::detail
 
 // Building upload jobs: private, as every `rust::` type stays out of the public API.
-namespace safetensors::detail::cuda_jobs {
+namespace safetensors::inline SAFETENSORS_ABI::detail::cuda_jobs {
 using Job = ::rust::Box<ffi::UploadJob>;
 using cuda::Placement;
 using cuda::Request;
@@ -268,11 +274,11 @@ inline Expected<Job> job_for(const Checkpoint& ckpt, std::span<const Request> re
 
 /// Every placement, in one bridge call.
 inline std::vector<Placement> placements(const ffi::UploadJob& job);
-}  // namespace safetensors::detail::cuda_jobs
+}  // namespace safetensors::inline SAFETENSORS_ABI::detail::cuda_jobs
 
 // Streaming uploads: how the library calls a landing callback back, and how the throwing API
 // passes a callback's exception through the bridge, which never throws.
-namespace safetensors::detail::landing {
+namespace safetensors::inline SAFETENSORS_ABI::detail::landing {
 
 /// What one streaming upload's callback needs, and why it stopped the upload (`ok()`: it did
 /// not).
@@ -349,9 +355,9 @@ auto rethrowing(const cuda::OnLanded& on_landed, Call&& call) {
   return std::forward<Call>(call)(plain).value();
 #endif
 }
-}  // namespace safetensors::detail::landing
+}  // namespace safetensors::inline SAFETENSORS_ABI::detail::landing
 
-namespace safetensors::detail::cuda_jobs {
+namespace safetensors::inline SAFETENSORS_ABI::detail::cuda_jobs {
 inline std::vector<Placement> placements(const ffi::UploadJob& job) {
   auto raw = job.placements();
   std::vector<Placement> out;
@@ -363,9 +369,21 @@ inline std::vector<Placement> placements(const ffi::UploadJob& job) {
   }
   return out;
 }
-}  // namespace safetensors::detail::cuda_jobs
+}  // namespace safetensors::inline SAFETENSORS_ABI::detail::cuda_jobs
 
-namespace safetensors::cuda {
+namespace safetensors::inline SAFETENSORS_ABI::nothrow::cuda {
+/// `cuda::plan` without exceptions.
+template <class Source>
+requires std::is_same_v<Source, SafeOpen> || std::is_same_v<Source, Checkpoint>
+[[nodiscard]] Expected<std::pair<std::size_t, std::vector<Placement>>> plan(
+    const Source& from, std::span<const Request> requests = {}, UploadOptions options = {}) {
+  auto job = detail::cuda_jobs::job_for(from, requests, options.alignment);
+  if (!job) return job.status();
+  return std::pair{(*job)->total_bytes(), detail::cuda_jobs::placements(**job)};
+}
+}  // namespace safetensors::inline SAFETENSORS_ABI::nothrow::cuda
+
+namespace safetensors::inline SAFETENSORS_ABI::cuda {
 
 /// Where each requested tensor (every tensor when `requests` is empty) would go in one
 /// allocation, and the bytes it needs. Needs no GPU: use it to size your own buffer for
@@ -375,8 +393,7 @@ requires std::is_same_v<Source, SafeOpen> || std::is_same_v<Source, Checkpoint>
 [[nodiscard]] std::pair<std::size_t, std::vector<Placement>> plan(const Source& from,
                                                                   std::span<const Request> requests = {},
                                                                   UploadOptions options = {}) {
-  auto job = detail::cuda_jobs::job_for(from, requests, options.alignment).value();
-  return {job->total_bytes(), detail::cuda_jobs::placements(*job)};
+  return nothrow::cuda::plan(from, requests, options).value();
 }
 
 /// Whether this build has the CUDA path (the `SAFETENSORS_CUDA` option).
@@ -414,9 +431,7 @@ inline void copy_to_host(const void* src, std::span<std::byte> dst, int device =
 /// Seconds for one copy of `bytes` from pinned host memory to `device`: the link's practical
 /// limit, for benchmarks.
 [[nodiscard]] inline double pinned_copy_seconds(std::size_t bytes, int device = 0) {
-  auto ordinal = detail::device_ordinal(device).value();
-  return detail::attempt([&](ffi::Status& st) { return ffi::cuda_pinned_copy_seconds(ordinal, bytes, st); })
-      .value();
+  return nothrow::cuda::pinned_copy_seconds(bytes, device).value();
 }
 
 /// A device allocation this object owns (freed on destruction), unless released.
@@ -516,9 +531,9 @@ class DeviceTensors {
   std::unordered_map<std::string, std::size_t, NameHash, std::equal_to<>> index_;
 };
 
-}  // namespace safetensors::cuda
+}  // namespace safetensors::inline SAFETENSORS_ABI::cuda
 
-namespace safetensors::detail {
+namespace safetensors::inline SAFETENSORS_ABI::detail {
 template <>
 struct Access<cuda::DeviceTensors> {
   static cuda::DeviceTensors make(cuda::DeviceBuffer buffer, std::vector<cuda::Placement> placements) {
@@ -526,9 +541,17 @@ struct Access<cuda::DeviceTensors> {
   }
   /// Tensors a finished job put at device address `ptr`.
   static cuda::DeviceTensors make(std::uint64_t ptr, const ffi::UploadJob& job, int device) {
-    return make(cuda::DeviceBuffer(reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr)),
-                                   job.total_bytes(), device),
-                cuda_jobs::placements(job));
+    // The buffer owns the allocation before the placements are built: they allocate, and a
+    // failure there must free the device memory, not leak it.
+    cuda::DeviceBuffer buffer(reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr)), job.total_bytes(),
+                              device);
+    return make(std::move(buffer), cuda_jobs::placements(job));
+  }
+  /// The placement of `name`, or `TensorNotFound`.
+  static Expected<const cuda::Placement*> find(const cuda::DeviceTensors& t, std::string_view name) {
+    const auto* p = t.find(name);
+    if (p == nullptr) return cuda::DeviceTensors::not_uploaded(name);
+    return p;
   }
   static Expected<void*> data(const cuda::DeviceTensors& t, std::string_view name) {
     if (t.buffer_.data() == nullptr) {
@@ -542,9 +565,9 @@ struct Access<cuda::DeviceTensors> {
     return static_cast<void*>(static_cast<std::byte*>(t.buffer_.data()) + p->offset);
   }
 };
-}  // namespace safetensors::detail
+}  // namespace safetensors::inline SAFETENSORS_ABI::detail
 
-namespace safetensors::cuda {
+namespace safetensors::inline SAFETENSORS_ABI::cuda {
 
 /// Uploads to one device through a reusable pinned staging ring, allocated when it is made.
 /// Safe to share between threads; uploads through one `Uploader` take turns (they share one
@@ -670,9 +693,9 @@ class Uploader {
   std::shared_ptr<const ffi::Uploader> impl_;
 };
 
-}  // namespace safetensors::cuda
+}  // namespace safetensors::inline SAFETENSORS_ABI::cuda
 
-namespace safetensors::detail {
+namespace safetensors::inline SAFETENSORS_ABI::detail {
 template <>
 struct Access<cuda::Uploader> {
   static Expected<cuda::Uploader> make(int device, cuda::UploadOptions options) {
@@ -801,9 +824,9 @@ Expected<cuda::DeviceTensors> load_shared(int device, const From& from, std::spa
   return Access<cuda::DeviceTensors>::make(*ptr, **job, device);
 }
 }  // namespace cuda_jobs
-}  // namespace safetensors::detail
+}  // namespace safetensors::inline SAFETENSORS_ABI::detail
 
-namespace safetensors::cuda {
+namespace safetensors::inline SAFETENSORS_ABI::cuda {
 
 /// Whether `options` asks for the default ring (then one-shot calls share the device's uploader).
 [[nodiscard]] inline bool default_ring(const UploadOptions& o) noexcept {
@@ -835,9 +858,9 @@ struct DeviceTensor {
   return nothrow::cuda::to_device(file, name, device, options).value();
 }
 
-}  // namespace safetensors::cuda
+}  // namespace safetensors::inline SAFETENSORS_ABI::cuda
 
-namespace safetensors::nothrow::cuda {
+namespace safetensors::inline SAFETENSORS_ABI::nothrow::cuda {
 
 inline Expected<int> device_count() {
   auto n = detail::attempt([](ffi::Status& st) { return ffi::cuda_device_count(st); });
@@ -922,12 +945,28 @@ inline Expected<DeviceTensor> to_device(const SafeOpen& file, std::string_view n
     return load(*up, file, one);
   }();
   if (!loaded) return loaded.status();
-  auto p = loaded->placements().at(0);
+  if (loaded->placements().empty()) {
+    return Status(ErrorKind::Internal,
+                  "to_device(\"" + std::string(name) + "\"): the upload placed no tensor");
+  }
+  auto p = loaded->placements().front();
   return DeviceTensor{p.dtype, std::move(p.shape), loaded->release_buffer()};
 }
 
 inline Expected<void*> data(const DeviceTensors& tensors, std::string_view name) {
   return detail::Access<DeviceTensors>::data(tensors, name);
+}
+
+inline Expected<Placement> at(const DeviceTensors& tensors, std::string_view name) {
+  auto p = detail::Access<DeviceTensors>::find(tensors, name);
+  if (!p) return p.status();
+  return **p;
+}
+
+inline Expected<double> pinned_copy_seconds(std::size_t bytes, int device) {
+  auto ordinal = detail::device_ordinal(device);
+  if (!ordinal) return ordinal.status();
+  return detail::attempt([&](ffi::Status& st) { return ffi::cuda_pinned_copy_seconds(*ordinal, bytes, st); });
 }
 
 inline Expected<DeviceTensors> load(Uploader& uploader, const SafeOpen& file,
@@ -970,4 +1009,4 @@ inline Expected<std::size_t> stream(Uploader& uploader, const Checkpoint& ckpt,
   return detail::Access<Uploader>::stream(uploader, ckpt, requests, scratch_bytes, on_landed, options);
 }
 
-}  // namespace safetensors::nothrow::cuda
+}  // namespace safetensors::inline SAFETENSORS_ABI::nothrow::cuda

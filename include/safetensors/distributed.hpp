@@ -4,6 +4,8 @@
 // (`rust/core/src/distributed/plan.rs`); this header runs the reads and the collective.
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -19,7 +21,7 @@
 #include "safetensors/slice.hpp"
 #include "safetensors/tensor.hpp"
 
-namespace safetensors {
+namespace safetensors::inline SAFETENSORS_ABI {
 
 namespace detail {
 struct DeviceLoad;  // the device half of `LoadPlan::load` (safetensors/distributed_cuda.hpp)
@@ -175,4 +177,4 @@ class LoadPlan {
   std::vector<std::shared_ptr<const void>> owners_;  // keeps the files the plan reads open
 };
 
-}  // namespace safetensors
+}  // namespace safetensors::inline SAFETENSORS_ABI

@@ -7,6 +7,8 @@
 // MPI, an in-process or a user's host collective), and every copy is ordered on one stream.
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -17,7 +19,7 @@
 #include "safetensors/cuda.hpp"
 #include "safetensors/distributed.hpp"
 
-namespace safetensors::cuda {
+namespace safetensors::inline SAFETENSORS_ABI::cuda {
 
 /// How shared reads reach the ranks that need them.
 enum class Via {
@@ -36,9 +38,9 @@ struct DistributedOptions {
   std::size_t alignment = 256;
 };
 
-}  // namespace safetensors::cuda
+}  // namespace safetensors::inline SAFETENSORS_ABI::cuda
 
-namespace safetensors::detail {
+namespace safetensors::inline SAFETENSORS_ABI::detail {
 
 struct DeviceLoad {
   static cuda::DeviceTensors run(const LoadPlan& plan, Collective& c, const cuda::DistributedOptions& o) {
@@ -112,9 +114,9 @@ struct DeviceLoad {
   }
 };
 
-}  // namespace safetensors::detail
+}  // namespace safetensors::inline SAFETENSORS_ABI::detail
 
-namespace safetensors::cuda {
+namespace safetensors::inline SAFETENSORS_ABI::cuda {
 
 /// Runs this rank's share of `plan` (`c.rank()`: its reads and every broadcast, in which all
 /// ranks take part) and returns its tensors in one allocation on `options.device`, complete on
@@ -133,4 +135,4 @@ namespace safetensors::cuda {
   return detail::DeviceLoad::run(plan, c, options);
 }
 
-}  // namespace safetensors::cuda
+}  // namespace safetensors::inline SAFETENSORS_ABI::cuda

@@ -19,6 +19,8 @@
 // fp4 type codes exist from DLPack v1.1.
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <dlpack/dlpack.h>
 
 #include <cstddef>
@@ -37,7 +39,7 @@
 static_assert(DLPACK_MAJOR_VERSION >= 1,
               "safetensors/dlpack.hpp needs DLPack 1.0 or later (DLManagedTensorVersioned)");
 
-namespace safetensors {
+namespace safetensors::inline SAFETENSORS_ABI {
 
 /// Whether the DLPack header in use has type codes for the fp8, fp6 and fp4 formats (v1.1+).
 inline constexpr bool dlpack_has_narrow_floats = DLPACK_MAJOR_VERSION > 1 ||
@@ -135,25 +137,18 @@ struct DLPackExport {
   std::shared_ptr<const void> owner;
 };
 
-/// Why `bytes` cannot hold a tensor of `dtype` and `shape` (as the format sizes one: numel × bits
-/// / 8), if so; checked so that a bogus view or placement cannot lie to a consumer. `what` names
-/// it in the message.
+/// Why `bytes` cannot hold a tensor of `dtype` and `shape`, if so: checked so that a bogus view or
+/// placement cannot lie to a consumer. The size is the core's tensor byte-length rule; an
+/// element count that overflows is `ValidationOverflow` (and a dtype value outside `Dtype` is
+/// `TypeMismatch`), any other disagreement (bytes missing or left over, sub-byte elements that
+/// end inside a byte) `TensorInvalidInfo`. `what` names the tensor in the message.
 inline Status extent_error(Dtype dtype, const std::vector<std::size_t>& shape, std::size_t bytes,
                            std::string_view what) {
-  std::size_t bits = bit_size(dtype);
-  if (bits == 0) {
-    return Status(ErrorKind::TypeMismatch, "dtype value " + std::to_string(static_cast<unsigned>(dtype)) +
-                                               " is not a safetensors dtype");
-  }
-  std::size_t numel = 1;
-  for (auto d : shape) {
-    if (d != 0 && numel > SIZE_MAX / d) {
-      return Status(ErrorKind::ValidationOverflow,
-                    std::string(what) + "'s shape has more elements than fit in 64 bits");
-    }
-    numel *= d;
-  }
-  if (numel > SIZE_MAX / bits || numel * bits % 8 != 0 || numel * bits / 8 != bytes) {
+  auto want = byte_length(what, dtype, shape);
+  if (!want && want.status().kind() != ErrorKind::MisalignedSlice) return want.status();
+  if (!want || *want != bytes) {
+    std::size_t numel = 1;
+    for (auto d : shape) numel *= d;  // fits: the rule above counted the elements
     return Status(ErrorKind::TensorInvalidInfo, std::string(what) + " holds " + std::to_string(bytes) +
                                                     " bytes, which is not " + std::to_string(numel) +
                                                     " elements of " + std::string(to_string(dtype)));
@@ -253,6 +248,12 @@ inline Expected<DLPackTensor> nothrow::to_dlpack(cuda::DeviceTensor&& tensor) {
         ErrorKind::Internal,
         "to_dlpack: this DeviceTensor holds no device memory (its buffer was released or moved away)");
   }
+  // Checked before the buffer moves: a refused export leaves the caller's tensor as it was.
+  if (auto bad = detail::extent_error(tensor.dtype, tensor.shape, tensor.buffer.size(), "the device tensor");
+      !bad.ok()) {
+    return bad;
+  }
+  if (auto type = nothrow::dlpack_dtype(tensor.dtype); !type) return type.status();
   void* address = tensor.buffer.data();
   const std::size_t bytes = tensor.buffer.size();
   const int device = tensor.buffer.device();
@@ -295,4 +296,4 @@ inline Expected<DLPackTensor> nothrow::to_dlpack(cuda::DeviceTensor&& tensor) {
   return nothrow::to_dlpack(std::move(tensor)).value();
 }
 
-}  // namespace safetensors
+}  // namespace safetensors::inline SAFETENSORS_ABI

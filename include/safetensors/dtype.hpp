@@ -1,13 +1,15 @@
 // Element types, spelled exactly as in safetensors headers.
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string_view>
 
-namespace safetensors {
+namespace safetensors::inline SAFETENSORS_ABI {
 
 /// A tensor's element type. The enumerators are in the format's order (also its alignment
 /// order); their values match the Rust core's, which the bridge relies on.
@@ -68,4 +70,4 @@ inline constexpr std::array<std::uint8_t, dtype_count> dtype_bits = {
   return i < dtype_count ? detail::dtype_bits[i] : 0;
 }
 
-}  // namespace safetensors
+}  // namespace safetensors::inline SAFETENSORS_ABI

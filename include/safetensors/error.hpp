@@ -9,6 +9,8 @@
 // there: use the nothrow functions in such programs.
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -22,7 +24,7 @@
 #include <type_traits>
 #include <utility>
 
-namespace safetensors {
+namespace safetensors::inline SAFETENSORS_ABI {
 
 /// What went wrong. The values match the Rust core's error kinds; see the README for when each
 /// one happens.
@@ -94,8 +96,11 @@ class [[nodiscard]] Status {
  public:
   /// Success.
   Status() = default;
-  /// An error of `kind`.
-  Status(ErrorKind kind, std::string message) : failed_(true), kind_(kind), message_(std::move(message)) {}
+  /// An error of `kind`. A NUL in `message` (a tensor name or path may hold one) is written as
+  /// the two characters `\0`, so that the message is whole as a C string too (`c_str()`,
+  /// `Error::what()`), and both faces of an error carry the same text.
+  Status(ErrorKind kind, std::string message)
+      : failed_(true), kind_(kind), message_(without_nul(std::move(message))) {}
 
   [[nodiscard]] bool ok() const noexcept { return !failed_; }
   explicit operator bool() const noexcept { return ok(); }
@@ -109,6 +114,12 @@ class [[nodiscard]] Status {
   void throw_if_error() const;
 
  private:
+  static std::string without_nul(std::string text) {
+    for (auto at = text.find('\0'); at != std::string::npos; at = text.find('\0', at + 2))
+      text.replace(at, 1, "\\0");
+    return text;
+  }
+
   bool failed_ = false;
   ErrorKind kind_ = ErrorKind::Internal;
   std::string message_;
@@ -121,23 +132,17 @@ class [[nodiscard]] Status {
 ///   catch (const safetensors::Error& e) { if (e.kind() == ErrorKind::Io) ...; }
 class Error : public std::runtime_error {
  public:
-  /// A NUL in `message` (a tensor name or path may hold one) is written `\0`: `what()` is a C
-  /// string, and would otherwise end there.
-  Error(ErrorKind kind, const std::string& message) : std::runtime_error(whole(message)), kind_(kind) {}
+  /// A NUL in `message` (a tensor name or path may hold one) is written `\0`, as `Status` writes
+  /// it: `what()` is a C string, and would otherwise end there.
+  Error(ErrorKind kind, const std::string& message) : Error(Status(kind, message)) {}
   /// The exception for an error `Status` (one that is not `ok()`).
-  explicit Error(const Status& status) : Error(status.kind(), status.message()) {}
+  explicit Error(const Status& status) : std::runtime_error(status.message()), kind_(status.kind()) {}
 
   [[nodiscard]] ErrorKind kind() const noexcept { return kind_; }
   /// The same error as a value.
   [[nodiscard]] Status status() const { return Status(kind_, what()); }
 
  private:
-  static std::string whole(std::string text) {
-    for (auto at = text.find('\0'); at != std::string::npos; at = text.find('\0', at + 2))
-      text.replace(at, 1, "\\0");
-    return text;
-  }
-
   ErrorKind kind_;
 };
 
@@ -148,11 +153,12 @@ namespace detail {
 #if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
   throw Error(status);
 #else
+  const auto kind = to_string(status.kind());
   std::fprintf(stderr,
                "safetensors: %.*s error in a program built without exceptions (use the "
-               "safetensors::nothrow API there): %s\n",
-               static_cast<int>(to_string(status.kind()).size()), to_string(status.kind()).data(),
-               status.message().c_str());
+               "safetensors::nothrow API there): %.*s\n",
+               static_cast<int>(kind.size()), kind.data(), static_cast<int>(status.message().size()),
+               status.message().data());
   std::abort();
 #endif
 }
@@ -212,7 +218,9 @@ class [[nodiscard]] Expected {
     check();
     return *value_;
   }
-  [[nodiscard]] T&& value() && {
+  /// On a temporary: the value moved out, by value (a reference would dangle in `for (auto& x :
+  /// *nothrow::keys(f))`).
+  [[nodiscard]] T value() && {
     check();
     return std::move(*value_);
   }
@@ -221,11 +229,15 @@ class [[nodiscard]] Expected {
   [[nodiscard]] T value_or(U&& fallback) const& {
     return value_ ? *value_ : static_cast<T>(std::forward<U>(fallback));
   }
+  template <class U>
+  [[nodiscard]] T value_or(U&& fallback) && {
+    return value_ ? std::move(*value_) : static_cast<T>(std::forward<U>(fallback));
+  }
 
   /// The value; like `value()`, it never hands out a missing one.
   [[nodiscard]] T& operator*() & { return value(); }
   [[nodiscard]] const T& operator*() const& { return value(); }
-  [[nodiscard]] T&& operator*() && { return std::move(*this).value(); }
+  [[nodiscard]] T operator*() && { return std::move(*this).value(); }
   [[nodiscard]] T* operator->() { return &value(); }
   [[nodiscard]] const T* operator->() const { return &value(); }
 
@@ -238,4 +250,4 @@ class [[nodiscard]] Expected {
   Status status_;
 };
 
-}  // namespace safetensors
+}  // namespace safetensors::inline SAFETENSORS_ABI

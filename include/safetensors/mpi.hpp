@@ -3,6 +3,8 @@
 // package found MPI).
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 // The C API only: Open MPI's and MPICH's deprecated C++ bindings would need their own library.
 #ifndef OMPI_SKIP_MPICXX
 #define OMPI_SKIP_MPICXX 1
@@ -23,7 +25,7 @@
 #include "safetensors/collective.hpp"
 #include "safetensors/error.hpp"
 
-namespace safetensors {
+namespace safetensors::inline SAFETENSORS_ABI {
 
 /// A `Collective` on an MPI communicator (not owned; `MPI_COMM_WORLD` by default). MPI must be
 /// initialised before and finalised after its use.
@@ -95,4 +97,4 @@ class MpiCollective final : public Collective {
   std::size_t size_ = 0;
 };
 
-}  // namespace safetensors
+}  // namespace safetensors::inline SAFETENSORS_ABI

@@ -3,6 +3,8 @@
 // error naming the library.
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <dlfcn.h>
 
 #include <array>
@@ -14,7 +16,7 @@
 #include "safetensors/collective.hpp"
 #include "safetensors/error.hpp"
 
-namespace safetensors {
+namespace safetensors::inline SAFETENSORS_ABI {
 
 /// The NCCL entry points this library uses, resolved from a shared library at run time. The
 /// signatures are NCCL's public C API (nccl.h, NCCL 2.x): `ncclResult_t` is an int, the
@@ -132,4 +134,4 @@ class NcclCollective final : public Collective {
   bool owned_ = false;
 };
 
-}  // namespace safetensors
+}  // namespace safetensors::inline SAFETENSORS_ABI

@@ -1,9 +1,11 @@
 // Options for opening files and checkpoints.
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <cstdint>
 
-namespace safetensors {
+namespace safetensors::inline SAFETENSORS_ABI {
 
 /// How tensor bytes are reached.
 enum class Backend : std::uint8_t {
@@ -40,4 +42,4 @@ struct CheckpointOptions {
   bool lenient = false;
 };
 
-}  // namespace safetensors
+}  // namespace safetensors::inline SAFETENSORS_ABI

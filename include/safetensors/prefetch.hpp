@@ -2,6 +2,8 @@
 // reading them, and access hints for mapped files.
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -13,7 +15,7 @@
 #include "safetensors/request.hpp"
 #include "safetensors/safe_open.hpp"
 
-namespace safetensors {
+namespace safetensors::inline SAFETENSORS_ABI {
 
 /// How a prefetch runs.
 struct PrefetchOptions {
@@ -223,4 +225,4 @@ inline Status nothrow::advise(const SafeOpen& file, std::span<const Request> req
   return detail::Access<Prefetch>::advise(file, requests, advice);
 }
 
-}  // namespace safetensors
+}  // namespace safetensors::inline SAFETENSORS_ABI

@@ -2,6 +2,8 @@
 // checkpoint, optionally pinned to one shard.
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <cstddef>
 #include <optional>
 #include <span>
@@ -11,7 +13,7 @@
 #include "safetensors/detail/bridge.hpp"
 #include "safetensors/slice.hpp"
 
-namespace safetensors {
+namespace safetensors::inline SAFETENSORS_ABI {
 
 /// One tensor to read, whole or a selection of it, for `prefetch`, `advise` and `TensorStream`.
 /// A selection reads (and delivers) exactly what `get_slice(name).select(select).read()` gives:
@@ -55,4 +57,4 @@ inline Expected<::rust::Box<ffi::RequestList>> request_list(
 }
 }  // namespace detail
 
-}  // namespace safetensors
+}  // namespace safetensors::inline SAFETENSORS_ABI

@@ -1,6 +1,8 @@
 // Opening a safetensors file and reading tensors from it.
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -20,7 +22,7 @@
 #include "safetensors/slice.hpp"
 #include "safetensors/tensor.hpp"
 
-namespace safetensors {
+namespace safetensors::inline SAFETENSORS_ABI {
 
 class SafeOpen;
 
@@ -288,4 +290,4 @@ inline Status nothrow::read_data(const SafeOpen& file, std::size_t offset, std::
   return (*src)->read_data(offset, dst);
 }
 
-}  // namespace safetensors
+}  // namespace safetensors::inline SAFETENSORS_ABI

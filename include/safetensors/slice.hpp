@@ -1,6 +1,8 @@
 // Slicing tensors without reading what is not selected: for tensor parallelism.
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -20,7 +22,7 @@
 #include "safetensors/detail/source.hpp"
 #include "safetensors/tensor.hpp"
 
-namespace safetensors {
+namespace safetensors::inline SAFETENSORS_ABI {
 
 class LoadPlan;  // include/safetensors/distributed.hpp
 class Selection;
@@ -375,4 +377,4 @@ inline Expected<TensorView> nothrow::read_as(const Selection& selection, Dtype t
   return nothrow::convert(*view, to);
 }
 
-}  // namespace safetensors
+}  // namespace safetensors::inline SAFETENSORS_ABI

@@ -3,6 +3,8 @@
 // it arrives and cannot hold the checkpoint and its transformed copy together.
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -34,7 +36,7 @@
 #include <sanitizer/tsan_interface.h>
 #endif
 
-namespace safetensors {
+namespace safetensors::inline SAFETENSORS_ABI {
 
 /// How a `TensorStream` runs.
 struct StreamOptions {
@@ -331,4 +333,4 @@ inline Expected<std::optional<StreamItem>> nothrow::next(TensorStream& stream) {
   return detail::Access<TensorStream>::next(stream);
 }
 
-}  // namespace safetensors
+}  // namespace safetensors::inline SAFETENSORS_ABI

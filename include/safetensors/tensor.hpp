@@ -1,6 +1,8 @@
 // Tensor descriptions and views.
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <complex>
 #include <cstddef>
 #include <cstdint>
@@ -14,7 +16,7 @@
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
 
-namespace safetensors {
+namespace safetensors::inline SAFETENSORS_ABI {
 
 /// A tensor's description from the header; reading it touches no tensor data.
 struct TensorInfo {
@@ -174,4 +176,4 @@ Expected<std::span<const T>> nothrow::as(const TensorView& view) {
   }
 }
 
-}  // namespace safetensors
+}  // namespace safetensors::inline SAFETENSORS_ABI

@@ -3,6 +3,8 @@
 // (`rust/core/src/distributed/tp.rs`); these helpers ask it once and return ordinary selections.
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -12,7 +14,7 @@
 #include "safetensors/detail/bridge.hpp"
 #include "safetensors/slice.hpp"
 
-namespace safetensors {
+namespace safetensors::inline SAFETENSORS_ABI {
 
 /// How a dimension the world may not divide is split.
 enum class Split : std::uint8_t {
@@ -116,4 +118,4 @@ inline ffi::TpRule tp_rule(std::uint8_t kind, std::size_t rank, std::size_t worl
   return {part(3), part(4), part(5)};
 }
 
-}  // namespace safetensors
+}  // namespace safetensors::inline SAFETENSORS_ABI

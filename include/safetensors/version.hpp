@@ -12,6 +12,8 @@
 // "undefined reference to `safetensors_library_v0_1_0'" instead of misbehaving at run time.
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <cstdint>
 #include <string>
 
@@ -35,7 +37,7 @@
 /// Defined by the library (rust/cxx): its version packed as `major << 16 | minor << 8 | patch`.
 extern "C" std::uint32_t SAFETENSORS_DETAIL_LIBRARY_VERSION();
 
-namespace safetensors {
+namespace safetensors::inline SAFETENSORS_ABI {
 
 /// A release number.
 struct Version {
@@ -69,4 +71,4 @@ namespace detail {
 inline const std::uint32_t linked_library_version = SAFETENSORS_DETAIL_LIBRARY_VERSION();
 }  // namespace detail
 
-}  // namespace safetensors
+}  // namespace safetensors::inline SAFETENSORS_ABI

@@ -1,6 +1,8 @@
 // Writing safetensors files from C++.
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -18,12 +20,13 @@
 #include <utility>
 #include <vector>
 
+#include "safetensors/detail/allocate.hpp"
 #include "safetensors/detail/bridge.hpp"
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
 #include "safetensors/tensor.hpp"
 
-namespace safetensors {
+namespace safetensors::inline SAFETENSORS_ABI {
 
 /// Metadata written as `__metadata__`: string keys to string values. Empty means none, unless
 /// `SaveOptions::empty_metadata` asks for an empty `__metadata__` object.
@@ -157,26 +160,6 @@ Expected<::rust::Box<ffi::Writer>> make_writer(R&& tensors, const Metadata& meta
 
 using TensorList = std::initializer_list<std::pair<std::string_view, TensorView>>;
 
-/// Memory for `n` bytes the caller asked for, as a typed error when it cannot be had. (In a
-/// program built without exceptions, a `std::vector` that cannot get its memory aborts, as
-/// every standard container does there; only sizes beyond what a vector can hold are caught.)
-inline Expected<std::vector<std::byte>> byte_vector(std::size_t n, std::string_view what) {
-  const Status failed(ErrorKind::Io, "cannot allocate " + std::to_string(n) + " bytes for " +
-                                         std::string(what) +
-                                         " (out of memory); write to a file with save_file instead");
-  if (n > std::vector<std::byte>().max_size()) return failed;
-#if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
-  try {
-    return std::vector<std::byte>(n);
-  } catch (const std::bad_alloc&) {
-  } catch (const std::length_error&) {
-  }
-  return failed;
-#else
-  return std::vector<std::byte>(n);
-#endif
-}
-
 }  // namespace detail
 
 namespace nothrow {
@@ -191,7 +174,8 @@ template <NamedTensorRange R>
   // Laid out once: `prepare` checks everything and keeps the layout that `write_into` writes.
   auto len = detail::attempt([&](ffi::Status& st) { return (*writer)->prepare(st); });
   if (!len) return len.status();
-  auto out = detail::byte_vector(*len, "the serialized file");
+  auto out = detail::checked_vector<std::byte>(*len, "the serialized file",
+                                               "write to a file with save_file instead");
   if (!out) return out.status();
   ::rust::Slice<std::uint8_t> dst{reinterpret_cast<std::uint8_t*>(out->data()), out->size()};
   if (auto st = detail::attempt([&](ffi::Status& s) { (*writer)->write_into(dst, s); }); !st.ok()) return st;
@@ -256,4 +240,4 @@ inline void save_file(const std::filesystem::path& path, detail::TensorList tens
   save_file<const detail::TensorList&>(path, tensors, metadata, options);
 }
 
-}  // namespace safetensors
+}  // namespace safetensors::inline SAFETENSORS_ABI

@@ -210,6 +210,24 @@ TEST(CudaGpu, TheNothrowFacesLoadTheSameBytesAndReportTheSameErrors) {
   std::vector<cuda::Request> bad_slice{{"t4", {SIZE_MAX}}};
   EXPECT_EQ(nc::load(*up, f, bad_slice).status().kind(), ErrorKind::InvalidSlice);
   EXPECT_EQ(nc::data(*part, "nope").status().kind(), ErrorKind::TensorNotFound);
+  auto at = nc::at(*part, "t1");
+  ASSERT_TRUE(at) << at.status().message();
+  EXPECT_EQ(at->offset, part->at("t1").offset);
+  EXPECT_EQ(at->byte_size, f.get_tensor("t1").data.size());
+  test::expect_same(nc::at(*part, "nope").status(), test::thrown([&] { (void)part->at("nope"); }));
+  auto planned = nc::plan(f, req);
+  ASSERT_TRUE(planned) << planned.status().message();
+  EXPECT_EQ(planned->first, cuda::plan(f, req).first);
+  ASSERT_EQ(planned->second.size(), part->placements().size());
+  for (std::size_t i = 0; i < planned->second.size(); ++i) {
+    EXPECT_EQ(planned->second[i].offset, part->placements()[i].offset) << planned->second[i].name;
+  }
+  test::expect_same(nc::plan(f, missing).status(), test::thrown([&] { (void)cuda::plan(f, missing); }));
+  auto seconds = nc::pinned_copy_seconds(1u << 20);
+  ASSERT_TRUE(seconds) << seconds.status().message();
+  EXPECT_GT(*seconds, 0.0);
+  test::expect_same(nc::pinned_copy_seconds(1u << 20, -1).status(),
+                    test::thrown([] { (void)cuda::pinned_copy_seconds(1u << 20, -1); }));
   auto released = std::move(*part).release_buffer();
   EXPECT_EQ(nc::data(*part, "t4").status().kind(), ErrorKind::Internal);  // NOLINT: after release
   auto moved = std::move(*up);

@@ -157,6 +157,12 @@ TEST(DLPackDevice, MissingTensorsReleasedBuffersAndNullHandlesAreTypedErrors) {
   EXPECT_EQ(safetensors::nothrow::to_dlpack(released, "a").status().kind(), ErrorKind::Internal);
   cuda::DeviceTensor empty;
   EXPECT_EQ(safetensors::nothrow::to_dlpack(std::move(empty)).status().kind(), ErrorKind::Internal);
+  // A refused export leaves the tensor's allocation with the caller.
+  auto one = cuda::to_device(f, "c");
+  one.shape = {100};
+  void* before = one.buffer.data();
+  EXPECT_EQ(safetensors::nothrow::to_dlpack(std::move(one)).status().kind(), ErrorKind::TensorInvalidInfo);
+  EXPECT_EQ(one.buffer.data(), before);  // NOLINT: not moved from, since the export was refused
 }
 
 TEST(DLPackDevice, TensorsOnASecondDeviceCarryItsOrdinal) {

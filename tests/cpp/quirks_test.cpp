@@ -24,16 +24,7 @@ using safetensors::TensorView;
 
 namespace {
 
-template <class F>
-ErrorKind kind_of(F&& f) {
-  try {
-    f();
-  } catch (const safetensors::Error& e) {
-    return e.kind();
-  }
-  ADD_FAILURE() << "no error";
-  return ErrorKind::Internal;
-}
+using test::kind_of;
 
 /// A file of U8 [4] tensors filled with `fill`.
 std::vector<std::byte> file_of(const std::vector<std::string>& names, std::uint8_t fill) {

@@ -19,26 +19,14 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace test {
 
 namespace fs = std::filesystem;
 
-/// The kind of the `safetensors::Error` that `f` throws (a test failure if it throws none).
-template <class F>
-safetensors::ErrorKind kind_of(F&& f) {
-  try {
-    f();
-  } catch (const safetensors::Error& e) {
-    return e.kind();
-  }
-  ADD_FAILURE() << "no safetensors::Error thrown";
-  return safetensors::ErrorKind::Internal;
-}
-
-/// The error `f` throws, as a Status (ok when it throws nothing): to set beside what the nothrow
-/// twin of the same call returns.
+/// The error `f` throws, as a value (`ok()` when it throws none).
 template <class F>
 safetensors::Status thrown(F&& f) {
   try {
@@ -47,6 +35,14 @@ safetensors::Status thrown(F&& f) {
     return e.status();
   }
   return {};
+}
+
+/// The kind of the `safetensors::Error` that `f` throws (a test failure if it throws none).
+template <class F>
+safetensors::ErrorKind kind_of(F&& f) {
+  auto status = thrown(std::forward<F>(f));
+  if (status.ok()) ADD_FAILURE() << "no safetensors::Error thrown";
+  return status.kind();
 }
 
 /// Both faces of one call agree: the nothrow status equals what the throwing call throws.

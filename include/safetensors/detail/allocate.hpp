@@ -1,6 +1,9 @@
 // Private: memory for bytes copied out of a file (read backend, slices, conversions, rank
-// buffers): aligned, backed by huge pages when large, and an `Io` error when it cannot be had.
+// buffers): aligned, backed by huge pages when large, and an `Io` error when it cannot be had;
+// and vectors sized by a file or a caller, likewise.
 #pragma once
+
+#include "safetensors/abi.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -8,6 +11,7 @@
 #include <new>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -15,7 +19,7 @@
 
 #include "safetensors/error.hpp"
 
-namespace safetensors::detail {
+namespace safetensors::inline SAFETENSORS_ABI::detail {
 
 /// An uninitialised buffer, owned by a `shared_ptr`, for bytes copied out of a file (read
 /// backend, slices): 64-byte aligned, and for large buffers on Linux 2 MiB aligned and backed by
@@ -55,4 +59,28 @@ inline Expected<std::shared_ptr<std::byte[]>> allocate_bytes(std::size_t n, std:
   return std::shared_ptr<std::byte[]>(p, [align](std::byte* q) { ::operator delete[](q, align); });
 }
 
-}  // namespace safetensors::detail
+/// A `std::vector` of `n` elements, as a typed `Io` error (naming `what` and the size, with
+/// `advice`) when it cannot be had, never `std::bad_alloc`. (In a program built without
+/// exceptions a vector that cannot get its memory aborts, as every standard container does
+/// there; only sizes beyond what a vector can hold are caught.)
+template <class T>
+Expected<std::vector<T>> checked_vector(std::size_t n, std::string_view what, std::string_view advice) {
+  const std::string size = sizeof(T) == 1
+                               ? std::to_string(n) + " bytes"
+                               : std::to_string(n) + " elements of " + std::to_string(sizeof(T)) + " bytes";
+  const Status failed(ErrorKind::Io, "cannot allocate " + size + " for " + std::string(what) +
+                                         " (out of memory); " + std::string(advice));
+  if (n > std::vector<T>().max_size()) return failed;
+#if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
+  try {
+    return std::vector<T>(n);
+  } catch (const std::bad_alloc&) {
+  } catch (const std::length_error&) {
+  }
+  return failed;
+#else
+  return std::vector<T>(n);
+#endif
+}
+
+}  // namespace safetensors::inline SAFETENSORS_ABI::detail

@@ -1,6 +1,8 @@
 // Private: the generated bridge and the helpers that keep its types out of the public API.
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -11,12 +13,13 @@
 #include <utility>
 #include <vector>
 
+#include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
 #include "safetensors/ffi/lib.rs.h"
 #include "safetensors/ffi/rust/cxx.h"
 #include "safetensors/version.hpp"
 
-namespace safetensors::detail {
+namespace safetensors::inline SAFETENSORS_ABI::detail {
 
 /// The outcome a bridge call reported through its `ffi::Status`.
 inline Status status_of(const ffi::Status& s) {
@@ -72,6 +75,17 @@ inline std::string_view view(::rust::Str s) {
   return {s.data(), s.size()};
 }
 
+/// Bytes a tensor `name` of `dtype` and `shape` takes, by the core's tensor byte-length rule
+/// (`ValidationOverflow` when that overflows, `MisalignedSlice` when sub-byte elements end inside
+/// a byte, `TypeMismatch` for a dtype value outside `Dtype`).
+inline Expected<std::size_t> byte_length(std::string_view name, Dtype dtype,
+                                         const std::vector<std::size_t>& shape) {
+  ::rust::Slice<const std::size_t> dims{shape.data(), shape.size()};
+  return attempt([&](ffi::Status& st) {
+    return ffi::tensor_byte_len(bytes(name), static_cast<std::uint8_t>(dtype), dims, st);
+  });
+}
+
 // Copy out of `rust::Slice` through data() and size(), never its iterators: instantiating their
 // arithmetic trips -Wsign-conversion inside cxx.h, which would break users building with
 // -Wconversion -Werror.
@@ -96,4 +110,4 @@ std::shared_ptr<const T> share(::rust::Box<T> box) {
                                   [](const T* p) { ::rust::Box<T>::from_raw(const_cast<T*>(p)); });
 }
 
-}  // namespace safetensors::detail
+}  // namespace safetensors::inline SAFETENSORS_ABI::detail

@@ -1,6 +1,8 @@
 // Private: reading tensors from one open file, shared by SafeOpen and checkpoint shards.
 #pragma once
 
+#include "safetensors/abi.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -14,7 +16,7 @@
 #include "safetensors/detail/bridge.hpp"
 #include "safetensors/tensor.hpp"
 
-namespace safetensors::detail {
+namespace safetensors::inline SAFETENSORS_ABI::detail {
 
 /// The private door of a public type `T` (`SafeOpen`, `Checkpoint`, `Slice`, `Selection`,
 /// `Index`, ...): specialised right after `T`, and used by the `nothrow::` functions and by
@@ -106,4 +108,4 @@ struct Source {
   }
 };
 
-}  // namespace safetensors::detail
+}  // namespace safetensors::inline SAFETENSORS_ABI::detail

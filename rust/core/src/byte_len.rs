@@ -13,8 +13,13 @@ pub(crate) fn checked_numel(shape: &[usize]) -> Option<usize> {
     shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
 }
 
-/// Bytes taken by tensor `tensor` of `dtype` and `shape`.
-pub(crate) fn tensor_byte_len(tensor: &str, dtype: Dtype, shape: &[usize]) -> Result<usize> {
+/// Bytes taken by tensor `tensor` of `dtype` and `shape` (`tensor` names it in errors).
+///
+/// ```
+/// use safetensors_core::{tensor_byte_len, Dtype};
+/// assert_eq!(tensor_byte_len("w", Dtype::F4, &[2, 3]).unwrap(), 3);
+/// ```
+pub fn tensor_byte_len(tensor: &str, dtype: Dtype, shape: &[usize]) -> Result<usize> {
     let overflow = || Error::ValidationOverflow {
         tensor: tensor.to_owned(),
         shape: shape.to_vec(),

@@ -12,7 +12,8 @@
 //! - `error.rs`: the one error enum and its messages; `dtype.rs`: the element types;
 //! - `file.rs` (with `direct.rs`): opening files and reading bytes; `view.rs`: files in memory;
 //! - `slice.rs`: slice plans; `writer.rs` (with `writer/atomic.rs`): writing;
-//! - `checkpoint.rs`: sharded checkpoints; `convert/`: dtype conversion and dequantization;
+//! - `checkpoint/`: sharded checkpoints (the index file, shard paths, lazy shards);
+//! - `convert/`: dtype conversion and dequantization;
 //! - `distributed/`: tensor-parallel rules and multi-rank plans; `upload.rs`: the staged upload
 //!   ring (CUDA lives in `rust/cuda`); `request.rs` (what to read, from a file, a checkpoint or
 //!   several files), `prefetch.rs` and `stream.rs`: cold loads.
@@ -46,6 +47,7 @@ pub mod upload;
 mod view;
 mod writer;
 
+pub use byte_len::tensor_byte_len;
 pub use checkpoint::{Checkpoint, CheckpointOptions};
 pub use direct::{AlignedBuf, DIRECT_ALIGN};
 pub use dtype::{Dtype, UnknownDtype};

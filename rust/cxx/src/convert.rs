@@ -34,9 +34,12 @@ pub fn convert_tensor(
     })
 }
 
-pub fn converted_len(shape: &[usize], to: u8, status: &mut Status) -> usize {
+/// The tensor byte-length rule for C++ (conversion outputs, DLPack exports): `name` is for
+/// messages; a dtype value outside the enumeration is `TypeMismatch`.
+pub fn tensor_byte_len(name: &[u8], dtype: u8, shape: &[usize], status: &mut Status) -> usize {
     guard(status, || {
-        convert::output_len(shape, convert::dtype_to_convert(to)?)
+        let dtype = convert::dtype_to_convert(dtype)?;
+        safetensors_core::tensor_byte_len(&String::from_utf8_lossy(name), dtype, shape)
     })
 }
 

@@ -28,7 +28,7 @@ use safetensors_core::{Dtype, ErrorKind};
 
 pub use checkpoint::{open_checkpoint, Checkpoint};
 pub use convert::{
-    convert_tensor, converted_len, dequantize_fp8_blocks, dequantize_mxfp4, mxfp4_output_shape,
+    convert_tensor, dequantize_fp8_blocks, dequantize_mxfp4, mxfp4_output_shape, tensor_byte_len,
 };
 pub use cuda::{
     cuda_built, cuda_device_count, cuda_device_name, cuda_download, cuda_free,
@@ -609,8 +609,8 @@ mod ffi {
             dst: &mut [u8],
             status: &mut Status,
         );
-        /// Bytes the elements of `shape` take as `to` (the tensor byte-length rule).
-        fn converted_len(shape: &[usize], to: u8, status: &mut Status) -> usize;
+        /// Bytes a tensor `name` of `dtype` and `shape` takes (the tensor byte-length rule).
+        fn tensor_byte_len(name: &[u8], dtype: u8, shape: &[usize], status: &mut Status) -> usize;
         /// DeepSeek-V3 style: a 2-D weight times its per-block scales, into `to`.
         #[allow(clippy::too_many_arguments)]
         fn dequantize_fp8_blocks(

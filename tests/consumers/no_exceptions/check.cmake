@@ -1,6 +1,7 @@
 # Runs both builds of hostile_kinds over the corpus and requires the same outcome, line by line,
-# from the nothrow API as from the throwing one; and that the program built without exceptions
-# references no `__cxa_throw` (nothing in it, or in what it links from the library, throws).
+# from the nothrow API as from the throwing one; that the program built without exceptions
+# references no `__cxa_throw` (nothing in it, or in what it links from the library, throws); and
+# that mixed_modes, one program of files built with and without exceptions, works in both.
 # -DBUILD=<consumer build dir> -DCORPUS=<hostile corpus dir> -DNM=<nm>
 foreach(api nothrow throwing)
   execute_process(COMMAND "${BUILD}/hostile_kinds_${api}" "${CORPUS}" RESULT_VARIABLE rc OUTPUT_VARIABLE out_${api}
@@ -32,3 +33,9 @@ if(symbols MATCHES "__cxa_throw")
   message(FATAL_ERROR "hostile_kinds_nothrow, built with -fno-exceptions, references __cxa_throw")
 endif()
 message(STATUS "hostile_kinds_nothrow references no __cxa_throw")
+execute_process(COMMAND "${BUILD}/mixed_modes" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "mixed_modes (files built with and without exceptions in one program) failed (${rc}): "
+                      "${out}${err}")
+endif()
+message(STATUS "${out}")

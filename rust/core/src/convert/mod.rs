@@ -73,13 +73,6 @@ pub fn dtype_to_convert(value: u8) -> Result<Dtype> {
     })
 }
 
-/// Bytes the elements of `shape` take as `to`: the size of a conversion's output buffer, by
-/// the tensor byte-length rule (`ValidationOverflow` when it does not fit, `MisalignedSlice`
-/// when F4 or F6 elements end inside a byte).
-pub fn output_len(shape: &[usize], to: Dtype) -> Result<usize> {
-    crate::byte_len::tensor_byte_len(&format!("({to} conversion output)"), to, shape)
-}
-
 /// Number of elements of `shape`, checked.
 pub(crate) fn numel(dtype: Dtype, shape: &[usize]) -> Result<usize> {
     checked_numel(shape).ok_or_else(|| Error::ValidationOverflow {

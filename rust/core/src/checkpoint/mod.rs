@@ -20,21 +20,19 @@
 //! assign it to (shards reused between checkpoints) is ignored. A shard *file* that does not
 //! exist is still `ShardMissing` at open: that is a broken download, not a quirk.
 
+mod index;
+mod paths;
+
 use std::collections::BTreeMap;
-use std::fmt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
-use serde_json::value::RawValue;
 
 use crate::error::{Error, Result};
 use crate::file::{read_regular, Backend, OpenOptions, SafeFile};
 use crate::header::TensorInfo;
-
-/// Index files are small (a name and a file name per tensor); refuse absurd ones before reading.
-const MAX_INDEX_SIZE: u64 = 256 * 1024 * 1024;
+use index::{parse_index, MAX_INDEX_SIZE};
+use paths::{check_shard_file, confined, index_dir, is_index_path};
 
 /// Options for [`Checkpoint::open_with`]. The default is strict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -159,13 +157,7 @@ impl Checkpoint {
 
     fn from_index_inner(path: &Path, options: CheckpointOptions) -> Result<Checkpoint> {
         let text = read_regular(path, "a checkpoint index", MAX_INDEX_SIZE)?;
-        let index: IndexFile = serde_json::from_slice(&text).map_err(|e| Error::InvalidIndex {
-            reason: e.to_string(),
-        })?;
-        let weight_map = index.weight_map.ok_or_else(|| Error::InvalidIndex {
-            reason: "no `weight_map` object".into(),
-        })?;
-        let metadata = index.metadata.map(unique_metadata).transpose()?;
+        let (metadata, weight_map) = parse_index(&text)?;
         let dir = index_dir(path)?;
         let mut shard_ids: BTreeMap<PathBuf, u32> = BTreeMap::new();
         let mut shards = Vec::new();
@@ -406,244 +398,5 @@ impl Checkpoint {
             }
         }
         Ok(())
-    }
-}
-
-/// Whether `path` names an index: its extension is `json` in any case (`*.JSON` included).
-fn is_index_path(path: &Path) -> bool {
-    path.extension()
-        .is_some_and(|e| e.as_encoded_bytes().eq_ignore_ascii_case(b"json"))
-}
-
-/// The directory the index's shard paths are relative to, made absolute now: resolving them
-/// later against whatever the current directory has become would read another directory's
-/// files. (Symlinks are not resolved, as a shell's `cd` would not.)
-fn index_dir(index: &Path) -> Result<PathBuf> {
-    let dir = match index.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    std::path::absolute(dir).map_err(|e| Error::io(dir, "resolve", e))
-}
-
-/// The shard path, lexically normalised (`.` components and repeated slashes dropped), as a
-/// relative path that names a file inside the index's directory. Refused: empty paths and
-/// paths that name the directory itself (`.`, `./`), paths ending in `/`, `..` anywhere, and
-/// absolute paths.
-fn confined(shard: &str) -> Result<PathBuf> {
-    let refuse = || Error::InvalidShardPath {
-        shard: shard.to_owned(),
-    };
-    let mut out = PathBuf::new();
-    for c in Path::new(shard).components() {
-        match c {
-            Component::Normal(part) => out.push(part),
-            Component::CurDir => {}
-            Component::ParentDir | Component::RootDir | Component::Prefix(_) => {
-                return Err(refuse())
-            }
-        }
-    }
-    // A NUL cannot be part of a file name: no file could ever be opened under it.
-    if out.as_os_str().is_empty()
-        || shard.ends_with('/')
-        || shard.ends_with("/.")
-        || shard.contains('\0')
-    {
-        return Err(refuse());
-    }
-    Ok(out)
-}
-
-/// A shard must exist and be a file. Only "no such file" is `ShardMissing`; any other reason
-/// the process cannot `stat` it (permissions, a symlink loop, a name too long) is `Io` with the
-/// operating system's reason, which a user needs to fix it. A directory is `InvalidShardPath`.
-fn check_shard_file(shard: &str, full: &Path) -> Result<()> {
-    match std::fs::metadata(full) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::ShardMissing {
-            shard: shard.to_owned(),
-            tensor: None,
-        }),
-        Err(e) => Err(Error::io(full, "stat", e)),
-        Ok(m) if m.is_dir() => Err(Error::InvalidShardPath {
-            shard: shard.to_owned(),
-        }),
-        Ok(_) => Ok(()),
-    }
-}
-
-/// The index's metadata as a map, refusing a repeated key (readers disagree on which copy wins).
-fn unique_metadata(pairs: Vec<(String, String)>) -> Result<BTreeMap<String, String>> {
-    let mut out = BTreeMap::new();
-    for (key, value) in pairs {
-        if out.contains_key(&key) {
-            return Err(Error::DuplicateKey {
-                key,
-                in_metadata: true,
-            });
-        }
-        out.insert(key, value);
-    }
-    Ok(out)
-}
-
-/// The parts of an index file we use; both maps keep repeats so they can be refused.
-struct IndexFile {
-    metadata: Option<Vec<(String, String)>>,
-    weight_map: Option<Vec<(String, String)>>,
-}
-
-impl<'de> serde::Deserialize<'de> for IndexFile {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        d.deserialize_map(IndexVisitor)
-    }
-}
-
-struct IndexVisitor;
-
-impl<'de> Visitor<'de> for IndexVisitor {
-    type Value = IndexFile;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an object with `weight_map`")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<IndexFile, A::Error> {
-        let mut out = IndexFile {
-            metadata: None,
-            weight_map: None,
-        };
-        while let Some(key) = map.next_key::<String>()? {
-            match key.as_str() {
-                "metadata" if out.metadata.is_some() => {
-                    return Err(de::Error::duplicate_field("metadata"))
-                }
-                "metadata" => {
-                    let raw: Option<MetadataPairs> = map.next_value()?;
-                    out.metadata = Some(raw.map(|m| m.0).unwrap_or_default());
-                }
-                "weight_map" if out.weight_map.is_some() => {
-                    return Err(de::Error::duplicate_field("weight_map"))
-                }
-                "weight_map" => out.weight_map = Some(map.next_value::<Pairs>()?.0),
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(out)
-    }
-}
-
-/// The index's `metadata` object as pairs, repeats kept: strings as their value, anything else
-/// as its exact JSON text (`1e3` stays `1e3`, not `1000.0`).
-struct MetadataPairs(Vec<(String, String)>);
-
-impl<'de> serde::Deserialize<'de> for MetadataPairs {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = MetadataPairs;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a `metadata` object")
-            }
-            fn visit_map<A: MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> std::result::Result<MetadataPairs, A::Error> {
-                let mut out = Vec::new();
-                while let Some((key, raw)) = map.next_entry::<String, Box<RawValue>>()? {
-                    let text = raw.get();
-                    let value = if text.starts_with('"') {
-                        serde_json::from_str::<String>(text).map_err(de::Error::custom)?
-                    } else {
-                        text.to_owned()
-                    };
-                    out.push((key, value));
-                }
-                Ok(MetadataPairs(out))
-            }
-        }
-        d.deserialize_map(V)
-    }
-}
-
-/// A JSON object of strings as a list of pairs, repeats kept (so they can be refused).
-struct Pairs(Vec<(String, String)>);
-
-impl<'de> serde::Deserialize<'de> for Pairs {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Pairs;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an object mapping tensor names to shard file names")
-            }
-            fn visit_map<A: MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> std::result::Result<Pairs, A::Error> {
-                let mut out = Vec::new();
-                while let Some(pair) = map.next_entry::<String, String>()? {
-                    out.push(pair);
-                }
-                Ok(Pairs(out))
-            }
-        }
-        d.deserialize_map(V)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::path::Path;
-
-    use super::{confined, is_index_path};
-
-    #[test]
-    fn shard_paths_must_name_a_file_inside_the_directory() {
-        for ok in [
-            "model-00001-of-00002.safetensors",
-            "sub/a.safetensors",
-            "./a.safetensors",
-        ] {
-            assert!(confined(ok).is_ok(), "{ok}");
-        }
-        for bad in [
-            "",
-            ".",
-            "./",
-            "./.",
-            "sub/",
-            "sub/.",
-            "../a.safetensors",
-            "/etc/passwd",
-            "sub/../../a",
-            "a/..",
-        ] {
-            assert!(confined(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn spellings_of_one_shard_normalise_to_one_path() {
-        let want = Path::new("sub/a.safetensors");
-        for spelling in [
-            "sub/a.safetensors",
-            "./sub/a.safetensors",
-            "sub//./a.safetensors",
-        ] {
-            assert_eq!(confined(spelling).unwrap(), want, "{spelling}");
-        }
-    }
-
-    #[test]
-    fn index_extension_is_matched_in_any_case() {
-        for yes in ["m.index.json", "m.index.JSON", "dir/M.Json"] {
-            assert!(is_index_path(Path::new(yes)), "{yes}");
-        }
-        for no in ["m.safetensors", "json", "m.jsonl", "m.json.bak"] {
-            assert!(!is_index_path(Path::new(no)), "{no}");
-        }
     }
 }

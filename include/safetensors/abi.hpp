@@ -1,0 +1,27 @@
+// How the headers' names depend on the build mode: every C++ name of the API lives in an inline
+// namespace of `safetensors` named after whether exceptions and RTTI are on.
+//
+// Why: the headers are inline code, and some of it differs by mode (an error is thrown with
+// exceptions and reported by abort without them; `Error`'s vtable has type information only with
+// RTTI). A program may build some files with -fno-exceptions or -fno-rtti and others without.
+// Were the names the same, the linker would keep one copy of each inline function and vtable for
+// the whole program, and a file built with exceptions could end up running the other mode's copy
+// (its `catch` would never see the error) or a vtable without type information (`typeid` and
+// `dynamic_cast` would crash). With the mode in the name each file gets its own copies, and
+// handing a library object from a file of one mode to a file of another fails to link instead of
+// misbehaving. Users write `safetensors::SafeOpen` as always; only mangled names change.
+#pragma once
+
+#if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
+#if defined(__cpp_rtti) || defined(__GXX_RTTI)
+#define SAFETENSORS_ABI abi_eh_rtti
+#else
+#define SAFETENSORS_ABI abi_eh_nortti
+#endif
+#else
+#if defined(__cpp_rtti) || defined(__GXX_RTTI)
+#define SAFETENSORS_ABI abi_noeh_rtti
+#else
+#define SAFETENSORS_ABI abi_noeh_nortti
+#endif
+#endif
