@@ -117,9 +117,14 @@ namespace nothrow {
 ///
 /// Errors: those of the requests (`TensorNotFound`, `InvalidSlice`, ...) when the stream is
 /// made, before anything is read; then every error ends the stream and frees what was read but
-/// not delivered: a file that shrinks gives `Io` for the tensor it cuts short, never other bytes.
-/// Destroying the stream early cancels the reads not yet started and returns once the one in
-/// progress (at most one tensor) is done; items already delivered stay valid.
+/// not delivered: a file that shrinks gives `Io` for the tensor it cuts short, never other bytes
+/// (with the read and direct backends; the mapped backend copies out of the mapping, and a
+/// mapping of a file cut short faults with `SIGBUS`, as any view of it would: stream files other
+/// processes may change with `Backend::Read` or `Backend::Direct`). Destroying the stream early
+/// cancels the reads not yet started and returns once the read in progress reaches the end of
+/// its 64 MiB piece (a selection: the selection); items already delivered stay valid.
+///
+/// An empty request list streams nothing (the overloads without requests stream every tensor).
 ///
 /// Threads: a TensorStream is used by one thread at a time (`next`, iteration and the byte
 /// counts are not synchronised with one another), like a `std::ifstream`; the items it delivers

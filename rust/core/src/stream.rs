@@ -116,6 +116,10 @@ impl Shared {
         true
     }
 
+    fn cancelled(&self) -> bool {
+        self.lock().cancelled
+    }
+
     fn release(&self, len: u64) {
         self.lock().alive -= len;
         self.changed.notify_all();
@@ -139,11 +143,22 @@ impl Shared {
 }
 
 /// Marks the reader done however it leaves, so that `next` never waits on a reader that is gone.
+/// Left by unwinding (a defect), it queues an `Internal` error first: a stream whose reader died
+/// must not look like one that delivered everything.
 struct Finish(Arc<Shared>);
 
 impl Drop for Finish {
     fn drop(&mut self) {
-        self.0.lock().done = true;
+        let mut s = self.0.lock();
+        if std::thread::panicking() && !s.cancelled {
+            s.ready.push_back(Err(Error::Internal {
+                message: "the stream's reader thread stopped on a defect before the stream ended; \
+                          please report it"
+                    .into(),
+            }));
+        }
+        s.done = true;
+        drop(s);
         self.0.changed.notify_all();
     }
 }
@@ -243,9 +258,10 @@ impl Drop for StreamTensor {
 /// case it waits for other threads to drop what they hold.
 ///
 /// Every error ends the stream (and frees the tensors read but not yet taken); a file that
-/// shrinks gives `Io` for the tensor it cuts short, never other bytes. Dropping the stream early
-/// cancels the reads not yet started and returns once the one in progress (at most one tensor)
-/// is done.
+/// shrinks gives `Io` for the tensor it cuts short, never other bytes (read and direct backends;
+/// a mapping of a file cut short faults with `SIGBUS`). Dropping the stream early cancels the
+/// reads not yet started and returns once the one in progress reaches the end of its piece
+/// (whole tensors are read in pieces of 64 MiB; a slice at once).
 pub struct TensorStream {
     shared: Arc<Shared>,
     items: Arc<[Item]>,
@@ -358,7 +374,10 @@ impl TensorStream {
 
     /// Bytes the stream delivers in all.
     pub fn total_bytes(&self) -> u64 {
-        self.items.iter().map(|it| it.len).sum()
+        // Saturating: requests of one huge tensor repeated could add up past 64 bits.
+        self.items
+            .iter()
+            .fold(0u64, |sum, it| sum.saturating_add(it.len))
     }
 
     /// The options it runs with.
@@ -462,7 +481,7 @@ fn read_all(shared: &Arc<Shared>, items: &[Item]) {
             source: item.source.clone(),
             shared: shared.clone(),
         };
-        let read = read_item(item, t);
+        let read = read_item(item, t, &|| shared.cancelled());
         let failed = read.is_err();
         if let Some(unwanted) = shared.deliver(read) {
             drop(unwanted);
@@ -474,20 +493,63 @@ fn read_all(shared: &Arc<Shared>, items: &[Item]) {
     }
 }
 
-/// Fills `t` with `item`'s bytes; on failure its budget is returned when `t` drops.
-fn read_item(item: &Item, mut t: StreamTensor) -> Result<StreamTensor> {
+/// Whole tensors are read in pieces of this many bytes (a multiple of [`DIRECT_ALIGN`]), with a
+/// look at cancellation between pieces, so that dropping a stream during a huge tensor returns
+/// after at most one piece.
+const PIECE: usize = 64 << 20;
+
+/// Fills `t` with `item`'s bytes; on failure its budget is returned when `t` drops. Stops early
+/// (an error nobody receives) once `cancelled()`.
+fn read_item(
+    item: &Item,
+    mut t: StreamTensor,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<StreamTensor> {
     let file = &item.source;
     let len = usize::try_from(item.len).map_err(|_| out_of_memory(item))?;
+    let stop = || Error::Internal {
+        message: format!("the stream was dropped while `{}` was read", item.name),
+    };
     if item.slice.is_none() && file.backend() == Backend::Direct && len >= DIRECT_ALIGN {
         let mut buf =
             AlignedBuf::new(file.aligned_len(item.begin, len)?).map_err(|_| out_of_memory(item))?;
-        let head = file.read_data_aligned(item.begin, len, buf.as_mut_slice())?;
+        // Where the tensor starts in its first block (aligned_len above checked this sum).
+        let head =
+            ((file.header().data_start() as u64 + item.begin) % DIRECT_ALIGN as u64) as usize;
+        // Piece k fills buf[k * PIECE..] (an aligned place, whose file position is aligned too),
+        // so each piece's aligned span starts exactly there and the pieces tile the whole span.
+        let mut at = 0usize;
+        while at < len {
+            if cancelled() {
+                return Err(stop());
+            }
+            let place = (head + at) / PIECE * PIECE;
+            let n = (place + PIECE).min(head + len) - (head + at);
+            let got = file.read_data_aligned(
+                item.begin + at as u64,
+                n,
+                &mut buf.as_mut_slice()[place..],
+            )?;
+            if place + got != head + at {
+                return Err(Error::Internal {
+                    message: format!("a piece of `{}` landed out of place", item.name),
+                });
+            }
+            at += n;
+        }
         t.data = Buffer::Aligned { buf, head, len };
         return Ok(t);
     }
     let mut data = zeroed(len).map_err(|_| out_of_memory(item))?;
     match &item.slice {
-        None => file.read_data(item.begin, &mut data)?,
+        None => {
+            for (k, piece) in data.chunks_mut(PIECE).enumerate() {
+                if cancelled() {
+                    return Err(stop());
+                }
+                file.read_data(item.begin + (k * PIECE) as u64, piece)?;
+            }
+        }
         Some(plan) => {
             let info = file
                 .header()
