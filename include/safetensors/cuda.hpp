@@ -752,9 +752,10 @@ struct Access<cuda::Uploader> {
     std::shared_ptr<const ffi::Uploader> impl = up.impl_;
     if (!impl) return moved_from("Uploader");
     if (!on_landed) {
-      return Status(ErrorKind::Cuda,
-                    "a streaming upload needs a landing callback, and this one is empty (a default-constructed "
-                    "or moved-from std::function): pass one, or call load() without a callback");
+      return Status(
+          ErrorKind::Cuda,
+          "a streaming upload needs a landing callback, and this one is empty (a default-constructed "
+          "or moved-from std::function): pass one, or call load() without a callback");
     }
     auto job = cuda_jobs::job_for(from, requests, up.options_.alignment);
     if (!job) return job.status();

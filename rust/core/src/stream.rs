@@ -54,8 +54,21 @@ impl Default for StreamOptions {
     }
 }
 
-/// What [`TensorStream::open_with_handoff`] calls on the reader thread at each hand-over.
-type Handoff = Box<dyn Fn() + Send + Sync>;
+/// Which side of a hand-over [`TensorStream::open_with_handoff`]'s callback is told of: it is
+/// called under the stream's lock just before and just after each change to the queue of read
+/// tensors, so that a tool told "acquire, then release" each time sees every change ordered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandOver {
+    /// On the reader thread, around queueing a tensor (or the error that ends the stream),
+    /// after everything in it was allocated and written.
+    Given,
+    /// On the consumer's thread, around taking tensors out of the queue (by `next`, or to free
+    /// them when the stream is dropped).
+    Taken,
+}
+
+/// What [`TensorStream::open_with_handoff`] calls at each hand-over.
+type Handoff = Box<dyn Fn(HandOver) + Send + Sync>;
 
 /// What the reader thread and the consumer share.
 struct Shared {
@@ -116,6 +129,13 @@ impl Shared {
         true
     }
 
+    /// Tells the hand-over callback, if any, of a change to the queue (called under the lock).
+    fn announce(&self, side: HandOver) {
+        if let Some(announce) = &self.handoff {
+            announce(side);
+        }
+    }
+
     fn cancelled(&self) -> bool {
         self.lock().cancelled
     }
@@ -132,11 +152,10 @@ impl Shared {
         if s.cancelled {
             return Some(item);
         }
-        s.ready.push_back(item);
         // Under the lock, so that `next` cannot take the item before the hand-over is announced.
-        if let Some(announce) = &self.handoff {
-            announce();
-        }
+        self.announce(HandOver::Given);
+        s.ready.push_back(item);
+        self.announce(HandOver::Given);
         self.changed.notify_all();
         None
     }
@@ -317,17 +336,19 @@ impl TensorStream {
         TensorStream::start(source, requests, options, None)
     }
 
-    /// [`TensorStream::open`], calling `handoff` on the reader thread each time it hands a
-    /// tensor (or the error that ends the stream) to `next`, after everything in it was
-    /// allocated and written and before `next` can return it. For callers whose tools cannot
-    /// see this crate's synchronisation: the C++ bridge tells ThreadSanitizer about each
-    /// hand-over there, since this crate is not instrumented and its locks are invisible to it.
-    /// `handoff` runs under the stream's lock: it must not block or call back into the stream.
+    /// [`TensorStream::open`], calling `handoff(HandOver::Given)` on the reader thread just
+    /// before and just after it queues a tensor (or the error that ends the stream), once
+    /// everything in it was allocated and written, and `handoff(HandOver::Taken)` on the
+    /// consumer's thread just before and just after tensors leave the queue (`next`, or
+    /// dropping the stream), all under the lock that orders them. For callers whose tools cannot see this crate's synchronisation: the C++
+    /// bridge passes ThreadSanitizer's release and acquire, since this crate is not
+    /// instrumented and its locks are invisible to it. `handoff` must not block or call back
+    /// into the stream.
     pub fn open_with_handoff(
         source: Source<'_>,
         requests: Option<&[Request]>,
         options: StreamOptions,
-        handoff: impl Fn() + Send + Sync + 'static,
+        handoff: impl Fn(HandOver) + Send + Sync + 'static,
     ) -> Result<TensorStream> {
         TensorStream::start(source, requests, options, Some(Box::new(handoff)))
     }
@@ -423,7 +444,13 @@ impl TensorStream {
             let _ = r.join();
         }
         // Dropped outside the lock: each one takes it to release its bytes.
-        let ready = std::mem::take(&mut self.shared.lock().ready);
+        let ready = {
+            let mut s = self.shared.lock();
+            self.shared.announce(HandOver::Taken);
+            let ready = std::mem::take(&mut s.ready);
+            self.shared.announce(HandOver::Taken);
+            ready
+        };
         drop(ready);
     }
 }
@@ -437,8 +464,11 @@ impl Iterator for TensorStream {
         }
         let mut s = self.shared.lock();
         let out = loop {
-            if let Some(item) = s.ready.pop_front() {
-                break Some(item);
+            if !s.ready.is_empty() {
+                self.shared.announce(HandOver::Taken);
+                let item = s.ready.pop_front();
+                self.shared.announce(HandOver::Taken);
+                break item;
             }
             if s.done {
                 break None;

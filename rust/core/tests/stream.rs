@@ -11,8 +11,8 @@ use std::sync::{mpsc, Arc};
 use common::scratch_dir;
 use common::sharded::{write_sharded, Spec};
 use safetensors_core::{
-    serialize_to_file, Backend, Checkpoint, Dtype, Error, ErrorKind, Indexer, Request, SafeFile,
-    Source, StreamOptions, TensorStream, TensorView,
+    serialize_to_file, Backend, Checkpoint, Dtype, Error, ErrorKind, HandOver, Indexer, Request,
+    SafeFile, Source, StreamOptions, TensorStream, TensorView,
 };
 
 const LENS: [usize; 7] = [1000, 70_000, 4096, 300_000, 12, 50_000, 65_536];
@@ -474,11 +474,22 @@ fn open_with_handoff_announces_every_hand_over_on_the_reader_thread() {
     write_sample(&path);
     let files = [Arc::new(SafeFile::open(&path, Backend::Read).unwrap())];
     let announced = Arc::new(AtomicUsize::new(0));
+    let taken_said = Arc::new(AtomicUsize::new(0));
     let caller = std::thread::current().id();
-    let count = announced.clone();
-    let handoff = move || {
-        assert_ne!(std::thread::current().id(), caller, "on the reader thread");
-        count.fetch_add(1, Ordering::SeqCst);
+    let (count, takes) = (announced.clone(), taken_said.clone());
+    let handoff = move |h: HandOver| match h {
+        HandOver::Given => {
+            assert_ne!(std::thread::current().id(), caller, "on the reader thread");
+            count.fetch_add(1, Ordering::SeqCst);
+        }
+        HandOver::Taken => {
+            assert_eq!(
+                std::thread::current().id(),
+                caller,
+                "on the consumer's thread"
+            );
+            takes.fetch_add(1, Ordering::SeqCst);
+        }
     };
     let options = StreamOptions {
         max_inflight_bytes: 1,
@@ -490,10 +501,11 @@ fn open_with_handoff_announces_every_hand_over_on_the_reader_thread() {
     for t in stream {
         t.unwrap();
         taken += 1;
-        // Announced before `next` could return it.
-        assert!(announced.load(Ordering::SeqCst) >= taken);
+        // Announced (before and after queueing) before `next` could return it; taken likewise.
+        assert!(announced.load(Ordering::SeqCst) >= 2 * taken);
+        assert_eq!(taken_said.load(Ordering::SeqCst), 2 * taken);
     }
-    assert_eq!(announced.load(Ordering::SeqCst), LENS.len());
+    assert_eq!(announced.load(Ordering::SeqCst), 2 * LENS.len());
 }
 
 #[test]
