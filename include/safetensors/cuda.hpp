@@ -333,6 +333,8 @@ inline ffi::LandingSink bridge_sink(Sink& sink, const cuda::LandingOptions& opti
 /// as it was once `call` has returned (every copy completed), else `.value()`.
 template <class Call>
 auto rethrowing(const cuda::OnLanded& on_landed, Call&& call) {
+  // An empty callback is refused by the nothrow twin (`streaming`), before anything is copied.
+  if (!on_landed) return std::forward<Call>(call)(nothrow::cuda::OnLanded{}).value();
 #if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
   std::exception_ptr thrown;
   nothrow::cuda::OnLanded guarded = [&](const cuda::Landed& t) -> Status {
@@ -749,6 +751,12 @@ struct Access<cuda::Uploader> {
     // Kept alive here: the callback may destroy `up`.
     std::shared_ptr<const ffi::Uploader> impl = up.impl_;
     if (!impl) return moved_from("Uploader");
+    if (!on_landed) {
+      return Status(
+          ErrorKind::Cuda,
+          "a streaming upload needs a landing callback, and this one is empty (a default-constructed "
+          "or moved-from std::function): pass one, or call load() without a callback");
+    }
     auto job = cuda_jobs::job_for(from, requests, up.options_.alignment);
     if (!job) return job.status();
     auto placements = cuda_jobs::placements(**job);

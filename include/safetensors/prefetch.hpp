@@ -21,7 +21,8 @@ namespace safetensors::inline SAFETENSORS_ABI {
 struct PrefetchOptions {
   /// Reader threads (at least 1). Four keep a virtual disk's queue busy.
   std::size_t threads = 4;
-  /// Bytes per read request (rounded up to 64 KiB).
+  /// Bytes per read request: rounded up to 64 KiB, at most 256 MiB (each reader thread holds one
+  /// buffer of this size, or of the largest request when smaller).
   std::size_t request_bytes = std::size_t{16} << 20;
 };
 

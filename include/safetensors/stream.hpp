@@ -23,8 +23,10 @@
 #include "safetensors/tensor.hpp"
 
 // ThreadSanitizer cannot see the Rust core's locks (it is not instrumented), so a stream tells it
-// about each hand-over from the core's reader thread itself: with `__tsan_release` on that thread
-// and `__tsan_acquire` in `next`. Programs built without it pass nothing and call nothing.
+// about each change to its queue of read tensors from inside the core, under the lock that
+// orders them: both the reader thread (queueing) and the consumer (taking) call
+// `safetensors_detail_tsan_handoff` just before and just after, which acquires and releases one
+// token, as the lock would. Programs built without it pass nothing and call nothing.
 #if defined(__SANITIZE_THREAD__)
 #define SAFETENSORS_DETAIL_TSAN 1
 #elif defined(__has_feature)
@@ -34,6 +36,10 @@
 #endif
 #if defined(SAFETENSORS_DETAIL_TSAN)
 #include <sanitizer/tsan_interface.h>
+extern "C" inline void safetensors_detail_tsan_handoff(void* token) {
+  __tsan_acquire(token);
+  __tsan_release(token);
+}
 #endif
 
 namespace safetensors::inline SAFETENSORS_ABI {
@@ -117,9 +123,14 @@ namespace nothrow {
 ///
 /// Errors: those of the requests (`TensorNotFound`, `InvalidSlice`, ...) when the stream is
 /// made, before anything is read; then every error ends the stream and frees what was read but
-/// not delivered: a file that shrinks gives `Io` for the tensor it cuts short, never other bytes.
-/// Destroying the stream early cancels the reads not yet started and returns once the one in
-/// progress (at most one tensor) is done; items already delivered stay valid.
+/// not delivered: a file that shrinks gives `Io` for the tensor it cuts short, never other bytes
+/// (with the read and direct backends; the mapped backend copies out of the mapping, and a
+/// mapping of a file cut short faults with `SIGBUS`, as any view of it would: stream files other
+/// processes may change with `Backend::Read` or `Backend::Direct`). Destroying the stream early
+/// cancels the reads not yet started and returns once the read in progress reaches the end of
+/// its 64 MiB piece (a selection: the selection); items already delivered stay valid.
+///
+/// An empty request list streams nothing (the overloads without requests stream every tensor).
 ///
 /// Threads: a TensorStream is used by one thread at a time (`next`, iteration and the byte
 /// counts are not synchronised with one another), like a `std::ifstream`; the items it delivers
@@ -233,24 +244,28 @@ template <>
 struct Access<TensorStream> {
   using State = TensorStream::State;
 
-  /// Where the reader thread announces hand-overs (ThreadSanitizer builds only), as the bridge
-  /// takes it: a function's address and its argument.
-  static std::pair<std::uintptr_t, std::uintptr_t> announce(State& s) {
+  /// How both sides announce hand-overs (ThreadSanitizer builds only), as the bridge takes it:
+  /// the giving and the taking function's addresses and their argument.
+  struct Announce {
+    std::uintptr_t give = 0, take = 0, token = 0;
+  };
+  static Announce announce(State& s) {
 #if defined(SAFETENSORS_DETAIL_TSAN)
-    return {reinterpret_cast<std::uintptr_t>(&__tsan_release), reinterpret_cast<std::uintptr_t>(&s.handoff)};
+    const auto handoff = reinterpret_cast<std::uintptr_t>(&safetensors_detail_tsan_handoff);
+    return {handoff, handoff, reinterpret_cast<std::uintptr_t>(&s.handoff)};
 #else
     (void)s;
-    return {0, 0};
+    return {};
 #endif
   }
 
   template <class Open>
   static Expected<TensorStream> open(StreamOptions o, Open&& open) {
     auto state = std::make_unique<State>();
-    auto [call, token] = announce(*state);
+    const Announce a = announce(*state);
     auto made = adopt(attempt([&](ffi::Status& st) {
-      return open(o.max_inflight_bytes, o.wait_for_release, static_cast<std::size_t>(call),
-                  static_cast<std::size_t>(token), st);
+      return open(o.max_inflight_bytes, o.wait_for_release, static_cast<std::size_t>(a.give),
+                  static_cast<std::size_t>(a.take), static_cast<std::size_t>(a.token), st);
     }));
     if (!made) return made.status();
     state->stream.emplace(std::move(*made));
@@ -301,9 +316,6 @@ struct Access<TensorStream> {
     if (!s.state_) return moved_from("TensorStream");
     State& state = *s.state_;
     auto got = attempt([&](ffi::Status& st) { return (*state.stream)->next_tensor(st); });
-#if defined(SAFETENSORS_DETAIL_TSAN)
-    __tsan_acquire(&state.handoff);
-#endif
     if (!got) return got.status();
     if (*got == nullptr) return std::optional<StreamItem>{};
     return std::optional<StreamItem>(item(::rust::Box<ffi::StreamTensor>::from_raw(*got)));

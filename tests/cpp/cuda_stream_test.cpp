@@ -603,9 +603,36 @@ TEST(CudaStream, ACallbackMayCallTheLibraryButNotItsOwnUploader) {
     EXPECT_EQ(nc::load(up, other).status().kind(), ErrorKind::Cuda);
     EXPECT_EQ(nc::stream(up, other, {}, 1, [](const cuda::Landed&) { return Status{}; }).status().kind(),
               ErrorKind::Cuda);
+    // Further out in a chain of callbacks counts too: `up`'s callback runs `second`'s upload,
+    // whose callback calls back into `up` (a deadlock if only the innermost were refused).
+    int inner = 0;
+    auto nested = second.load(other, {}, [&](const cuda::Landed&) {
+      ++inner;
+      EXPECT_EQ(kind_of([&] { up.synchronize(); }), ErrorKind::Cuda);
+      EXPECT_EQ(kind_of([&] { (void)up.load(other); }), ErrorKind::Cuda);
+      EXPECT_EQ(kind_of([&] { (void)second.load(other); }), ErrorKind::Cuda);
+    });
+    EXPECT_EQ(inner, static_cast<int>(other.size()));
+    EXPECT_EQ(nested.placements().size(), other.size());
   });
   EXPECT_EQ(calls, static_cast<int>(f.size()));
   up.synchronize();  // fine again once the upload is over
+  second.synchronize();
+}
+
+TEST(CudaStream, AnEmptyCallbackIsRefusedBeforeAnythingIsUploaded) {
+  if (!test::gpu_or_skip()) return;
+  test::TempDir dir;
+  SafeOpen f(many_tensors(dir, 3));
+  cuda::Uploader up(0, kTiny);
+  std::function<void(const cuda::Landed&)> none;
+  auto refused = test::thrown([&] { (void)up.load(f, {}, none); });
+  EXPECT_EQ(refused.kind(), ErrorKind::Cuda) << refused.message();
+  EXPECT_NE(refused.message().find("callback"), std::string::npos) << refused.message();
+  nc::OnLanded none_nothrow;
+  EXPECT_EQ(nc::load(up, f, {}, none_nothrow).status().kind(), ErrorKind::Cuda);
+  EXPECT_EQ(nc::stream(up, f, {}, 1 << 20, none_nothrow).status().kind(), ErrorKind::Cuda);
+  EXPECT_EQ(up.load(f).placements().size(), f.size());  // the uploader still works
 }
 
 TEST(CudaStream, ThreadsStreamThroughOneUploaderAtOnce) {

@@ -55,10 +55,10 @@ pub use error::{Error, ErrorKind, HeaderContents, Result, TextField};
 pub use file::{Backend, MemoryBytes, OpenOptions, SafeFile};
 pub use format::{LENGTH_PREFIX_SIZE, MAX_HEADER_SIZE, METADATA_KEY};
 pub use header::{read_header_len, test_hooks, Header, TensorInfo};
-pub use prefetch::{advise, Advice, Plan, Prefetch, PrefetchOptions};
+pub use prefetch::{advise, Advice, Plan, Prefetch, PrefetchOptions, MAX_REQUEST_BYTES};
 pub use request::{Request, Source};
 pub use slice::{Indexer, Runs, SlicePlan};
-pub use stream::{StreamOptions, StreamTensor, TensorStream};
+pub use stream::{HandOver, StreamOptions, StreamTensor, TensorStream};
 pub use view::{SafeTensors, TensorView};
 pub use writer::{
     dtype_to_write, serialize, serialize_to_file, text_to_write, write_atomically,

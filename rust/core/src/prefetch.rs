@@ -196,12 +196,21 @@ impl Plan {
     }
 }
 
+/// The largest request a prefetch makes (larger `request_bytes` are clamped to it): bigger
+/// requests gain nothing on any disk we measured, and each reader thread holds one such buffer.
+pub const MAX_REQUEST_BYTES: usize = 256 << 20;
+
+/// Requests are whole multiples of this many bytes (except a range's last).
+const REQUEST_GRAIN: usize = 64 << 10;
+
 /// How a prefetch runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PrefetchOptions {
     /// Reader threads (at least 1). Default 4: enough to keep a virtual disk's queue busy.
     pub threads: usize,
-    /// Bytes per request (rounded up to 64 KiB). Default 16 MiB.
+    /// Bytes per request, rounded up to 64 KiB and at most [`MAX_REQUEST_BYTES`]: each reader
+    /// thread holds one buffer of this size (or of the largest request, when smaller). Default
+    /// 16 MiB.
     pub request_bytes: usize,
 }
 
@@ -243,7 +252,12 @@ pub struct Prefetch {
 
 impl Prefetch {
     fn start(plan: &Plan, options: PrefetchOptions) -> Result<Prefetch> {
-        let step = options.request_bytes.max(1).div_ceil(64 << 10) * (64 << 10);
+        // Clamped before rounding, so that no requested size can overflow.
+        let step = options
+            .request_bytes
+            .clamp(1, MAX_REQUEST_BYTES)
+            .div_ceil(REQUEST_GRAIN)
+            * REQUEST_GRAIN;
         let mut requests = Vec::new();
         for (file, f) in plan.files.iter().enumerate() {
             for (offset, len) in f.ranges() {
@@ -260,6 +274,8 @@ impl Prefetch {
             }
         }
         let total = requests.iter().map(|r| r.len as u64).sum();
+        // Each thread's buffer: one request, never more than the largest one.
+        let buffer = requests.iter().map(|r| r.len).max().unwrap_or(0);
         let shared = Arc::new(Shared {
             paths: plan.files.iter().map(|f| f.path.clone()).collect(),
             requests,
@@ -274,7 +290,7 @@ impl Prefetch {
             let s = shared.clone();
             let spawned = std::thread::Builder::new()
                 .name("st-prefetch".into())
-                .spawn(move || worker(&s, step));
+                .spawn(move || worker(&s, buffer));
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {
@@ -341,9 +357,9 @@ impl Drop for Prefetch {
 /// Claims requests in file order until none are left, the prefetch is cancelled, or one fails.
 /// Each thread opens a file when it first reaches it and closes it when it moves on, so a
 /// checkpoint of thousands of shards costs at most one descriptor per thread.
-fn worker(s: &Shared, step: usize) {
+fn worker(s: &Shared, buffer: usize) {
     let mut buf = Vec::new();
-    if buf.try_reserve_exact(step).is_err() {
+    if buf.try_reserve_exact(buffer).is_err() {
         let path = s.paths.first().map_or(Path::new(""), |p| p.as_path());
         record(
             s,
@@ -355,7 +371,7 @@ fn worker(s: &Shared, step: usize) {
         );
         return;
     }
-    buf.resize(step, 0u8);
+    buf.resize(buffer, 0u8);
     let mut open: Option<(usize, File)> = None;
     while !s.cancel.load(Ordering::Relaxed) {
         let i = s.next.fetch_add(1, Ordering::Relaxed);

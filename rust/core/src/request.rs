@@ -138,6 +138,11 @@ impl Source<'_> {
             (Source::Checkpoint(c), want) => {
                 let i = c.shard_holding(name)?;
                 match want {
+                    // A shard number past the end holds nothing: the same kind as for a list of
+                    // files, rather than the index's `InvalidIndex` (the index is fine).
+                    Some(w) if w >= c.shard_count() => {
+                        Err(not_found_beyond(name, w, c.shard_count()))
+                    }
                     Some(w) if w != i => Err(not_found().in_file(c.shard(w)?.path())),
                     _ => Ok(i),
                 }
@@ -159,14 +164,14 @@ impl Source<'_> {
     }
 }
 
-/// A file number past the end of a list of files: there is no file to name, so the error says
-/// which number was asked for among how many.
+/// A file (or shard) number past the end: there is no file to name, so the error says which
+/// number was asked for among how many.
 fn not_found_beyond(name: &str, i: usize, count: usize) -> Error {
     Error::TensorNotFound {
         name: name.to_owned(),
     }
     .in_file(std::path::Path::new(&format!(
-        "file #{i} of a list of {count} (numbered from 0)"
+        "file #{i} of {count} (numbered from 0)"
     )))
 }
 

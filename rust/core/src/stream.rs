@@ -54,8 +54,21 @@ impl Default for StreamOptions {
     }
 }
 
-/// What [`TensorStream::open_with_handoff`] calls on the reader thread at each hand-over.
-type Handoff = Box<dyn Fn() + Send + Sync>;
+/// Which side of a hand-over [`TensorStream::open_with_handoff`]'s callback is told of: it is
+/// called under the stream's lock just before and just after each change to the queue of read
+/// tensors, so that a tool told "acquire, then release" each time sees every change ordered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandOver {
+    /// On the reader thread, around queueing a tensor (or the error that ends the stream),
+    /// after everything in it was allocated and written.
+    Given,
+    /// On the consumer's thread, around taking tensors out of the queue (by `next`, or to free
+    /// them when the stream is dropped).
+    Taken,
+}
+
+/// What [`TensorStream::open_with_handoff`] calls at each hand-over.
+type Handoff = Box<dyn Fn(HandOver) + Send + Sync>;
 
 /// What the reader thread and the consumer share.
 struct Shared {
@@ -116,6 +129,17 @@ impl Shared {
         true
     }
 
+    /// Tells the hand-over callback, if any, of a change to the queue (called under the lock).
+    fn announce(&self, side: HandOver) {
+        if let Some(announce) = &self.handoff {
+            announce(side);
+        }
+    }
+
+    fn cancelled(&self) -> bool {
+        self.lock().cancelled
+    }
+
     fn release(&self, len: u64) {
         self.lock().alive -= len;
         self.changed.notify_all();
@@ -128,22 +152,32 @@ impl Shared {
         if s.cancelled {
             return Some(item);
         }
-        s.ready.push_back(item);
         // Under the lock, so that `next` cannot take the item before the hand-over is announced.
-        if let Some(announce) = &self.handoff {
-            announce();
-        }
+        self.announce(HandOver::Given);
+        s.ready.push_back(item);
+        self.announce(HandOver::Given);
         self.changed.notify_all();
         None
     }
 }
 
 /// Marks the reader done however it leaves, so that `next` never waits on a reader that is gone.
+/// Left by unwinding (a defect), it queues an `Internal` error first: a stream whose reader died
+/// must not look like one that delivered everything.
 struct Finish(Arc<Shared>);
 
 impl Drop for Finish {
     fn drop(&mut self) {
-        self.0.lock().done = true;
+        let mut s = self.0.lock();
+        if std::thread::panicking() && !s.cancelled {
+            s.ready.push_back(Err(Error::Internal {
+                message: "the stream's reader thread stopped on a defect before the stream ended; \
+                          please report it"
+                    .into(),
+            }));
+        }
+        s.done = true;
+        drop(s);
         self.0.changed.notify_all();
     }
 }
@@ -243,9 +277,10 @@ impl Drop for StreamTensor {
 /// case it waits for other threads to drop what they hold.
 ///
 /// Every error ends the stream (and frees the tensors read but not yet taken); a file that
-/// shrinks gives `Io` for the tensor it cuts short, never other bytes. Dropping the stream early
-/// cancels the reads not yet started and returns once the one in progress (at most one tensor)
-/// is done.
+/// shrinks gives `Io` for the tensor it cuts short, never other bytes (read and direct backends;
+/// a mapping of a file cut short faults with `SIGBUS`). Dropping the stream early cancels the
+/// reads not yet started and returns once the one in progress reaches the end of its piece
+/// (whole tensors are read in pieces of 64 MiB; a slice at once).
 pub struct TensorStream {
     shared: Arc<Shared>,
     items: Arc<[Item]>,
@@ -301,17 +336,19 @@ impl TensorStream {
         TensorStream::start(source, requests, options, None)
     }
 
-    /// [`TensorStream::open`], calling `handoff` on the reader thread each time it hands a
-    /// tensor (or the error that ends the stream) to `next`, after everything in it was
-    /// allocated and written and before `next` can return it. For callers whose tools cannot
-    /// see this crate's synchronisation: the C++ bridge tells ThreadSanitizer about each
-    /// hand-over there, since this crate is not instrumented and its locks are invisible to it.
-    /// `handoff` runs under the stream's lock: it must not block or call back into the stream.
+    /// [`TensorStream::open`], calling `handoff(HandOver::Given)` on the reader thread just
+    /// before and just after it queues a tensor (or the error that ends the stream), once
+    /// everything in it was allocated and written, and `handoff(HandOver::Taken)` on the
+    /// consumer's thread just before and just after tensors leave the queue (`next`, or
+    /// dropping the stream), all under the lock that orders them. For callers whose tools cannot see this crate's synchronisation: the C++
+    /// bridge passes ThreadSanitizer's release and acquire, since this crate is not
+    /// instrumented and its locks are invisible to it. `handoff` must not block or call back
+    /// into the stream.
     pub fn open_with_handoff(
         source: Source<'_>,
         requests: Option<&[Request]>,
         options: StreamOptions,
-        handoff: impl Fn() + Send + Sync + 'static,
+        handoff: impl Fn(HandOver) + Send + Sync + 'static,
     ) -> Result<TensorStream> {
         TensorStream::start(source, requests, options, Some(Box::new(handoff)))
     }
@@ -358,7 +395,10 @@ impl TensorStream {
 
     /// Bytes the stream delivers in all.
     pub fn total_bytes(&self) -> u64 {
-        self.items.iter().map(|it| it.len).sum()
+        // Saturating: requests of one huge tensor repeated could add up past 64 bits.
+        self.items
+            .iter()
+            .fold(0u64, |sum, it| sum.saturating_add(it.len))
     }
 
     /// The options it runs with.
@@ -404,7 +444,13 @@ impl TensorStream {
             let _ = r.join();
         }
         // Dropped outside the lock: each one takes it to release its bytes.
-        let ready = std::mem::take(&mut self.shared.lock().ready);
+        let ready = {
+            let mut s = self.shared.lock();
+            self.shared.announce(HandOver::Taken);
+            let ready = std::mem::take(&mut s.ready);
+            self.shared.announce(HandOver::Taken);
+            ready
+        };
         drop(ready);
     }
 }
@@ -418,8 +464,11 @@ impl Iterator for TensorStream {
         }
         let mut s = self.shared.lock();
         let out = loop {
-            if let Some(item) = s.ready.pop_front() {
-                break Some(item);
+            if !s.ready.is_empty() {
+                self.shared.announce(HandOver::Taken);
+                let item = s.ready.pop_front();
+                self.shared.announce(HandOver::Taken);
+                break item;
             }
             if s.done {
                 break None;
@@ -462,7 +511,7 @@ fn read_all(shared: &Arc<Shared>, items: &[Item]) {
             source: item.source.clone(),
             shared: shared.clone(),
         };
-        let read = read_item(item, t);
+        let read = read_item(item, t, &|| shared.cancelled());
         let failed = read.is_err();
         if let Some(unwanted) = shared.deliver(read) {
             drop(unwanted);
@@ -474,20 +523,63 @@ fn read_all(shared: &Arc<Shared>, items: &[Item]) {
     }
 }
 
-/// Fills `t` with `item`'s bytes; on failure its budget is returned when `t` drops.
-fn read_item(item: &Item, mut t: StreamTensor) -> Result<StreamTensor> {
+/// Whole tensors are read in pieces of this many bytes (a multiple of [`DIRECT_ALIGN`]), with a
+/// look at cancellation between pieces, so that dropping a stream during a huge tensor returns
+/// after at most one piece.
+const PIECE: usize = 64 << 20;
+
+/// Fills `t` with `item`'s bytes; on failure its budget is returned when `t` drops. Stops early
+/// (an error nobody receives) once `cancelled()`.
+fn read_item(
+    item: &Item,
+    mut t: StreamTensor,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<StreamTensor> {
     let file = &item.source;
     let len = usize::try_from(item.len).map_err(|_| out_of_memory(item))?;
+    let stop = || Error::Internal {
+        message: format!("the stream was dropped while `{}` was read", item.name),
+    };
     if item.slice.is_none() && file.backend() == Backend::Direct && len >= DIRECT_ALIGN {
         let mut buf =
             AlignedBuf::new(file.aligned_len(item.begin, len)?).map_err(|_| out_of_memory(item))?;
-        let head = file.read_data_aligned(item.begin, len, buf.as_mut_slice())?;
+        // Where the tensor starts in its first block (aligned_len above checked this sum).
+        let head =
+            ((file.header().data_start() as u64 + item.begin) % DIRECT_ALIGN as u64) as usize;
+        // Piece k fills buf[k * PIECE..] (an aligned place, whose file position is aligned too),
+        // so each piece's aligned span starts exactly there and the pieces tile the whole span.
+        let mut at = 0usize;
+        while at < len {
+            if cancelled() {
+                return Err(stop());
+            }
+            let place = (head + at) / PIECE * PIECE;
+            let n = (place + PIECE).min(head + len) - (head + at);
+            let got = file.read_data_aligned(
+                item.begin + at as u64,
+                n,
+                &mut buf.as_mut_slice()[place..],
+            )?;
+            if place + got != head + at {
+                return Err(Error::Internal {
+                    message: format!("a piece of `{}` landed out of place", item.name),
+                });
+            }
+            at += n;
+        }
         t.data = Buffer::Aligned { buf, head, len };
         return Ok(t);
     }
     let mut data = zeroed(len).map_err(|_| out_of_memory(item))?;
     match &item.slice {
-        None => file.read_data(item.begin, &mut data)?,
+        None => {
+            for (k, piece) in data.chunks_mut(PIECE).enumerate() {
+                if cancelled() {
+                    return Err(stop());
+                }
+                file.read_data(item.begin + (k * PIECE) as u64, piece)?;
+            }
+        }
         Some(plan) => {
             let info = file
                 .header()

@@ -180,6 +180,37 @@ fn prefetch_reports_progress_and_a_file_that_shrank() {
 }
 
 #[test]
+fn any_request_size_and_thread_count_warm_the_whole_plan() {
+    // Sizes that would overflow a rounding to 64 KiB, or ask for one buffer per thread far
+    // larger than the file: clamped, the plan is still read whole, in bounded memory.
+    let dir = scratch_dir("prefetch_any_options");
+    let path = dir.join("o.safetensors");
+    write_sample(&path);
+    let f = SafeFile::open(&path, Backend::Read).unwrap();
+    for (threads, request_bytes) in [
+        (usize::MAX, usize::MAX),
+        (0, 0),
+        (1, usize::MAX - (64 << 10) + 2),
+        (64, 1),
+        (2, 8 << 30),
+    ] {
+        let p = Plan::whole(&f)
+            .prefetch(PrefetchOptions {
+                threads,
+                request_bytes,
+            })
+            .unwrap();
+        p.wait().unwrap();
+        assert_eq!(
+            p.bytes_done(),
+            p.total_bytes(),
+            "{threads} threads, {request_bytes}"
+        );
+        assert_eq!(p.total_bytes(), 24 * MIB as u64);
+    }
+}
+
+#[test]
 fn wait_hands_the_error_to_one_of_several_waiting_threads() {
     let dir = scratch_dir("wait_from_several_threads");
     let path = dir.join("p.safetensors");

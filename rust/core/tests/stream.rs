@@ -11,8 +11,8 @@ use std::sync::{mpsc, Arc};
 use common::scratch_dir;
 use common::sharded::{write_sharded, Spec};
 use safetensors_core::{
-    serialize_to_file, Backend, Checkpoint, Dtype, Error, ErrorKind, Indexer, Request, SafeFile,
-    Source, StreamOptions, TensorStream, TensorView,
+    serialize_to_file, Backend, Checkpoint, Dtype, Error, ErrorKind, HandOver, Indexer, Request,
+    SafeFile, Source, StreamOptions, TensorStream, TensorView,
 };
 
 const LENS: [usize; 7] = [1000, 70_000, 4096, 300_000, 12, 50_000, 65_536];
@@ -112,6 +112,38 @@ fn a_file_that_shrinks_mid_stream_ends_it_with_io_and_dropping_early_is_prompt()
     let held = stream.next().unwrap().unwrap();
     drop(stream);
     assert_eq!(held.data().len(), 1000);
+}
+
+#[test]
+fn a_stream_dropped_while_a_large_tensor_is_read_stops_reading_it() {
+    // One 1 GiB tensor in a sparse file (reads of holes are cheap, but not free): the reader
+    // reads it in 64 MiB pieces and looks for cancellation between them, so dropping the stream
+    // returns long before the whole tensor is read; the bytes it did read are counted.
+    let dir = scratch_dir("dropped_during_a_large_tensor");
+    let path = dir.join("big.safetensors");
+    let gib = 1usize << 30;
+    let header =
+        format!("{{\"big\":{{\"dtype\":\"U8\",\"shape\":[{gib}],\"data_offsets\":[0,{gib}]}}}}");
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_len((bytes.len() + gib) as u64).unwrap();
+    drop(file);
+    for backend in [Backend::Read, Backend::Direct] {
+        let f = Arc::new(SafeFile::open(&path, backend).unwrap());
+        let stream = TensorStream::new(f.clone(), None, u64::MAX).unwrap();
+        // Let the reader start on the tensor, then abandon the stream.
+        while f.bytes_read() == 0 {
+            std::thread::yield_now();
+        }
+        drop(stream);
+        let read = f.bytes_read();
+        assert!(
+            read < gib as u64,
+            "{backend:?}: the whole tensor was read ({read} bytes) before the drop returned"
+        );
+    }
 }
 
 /// Three shards of tensors of several dtypes and sizes; `s1.big` is larger than [`BOUND`].
@@ -259,6 +291,15 @@ fn requests_that_do_not_fit_are_refused_before_anything_is_read() {
         (Request::tensor("nope"), ErrorKind::TensorNotFound),
         (
             Request::tensor("s0.w").in_file(2),
+            ErrorKind::TensorNotFound,
+        ),
+        // A shard number past the end: the same kind as for a list of files.
+        (
+            Request::tensor("s0.w").in_file(3),
+            ErrorKind::TensorNotFound,
+        ),
+        (
+            Request::tensor("s0.w").in_file(usize::MAX),
             ErrorKind::TensorNotFound,
         ),
         (
@@ -433,11 +474,22 @@ fn open_with_handoff_announces_every_hand_over_on_the_reader_thread() {
     write_sample(&path);
     let files = [Arc::new(SafeFile::open(&path, Backend::Read).unwrap())];
     let announced = Arc::new(AtomicUsize::new(0));
+    let taken_said = Arc::new(AtomicUsize::new(0));
     let caller = std::thread::current().id();
-    let count = announced.clone();
-    let handoff = move || {
-        assert_ne!(std::thread::current().id(), caller, "on the reader thread");
-        count.fetch_add(1, Ordering::SeqCst);
+    let (count, takes) = (announced.clone(), taken_said.clone());
+    let handoff = move |h: HandOver| match h {
+        HandOver::Given => {
+            assert_ne!(std::thread::current().id(), caller, "on the reader thread");
+            count.fetch_add(1, Ordering::SeqCst);
+        }
+        HandOver::Taken => {
+            assert_eq!(
+                std::thread::current().id(),
+                caller,
+                "on the consumer's thread"
+            );
+            takes.fetch_add(1, Ordering::SeqCst);
+        }
     };
     let options = StreamOptions {
         max_inflight_bytes: 1,
@@ -449,8 +501,46 @@ fn open_with_handoff_announces_every_hand_over_on_the_reader_thread() {
     for t in stream {
         t.unwrap();
         taken += 1;
-        // Announced before `next` could return it.
-        assert!(announced.load(Ordering::SeqCst) >= taken);
+        // Announced (before and after queueing) before `next` could return it; taken likewise.
+        assert!(announced.load(Ordering::SeqCst) >= 2 * taken);
+        assert_eq!(taken_said.load(Ordering::SeqCst), 2 * taken);
     }
-    assert_eq!(announced.load(Ordering::SeqCst), LENS.len());
+    assert_eq!(announced.load(Ordering::SeqCst), 2 * LENS.len());
+}
+
+#[test]
+fn a_tensor_larger_than_a_read_piece_arrives_whole_with_every_backend() {
+    // Whole tensors are read in 64 MiB pieces: one of 150 MiB + 7 bytes that starts off a block
+    // boundary (after a 3-byte tensor) crosses pieces and blocks at odd places.
+    let dir = scratch_dir("a_tensor_larger_than_a_piece");
+    let path = dir.join("big.safetensors");
+    let big_len = (150 << 20) + 7;
+    let small: Vec<u8> = vec![1, 2, 3];
+    let big: Vec<u8> = (0..big_len)
+        .map(|i| (i as u64).wrapping_mul(2_654_435_761) as u8 ^ (i >> 20) as u8)
+        .collect();
+    serialize_to_file(
+        [
+            ("a", TensorView::new(Dtype::U8, &[3], &small)),
+            ("b", TensorView::new(Dtype::U8, &[big_len], &big)),
+        ],
+        None,
+        &path,
+    )
+    .unwrap();
+    for backend in [Backend::Mmap, Backend::Read, Backend::Direct] {
+        let f = Arc::new(SafeFile::open(&path, backend).unwrap());
+        let mut count = 0;
+        for t in TensorStream::new(f, None, 1 << 20).unwrap() {
+            let t = t.unwrap();
+            let want: &[u8] = if t.name == "a" { &small } else { &big };
+            assert!(
+                t.data() == want,
+                "{backend:?}: the bytes of `{}` differ",
+                t.name
+            );
+            count += 1;
+        }
+        assert_eq!(count, 2, "{backend:?}");
+    }
 }

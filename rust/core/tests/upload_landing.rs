@@ -450,6 +450,20 @@ fn a_scratch_ring_reuses_a_region_only_once_its_consumer_released_it() {
 }
 
 #[test]
+fn a_scratch_ring_refuses_an_alignment_larger_than_a_staging_slot() {
+    let dir = scratch_dir("landing_scratch_alignment");
+    let file = many_tensors(&dir, 5);
+    let mut plan = UploadPlan::new(8192);
+    for name in file.header().sorted_names() {
+        plan.add_tensor(0, &file, name).unwrap();
+    }
+    let err = StreamLayout::scratch(&plan, 1 << 20, 4096).err().unwrap();
+    assert_eq!(err.kind(), ErrorKind::Cuda);
+    assert!(err.to_string().contains("alignment"), "{err}");
+    assert!(StreamLayout::scratch(&plan, 1 << 20, 8192).is_ok());
+}
+
+#[test]
 fn a_synchronous_consumer_releases_its_region_on_return() {
     let dir = scratch_dir("landing_scratch_sync");
     let file = many_tensors(&dir, 500);

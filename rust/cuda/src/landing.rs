@@ -13,7 +13,7 @@
 //! and may call the library, except uploads through the same `Uploader`, which would wait for
 //! the very upload that is calling them: those are refused with an error.
 
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::sync::Mutex;
 
 use cudarc::driver::result as cu;
@@ -153,22 +153,25 @@ pub struct Delivery<'a> {
 }
 
 thread_local! {
-    /// The uploader whose streaming upload runs on this thread (its address), if any.
-    static DELIVERING: Cell<usize> = const { Cell::new(0) };
+    /// The uploaders whose streaming uploads run on this thread (their addresses), innermost
+    /// last: a callback may start an upload through another uploader, whose callback may in
+    /// turn call back into any of them.
+    static DELIVERING: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Marks the calling thread as delivering `uploader`'s tensors until dropped.
-struct Delivering(usize);
+struct Delivering;
 
 impl Delivering {
     fn enter(uploader: &Uploader) -> Delivering {
-        Delivering(DELIVERING.with(|d| d.replace(uploader as *const Uploader as usize)))
+        DELIVERING.with(|d| d.borrow_mut().push(uploader as *const Uploader as usize));
+        Delivering
     }
 }
 
 impl Drop for Delivering {
     fn drop(&mut self) {
-        DELIVERING.with(|d| d.set(self.0));
+        DELIVERING.with(|d| d.borrow_mut().pop());
     }
 }
 
@@ -176,10 +179,12 @@ impl Uploader {
     /// Refuses an upload (or wait) through this uploader from its own landing callback: it
     /// would wait for the upload that is running the callback.
     pub(crate) fn not_from_own_callback(&self) -> Result<()> {
-        if DELIVERING.with(Cell::get) == self as *const Uploader as usize {
+        let me = self as *const Uploader as usize;
+        if DELIVERING.with(|d| d.borrow().contains(&me)) {
             return Err(Error::Cuda {
-                message: "an upload or synchronize through the Uploader whose landing callback \
-                          is running would wait for the upload that called it: use another \
+                message: "an upload or synchronize through an Uploader whose landing callback \
+                          is running (on this thread, perhaps further out in a chain of \
+                          callbacks) would wait for the upload that called it: use another \
                           Uploader (or the one-shot calls) from the callback"
                     .into(),
             });

@@ -515,25 +515,31 @@ mod ffi {
 
         /// Tensors delivered in file order with bounded buffers.
         type TensorStream;
-        /// Streams `requests` of `file`. `announce`, when not 0, is the address of a C function
-        /// `void(void*)` that the reader thread calls with `token` at every hand-over (the C++
-        /// header passes ThreadSanitizer's `__tsan_release`). Null on failure.
+        /// Streams `requests` of `file`. `announce` and `receive`, when not 0, are addresses of
+        /// C functions `void(void*)` called with `token` under the stream's lock: the first by
+        /// the reader thread just before and after it queues each tensor, the second by the
+        /// consumer just before and after it takes queued tensors (the C++ header passes a
+        /// ThreadSanitizer acquire-and-release for both). Null on failure.
+        #[allow(clippy::too_many_arguments)]
         unsafe fn stream_file(
             file: &File,
             requests: &RequestList,
             max_inflight_bytes: u64,
             wait_for_release: bool,
             announce: usize,
+            receive: usize,
             token: usize,
             status: &mut Status,
         ) -> *mut TensorStream;
         /// The same over a checkpoint's shards.
+        #[allow(clippy::too_many_arguments)]
         unsafe fn stream_checkpoint(
             ckpt: &Checkpoint,
             requests: &RequestList,
             max_inflight_bytes: u64,
             wait_for_release: bool,
             announce: usize,
+            receive: usize,
             token: usize,
             status: &mut Status,
         ) -> *mut TensorStream;

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use safetensors_core::{
-    Advice, Backend, Error, Indexer, Plan, Prefetch, PrefetchOptions, Request, Source,
+    Advice, Backend, Error, HandOver, Indexer, Plan, Prefetch, PrefetchOptions, Request, Source,
     StreamOptions, DIRECT_ALIGN,
 };
 
@@ -278,37 +278,45 @@ pub struct StreamTensor {
     inner: safetensors_core::StreamTensor,
 }
 
-/// Calls a C function `void(void*)` given by address, with a token: what C++ asks the reader
-/// thread to do at each hand-over.
+/// Calls C functions `void(void*)` given by address, with a token: what C++ asks each side of a
+/// hand-over to do (the reader thread on giving, the consumer on taking).
 struct Announce {
-    call: extern "C" fn(*mut c_void),
+    give: extern "C" fn(*mut c_void),
+    take: extern "C" fn(*mut c_void),
     token: usize,
 }
 
 /// Opens the stream, with the hand-over announced when C++ asks for it.
 ///
 /// # Safety
-/// `announce` is 0 or the address of a C function taking one pointer, callable from any thread
-/// for as long as the stream lives, and `token` is what it expects (see `stream_file`).
+/// `announce` and `receive` are both 0, or both the address of a C function taking one pointer,
+/// callable from any thread for as long as the stream lives, and `token` is what they expect
+/// (see `stream_file`).
 unsafe fn open_stream(
     source: Source<'_>,
     at: &Path,
     requests: &RequestList,
     options: StreamOptions,
-    announce: usize,
-    token: usize,
+    (announce, receive, token): (usize, usize, usize),
 ) -> Result<*mut TensorStream, Error> {
     let requests = requests.core(at)?;
     let requests = requests.as_deref();
-    let inner = match announce {
-        0 => safetensors_core::TensorStream::open(source, requests, options)?,
-        address => {
-            // SAFETY: the caller passes the address of such a function (see above).
-            let call = unsafe { std::mem::transmute::<usize, extern "C" fn(*mut c_void)>(address) };
-            let a = Announce { call, token };
-            let handoff = move || (a.call)(a.token as *mut c_void);
-            safetensors_core::TensorStream::open_with_handoff(source, requests, options, handoff)?
-        }
+    let inner = if announce == 0 || receive == 0 {
+        safetensors_core::TensorStream::open(source, requests, options)?
+    } else {
+        // SAFETY: the caller passes the addresses of such functions (see above).
+        let a = unsafe {
+            Announce {
+                give: std::mem::transmute::<usize, extern "C" fn(*mut c_void)>(announce),
+                take: std::mem::transmute::<usize, extern "C" fn(*mut c_void)>(receive),
+                token,
+            }
+        };
+        let handoff = move |h: HandOver| match h {
+            HandOver::Given => (a.give)(a.token as *mut c_void),
+            HandOver::Taken => (a.take)(a.token as *mut c_void),
+        };
+        safetensors_core::TensorStream::open_with_handoff(source, requests, options, handoff)?
     };
     Ok(handed_over(TensorStream { inner }))
 }
@@ -321,15 +329,17 @@ fn stream_options(max_inflight_bytes: u64, wait_for_release: bool) -> StreamOpti
 }
 
 /// # Safety
-/// See [`open_stream`]: `announce` is 0 or a C function `void(void*)`. The C++ header passes
-/// ThreadSanitizer's `__tsan_release` (only in programs built with it) and the address of a
-/// token that outlives the stream.
+/// See [`open_stream`]: `announce` and `receive` are 0 or C functions `void(void*)`. The C++
+/// header passes, for both, a function that acquires and releases a ThreadSanitizer token (only
+/// in programs built with it), and the address of that token, which outlives the stream.
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn stream_file(
     file: &File,
     requests: &RequestList,
     max_inflight_bytes: u64,
     wait_for_release: bool,
     announce: usize,
+    receive: usize,
     token: usize,
     status: &mut Status,
 ) -> *mut TensorStream {
@@ -344,8 +354,7 @@ pub unsafe fn stream_file(
                 at,
                 requests,
                 options,
-                announce,
-                token,
+                (announce, receive, token),
             )
         }
     })
@@ -353,12 +362,14 @@ pub unsafe fn stream_file(
 
 /// # Safety
 /// As [`stream_file`].
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn stream_checkpoint(
     ckpt: &Checkpoint,
     requests: &RequestList,
     max_inflight_bytes: u64,
     wait_for_release: bool,
     announce: usize,
+    receive: usize,
     token: usize,
     status: &mut Status,
 ) -> *mut TensorStream {
@@ -372,8 +383,7 @@ pub unsafe fn stream_checkpoint(
                 ckpt.core().path(),
                 requests,
                 options,
-                announce,
-                token,
+                (announce, receive, token),
             )
         }
     })
@@ -520,7 +530,7 @@ mod tests {
         let all = adopt(outcome(|s| new_request_list(true, &[], &[], &[], s)).unwrap());
         // SAFETY: no announcement.
         let mut stream =
-            adopt(outcome(|s| unsafe { stream_file(&file, &all, 1, false, 0, 0, s) }).unwrap());
+            adopt(outcome(|s| unsafe { stream_file(&file, &all, 1, false, 0, 0, 0, s) }).unwrap());
         let t = adopt(outcome(|s| stream.next_tensor(s)).unwrap());
         assert_eq!(
             (t.name(), t.data().len(), t.shape()),

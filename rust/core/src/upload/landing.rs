@@ -90,6 +90,17 @@ impl StreamLayout {
             ),
         };
         let align = plan.alignment;
+        if align > slot_bytes.max(1) as u64 {
+            // Chunks are whole multiples of the alignment; one larger than a staging slot would
+            // grow every pinned slot to it, past the bound the ring promises.
+            return Err(Error::Cuda {
+                message: format!(
+                    "a scratch ring is refilled in chunks of at most one staging slot ({slot_bytes} \
+                     bytes), and the alignment ({align} bytes) is larger: use a smaller \
+                     UploadOptions::alignment or larger UploadOptions::slot_bytes"
+                ),
+            });
+        }
         let largest = plan.placements.iter().map(|p| p.len).max().unwrap_or(0);
         let want = scratch_bytes.max(largest).max(1);
         let chunk = ((slot_bytes.max(1) as u64).min(want) / align * align).max(align);
