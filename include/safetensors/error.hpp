@@ -114,10 +114,22 @@ class [[nodiscard]] Status {
   void throw_if_error() const;
 
  private:
+  // A plain loop: GCC 12 at -O2 and above warns (maybe-uninitialized, a false positive) about
+  // `std::string::find` inlined here, which breaks builds with -Werror.
   static std::string without_nul(std::string text) {
-    for (auto at = text.find('\0'); at != std::string::npos; at = text.find('\0', at + 2))
-      text.replace(at, 1, "\\0");
-    return text;
+    std::size_t nuls = 0;
+    for (char c : text) nuls += c == '\0' ? 1 : 0;
+    if (nuls == 0) return text;
+    std::string out;
+    out.reserve(text.size() + nuls);
+    for (char c : text) {
+      if (c == '\0') {
+        out += "\\0";
+      } else {
+        out += c;
+      }
+    }
+    return out;
   }
 
   bool failed_ = false;
