@@ -28,9 +28,9 @@
 //
 // Cold items (cold.hpp), the default with --cold: each a full read of the file with its page
 // cache dropped first, next to the disk's own rate measured in the same run:
-//   disk       the disk's sequential read rate: fio, direct I/O, 4 jobs at queue depth 16 with
-//              16 MiB requests, each over a quarter of the file (dd iflag=direct x 4 in parallel
-//              where fio is missing)
+//   disk       the disk's sequential read rate: fio, direct I/O, 16 MiB requests, the faster of
+//              one job at queue depth 8 and 4 jobs at depth 16 each over a quarter of the file
+//              (dd iflag=direct x 4 in parallel where fio is missing)
 //   mmap, read, direct   every tensor read in file order with that backend
 //   prefetch   safetensors::prefetch of the whole file, then every tensor through the mapping
 //   stream     every tensor delivered by a TensorStream (direct backend, 256 MiB bound)
@@ -521,7 +521,7 @@ std::pair<std::string, std::string> cold_items(const Options& opt, const fs::pat
     if (opt.items.count(name)) items.push_back({name, label, std::move(body), {name, {}, size, {}}});
   };
   cold::DiskTool tool;
-  add("disk", "disk (direct I/O, 4 jobs x queue depth 16)", nullptr);
+  add("disk", "disk (direct I/O, the faster of 1 job x depth 8, 4 jobs x depth 16)", nullptr);
   add("mmap", "mmap: every tensor through the mapping", [&] { return cold::read_all(path, Backend::Mmap); });
   add("read", "read: pread of every tensor", [&] { return cold::read_all(path, Backend::Read); });
   add("direct", "direct: O_DIRECT of every tensor", [&] { return cold::read_all(path, Backend::Direct); });

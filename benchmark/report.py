@@ -129,7 +129,7 @@ def table(data, meta):
 
 # The cold reads, in the order of the table: (tool, item) -> what was read, and how.
 COLD_ROWS = [
-    ("bench_cpp", "disk", "the disk itself: fio, direct I/O, 4 jobs x queue depth 16, 16 MiB requests"),
+    ("bench_cpp", "disk", "the disk itself: fio, direct I/O, 16 MiB requests, the faster of 1 job x queue depth 8 and 4 jobs x depth 16"),
     ("bench_cpp", "direct", "ours, direct backend: O_DIRECT into aligned buffers the views own"),
     ("bench_cpp", "stream", "ours, TensorStream (direct backend, 256 MiB bound)"),
     ("bench_cpp", "read", "ours, read backend: pread into buffers the views own"),
