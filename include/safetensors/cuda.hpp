@@ -51,10 +51,12 @@
 namespace safetensors::inline SAFETENSORS_ABI::cuda {
 
 struct UploadOptions {
-  /// Staging buffers (pinned host memory) and their size (0: the defaults, see above).
+  /// Staging buffers (pinned host memory) and their size (0: the defaults, see above); at most
+  /// 1024 buffers (more are clamped).
   std::size_t staging_slots = 0;
   std::size_t slot_bytes = 0;
-  /// Threads reading the files into the staging buffers (0: half the cores, at most 8).
+  /// Threads reading the files into the staging buffers (0: half the cores, at most 8; any
+  /// value at most 64).
   unsigned readers = 0;
   /// Every tensor starts on a multiple of this many bytes of the allocation.
   std::size_t alignment = 256;

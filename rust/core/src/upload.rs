@@ -208,13 +208,19 @@ pub trait UploadTarget: Sync {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingOptions {
     /// Number of staging buffers (more than `readers`, so that copies stay queued while every
-    /// reader fills).
+    /// reader fills); at most [`MAX_SLOTS`].
     pub slots: usize,
     /// Bytes in each staging buffer.
     pub slot_bytes: usize,
-    /// Reader threads.
+    /// Reader threads; at most [`MAX_READERS`].
     pub readers: usize,
 }
+
+/// The most staging buffers a ring holds (larger counts are clamped): a count taken from a
+/// careless option must not become an allocation that aborts the process.
+pub const MAX_SLOTS: usize = 1024;
+/// The most reader threads a ring starts (larger counts are clamped), for the same reason.
+pub const MAX_READERS: usize = 64;
 
 impl Default for RingOptions {
     /// See the type's documentation for the arithmetic.
@@ -276,7 +282,7 @@ impl<S: Send> Ring<S> {
     /// the upload needs (a 1 KiB tensor stages through 4 KiB, not `slot_bytes`), and grows it
     /// when a later upload needs more. For uploaders shared by one-shot calls.
     pub fn lazy(options: RingOptions) -> Ring<S> {
-        let count = options.slots.max(1);
+        let count = options.slots.clamp(1, MAX_SLOTS);
         let slots = (0..count)
             .map(|i| {
                 let state = SlotState {
@@ -291,7 +297,7 @@ impl<S: Send> Ring<S> {
         Ring {
             slots,
             slot_bytes: options.slot_bytes.max(4096),
-            readers: options.readers.max(1),
+            readers: options.readers.clamp(1, MAX_READERS),
             running: Mutex::new(()),
         }
     }

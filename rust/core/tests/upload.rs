@@ -255,6 +255,26 @@ fn a_ring_is_reusable_across_uploads() {
 }
 
 #[test]
+fn careless_ring_sizes_are_clamped_not_an_abort() {
+    // usize::MAX slots or readers would be an allocation (or thread count) that aborts the
+    // process; they are clamped, and the upload still lands every byte.
+    let dir = scratch_dir("upload_careless_sizes");
+    let files = files(&dir);
+    let refs: Vec<&SafeFile> = files.iter().collect();
+    let (plan, expected) = plan_and_expected(&files, 256);
+    let target = HostTarget::new(plan.total());
+    let ring = Ring::lazy(RingOptions {
+        slots: usize::MAX,
+        slot_bytes: 4096,
+        readers: usize::MAX,
+    });
+    ring.run(&target, &refs, &plan).unwrap();
+    ring.wait_all(&target).unwrap();
+    assert!(*target.dst.lock().unwrap() == expected);
+    assert!(ring.staging_bytes() <= safetensors_core::upload::MAX_SLOTS * 4096);
+}
+
+#[test]
 fn a_failed_copy_stops_the_upload_with_its_error() {
     let dir = scratch_dir("upload_failure");
     let files = files(&dir);
