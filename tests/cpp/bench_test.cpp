@@ -137,6 +137,10 @@ TEST_P(Bench, ColdWithoutPermissionToDropThePageCacheSaysSoAndExits1) {
   for (const char* a : {"--cold", "--runs", "1"}) command.emplace_back(a);
   command.push_back(model_.string());
   auto r = test::run(command);
+  // As nobody, a checkout under a private directory (mktemp -d makes one) cannot even be read:
+  // the program never starts, which is not what this test checks.
+  if (::geteuid() == 0 && r.code != 1 && has(r.err, "Permission denied"))
+    GTEST_SKIP() << "nobody cannot read the program or its files here: " << r.err;
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_TRUE(has(r.err, "needs root") && has(r.err, "drop_caches")) << r.err;
   EXPECT_FALSE(has(r.out, "model.safetensors (")) << "no work before the check: " << r.out;
