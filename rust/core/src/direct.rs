@@ -16,12 +16,15 @@
 //! value is ignored.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
-use std::fs::File;
+use std::cell::OnceCell;
+use std::fs::{File, Metadata};
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::Path;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
+
+use crate::open::{reopen, Identity};
 
 /// Alignment of offsets, lengths and memory for `O_DIRECT`. 4096 covers every logical block
 /// size Linux filesystems use on 4 KiB-page machines (512 and 4096); a larger alignment is
@@ -55,50 +58,101 @@ fn einval() -> io::Error {
     io::Error::from_raw_os_error(libc::EINVAL)
 }
 
+/// Whether a failed `O_DIRECT` open or read is the filesystem refusing `O_DIRECT` itself
+/// (`EINVAL`, or `EOPNOTSUPP` from some FUSE filesystems), which falls back to `pread`. Any
+/// other failure (no descriptors left, no memory, no permission) is an error of the read: it
+/// says nothing about the filesystem, and calling it a refusal would hide it.
+fn is_refusal(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINVAL) | Some(libc::EOPNOTSUPP)
+    )
+}
+
 /// A file read with `O_DIRECT` where the filesystem allows it, else with `pread`.
+///
+/// Descriptors: a file opened on its own holds two for its life (an ordinary one, and the
+/// `O_DIRECT` one); a checkpoint shard holds none between reads, and each read operation opens
+/// what it needs ([`DirectFile::op`]), so that thousands of shards never exhaust descriptors.
+/// Every descriptor after the first is a second open of the path, checked to be the same file
+/// ([`reopen`]): a rename in between is an error, never another file's bytes.
 pub struct DirectFile {
-    /// Ordinary descriptor: the header, the fallback, and a tail the direct read came short on.
-    buffered: File,
-    /// The `O_DIRECT` descriptor, when the open succeeded.
-    direct: Option<File>,
-    /// Set once a read through `direct` was refused: every later read uses `buffered`.
+    path: PathBuf,
+    id: Identity,
+    /// The descriptors held for the life of the file; `None` for a shard.
+    held: Option<Held>,
+    /// Set once the filesystem refused `O_DIRECT` (at an open or a read): every later read uses
+    /// an ordinary descriptor.
     refused: AtomicBool,
+    /// The test hook's `open`: refuse every `O_DIRECT` open, as a filesystem would.
+    refuse_open: bool,
     /// The test hook's `read`: refuse the next direct read, as a filesystem would.
     refuse_read: AtomicBool,
     /// Why reads do not bypass the page cache, once known.
     reason: OnceLock<String>,
 }
 
+struct Held {
+    /// Ordinary descriptor: the header, the fallback, and a tail the direct read came short on.
+    buffered: File,
+    /// The `O_DIRECT` descriptor, unless the filesystem refused it.
+    direct: Option<File>,
+}
+
 impl DirectFile {
-    /// Wraps the already opened and checked `buffered` descriptor of `path`, and tries a second,
-    /// `O_DIRECT` descriptor. A refusal is recorded, not returned.
-    pub fn open(path: &Path, buffered: File) -> DirectFile {
+    /// Wraps the already opened and checked `buffered` descriptor of `path` (`meta` is its
+    /// `fstat`) and opens `path` again with `O_DIRECT`, checked to be the same file. `hold`
+    /// keeps both descriptors for the life of the file; without it both are closed now and
+    /// each read operation opens its own. A refusal of `O_DIRECT` is recorded, not returned;
+    /// any other failure of the second open (the file replaced, no descriptors left) is.
+    pub fn open(
+        path: &Path,
+        buffered: File,
+        meta: &Metadata,
+        hold: bool,
+    ) -> io::Result<DirectFile> {
         let hook = refuse_hook();
-        let direct = if hook == Refuse::Open {
+        let mut file = DirectFile {
+            path: path.to_path_buf(),
+            id: Identity::of(meta),
+            held: None,
+            refused: AtomicBool::new(false),
+            refuse_open: hook == Refuse::Open,
+            refuse_read: AtomicBool::new(hook == Refuse::Read),
+            reason: OnceLock::new(),
+        };
+        let direct = file.open_direct()?;
+        if hold {
+            file.held = Some(Held { buffered, direct });
+        }
+        Ok(file)
+    }
+
+    /// A new `O_DIRECT` descriptor of the same file; `None` once the filesystem refused one.
+    fn open_direct(&self) -> io::Result<Option<File>> {
+        if self.refused.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let opened = if self.refuse_open {
             Err(einval())
         } else {
-            File::options()
-                .read(true)
-                .custom_flags(libc::O_DIRECT | libc::O_NONBLOCK)
-                .open(path)
+            reopen(&self.path, &self.id, libc::O_DIRECT)
         };
-        let reason = OnceLock::new();
-        let direct = match direct {
-            Ok(f) => Some(f),
-            Err(e) => {
-                let _ = reason.set(format!(
+        match opened {
+            Ok(f) => Ok(Some(f)),
+            Err(e) if is_refusal(&e) => {
+                self.refuse(format!(
                     "the filesystem refused O_DIRECT at open ({e}); reading with pread"
                 ));
-                None
+                Ok(None)
             }
-        };
-        DirectFile {
-            buffered,
-            direct,
-            refused: AtomicBool::new(false),
-            refuse_read: AtomicBool::new(hook == Refuse::Read),
-            reason,
+            Err(e) => Err(e),
         }
+    }
+
+    fn refuse(&self, why: String) {
+        self.refused.store(true, Ordering::Relaxed);
+        let _ = self.reason.set(why);
     }
 
     /// Why reads go through the page cache (`None` while `O_DIRECT` works).
@@ -106,24 +160,73 @@ impl DirectFile {
         self.reason.get().map(String::as_str)
     }
 
-    /// Runs `read` on the `O_DIRECT` descriptor; `None` when there is none (never opened, or a
-    /// read was refused before) or the filesystem refuses this read (`EINVAL`), which switches
-    /// this file to `pread` for good: the caller then reads with `buffered`.
+    /// The descriptors of one read operation: the held ones, or (for a shard) an `O_DIRECT`
+    /// one opened now, with an ordinary one opened only if the operation needs it.
+    pub fn op(&self) -> io::Result<DirectOp<'_>> {
+        let (direct, buffered) = match &self.held {
+            Some(h) => (
+                h.direct.as_ref().map(Fd::Borrowed),
+                OnceCell::from(Fd::Borrowed(&h.buffered)),
+            ),
+            None => (self.open_direct()?.map(Fd::Owned), OnceCell::new()),
+        };
+        Ok(DirectOp {
+            file: self,
+            direct,
+            buffered,
+        })
+    }
+}
+
+/// A descriptor borrowed from a [`DirectFile`] or opened for one operation.
+enum Fd<'a> {
+    Borrowed(&'a File),
+    Owned(File),
+}
+
+impl Fd<'_> {
+    fn get(&self) -> &File {
+        match self {
+            Fd::Borrowed(f) => f,
+            Fd::Owned(f) => f,
+        }
+    }
+}
+
+/// One read operation of a [`DirectFile`] (see [`DirectFile::op`]).
+pub struct DirectOp<'a> {
+    file: &'a DirectFile,
+    direct: Option<Fd<'a>>,
+    buffered: OnceCell<Fd<'a>>,
+}
+
+impl DirectOp<'_> {
+    /// The ordinary descriptor, opened (and checked) on first use for a shard.
+    fn buffered(&self) -> io::Result<&File> {
+        if let Some(fd) = self.buffered.get() {
+            return Ok(fd.get());
+        }
+        let f = reopen(&self.file.path, &self.file.id, 0)?;
+        Ok(self.buffered.get_or_init(|| Fd::Owned(f)).get())
+    }
+
+    /// Runs `read` on the `O_DIRECT` descriptor; `None` when there is none (refused before) or
+    /// the filesystem refuses this read, which switches the file to `pread` for good: the
+    /// caller then reads with the ordinary descriptor.
     fn direct_read<T>(&self, read: impl FnOnce(&File) -> io::Result<T>) -> io::Result<Option<T>> {
         let direct = match &self.direct {
-            Some(d) if !self.refused.load(Ordering::Relaxed) => d,
+            Some(d) if !self.file.refused.load(Ordering::Relaxed) => d.get(),
             _ => return Ok(None),
         };
-        let result = if self.refuse_read.swap(false, Ordering::Relaxed) {
+        let result = if self.file.refuse_read.swap(false, Ordering::Relaxed) {
             Err(einval())
         } else {
             read(direct)
         };
         match result {
             Ok(v) => Ok(Some(v)),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                self.refused.store(true, Ordering::Relaxed);
-                let _ = self.reason.set(format!(
+            Err(e) if is_refusal(&e) => {
+                self.file.refuse(format!(
                     "the filesystem refused an O_DIRECT read ({e}); reading with pread"
                 ));
                 Ok(None)
@@ -144,7 +247,7 @@ impl DirectFile {
         // `done` bytes came through O_DIRECT; a short read means the file ended there (or the
         // filesystem stopped short): pread finishes, and reports a true end of file.
         if done < dst.len() {
-            self.buffered
+            self.buffered()?
                 .read_exact_at(&mut dst[done..], at + done as u64)?;
         }
         Ok(())
@@ -152,16 +255,16 @@ impl DirectFile {
 
     /// Reads the aligned span at `at` straight into `dst` (both aligned to [`DIRECT_ALIGN`],
     /// `dst.len()` a multiple of it) with `O_DIRECT`, no bounce buffer; returns the bytes read
-    /// (fewer at end of file), or `None` when `O_DIRECT` is not in use (never opened, or
-    /// refused now or before), in which case nothing useful is in `dst`.
+    /// (fewer at end of file), or `None` when `O_DIRECT` is not in use (refused now or
+    /// before), in which case nothing useful is in `dst`.
     pub fn read_span(&self, dst: &mut [u8], at: u64) -> io::Result<Option<usize>> {
         self.direct_read(|direct| pread_some(direct, dst, at))
     }
 
-    /// [`DirectFile::read_exact_at`] for the part of a span [`DirectFile::read_span`] did not
+    /// [`DirectOp::read_exact_at`] for the part of a span [`DirectOp::read_span`] did not
     /// fill: with `pread`, which tells a true end of file from a filesystem that stopped short.
     pub fn finish(&self, dst: &mut [u8], at: u64) -> io::Result<()> {
-        self.buffered.read_exact_at(dst, at)
+        self.buffered()?.read_exact_at(dst, at)
     }
 }
 

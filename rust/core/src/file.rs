@@ -1,23 +1,24 @@
 //! Opening files: a read-only memory map, positioned reads on demand, or bytes already in
-//! memory ([`SafeFile::from_memory`]); and the one safe way this crate opens any file for
-//! reading ([`open_regular`], [`read_regular`]).
+//! memory ([`SafeFile::from_memory`]). How a path is opened (once, or again) is `open.rs`.
 //!
 //! Every source of bytes is validated the same way: [`parse_allowing`] over the header bytes
 //! and the length of the whole input (the mapping's, the file's, or the buffer's).
 
 use std::borrow::Cow;
 use std::fs::File;
-use std::io::{self, Read};
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use memmap2::Mmap;
 
-use crate::direct::{DirectFile, DIRECT_ALIGN};
+use crate::direct::{DirectFile, DirectOp, DIRECT_ALIGN};
 use crate::error::{Error, Result};
 use crate::format::LENGTH_PREFIX_SIZE;
 use crate::header::{read_header_len, Header, TensorInfo};
+pub(crate) use crate::open::{open_regular, read_regular, zeroed};
+use crate::open::{reopen, Identity};
 use crate::slice::{Indexer, SlicePlan};
 use crate::view::{view_of, TensorView};
 
@@ -33,8 +34,8 @@ pub enum Backend {
     Read = 1,
     /// Like `Read`, but with `O_DIRECT` (bypassing the page cache) into aligned buffers, for
     /// cold loads at the disk's speed; falls back to `pread` where the filesystem refuses
-    /// `O_DIRECT` ([`SafeFile::direct_fallback`] says why). See `direct.rs`. It holds its
-    /// descriptors for the life of the file (also for checkpoint shards).
+    /// `O_DIRECT` ([`SafeFile::direct_fallback`] says why). See `direct.rs`. A file holds two
+    /// descriptors for its life; a checkpoint shard holds none between reads.
     Direct = 2,
 }
 
@@ -67,10 +68,10 @@ enum Reader {
     /// One descriptor, held for the life of the [`SafeFile`].
     Held(File),
     /// No descriptor between reads: each read operation opens the path again and checks that it
-    /// is still the file whose header was validated (same device and inode). Checkpoint shards
-    /// use this, so that a checkpoint of thousands of shards does not hold thousands of
-    /// descriptors; a shard replaced since it was opened is an `Io` error, never other data.
-    Reopen { path: PathBuf, dev: u64, ino: u64 },
+    /// is still the file whose header was validated ([`reopen`]). Checkpoint shards use this,
+    /// so that a checkpoint of thousands of shards does not hold thousands of descriptors; a
+    /// shard replaced since it was opened is an `Io` error, never other data.
+    Reopen,
 }
 
 /// A descriptor for one read operation: borrowed when held, opened for the operation otherwise,
@@ -78,7 +79,7 @@ enum Reader {
 enum Handle<'a> {
     Borrowed(&'a File),
     Owned(File),
-    Direct(&'a DirectFile),
+    Direct(DirectOp<'a>),
 }
 
 impl Handle<'_> {
@@ -101,6 +102,9 @@ impl Handle<'_> {
 /// ```
 pub struct SafeFile {
     path: PathBuf,
+    /// The identity of the file opened (`None` for bytes in memory): what every later open of
+    /// `path` (a shard's reads, prefetch threads) must find again.
+    identity: Option<Identity>,
     header: Header,
     storage: Storage,
     bytes_read: AtomicU64,
@@ -158,6 +162,7 @@ impl SafeFile {
         let (header, trailing) = parsed.map_err(|e| e.in_file(name))?;
         Ok(SafeFile {
             path: name.to_path_buf(),
+            identity: None,
             header,
             storage: Storage::Memory(bytes),
             bytes_read: AtomicU64::new(0),
@@ -212,26 +217,31 @@ impl SafeFile {
                 let reader = if hold {
                     Reader::Held(file)
                 } else {
-                    Reader::Reopen {
-                        path: path.to_path_buf(),
-                        dev: meta.dev(),
-                        ino: meta.ino(),
-                    }
+                    Reader::Reopen
                 };
                 (header, Storage::Reader(reader))
             }
             Backend::Direct => {
                 let header = read_header(&file, path, meta.len(), allow)?;
-                (header, Storage::Direct(DirectFile::open(path, file)))
+                let direct = DirectFile::open(path, file, &meta, hold)
+                    .map_err(|e| Error::io(path, "open", e))?;
+                (header, Storage::Direct(direct))
             }
         };
         Ok(SafeFile {
             path: path.to_path_buf(),
+            identity: Some(Identity::of(&meta)),
             header,
             storage,
             bytes_read: AtomicU64::new(0),
             trailing,
         })
+    }
+
+    /// The identity (device, inode, size, modification time) of the file opened; `None` for
+    /// bytes in memory. Whatever opens [`SafeFile::path`] again must find this file.
+    pub(crate) fn identity(&self) -> Option<Identity> {
+        self.identity
     }
 
     /// Bytes after the last tensor: 0 unless opened with
@@ -341,19 +351,17 @@ impl SafeFile {
         }
     }
 
-    /// A read outside the data buffer: the caller's range, refused as a failed read.
+    /// A read outside the data buffer: the caller's range is wrong (the file is not), so it is
+    /// `InvalidSlice`, never `Io`.
     fn outside(&self, offset: u64, len: usize) -> Error {
-        Error::io(
-            &self.path,
-            "read",
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "range {offset}+{len} is outside the {}-byte data buffer",
-                    self.header.data_len()
-                ),
+        Error::InvalidSlice {
+            tensor: String::new(),
+            reason: format!(
+                "bytes [{offset}, {offset} + {len}) lie outside the {}-byte data buffer",
+                self.header.data_len()
             ),
-        )
+        }
+        .in_file(&self.path)
     }
 
     /// A descriptor for one read operation (read backend only).
@@ -361,20 +369,17 @@ impl SafeFile {
         match &self.storage {
             Storage::Mapped(_) | Storage::Memory(_) => Ok(None),
             Storage::Reader(Reader::Held(file)) => Ok(Some(Handle::Borrowed(file))),
-            Storage::Direct(d) => Ok(Some(Handle::Direct(d))),
-            Storage::Reader(Reader::Reopen { path, dev, ino }) => {
-                let (file, meta) = open_regular(path, "a safetensors file")?;
-                if (meta.dev(), meta.ino()) != (*dev, *ino) {
-                    return Err(Error::io(
-                        path,
-                        "open",
-                        io::Error::other(
-                            "the file was replaced since it was opened; open it again to read \
-                             the new file",
-                        ),
-                    ));
-                }
-                Ok(Some(Handle::Owned(file)))
+            Storage::Direct(d) => d
+                .op()
+                .map(|op| Some(Handle::Direct(op)))
+                .map_err(|e| Error::io(&self.path, "open", e)),
+            Storage::Reader(Reader::Reopen) => {
+                let id = self.identity.as_ref().ok_or_else(|| Error::Internal {
+                    message: format!("{} reopens with no identity", self.path.display()),
+                })?;
+                reopen(&self.path, id, 0)
+                    .map(|f| Some(Handle::Owned(f)))
+                    .map_err(|e| Error::io(&self.path, "open", e))
             }
         }
     }
@@ -490,7 +495,8 @@ impl SafeFile {
         let want = head..head + len;
         if let Storage::Direct(d) = &self.storage {
             if len > 0 && dst.as_ptr() as usize % DIRECT_ALIGN == 0 {
-                let got = d
+                let op = d.op().map_err(|e| Error::io(&self.path, "open", e))?;
+                let got = op
                     .read_span(&mut dst[..span], start)
                     .map_err(|e| self.read_failed(e))?;
                 if let Some(got) = got {
@@ -498,7 +504,7 @@ impl SafeFile {
                     // stopped early. `pread` finishes, and tells a shrunk file by its end.
                     if got < want.end {
                         let from = got.max(head);
-                        d.finish(&mut dst[from..want.end], start + from as u64)
+                        op.finish(&mut dst[from..want.end], start + from as u64)
                             .map_err(|e| self.read_failed(e))?;
                     }
                     self.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
@@ -552,78 +558,6 @@ impl SafeFile {
     pub fn bytes_read(&self) -> u64 {
         self.bytes_read.load(Ordering::Relaxed)
     }
-}
-
-/// Opens `path` for reading the one safe way: `O_NONBLOCK`, so that a FIFO cannot block the
-/// open forever (it has no effect on regular files), then `fstat` on the descriptor, refusing
-/// anything but a regular file (directories, FIFOs, devices such as `/dev/zero`, sockets) with
-/// an `Io` error. `what` says what the file should have been, for the message.
-pub(crate) fn open_regular(path: &Path, what: &str) -> Result<(File, std::fs::Metadata)> {
-    let file = File::options()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| Error::io(path, "open", e))?;
-    let meta = file.metadata().map_err(|e| Error::io(path, "stat", e))?;
-    if !meta.is_file() {
-        let kind = if meta.is_dir() {
-            "a directory"
-        } else {
-            "not a regular file"
-        };
-        return Err(Error::io(
-            path,
-            "open",
-            io::Error::new(io::ErrorKind::InvalidInput, format!("{kind}, not {what}")),
-        ));
-    }
-    Ok((file, meta))
-}
-
-/// Reads a whole regular file of at most `cap` bytes (see [`open_regular`]). The cap holds even
-/// when the file grows while it is read: at most `cap + 1` bytes are ever taken.
-pub(crate) fn read_regular(path: &Path, what: &str, cap: u64) -> Result<Vec<u8>> {
-    let (file, meta) = open_regular(path, what)?;
-    let too_large = |len: u64| {
-        Error::io(
-            path,
-            "read",
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{len} bytes or more, over the {cap}-byte limit for {what}"),
-            ),
-        )
-    };
-    if meta.len() > cap {
-        return Err(too_large(meta.len()));
-    }
-    let mut out = Vec::new();
-    out.try_reserve_exact(meta.len() as usize)
-        .map_err(|_| Error::io(path, "read", out_of_memory(meta.len())))?;
-    file.take(cap + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| Error::io(path, "read", e))?;
-    if out.len() as u64 > cap {
-        return Err(too_large(out.len() as u64));
-    }
-    Ok(out)
-}
-
-fn out_of_memory(len: u64) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::OutOfMemory,
-        format!("cannot allocate {len} bytes to read into"),
-    )
-}
-
-/// A zeroed buffer of `len` bytes, or an error when memory is short (a plain `vec!` aborts the
-/// process instead, and a hostile file can name a tensor of any size up to the file's length).
-pub(crate) fn zeroed(len: usize) -> io::Result<Vec<u8>> {
-    let mut out = Vec::new();
-    out.try_reserve_exact(len)
-        .map_err(|_| out_of_memory(len as u64))?;
-    out.resize(len, 0);
-    Ok(out)
 }
 
 /// The first block of the file (up to 64 KiB).

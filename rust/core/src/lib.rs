@@ -39,6 +39,7 @@ mod error;
 mod file;
 mod format;
 mod header;
+mod open;
 mod prefetch;
 mod request;
 mod slice;

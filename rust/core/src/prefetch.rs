@@ -17,7 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use crate::error::{Error, Result};
-use crate::file::{open_regular, SafeFile};
+use crate::file::SafeFile;
+use crate::open::{reopen, Identity};
 use crate::request::{resolve, Request, Source};
 use crate::slice::SlicePlan;
 
@@ -52,6 +53,9 @@ pub struct Plan {
 #[derive(Debug, Clone)]
 struct PlanFile {
     path: PathBuf,
+    /// The file the plan was made from: a reader that opens `path` and finds another file
+    /// reports it instead of warming that one.
+    identity: Option<Identity>,
     data_start: u64,
     data_len: u64,
     ranges: Vec<(u64, u64)>,
@@ -123,6 +127,7 @@ impl Plan {
         }
         self.files.push(PlanFile {
             path: file.path().to_path_buf(),
+            identity: file.identity(),
             data_start: file.header().data_start() as u64,
             data_len: file.header().data_len() as u64,
             ranges: Vec::new(),
@@ -233,6 +238,7 @@ struct Read {
 
 struct Shared {
     paths: Vec<PathBuf>,
+    identities: Vec<Option<Identity>>,
     requests: Vec<Read>,
     next: AtomicUsize,
     done: AtomicU64,
@@ -260,6 +266,10 @@ impl Prefetch {
             * REQUEST_GRAIN;
         let mut requests = Vec::new();
         for (file, f) in plan.files.iter().enumerate() {
+            if f.identity.is_none() {
+                // Bytes in memory: nothing to warm, and no path to open.
+                continue;
+            }
             for (offset, len) in f.ranges() {
                 let mut at = 0u64;
                 while at < len {
@@ -278,6 +288,7 @@ impl Prefetch {
         let buffer = requests.iter().map(|r| r.len).max().unwrap_or(0);
         let shared = Arc::new(Shared {
             paths: plan.files.iter().map(|f| f.path.clone()).collect(),
+            identities: plan.files.iter().map(|f| f.identity).collect(),
             requests,
             next: AtomicUsize::new(0),
             done: AtomicU64::new(0),
@@ -323,14 +334,14 @@ impl Prefetch {
     }
 
     /// Waits for every request; the first error, if any (an `Io` error naming the file that
-    /// could not be opened or read). The error is handed over once: a later call (or one
-    /// waiting beside it) returns `Ok(())`, the prefetch having ended either way.
+    /// could not be opened or read). Every call (and every thread waiting beside it) gets the
+    /// same outcome: a prefetch that failed never reports success later.
     pub fn wait(&self) -> Result<()> {
         self.join();
-        let err = self.shared.error.lock().map(|mut e| e.take());
-        match err {
-            Ok(Some(e)) => Err(e),
-            _ => Ok(()),
+        let slot = self.shared.error.lock().unwrap_or_else(|p| p.into_inner());
+        match slot.as_ref() {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
         }
     }
 
@@ -380,8 +391,8 @@ fn worker(s: &Shared, buffer: usize) {
         };
         let file = match open.take() {
             Some((n, f)) if n == r.file => f,
-            _ => match open_regular(&s.paths[r.file], "a safetensors file") {
-                Ok((f, _)) => f,
+            _ => match open_planned(s, r.file) {
+                Ok(f) => f,
                 Err(e) => {
                     record(s, e);
                     return;
@@ -407,6 +418,17 @@ fn worker(s: &Shared, buffer: usize) {
             }
         }
         open = Some((r.file, file));
+    }
+}
+
+/// Opens the plan's file `i`, checked to be the file the plan was made from.
+fn open_planned(s: &Shared, i: usize) -> Result<File> {
+    let path = &s.paths[i];
+    match s.identities.get(i).copied().flatten() {
+        Some(id) => reopen(path, &id, 0).map_err(|e| Error::io(path, "open", e)),
+        None => Err(Error::Internal {
+            message: format!("{} has no identity to prefetch by", path.display()),
+        }),
     }
 }
 

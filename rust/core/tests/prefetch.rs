@@ -211,7 +211,7 @@ fn any_request_size_and_thread_count_warm_the_whole_plan() {
 }
 
 #[test]
-fn wait_hands_the_error_to_one_of_several_waiting_threads() {
+fn every_waiting_thread_and_every_later_wait_gets_the_error() {
     let dir = scratch_dir("wait_from_several_threads");
     let path = dir.join("p.safetensors");
     write_sample(&path);
@@ -219,15 +219,21 @@ fn wait_hands_the_error_to_one_of_several_waiting_threads() {
     let plan = Plan::whole(&f);
     std::fs::remove_file(&path).unwrap();
     let p = plan.prefetch(PrefetchOptions::default()).unwrap();
-    let errors: usize = std::thread::scope(|s| {
-        let waiters: Vec<_> = (0..3).map(|_| s.spawn(|| p.wait().is_err())).collect();
-        waiters
-            .into_iter()
-            .map(|w| w.join().unwrap() as usize)
-            .sum()
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let waiters: Vec<_> = (0..3)
+            .map(|_| s.spawn(|| p.wait().unwrap_err().to_string()))
+            .collect();
+        waiters.into_iter().map(|w| w.join().unwrap()).collect()
     });
-    assert_eq!(errors, 1, "the error is handed over once");
-    assert!(p.wait().is_ok(), "and the prefetch has ended");
+    assert!(errors[0].contains("p.safetensors"), "{}", errors[0]);
+    assert!(errors.iter().all(|e| *e == errors[0]), "{errors:?}");
+    let later = p.wait().unwrap_err();
+    assert_eq!(later.kind(), ErrorKind::Io);
+    assert_eq!(
+        later.to_string(),
+        errors[0],
+        "sticky, never a later success"
+    );
 }
 
 #[test]
