@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <new>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,6 +22,12 @@
 #include "safetensors/options.hpp"
 #include "safetensors/slice.hpp"
 #include "safetensors/tensor.hpp"
+
+/// Releases a `std::shared_ptr<const void>` the core holds for a file in memory
+/// (`SafeOpen::from_bytes`): called once by the core, from whichever thread drops the bytes last.
+extern "C" inline void safetensors_detail_release_keep_alive(void* owner) noexcept {
+  delete static_cast<std::shared_ptr<const void>*>(owner);
+}
 
 namespace safetensors::inline SAFETENSORS_ABI {
 
@@ -207,25 +214,26 @@ struct Access<SafeOpen> {
     return SafeOpen(std::make_shared<const FileHandle>(FileHandle{std::move(*file), native}));
   }
 
-  // The handle owns the keep-alive owner as well as the file; `Memory` declares the owner first
-  // so it is destroyed after the bridge file that borrows its bytes.
-  struct Memory {
-    std::shared_ptr<const void> keep_alive;
-    FileHandle handle;
-  };
-
+  // The core owns the keep-alive owner (a heap copy of the shared_ptr, released through
+  // `release_keep_alive`), not this object: streams, prefetches and uploads hold the core's
+  // file, and with it the bytes, after the SafeOpen that made them is gone.
   static Expected<SafeOpen> open_memory(std::span<const std::byte> bytes,
                                         std::shared_ptr<const void> keep_alive, OpenOptions options,
                                         std::string name) {
     ::rust::Slice<const std::uint8_t> data{reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()};
+    std::uintptr_t release = 0;
+    std::uintptr_t owner = 0;
+    if (keep_alive) {
+      auto* held = new (std::nothrow) std::shared_ptr<const void>(std::move(keep_alive));
+      if (held == nullptr) return Status(ErrorKind::Io, "cannot allocate the owner of " + name);
+      release = reinterpret_cast<std::uintptr_t>(&safetensors_detail_release_keep_alive);
+      owner = reinterpret_cast<std::uintptr_t>(held);
+    }
     auto file = adopt(attempt([&](ffi::Status& st) {
-      return ffi::open_memory(data, detail::bytes(name), options.allow_trailing_bytes, st);
+      return ffi::open_memory(data, detail::bytes(name), options.allow_trailing_bytes, release, owner, st);
     }));
     if (!file) return file.status();
-    auto memory =
-        std::make_shared<const Memory>(Memory{std::move(keep_alive), {std::move(*file), std::move(name)}});
-    // Aliasing constructor: the FileHandle's lifetime is the whole Memory's.
-    return SafeOpen(std::shared_ptr<const FileHandle>(memory, &memory->handle));
+    return SafeOpen(std::make_shared<const FileHandle>(FileHandle{std::move(*file), std::move(name)}));
   }
 };
 }  // namespace detail

@@ -1,5 +1,6 @@
 //! Glue for `File`: an open safetensors file as C++ sees it.
 
+use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 
 use safetensors_core::{Backend, Error, Indexer, OpenOptions, SafeFile, TensorInfo};
@@ -59,14 +60,32 @@ pub fn open_file(
     })
 }
 
-/// C++ memory lent to a `File` (see `open_memory`): an address and a length, read only.
+/// C++ memory lent to a `File` (see `open_memory`): an address and a length, read only, and
+/// the C++ owner that keeps them alive, released when the core drops the bytes. The core holds
+/// its files in `Arc`s (streams, prefetches and uploads keep theirs), so the bytes live exactly
+/// as long as the last reader, whichever object the user drops first.
 struct Lent {
     ptr: *const u8,
     len: usize,
+    /// Never read: held so that it is released when the bytes are dropped.
+    _owner: Option<Owner>,
+}
+
+/// A C++ owner: `release(context)` lets it go.
+struct Owner {
+    release: extern "C" fn(*mut c_void),
+    context: *mut c_void,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        (self.release)(self.context);
+    }
 }
 
 // SAFETY: the bytes are only read, and `open_memory`'s contract keeps them alive and unchanged
-// for the life of the File, whichever thread uses it.
+// until the owner is released, whichever thread uses or releases them (C++'s release drops a
+// `std::shared_ptr`, which any thread may do).
 unsafe impl Send for Lent {}
 unsafe impl Sync for Lent {}
 
@@ -83,20 +102,31 @@ impl AsRef<[u8]> for Lent {
 /// Validates a complete file held by C++ and borrows it (no copy), like a mapping.
 ///
 /// # Safety
-/// `data` must stay alive, unmoved and unmodified until the returned `File` (and every `File`
-/// sharing its core file) is dropped. The only caller, `SafeOpen::from_bytes` in
-/// `include/safetensors/safe_open.hpp`, keeps the caller's keep-alive owner in the same handle
-/// as the File, destroyed after it, and documents the rule for callers without an owner.
+/// `data` must stay alive, unmoved and unmodified until `release(owner)` is called (with no
+/// owner, `release` 0, until the returned `File` and everything that shares its core file, such
+/// as streams and prefetches, is dropped). `release` is 0 or the address of an
+/// `extern "C" void(void*)` that may be called once from any thread. The only caller,
+/// `SafeOpen::from_bytes` in `include/safetensors/safe_open.hpp`, passes a heap copy of the
+/// caller's keep-alive `std::shared_ptr` and a function that deletes it.
 pub unsafe fn open_memory(
     data: &[u8],
     name: &[u8],
     allow_trailing_bytes: bool,
+    release: usize,
+    owner: usize,
     status: &mut Status,
 ) -> *mut File {
+    // Taken first, so that the owner is released on every path, errors included.
+    let owner = (release != 0).then(|| Owner {
+        // SAFETY: the caller passes the address of such a function (see above).
+        release: unsafe { std::mem::transmute::<usize, extern "C" fn(*mut c_void)>(release) },
+        context: owner as *mut c_void,
+    });
     guard(status, || {
         let lent = Lent {
             ptr: data.as_ptr(),
             len: data.len(),
+            _owner: owner,
         };
         let options = OpenOptions {
             allow_trailing_bytes,
