@@ -89,8 +89,9 @@ namespace nothrow {
 /// `TensorStream(ckpt, requests, options)` without exceptions.
 [[nodiscard]] Expected<TensorStream> stream(const Checkpoint& ckpt, std::span<const Request> requests,
                                             StreamOptions options = {});
-/// `TensorStream::next` without exceptions: the next item, `std::nullopt` at the end, or the
-/// error that ended the stream.
+/// `TensorStream::next` without exceptions: the next item, `std::nullopt` at the end, or an
+/// error: `BudgetExceeded` (recoverable: drop what you hold and call again), or the error that
+/// ended the stream (reported again by every later call).
 ///
 ///   auto stream = safetensors::nothrow::stream(ckpt);
 ///   while (stream) {
@@ -121,10 +122,14 @@ namespace nothrow {
 /// what they hold. A range-for drops each item before asking for the next, so a loop that keeps
 /// nothing never sees that error.
 ///
+/// `BudgetExceeded` is recoverable: once you drop what you hold, the next `next` goes on where
+/// the stream was, skipping nothing.
+///
 /// Errors: those of the requests (`TensorNotFound`, `InvalidSlice`, ...) when the stream is
-/// made, before anything is read; then every error ends the stream and frees what was read but
-/// not delivered: a file that shrinks gives `Io` for the tensor it cuts short, never other bytes
-/// (with the read and direct backends; the mapped backend copies out of the mapping, and a
+/// made, before anything is read; then every other error ends the stream and frees what was
+/// read but not delivered, and every later `next` reports it again (a stream that failed never
+/// looks like one that ended): a file that shrinks gives `Io` for the tensor it cuts short,
+/// never other bytes (with the read and direct backends; the mapped backend copies out of the mapping, and a
 /// mapping of a file cut short faults with `SIGBUS`, as any view of it would: stream files other
 /// processes may change with `Backend::Read` or `Backend::Direct`). Destroying the stream early
 /// cancels the reads not yet started and returns once the read in progress reaches the end of
@@ -161,8 +166,9 @@ class TensorStream {
   TensorStream& operator=(const TensorStream&) = delete;
   ~TensorStream() = default;
 
-  /// The next item, or `std::nullopt` once every one was delivered (and after an error).
-  /// Throws the error that ends the stream (`BudgetExceeded`, `Io`, ...).
+  /// The next item, or `std::nullopt` once every one was delivered. Throws `BudgetExceeded`
+  /// (recoverable: drop what you hold and call again), or the error that ended the stream
+  /// (`Io`, ...), again on every later call.
   [[nodiscard]] std::optional<StreamItem> next() { return nothrow::next(*this).value(); }
 
   /// Items the stream delivers in all.

@@ -249,9 +249,17 @@ TEST_P(Streams, OneThreadHoldingTooMuchGetsBudgetExceededNotAHang) {
     for (const char* part : {"t3", "75096", "100000", "300000", "max_inflight_bytes", "wait_for_release"})
       EXPECT_NE(what.find(part), std::string::npos) << part << ": " << what;
   }
-  EXPECT_FALSE(stream.next().has_value()) << "an error ends the stream";
+  // Still holding them: the same error again, never an end.
+  EXPECT_EQ(test::kind_of([&] { (void)stream.next(); }), ErrorKind::BudgetExceeded);
   EXPECT_TRUE(same_bytes(held[1].view.data, f.get_tensor("t1").data)) << "what was delivered stays valid";
+  // Recoverable: dropping them and asking again goes on with t3, then the rest, skipping none.
   held.clear();
+  std::vector<std::string> rest;
+  while (auto t = stream.next()) {
+    EXPECT_TRUE(same_bytes(t->view.data, f.get_tensor(t->name).data)) << t->name;
+    rest.push_back(t->name);
+  }
+  EXPECT_EQ(rest, (std::vector<std::string>{"t3", "t4", "t5", "t6", "t7"}));
   EXPECT_EQ(stream.inflight_bytes(), 0u);
 }
 
@@ -402,7 +410,10 @@ TEST(Stream, AFileThatShrinksMidStreamGivesIoAndFreesEverything) {
       EXPECT_EQ(e.kind(), ErrorKind::Io) << e.what();
       EXPECT_NE(std::string(e.what()).find("s.safetensors"), std::string::npos) << e.what();
     }
-    EXPECT_FALSE(stream.next().has_value()) << "an error ends the stream";
+    // The stream failed: every later call reports that error again, never a normal end.
+    const auto first_error = test::thrown([&] { (void)stream.next(); });
+    EXPECT_EQ(first_error.kind(), ErrorKind::Io);
+    for (int i = 0; i < 3; ++i) test::expect_same(nt::next(stream).status(), first_error);
     EXPECT_EQ(stream.inflight_bytes(), 0u);
   }
 }

@@ -179,9 +179,8 @@ pub enum Error {
         byte: u8,
     },
     /// A dtype given by its enumeration value (as C++ passes it) that is no dtype, such as
-    /// `static_cast<Dtype>(99)`. Its kind is [`ErrorKind::TensorInvalidInfo`] for a tensor to
-    /// write (a dtype is part of a tensor's info) and [`ErrorKind::TypeMismatch`] for a
-    /// conversion (which makes no sense without one).
+    /// `static_cast<Dtype>(99)`, for a tensor to write or a conversion. Its kind is
+    /// [`ErrorKind::TypeMismatch`].
     InvalidDtypeValue {
         /// The value given.
         value: u8,
@@ -309,7 +308,8 @@ pub enum ErrorKind {
     /// A defect in this library (a caught panic, a broken internal contract); please report it.
     Internal = 20,
     /// `TensorView::as<T>()` (C++) with a `T` whose type, size or alignment does not fit the
-    /// tensor, or a dtype conversion that makes no sense ([`Error::Conversion`]).
+    /// tensor, a dtype conversion that makes no sense ([`Error::Conversion`]), or a dtype value
+    /// that names no dtype ([`Error::InvalidDtypeValue`]).
     TypeMismatch = 21,
     /// See [`Error::BudgetExceeded`].
     BudgetExceeded = 22,
@@ -409,10 +409,9 @@ impl Error {
                 ..
             } => ErrorKind::InvalidTensorName,
             Error::NotUtf8 { .. } => ErrorKind::InvalidHeader,
-            Error::InvalidDtypeValue {
-                tensor: Some(_), ..
-            } => ErrorKind::TensorInvalidInfo,
-            Error::InvalidDtypeValue { tensor: None, .. } => ErrorKind::TypeMismatch,
+            // A value that names no dtype is a type error wherever it comes from (never the
+            // byte-length kind, which would send the user looking at sizes).
+            Error::InvalidDtypeValue { .. } => ErrorKind::TypeMismatch,
             Error::WrongBufferLength { .. } => ErrorKind::InvalidSlice,
             Error::BudgetExceeded { .. } => ErrorKind::BudgetExceeded,
             Error::Internal { .. } => ErrorKind::Internal,
@@ -628,6 +627,10 @@ impl fmt::Display for Error {
                 "invalid tensor name `{name}`: `{METADATA_KEY}` is reserved for the metadata map"
             ),
             Error::InvalidTensorName { name } => write!(f, "invalid tensor name `{name}`"),
+            // A range of the data buffer rather than of one tensor (`read_data`).
+            Error::InvalidSlice { tensor, reason } if tensor.is_empty() => {
+                write!(f, "invalid range of the data buffer: {reason}")
+            }
             Error::InvalidSlice { tensor, reason } => {
                 write!(f, "invalid slice of tensor `{tensor}`: {reason}")
             }
@@ -741,6 +744,161 @@ impl fmt::Display for Error {
             ),
             Error::InFile { path, source } => write!(f, "{}: {source}", path.display()),
         }
+    }
+}
+
+/// A copy of an error, for state machines that report the same error to every later call
+/// (streams, prefetches, plans): the same kind and the same message. An `io::Error` is not
+/// `Clone`; its copy keeps the OS error code, or else the kind and the text.
+impl Clone for Error {
+    fn clone(&self) -> Self {
+        match self {
+            Error::HeaderTooSmall { len } => Error::HeaderTooSmall { len: *len },
+            Error::HeaderTooLarge {
+                header_len,
+                lfs_pointer,
+                writing,
+            } => Error::HeaderTooLarge {
+                header_len: *header_len,
+                lfs_pointer: *lfs_pointer,
+                writing: *writing,
+            },
+            Error::InvalidHeaderLength { header_len, len } => Error::InvalidHeaderLength {
+                header_len: *header_len,
+                len: *len,
+            },
+            Error::InvalidHeader { valid_up_to } => Error::InvalidHeader {
+                valid_up_to: *valid_up_to,
+            },
+            Error::InvalidHeaderDeserialization { message } => {
+                Error::InvalidHeaderDeserialization {
+                    message: message.clone(),
+                }
+            }
+            Error::InvalidOffset {
+                tensor,
+                data_offsets,
+                expected_begin,
+            } => Error::InvalidOffset {
+                tensor: tensor.clone(),
+                data_offsets: *data_offsets,
+                expected_begin: *expected_begin,
+            },
+            Error::ValidationOverflow { tensor, shape } => Error::ValidationOverflow {
+                tensor: tensor.clone(),
+                shape: shape.clone(),
+            },
+            Error::MisalignedSlice { tensor, reason } => Error::MisalignedSlice {
+                tensor: tensor.clone(),
+                reason: reason.clone(),
+            },
+            Error::TensorInvalidInfo {
+                tensor,
+                expected,
+                actual,
+            } => Error::TensorInvalidInfo {
+                tensor: tensor.clone(),
+                expected: *expected,
+                actual: *actual,
+            },
+            Error::MetadataIncompleteBuffer { expected, actual } => {
+                Error::MetadataIncompleteBuffer {
+                    expected: *expected,
+                    actual: *actual,
+                }
+            }
+            Error::TensorNotFound { name } => Error::TensorNotFound { name: name.clone() },
+            Error::DuplicateKey { key, in_metadata } => Error::DuplicateKey {
+                key: key.clone(),
+                in_metadata: *in_metadata,
+            },
+            Error::InvalidTensorName { name } => Error::InvalidTensorName { name: name.clone() },
+            Error::InvalidSlice { tensor, reason } => Error::InvalidSlice {
+                tensor: tensor.clone(),
+                reason: reason.clone(),
+            },
+            Error::Io { path, op, source } => Error::Io {
+                path: path.clone(),
+                op,
+                source: clone_io(source),
+            },
+            Error::InvalidIndex { reason } => Error::InvalidIndex {
+                reason: reason.clone(),
+            },
+            Error::ShardMissing { shard, tensor } => Error::ShardMissing {
+                shard: shard.clone(),
+                tensor: tensor.clone(),
+            },
+            Error::ShardMismatch {
+                tensor,
+                found_in,
+                claimed_by,
+            } => Error::ShardMismatch {
+                tensor: tensor.clone(),
+                found_in: found_in.clone(),
+                claimed_by: claimed_by.clone(),
+            },
+            Error::InvalidShardPath { shard } => Error::InvalidShardPath {
+                shard: shard.clone(),
+            },
+            Error::Cuda { message } => Error::Cuda {
+                message: message.clone(),
+            },
+            Error::Conversion { from, to, reason } => Error::Conversion {
+                from: *from,
+                to: *to,
+                reason: reason.clone(),
+            },
+            Error::NotUtf8 {
+                field,
+                lossy,
+                offset,
+                byte,
+            } => Error::NotUtf8 {
+                field: *field,
+                lossy: lossy.clone(),
+                offset: *offset,
+                byte: *byte,
+            },
+            Error::InvalidDtypeValue { value, tensor } => Error::InvalidDtypeValue {
+                value: *value,
+                tensor: tensor.clone(),
+            },
+            Error::WrongBufferLength {
+                buffer,
+                expected,
+                actual,
+            } => Error::WrongBufferLength {
+                buffer,
+                expected: *expected,
+                actual: *actual,
+            },
+            Error::BudgetExceeded {
+                tensor,
+                held,
+                bound,
+                next,
+            } => Error::BudgetExceeded {
+                tensor: tensor.clone(),
+                held: *held,
+                bound: *bound,
+                next: *next,
+            },
+            Error::Internal { message } => Error::Internal {
+                message: message.clone(),
+            },
+            Error::InFile { path, source } => Error::InFile {
+                path: path.clone(),
+                source: source.clone(),
+            },
+        }
+    }
+}
+
+fn clone_io(e: &io::Error) -> io::Error {
+    match e.raw_os_error() {
+        Some(code) => io::Error::from_raw_os_error(code),
+        None => io::Error::new(e.kind(), e.to_string()),
     }
 }
 

@@ -276,9 +276,13 @@ impl Drop for StreamTensor {
 /// [`Error::BudgetExceeded`] at once, unless [`StreamOptions::wait_for_release`] is set, in which
 /// case it waits for other threads to drop what they hold.
 ///
-/// Every error ends the stream (and frees the tensors read but not yet taken); a file that
-/// shrinks gives `Io` for the tensor it cuts short, never other bytes (read and direct backends;
-/// a mapping of a file cut short faults with `SIGBUS`). Dropping the stream early cancels the
+/// [`Error::BudgetExceeded`] is the one error a stream recovers from: once the caller has
+/// dropped what it holds, the next `next` goes on where the stream was (nothing is skipped).
+/// Every other error ends the stream (and frees the tensors read but not yet taken), and every
+/// later `next` returns that same error again: a stream that failed never looks like one that
+/// ended (stop at the first error, as `t?` does). A file that shrinks gives `Io` for the tensor
+/// it cuts short, never other bytes (read and direct backends; a mapping of a file cut short
+/// faults with `SIGBUS`). Dropping the stream early cancels the
 /// reads not yet started and returns once the one in progress reaches the end of its piece
 /// (whole tensors are read in pieces of 64 MiB; a slice at once).
 pub struct TensorStream {
@@ -286,7 +290,10 @@ pub struct TensorStream {
     items: Arc<[Item]>,
     reader: Option<JoinHandle<()>>,
     options: StreamOptions,
+    /// Every tensor was delivered: `next` returns `None`.
     ended: bool,
+    /// The error that ended the stream, returned again by every later `next`.
+    failed: Option<Error>,
 }
 
 impl TensorStream {
@@ -380,6 +387,7 @@ impl TensorStream {
             reader: Some(reader),
             options,
             ended: false,
+            failed: None,
         })
     }
 
@@ -437,7 +445,6 @@ impl TensorStream {
     }
 
     fn shutdown(&mut self) {
-        self.ended = true;
         self.shared.lock().cancelled = true;
         self.shared.changed.notify_all();
         if let Some(r) = self.reader.take() {
@@ -459,6 +466,9 @@ impl Iterator for TensorStream {
     type Item = Result<StreamTensor>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if let Some(e) = &self.failed {
+            return Some(Err(e.clone()));
+        }
         if self.ended {
             return None;
         }
@@ -474,13 +484,23 @@ impl Iterator for TensorStream {
                 break None;
             }
             if let Some(e) = self.stuck(&s) {
-                break Some(Err(e));
+                // Recoverable: the reader still waits for budget, and goes on once the caller
+                // drops what it holds.
+                return Some(Err(e));
             }
             s = self.shared.wait(s);
         };
         drop(s);
-        if !matches!(out, Some(Ok(_))) {
-            self.shutdown();
+        match &out {
+            Some(Ok(_)) => {}
+            None => {
+                self.ended = true;
+                self.shutdown();
+            }
+            Some(Err(e)) => {
+                self.failed = Some(e.clone());
+                self.shutdown();
+            }
         }
         out
     }

@@ -1,7 +1,8 @@
 //! Host streaming: every tensor's (or slice's) bytes equal `tensor_bytes` (or `read_slice`), in
 //! file order, from a file, a checkpoint or a list of files, with every backend; each delivered
 //! item says what it is; the in-flight bound holds (instrumented); a caller holding the budget
-//! gets `BudgetExceeded`, not a hang; early drop and errors end the stream cleanly.
+//! gets `BudgetExceeded`, not a hang, and goes on once it drops what it holds; early drop and
+//! errors end the stream cleanly, and an error is reported again by every later call.
 
 mod common;
 
@@ -102,7 +103,11 @@ fn a_file_that_shrinks_mid_stream_ends_it_with_io_and_dropping_early_is_prompt()
         drop(first);
         let err = stream.next().unwrap().err().unwrap();
         assert_eq!(err.kind(), ErrorKind::Io, "{backend:?}");
-        assert!(stream.next().is_none(), "the stream ends after an error");
+        // The stream failed: every later call says so again, never a normal end.
+        for _ in 0..3 {
+            let again = stream.next().unwrap().err().unwrap();
+            assert_eq!(again.to_string(), err.to_string());
+        }
         assert_eq!(stream.inflight_bytes(), 0, "everything is freed");
         write_sample(&path);
     }
@@ -361,8 +366,10 @@ fn a_caller_that_holds_the_budget_gets_an_error_instead_of_a_hang() {
     ] {
         assert!(text.contains(hint), "{text}");
     }
-    assert!(stream.next().is_none(), "the stream ends after an error");
+    // Recoverable: dropping what it holds and asking again goes on with t3, then the rest.
     drop(held);
+    let rest: Vec<_> = stream.by_ref().map(|t| t.unwrap().name.clone()).collect();
+    assert_eq!(rest, ["t3", "t4", "t5", "t6"]);
     assert_eq!(stream.inflight_bytes(), 0);
 
     // Two tensors that fit the bound alone but not together.
@@ -390,11 +397,13 @@ fn a_caller_that_holds_the_budget_gets_an_error_instead_of_a_hang() {
         assert_eq!(budget(&err), ("b".into(), 60_000, 100_000, 60_000));
         assert!(err.to_string().contains("two.safetensors"), "{err}");
         assert_eq!(a.data(), &tensors[0][..]);
-        // Dropping what it holds and asking again, in a new stream, goes through.
+        // Asking again while still holding it is the same error, not an end.
+        let again = stream.next().unwrap().unwrap_err();
+        assert_eq!(budget(&again), budget(&err));
+        // Dropping what it holds and asking again, in the same stream, goes on with `b`.
         drop(a);
-        let mut stream = TensorStream::open(Source::Files(&files), None, options).unwrap();
-        drop(stream.next().unwrap().unwrap());
         assert_eq!(stream.next().unwrap().unwrap().data(), &tensors[1][..]);
+        assert!(stream.next().is_none());
     }
 }
 
@@ -455,7 +464,10 @@ fn a_shard_that_shrinks_mid_stream_ends_it_with_io_naming_the_shard() {
         for t in stream.by_ref() {
             match t {
                 Ok(t) => assert_eq!(t.file, 0, "{}", t.name),
-                Err(e) => err = Some(e),
+                Err(e) => {
+                    err = Some(e);
+                    break;
+                }
             }
         }
         let err = err.expect("an error");

@@ -122,12 +122,18 @@ mod ffi {
             allow_trailing_bytes: bool,
             status: &mut Status,
         ) -> *mut File;
-        /// Validates a complete file in memory. The File borrows `data`: the caller keeps it
-        /// alive, unmoved and unchanged, until the File is dropped. `name` is for messages.
+        /// Validates a complete file in memory. The File borrows `data` and owns `owner`, which
+        /// keeps it alive: `release` (the address of a C function `void(void*)`, or 0 for no
+        /// owner) is called with `owner` once, when the last user of the bytes (the File, a
+        /// stream, a prefetch, an upload) lets go, on whichever thread that is. Until then the
+        /// bytes stay alive, unmoved and unchanged. `name` is for messages. On failure,
+        /// `release(owner)` has been called before the call returns.
         unsafe fn open_memory(
             data: &[u8],
             name: &[u8],
             allow_trailing_bytes: bool,
+            release: usize,
+            owner: usize,
             status: &mut Status,
         ) -> *mut File;
         /// Bytes after the last tensor (0 unless allowed at open).
@@ -198,8 +204,9 @@ mod ffi {
     extern "Rust" {
         /// Tensors collected for one write; see `rust/cxx/src/writer.rs` for the lifetime rule.
         type Writer;
-        /// An empty writer.
-        fn new_writer() -> Box<Writer>;
+        /// An empty writer for the file at `target` (empty: bytes in memory), which every error
+        /// of the tensors and metadata it is given then names.
+        fn new_writer(target: &[u8]) -> Box<Writer>;
         /// Adds a tensor; `data` must stay alive until the writer is dropped.
         fn add_tensor(
             self: &mut Writer,
