@@ -50,7 +50,7 @@ enum class ErrorKind : std::uint8_t {
   InvalidShardPath,              ///< A shard path escapes the index's directory.
   Cuda,                          ///< CUDA is unavailable or a CUDA call failed.
   Internal,                      ///< A defect in this library; please report it.
-  TypeMismatch,                  ///< `TensorView::as<T>()` with a `T` that does not fit.
+  TypeMismatch,                  ///< A type that does not fit (`as<T>()`, a conversion, a dtype value).
   BudgetExceeded,                ///< A bounded stream waits on tensors the caller still holds.
 };
 

@@ -96,21 +96,23 @@ using KeptTensors = std::deque<std::remove_cvref_t<tensor_ref_t<std::ranges::ran
 /// Hands one tensor to the writer. Dimensions are converted to `size_t` here, where their
 /// type is known; the dtype value, the name and the byte length are checked by the core.
 template <class Tensor>
-Status add_tensor(ffi::Writer& writer, std::string_view name, const Tensor& tensor,
+Status add_tensor(ffi::Writer& writer, std::string_view target, std::string_view name, const Tensor& tensor,
                   std::vector<std::size_t>& shape) {
+  // Errors found here name the file being written, as the core's do.
+  const std::string in = target.empty() ? std::string() : std::string(target) + ": ";
   Dtype dtype{tensor.dtype};
   shape.clear();
   for (auto d : tensor.shape) {
     if constexpr (std::is_signed_v<decltype(d)>) {
       if (d < 0) {
-        return Status(ErrorKind::TensorInvalidInfo,
-                      "tensor `" + std::string(name) + "` has a negative dimension " + std::to_string(d));
+        return Status(ErrorKind::TensorInvalidInfo, in + "tensor `" + std::string(name) +
+                                                        "` has a negative dimension " + std::to_string(d));
       }
     }
     if constexpr (std::numeric_limits<decltype(d)>::digits > std::numeric_limits<std::size_t>::digits) {
       if (d > static_cast<decltype(d)>(std::numeric_limits<std::size_t>::max())) {
         return Status(ErrorKind::ValidationOverflow,
-                      "tensor `" + std::string(name) + "` has a dimension that does not fit in 64 bits");
+                      in + "tensor `" + std::string(name) + "` has a dimension that does not fit in 64 bits");
       }
     }
     shape.push_back(static_cast<std::size_t>(d));
@@ -123,12 +125,13 @@ Status add_tensor(ffi::Writer& writer, std::string_view name, const Tensor& tens
   });
 }
 
-/// Feeds a writer. It keeps the address of every tensor's data until it is dropped, so the
-/// callers below keep `kept` (and the range) alive until then, inside one function call.
+/// Feeds a writer for the file at `target` (empty for bytes in memory), which its errors name.
+/// It keeps the address of every tensor's data until it is dropped, so the callers below keep
+/// `kept` (and the range) alive until then, inside one function call.
 template <NamedTensorRange R>
-Expected<::rust::Box<ffi::Writer>> make_writer(R&& tensors, const Metadata& metadata, bool empty_metadata,
-                                               KeptTensors<R>& kept) {
-  auto writer = ffi::new_writer();
+Expected<::rust::Box<ffi::Writer>> make_writer(std::string_view target, R&& tensors, const Metadata& metadata,
+                                               bool empty_metadata, KeptTensors<R>& kept) {
+  auto writer = ffi::new_writer(bytes(target));
   std::vector<std::size_t> shape;
   using Ref = std::ranges::range_reference_t<R>;
   for (auto it = std::ranges::begin(tensors); it != std::ranges::end(tensors); ++it) {
@@ -139,12 +142,12 @@ Expected<::rust::Box<ffi::Writer>> make_writer(R&& tensors, const Metadata& meta
     std::string_view name(name_holder);
     Status added;
     if constexpr (borrows_tensors<R>) {
-      added = add_tensor(*writer, name, std::get<1>(entry), shape);
+      added = add_tensor(*writer, target, name, std::get<1>(entry), shape);
     } else if constexpr (std::is_reference_v<Ref>) {
-      added = add_tensor(*writer, name, kept.emplace_back(std::get<1>(entry)),
+      added = add_tensor(*writer, target, name, kept.emplace_back(std::get<1>(entry)),
                          shape);  // a copy: the range owns it
     } else {
-      added = add_tensor(*writer, name, kept.emplace_back(std::get<1>(std::move(entry))), shape);
+      added = add_tensor(*writer, target, name, kept.emplace_back(std::get<1>(std::move(entry))), shape);
     }
     if (!added.ok()) return added;
   }
@@ -169,7 +172,7 @@ template <NamedTensorRange R>
 [[nodiscard]] Expected<std::vector<std::byte>> serialize(R&& tensors, const Metadata& metadata = {},
                                                          SaveOptions options = {}) {
   detail::KeptTensors<R> kept;
-  auto writer = detail::make_writer(std::forward<R>(tensors), metadata, options.empty_metadata, kept);
+  auto writer = detail::make_writer({}, std::forward<R>(tensors), metadata, options.empty_metadata, kept);
   if (!writer) return writer.status();
   // Laid out once: `prepare` checks everything and keeps the layout that `write_into` writes.
   auto len = detail::attempt([&](ffi::Status& st) { return (*writer)->prepare(st); });
@@ -195,7 +198,8 @@ template <NamedTensorRange R>
 Status save_file(const std::filesystem::path& path, R&& tensors, const Metadata& metadata = {},
                  SaveOptions options = {}) {
   detail::KeptTensors<R> kept;
-  auto writer = detail::make_writer(std::forward<R>(tensors), metadata, options.empty_metadata, kept);
+  auto writer =
+      detail::make_writer(path.native(), std::forward<R>(tensors), metadata, options.empty_metadata, kept);
   if (!writer) return writer.status();
   return detail::attempt(
       [&](ffi::Status& st) { (*writer)->write_file(detail::bytes(path.native()), options.sync, st); });
@@ -223,11 +227,11 @@ template <NamedTensorRange R>
 }
 
 /// Writes `tensors` and `metadata` to `path` atomically: a temporary file beside it is written,
-/// synced and renamed over `path`. On any error `path` is left as it was. Errors:
-/// `TensorInvalidInfo` (data length disagrees with dtype × shape, or a dtype value outside
-/// `Dtype`), `InvalidTensorName` (`__metadata__`, or a name that is not UTF-8), `InvalidHeader`
-/// (metadata that is not UTF-8), `DuplicateKey`, `HeaderTooLarge`, `Io` (for example an
-/// unwritable directory).
+/// synced and renamed over `path`. On any error `path` is left as it was. Errors, each naming
+/// `path`: `TensorInvalidInfo` (data length disagrees with dtype × shape), `TypeMismatch` (a
+/// dtype value outside `Dtype`), `InvalidTensorName` (`__metadata__`, or a name that is not
+/// UTF-8), `InvalidHeader` (metadata that is not UTF-8), `DuplicateKey`, `HeaderTooLarge`, `Io`
+/// (for example an unwritable directory).
 ///
 ///   safetensors::save_file("out.safetensors", std::map<std::string, TensorView>{{"w", view}});
 template <NamedTensorRange R>

@@ -81,6 +81,8 @@ TEST_F(Nothrow, LookupsReportWhatTheirThrowingTwinsThrow) {
   expect_same(nt::read_data(f, 0, small), thrown([&] { f.read_data(0, small); }));
   std::vector<std::byte> past(8);
   expect_same(nt::read_data(f, 1000, past), thrown([&] { f.read_data(1000, past); }));
+  // Past the end is the caller's mistake (InvalidSlice), not a failed read of the file.
+  EXPECT_EQ(nt::read_data(f, 1000, past).kind(), ErrorKind::InvalidSlice);
 }
 
 TEST_F(Nothrow, SlicesReportWhatTheirThrowingTwinsThrow) {

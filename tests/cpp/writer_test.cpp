@@ -409,7 +409,7 @@ TEST(Writer, NonUtf8NamesAndInvalidDtypesGetHonestErrors) {
 
   TensorView bad_dtype{static_cast<Dtype>(99), {2}, std::as_bytes(std::span(w)), {}};
   auto dtype = message_of([&] { (void)safetensors::serialize({{"w", bad_dtype}}); });
-  EXPECT_EQ(dtype.rfind("TensorInvalidInfo: ", 0), 0u) << dtype;
+  EXPECT_EQ(dtype.rfind("TypeMismatch: ", 0), 0u) << dtype;
   EXPECT_NE(dtype.find("invalid dtype value 99"), std::string::npos) << dtype;
 
   // Messages built on the C++ side are C strings too (`what()`): a NUL in the name must not
@@ -417,6 +417,55 @@ TEST(Writer, NonUtf8NamesAndInvalidDtypesGetHonestErrors) {
   using namespace std::string_literals;
   auto nul = message_of([&] { (void)safetensors::serialize({{"a\0b"s, bad_dtype}}); });
   EXPECT_NE(nul.find("`a\\0b` has an invalid dtype value 99"), std::string::npos) << nul;
+}
+
+TEST(Writer, EveryErrorOfSaveFileNamesTheFileBeingWritten) {
+  test::TempDir dir;
+  const auto path = dir / "out.safetensors";
+  std::array<float, 2> w{1, 2};
+  TensorView v{Dtype::F32, {2}, std::as_bytes(std::span(w)), {}};
+  TensorView bad_dtype{static_cast<Dtype>(99), {2}, std::as_bytes(std::span(w)), {}};
+  struct Negative {
+    Dtype dtype = Dtype::F32;
+    std::vector<long> shape{-2};
+    std::span<const std::byte> data;
+  };
+  const std::vector<std::pair<std::string, std::function<void()>>> cases = {
+      {"InvalidTensorName",
+       [&] {
+         safetensors::save_file(path, {{"bad\xff", v}});
+       }},
+      {"InvalidHeader",
+       [&] {
+         safetensors::save_file(path, {{"w", v}}, {{"k\xc3", "v"}});
+       }},
+      {"InvalidHeader",
+       [&] {
+         safetensors::save_file(path, {{"w", v}}, {{"k", "\x80"}});
+       }},
+      {"TypeMismatch",
+       [&] {
+         safetensors::save_file(path, {{"w", bad_dtype}});
+       }},
+      {"InvalidTensorName",
+       [&] {
+         safetensors::save_file(path, {{"__metadata__", v}});
+       }},
+      {"TensorInvalidInfo",
+       [&] {
+         std::vector<std::pair<std::string, Negative>> neg{{"n", Negative{}}};
+         safetensors::save_file(path, neg);
+       }},
+  };
+  for (const auto& [kind, call] : cases) {
+    auto message = message_of(call);
+    EXPECT_EQ(message.rfind(kind + ": ", 0), 0u) << message;
+    EXPECT_NE(message.find(path.string()), std::string::npos) << message;
+    EXPECT_FALSE(std::filesystem::exists(path)) << message;
+  }
+  // serialize writes no file, so its errors name none.
+  auto name = message_of([&] { (void)safetensors::serialize({{"bad\xff", v}}); });
+  EXPECT_EQ(name.find(dir.path().string()), std::string::npos) << name;
 }
 
 }  // namespace

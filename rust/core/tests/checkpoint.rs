@@ -231,3 +231,28 @@ fn malformed_indexes_are_refused() {
         .unwrap();
     assert_eq!(err.kind(), ErrorKind::Io);
 }
+
+#[test]
+fn an_index_whose_metadata_is_null_has_none_as_a_file_with_null_metadata() {
+    let dir = scratch_dir("index_metadata_null");
+    three_shards(&dir);
+    let index = dir.join("model.safetensors.index.json");
+    let weight_map = r#""weight_map": {"w0": "a.safetensors"}"#;
+    for (metadata, present) in [
+        (r#""metadata": null, "#, false),
+        ("", false),
+        (r#""metadata": {}, "#, true),
+    ] {
+        std::fs::write(&index, format!("{{{metadata}{weight_map}}}")).unwrap();
+        let c = Checkpoint::open(&index, Backend::Mmap).unwrap();
+        assert_eq!(c.metadata().is_some(), present, "{metadata}");
+    }
+    // A repeated key is still refused, also when the first is null.
+    std::fs::write(
+        &index,
+        format!(r#"{{"metadata": null, "metadata": {{}}, {weight_map}}}"#),
+    )
+    .unwrap();
+    let err = Checkpoint::open(&index, Backend::Mmap).err().unwrap();
+    assert_eq!(err.kind(), ErrorKind::InvalidIndex, "{err}");
+}

@@ -257,13 +257,19 @@ fn aligned_reads_land_in_the_callers_buffer_with_every_backend() {
         assert!(err.to_string().contains("a.safetensors"), "{err}");
         let n = f.header().data_len() as u64;
         for (off, len) in [(n, 1), (n - 1, 2), (u64::MAX, 1), (u64::MAX - 3, 4)] {
+            // The caller's range is wrong, not the file: InvalidSlice, naming the file.
             let err = f.aligned_len(off, len).unwrap_err();
-            assert_eq!(err.kind(), ErrorKind::Io, "{off}+{len}: {err}");
+            assert_eq!(err.kind(), ErrorKind::InvalidSlice, "{off}+{len}: {err}");
+            assert!(err.to_string().contains("a.safetensors"), "{err}");
             let mut buf = aligned(3 * DIRECT_ALIGN);
             let err = f
                 .read_data_aligned(off, len, buf.as_mut_slice())
                 .unwrap_err();
-            assert_eq!(err.kind(), ErrorKind::Io, "{off}+{len}: {err}");
+            assert_eq!(err.kind(), ErrorKind::InvalidSlice, "{off}+{len}: {err}");
+            let mut dst = vec![0u8; len];
+            let err = f.read_data(off, &mut dst).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidSlice, "{off}+{len}: {err}");
+            assert!(err.to_string().contains("outside the"), "{err}");
         }
     }
 }

@@ -277,3 +277,83 @@ fn a_header_too_large_to_write_is_reported_as_such() {
         "{msg}"
     );
 }
+
+/// `name`'s value on `path`, or `None` where it has none.
+fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let p = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: valid strings and a buffer of the length passed.
+    let len = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (len >= 0).then(|| buf[..len as usize].to_vec())
+}
+
+/// Sets `name` on `path`; false where the filesystem refuses (no xattr or ACL support).
+fn set_xattr(path: &Path, name: &str, value: &[u8]) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let p = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    // SAFETY: valid strings and a value of the length passed.
+    unsafe {
+        libc::setxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        ) == 0
+    }
+}
+
+/// A POSIX ACL in the kernel's xattr form (version 2; entries of tag, permissions, id): the
+/// owner rw, user 4242 r only, the owning group r, mask r, others nothing.
+fn acl_with_a_named_user() -> Vec<u8> {
+    let mut out = 2u32.to_le_bytes().to_vec();
+    let none = u32::MAX;
+    for (tag, perm, id) in [
+        (0x01u16, 6u16, none), // ACL_USER_OBJ
+        (0x02, 4, 4242),       // ACL_USER
+        (0x04, 4, none),       // ACL_GROUP_OBJ
+        (0x10, 4, none),       // ACL_MASK
+        (0x20, 0, none),       // ACL_OTHER
+    ] {
+        out.extend(tag.to_le_bytes());
+        out.extend(perm.to_le_bytes());
+        out.extend(id.to_le_bytes());
+    }
+    out
+}
+
+#[test]
+fn keeps_an_existing_files_acl_and_extended_attributes() {
+    let dir = scratch_dir("writer_xattrs");
+    let path = dir.join("x.safetensors");
+    save(&path, 1).unwrap();
+    if !set_xattr(&path, "user.origin", b"trained-by-us") {
+        eprintln!("skipped: this filesystem has no user extended attributes");
+        return;
+    }
+    let acl = acl_with_a_named_user();
+    let has_acl = set_xattr(&path, "system.posix_acl_access", &acl);
+    save(&path, 2).unwrap();
+    assert_eq!(saved_value(&path), 2);
+    assert_eq!(
+        xattr(&path, "user.origin").as_deref(),
+        Some(&b"trained-by-us"[..])
+    );
+    if has_acl {
+        assert_eq!(
+            xattr(&path, "system.posix_acl_access"),
+            Some(acl),
+            "the ACL of the replaced file"
+        );
+        assert_eq!(fs::metadata(&path).unwrap().mode() & 0o777, 0o640);
+    } else {
+        eprintln!("ACL part skipped: this filesystem refuses POSIX ACLs");
+    }
+    // A new file has none.
+    let fresh = dir.join("fresh.safetensors");
+    save(&fresh, 3).unwrap();
+    assert_eq!(xattr(&fresh, "user.origin"), None);
+}

@@ -179,7 +179,7 @@ mod tests {
         let dir = scratch("latin1_path");
         let mut raw = dir.as_os_str().as_bytes().to_vec();
         raw.extend_from_slice(b"/caf\xe9-\xe0\xe8.safetensors");
-        let mut writer = crate::new_writer();
+        let mut writer = crate::new_writer(&raw);
         outcome(|s| writer.add_tensor(b"w", Dtype::U8 as u8, &[2], &[5, 6], s)).unwrap();
         // SAFETY: the tensor bytes are a static array that outlives the writer.
         outcome(|s| unsafe { writer.write_file(&raw, false, s) }).unwrap();

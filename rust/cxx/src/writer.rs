@@ -1,6 +1,7 @@
 //! Glue for `Writer`: tensors handed over one by one from C++, then written in one go.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use safetensors_core::{
     dtype_to_write, text_to_write, Dtype, Durability, Error, PreparedFile, TensorView, TextField,
@@ -16,6 +17,8 @@ use crate::guard;
 /// feeds it spans that outlive the call (keeping its own copy of any tensor a range yields as a
 /// temporary), writes, and drops it, all inside one function.
 pub struct Writer {
+    /// The file it will write, named by its errors (`None` for `serialize`).
+    target: Option<PathBuf>,
     names: Vec<String>,
     dtypes: Vec<Dtype>,
     shapes: Vec<Vec<usize>>,
@@ -26,8 +29,9 @@ pub struct Writer {
     prepared: Option<PreparedFile<'static>>,
 }
 
-pub fn new_writer() -> Box<Writer> {
+pub fn new_writer(target: &[u8]) -> Box<Writer> {
     Box::new(Writer {
+        target: (!target.is_empty()).then(|| crate::native_path(target).to_path_buf()),
         names: Vec::new(),
         dtypes: Vec::new(),
         shapes: Vec::new(),
@@ -38,6 +42,14 @@ pub fn new_writer() -> Box<Writer> {
 }
 
 impl Writer {
+    /// `e`, naming the file being written when there is one.
+    fn named(&self, e: Error) -> Error {
+        match &self.target {
+            Some(path) => e.in_file(path),
+            None => e,
+        }
+    }
+
     pub fn add_tensor(
         &mut self,
         name: &[u8],
@@ -47,8 +59,8 @@ impl Writer {
         status: &mut Status,
     ) {
         guard(status, || {
-            let name = text_to_write(name, TextField::TensorName)?;
-            let dtype = dtype_to_write(&name, dtype)?;
+            let name = text_to_write(name, TextField::TensorName).map_err(|e| self.named(e))?;
+            let dtype = dtype_to_write(&name, dtype).map_err(|e| self.named(e))?;
             self.names.push(name);
             self.dtypes.push(dtype);
             self.shapes.push(shape.to_vec());
@@ -67,15 +79,16 @@ impl Writer {
 
     pub fn add_metadata(&mut self, key: &[u8], value: &[u8], status: &mut Status) {
         guard(status, || {
-            let key = text_to_write(key, TextField::MetadataKey)?;
-            let value = text_to_write(value, TextField::MetadataValue)?;
-            let map = self.metadata.get_or_insert_with(BTreeMap::new);
-            if map.contains_key(&key) {
-                return Err(Error::DuplicateKey {
+            let key = text_to_write(key, TextField::MetadataKey).map_err(|e| self.named(e))?;
+            let value =
+                text_to_write(value, TextField::MetadataValue).map_err(|e| self.named(e))?;
+            if self.metadata.as_ref().is_some_and(|m| m.contains_key(&key)) {
+                return Err(self.named(Error::DuplicateKey {
                     key,
                     in_metadata: true,
-                });
+                }));
             }
+            let map = self.metadata.get_or_insert_with(BTreeMap::new);
             map.insert(key, value);
             self.prepared = None;
             Ok(())

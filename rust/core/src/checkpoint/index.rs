@@ -71,14 +71,15 @@ impl<'de> Visitor<'de> for IndexVisitor {
             metadata: None,
             weight_map: None,
         };
+        let mut seen_metadata = false;
         while let Some(key) = map.next_key::<String>()? {
             match key.as_str() {
-                "metadata" if out.metadata.is_some() => {
-                    return Err(de::Error::duplicate_field("metadata"))
-                }
+                "metadata" if seen_metadata => return Err(de::Error::duplicate_field("metadata")),
                 "metadata" => {
+                    // `null` is no metadata, as a file's `"__metadata__": null` is.
+                    seen_metadata = true;
                     let raw: Option<MetadataPairs> = map.next_value()?;
-                    out.metadata = Some(raw.map(|m| m.0).unwrap_or_default());
+                    out.metadata = raw.map(|m| m.0);
                 }
                 "weight_map" if out.weight_map.is_some() => {
                     return Err(de::Error::duplicate_field("weight_map"))

@@ -9,7 +9,12 @@
 //! - An existing file keeps its owner and group where the process may set them (`fchown`; EPERM
 //!   is ignored), and exactly its permission bits; setuid/setgid are dropped when the owner or
 //!   group could not be kept, so that they never apply to an identity they did not apply to.
-//!   A new file gets `0666` minus the umask, as `open` gives. ACLs and xattrs are not copied.
+//!   A new file gets `0666` minus the umask, as `open` gives.
+//! - An existing file's extended attributes are copied to the new one, ACLs among them
+//!   (`system.posix_acl_access`), so that replacing a file never widens who may read it. An
+//!   attribute the process may not set (`security.*` and `trusted.*` need privileges a user
+//!   rarely has) is left out; failing to copy any other (an ACL, a `user.*` attribute) fails
+//!   the write before anything is replaced.
 //! - The data goes to an unnamed file (`O_TMPFILE`) in the target's directory, so a writer killed
 //!   mid-write leaves nothing behind. Once written (and synced), it is linked under a short fixed-
 //!   size hidden name and renamed over the target; a kill between those two steps, a window of
@@ -46,6 +51,7 @@ pub(super) fn replace(
     let written = (|| -> io::Result<()> {
         if let Some(meta) = &existing {
             keep_owner_and_mode(temp.file(), meta)?;
+            keep_xattrs(&target, temp.file())?;
         }
         // Large writes pass straight through; small tensors are batched.
         let mut out = io::BufWriter::with_capacity(1 << 20, temp.file());
@@ -157,6 +163,79 @@ fn keep_owner_and_mode(file: &File, meta: &Metadata) -> io::Result<()> {
         mode &= !libc::S_ISGID;
     }
     file.set_permissions(fs::Permissions::from_mode(mode))
+}
+
+/// Copies the extended attributes of the file at `from` (not a symlink) to `to` (see the
+/// module comment).
+fn keep_xattrs(from: &Path, to: &File) -> io::Result<()> {
+    let from = cstring(from.as_os_str().as_bytes())?;
+    // SAFETY (every call below): valid NUL-terminated strings, buffers of the lengths passed,
+    // and a descriptor we own.
+    let names = xattr_buffer(|buf, len| unsafe { libc::llistxattr(from.as_ptr(), buf, len) })?;
+    for name in names.split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let name = cstring(name)?;
+        let value = match xattr_buffer(|buf, len| unsafe {
+            libc::lgetxattr(from.as_ptr(), name.as_ptr(), buf.cast(), len)
+        }) {
+            Ok(v) => v,
+            // Removed since it was listed: nothing to copy.
+            Err(e) if e.raw_os_error() == Some(libc::ENODATA) => continue,
+            Err(e) => return Err(e),
+        };
+        let set = unsafe {
+            libc::fsetxattr(
+                to.as_raw_fd(),
+                name.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0,
+            )
+        };
+        if set != 0 {
+            let e = io::Error::last_os_error();
+            let privileged = [&b"security."[..], b"trusted."]
+                .iter()
+                .any(|p| name.as_bytes().starts_with(p));
+            if privileged && matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) {
+                continue;
+            }
+            return Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot copy the extended attribute `{}` (an ACL or xattr of the file being \
+                     replaced): {e}",
+                    String::from_utf8_lossy(name.as_bytes())
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The bytes an xattr call (`call(buf, len)`, returning the length or -1) gives, sized by
+/// asking first; empty where the filesystem has no extended attributes.
+fn xattr_buffer(call: impl Fn(*mut libc::c_char, usize) -> isize) -> io::Result<Vec<u8>> {
+    loop {
+        let len = call(std::ptr::null_mut(), 0);
+        if len < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::ENOTSUP) => Ok(Vec::new()),
+                _ => Err(e),
+            };
+        }
+        let mut buf = vec![0u8; len as usize];
+        let got = call(buf.as_mut_ptr().cast(), buf.len());
+        if got >= 0 {
+            buf.truncate(got as usize);
+            return Ok(buf);
+        }
+        let e = io::Error::last_os_error();
+        // Grown between the two calls: ask again.
+        if e.raw_os_error() != Some(libc::ERANGE) {
+            return Err(e);
+        }
+    }
 }
 
 /// A short hidden name of fixed length, unique within this process: `.st-<16 hex>.tmp`.
