@@ -14,7 +14,6 @@
 //! the very upload that is calling them: those are refused with an error.
 
 use std::cell::RefCell;
-use std::sync::Mutex;
 
 use cudarc::driver::result as cu;
 use cudarc::driver::sys;
@@ -22,85 +21,10 @@ use safetensors_core::upload::landing::{DeliverWhen, Landing, LandingTarget, Str
 use safetensors_core::upload::{UploadPlan, UploadStats};
 use safetensors_core::{Error, Result, SafeFile};
 
-use crate::{call, Current, DeviceBuffer, GpuTarget, Uploader};
-
-/// A CUDA event of the pool (a landing or release mark).
-pub struct Event(sys::CUevent);
-
-// SAFETY: an event handle may be used from any thread with its context current.
-unsafe impl Send for Event {}
-
-/// Events for marks, reused across uploads; destroyed with the uploader, in its context.
-pub(crate) struct EventPool {
-    free: Mutex<Vec<Event>>,
-    ctx: sys::CUcontext,
-}
-
-impl EventPool {
-    pub(crate) fn new(ctx: sys::CUcontext) -> EventPool {
-        EventPool {
-            free: Mutex::new(Vec::new()),
-            ctx,
-        }
-    }
-
-    /// An event, made in the pool's context (which the caller has made current).
-    fn take(&self) -> Result<Event> {
-        if let Some(e) = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop() {
-            return Ok(e);
-        }
-        // Blocking sync: a thread waiting for a tensor to land sleeps rather than spins.
-        let flags = sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32
-            | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        let mut event = std::ptr::null_mut();
-        // SAFETY: writes one event handle.
-        call("cuEventCreate", || unsafe {
-            sys::cuEventCreate(&mut event, flags).result()
-        })?;
-        Ok(Event(event))
-    }
-
-    /// Takes an event back. A record still pending on it is harmless: the next record
-    /// replaces it, and waits already enqueued on it keep the one they saw.
-    fn give(&self, event: Event) {
-        self.free
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(event);
-    }
-
-    /// An event recorded on `stream` now.
-    fn record(&self, stream: sys::CUstream) -> Result<Event> {
-        let event = self.take()?;
-        // SAFETY: an event of this context, on a stream of this context.
-        match call("cuEventRecord", || unsafe {
-            cu::event::record(event.0, stream)
-        }) {
-            Ok(()) => Ok(event),
-            Err(e) => {
-                self.give(event);
-                Err(e)
-            }
-        }
-    }
-}
-
-impl Drop for EventPool {
-    fn drop(&mut self) {
-        let Ok(_current) = Current::enter(self.ctx) else {
-            return;
-        };
-        for event in self
-            .free
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-        {
-            // SAFETY: created by `take`, destroyed once; a pending record completes harmlessly.
-            let _ = call("cuEventDestroy", || unsafe { cu::event::destroy(event.0) });
-        }
-    }
-}
+use crate::driver::call;
+use crate::memory::{DeviceBuffer, Event};
+use crate::pinned::GpuTarget;
+use crate::uploader::Uploader;
 
 impl LandingTarget for GpuTarget<'_> {
     type Mark = Event;

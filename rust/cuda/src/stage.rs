@@ -10,7 +10,9 @@ use std::sync::Arc;
 use cudarc::driver::result as cu;
 use safetensors_core::{Error, Result};
 
-use crate::{call, DeviceBuffer, Gpu, Pending, PinnedSlot, Stream};
+use crate::driver::{call, Gpu};
+use crate::memory::{DeviceBuffer, Stream};
+use crate::pinned::{Pending, PinnedSlot};
 
 /// Stages one rank's share of a multi-rank load onto a device (see the module comment).
 /// Dropping it waits for its copies, then frees what it still owns (the destination too, unless
