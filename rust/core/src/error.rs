@@ -631,6 +631,10 @@ impl fmt::Display for Error {
             Error::InvalidSlice { tensor, reason } => {
                 write!(f, "invalid slice of tensor `{tensor}`: {reason}")
             }
+            // Memory that could not be had has no file to name.
+            Error::Io { path, op, source } if path.as_os_str().is_empty() => {
+                write!(f, "{op} failed: {source}")
+            }
             Error::Io { path, op, source } => {
                 write!(f, "{}: {op} failed: {source}", path.display())
             }

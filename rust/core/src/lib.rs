@@ -10,6 +10,7 @@
 //!   and `general.rs`: the two JSON parsers; `builder.rs`: what they fill; `index.rs`: names);
 //! - `byte_len.rs`: the tensor byte-length rule (dtype × shape) every layer applies;
 //! - `error.rs`: the one error enum and its messages; `dtype.rs`: the element types;
+//! - `fallible.rs`: fallible allocation for sizes a file or a caller chooses;
 //! - `file.rs` (with `direct.rs`): opening files and reading bytes; `view.rs`: files in memory;
 //! - `slice.rs`: slice plans; `writer.rs` (with `writer/atomic.rs`): writing;
 //! - `checkpoint/`: sharded checkpoints (the index file, shard paths, lazy shards);
@@ -36,6 +37,7 @@ mod direct;
 pub mod distributed;
 mod dtype;
 mod error;
+pub mod fallible;
 mod file;
 mod format;
 mod header;
@@ -57,7 +59,7 @@ pub use format::{LENGTH_PREFIX_SIZE, MAX_HEADER_SIZE, METADATA_KEY};
 pub use header::{read_header_len, test_hooks, Header, TensorInfo};
 pub use prefetch::{advise, Advice, Plan, Prefetch, PrefetchOptions, MAX_REQUEST_BYTES};
 pub use request::{Request, Source};
-pub use slice::{Indexer, Runs, SlicePlan};
+pub use slice::{Indexer, Placed, Runs, SlicePlan};
 pub use stream::{HandOver, StreamOptions, StreamTensor, TensorStream};
 pub use view::{SafeTensors, TensorView};
 pub use writer::{
