@@ -129,6 +129,7 @@ impl StreamLayout {
                 ..*piece
             })
             .collect();
+        virtual_plan.slices = plan.slices.clone();
         virtual_plan.total = cursor;
         Ok(StreamLayout {
             plan: virtual_plan,
