@@ -116,8 +116,8 @@ class LoadPlan {
     buffers.reserve(lens.size());
     for (std::size_t i = 0; i < lens.size(); ++i)
       buffers.push_back(detail::allocate_bytes(static_cast<std::size_t>(lens[i]), "a rank's tensor").value());
-    auto pieces = plan_->pieces(rank);
-    std::size_t next_piece = 0;
+    const auto parts = detail::attempt([&](ffi::Status& st) { return plan_->parts(rank, st); }).value();
+    std::size_t next_part = 0;
     std::shared_ptr<std::byte[]> staging;
     std::size_t staging_len = 0;
     const std::size_t steps = plan_->step_count();
@@ -136,10 +136,17 @@ class LoadPlan {
         detail::attempt([&](ffi::Status& st) { plan_->read_step(i, dst, st); }).throw_if_error();
       }
       if (s.shared) c.broadcast(buf, s.reader);
-      for (; next_piece < pieces.size() && pieces[next_piece].step == i; ++next_piece) {
-        const auto& p = pieces[next_piece];
-        std::memcpy(buffers[p.request].get() + p.out_offset, buf.data() + p.step_offset,
-                    static_cast<std::size_t>(p.len));
+      // The core copies each request's bytes out of the step, walking its selection: a
+      // strided selection is one step here, not one per element.
+      const ::rust::Slice<const std::uint8_t> from{reinterpret_cast<const std::uint8_t*>(buf.data()),
+                                                   buf.size()};
+      for (; next_part < parts.size() && parts.data()[next_part].step == i; ++next_part) {
+        const auto& p = parts.data()[next_part];
+        ::rust::Slice<std::uint8_t> to{reinterpret_cast<std::uint8_t*>(buffers[p.request].get()),
+                                       static_cast<std::size_t>(lens[p.request])};
+        detail::attempt([&](ffi::Status& st) {
+          plan_->scatter(rank, i, p.request, from, to, st);
+        }).throw_if_error();
       }
     }
     std::vector<TensorView> out;

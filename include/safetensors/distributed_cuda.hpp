@@ -69,8 +69,8 @@ struct DeviceLoad {
     auto stage =
         adopt(attempt([&](ffi::Status& st) { return ffi::new_device_stage(device, end, st); })).value();
     auto* stream = reinterpret_cast<void*>(static_cast<std::uintptr_t>(stage->stream()));
-    auto pieces = plan.plan_->pieces(rank);
-    std::size_t next_piece = 0;
+    const auto parts = attempt([&](ffi::Status& st) { return plan.plan_->parts(rank, st); }).value();
+    std::size_t next_part = 0;
     const std::size_t steps = plan.plan_->step_count();
     for (std::size_t i = 0; i < steps; ++i) {
       auto s = plan.plan_->step(i);
@@ -95,15 +95,27 @@ struct DeviceLoad {
         c.broadcast_device(reinterpret_cast<void*>(static_cast<std::uintptr_t>(scratch)), len, s.reader,
                            stream);
       }
-      for (; next_piece < pieces.size() && pieces[next_piece].step == i; ++next_piece) {
-        const auto& p = pieces[next_piece];
-        const auto from = static_cast<std::size_t>(p.step_offset);
-        const auto n = static_cast<std::size_t>(p.len);
-        const std::size_t to = placements[p.request].offset + static_cast<std::size_t>(p.out_offset);
-        if (on_device) {
-          attempt([&](ffi::Status& st) { stage->scratch_to_destination(from, n, to, st); }).throw_if_error();
-        } else {
-          attempt([&](ffi::Status& st) { stage->host_to_destination(from, n, to, st); }).throw_if_error();
+      for (; next_part < parts.size() && parts.data()[next_part].step == i; ++next_part) {
+        const auto& part = parts.data()[next_part];
+        // The pieces come in bounded batches, each going on where the last one stopped.
+        constexpr std::size_t batch = 4096;
+        for (std::uint64_t next = 0;;) {
+          const auto pieces = plan.plan_->pieces(rank, i, part.request, next, batch);
+          for (std::size_t k = 0; k < pieces.size(); ++k) {
+            const auto& p = pieces.data()[k];
+            const auto from = static_cast<std::size_t>(p.step_offset);
+            const auto n = static_cast<std::size_t>(p.len);
+            const std::size_t to = placements[part.request].offset + static_cast<std::size_t>(p.out_offset);
+            if (on_device) {
+              attempt([&](ffi::Status& st) {
+                stage->scratch_to_destination(from, n, to, st);
+              }).throw_if_error();
+            } else {
+              attempt([&](ffi::Status& st) { stage->host_to_destination(from, n, to, st); }).throw_if_error();
+            }
+          }
+          if (pieces.size() < batch) break;
+          next = pieces.data()[pieces.size() - 1].next;
         }
       }
     }

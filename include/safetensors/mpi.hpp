@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "safetensors/collective.hpp"
+#include "safetensors/detail/allocate.hpp"
 #include "safetensors/error.hpp"
 
 namespace safetensors::inline SAFETENSORS_ABI {
@@ -69,7 +70,10 @@ class MpiCollective final : public Collective {
             "MPI_Allgather");
       return;
     }
-    std::vector<std::byte> tmp(chunk * size_);
+    // One chunk from every rank: world GiB, which a host may not have (an `Io` error then).
+    auto tmp = detail::checked_vector<std::byte>(chunk * size_, "an all-gather's staging buffer",
+                                                 "gather less than 1 GiB per rank at a time")
+                   .value();
     for (std::size_t at = 0; at < mine.size(); at += chunk) {
       std::size_t n = std::min(chunk, mine.size() - at);
       check(MPI_Allgather(mine.data() + at, static_cast<int>(n), MPI_BYTE, tmp.data(), static_cast<int>(n),

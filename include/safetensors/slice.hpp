@@ -176,13 +176,16 @@ class Selection {
   [[nodiscard]] std::size_t byte_size() const { return plan().byte_len(); }
 
   /// The runs to read, in result order; runs that touch are merged, so consecutive runs leave
-  /// a gap. A GPU path can read exactly these bytes.
+  /// a gap. A GPU path can read exactly these bytes. A strided selection has a run per element:
+  /// more runs than memory holds is an `Io` error.
   [[nodiscard]] std::vector<ByteRun> runs() const {
-    auto raw = plan().runs();
-    std::vector<ByteRun> out;
-    out.reserve(raw.size());
-    for (const auto& r : raw)
-      out.push_back({static_cast<std::size_t>(r.offset), static_cast<std::size_t>(r.length)});
+    auto raw = detail::attempt([&](ffi::Status& st) { return plan().runs(st); }).value();
+    auto out =
+        detail::checked_vector<ByteRun>(raw.size(), "a selection's runs", "walk a smaller selection").value();
+    for (std::size_t i = 0; i < raw.size(); ++i) {
+      const auto& r = raw.data()[i];
+      out[i] = {static_cast<std::size_t>(r.offset), static_cast<std::size_t>(r.length)};
+    }
     return out;
   }
 
@@ -351,7 +354,7 @@ inline Expected<TensorView> nothrow::read(const Selection& selection) {
   if (len == 0) return v;
   const auto& src = detail::Access<Selection>::source(selection);
   if ((src.data != nullptr || src.direct) && (*plan)->contiguous()) {
-    auto bytes = src.bytes_at(static_cast<std::size_t>((*plan)->runs()[0].offset), len, "a slice");
+    auto bytes = src.bytes_at(static_cast<std::size_t>((*plan)->first_offset()), len, "a slice");
     if (!bytes) return bytes.status();
     v.data = bytes->first;
     v.owner = std::move(bytes->second);

@@ -265,4 +265,47 @@ TEST_F(DeviceLayer, StagingIsNotRefilledUnderAPendingCopy) {
   drv.get<void (*)(unsigned)>("fakecuda_set_latency_us")(0);
 }
 
+TEST(DeviceStrided, AStepOfManyPiecesLandsWhole) {
+  if (!test::gpu_or_skip()) return;
+  // Every other byte of 8200 (rank 0 the even ones, rank 1 the odd ones): one step of 4100
+  // one-byte pieces per rank, more than one bounded batch of them crossing the bridge.
+  test::TempDir dir;
+  auto path = dir / "wide.safetensors";
+  test::write_bytes(path,
+                    test::raw_file(R"({"t":{"dtype":"U8","shape":[8200],"data_offsets":[0,8200]}})", 8200));
+  for (auto via : {cuda::Via::Host, cuda::Via::Device}) {
+    for (std::size_t world : {1, 2}) {
+      DeviceGroup group(world);
+      std::vector<std::exception_ptr> errors(world);
+      std::vector<std::thread> threads;
+      for (std::size_t rank = 0; rank < world; ++rank) {
+        threads.emplace_back([&, rank] {
+          try {
+            SafeOpen f(path);
+            std::vector<std::vector<Selection>> needs(world);
+            for (std::size_t r = 0; r < world; ++r) {
+              needs[r] = {f.get_slice("t").select({Index::range(static_cast<std::int64_t>(r), {}, 2)})};
+            }
+            LoadPlan plan(needs);
+            EXPECT_EQ(plan.bytes_read(), 8200u - (world == 1 ? 1 : 0));
+            DeviceGroup::DeviceMember me(group, rank);
+            auto mine = cuda::load(plan, me, {.device = 0, .via = via});
+            const auto& p = mine.placements().at(0);
+            auto want = needs[rank][0].read();
+            std::vector<std::byte> got(p.byte_size);
+            cuda::copy_to_host(static_cast<std::byte*>(mine.buffer().data()) + p.offset, got);
+            EXPECT_TRUE(std::ranges::equal(got, want.data)) << "rank " << rank << " of " << world;
+          } catch (...) {
+            errors[rank] = std::current_exception();
+          }
+        });
+      }
+      for (auto& t : threads) t.join();
+      for (auto& e : errors) {
+        if (e) std::rethrow_exception(e);
+      }
+    }
+  }
+}
+
 }  // namespace

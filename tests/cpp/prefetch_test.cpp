@@ -228,6 +228,32 @@ TEST(Advise, HintsTheMappingAndIsANoOpWithoutOne) {
   }
 }
 
+TEST(Prefetch, AStridedSelectionIsWarmedAndAdvisedInMemoryInProportionToItsPages) {
+  if (!test::address_space_limits_work)
+    GTEST_SKIP() << "the sanitizers cannot run under an address-space limit";
+  test::TempDir dir;
+  const std::size_t n = 16 * kMiB;
+  auto path = dir / "wide.safetensors";
+  test::write_bytes(
+      path, test::raw_file(R"({"t":{"dtype":"U8","shape":[16777216],"data_offsets":[0,16777216]}})", n));
+  // Every other byte: 8 Mi one-byte runs, which a plan used to hold one by one (+470 MB for a
+  // prefetch, +400 MB for advice, an abort under the limit below). The pages they touch are one
+  // range, and its one-byte gaps are warmed with it.
+  const std::vector<Request> every_other{{"t", {Index::range(0, static_cast<std::int64_t>(n), 2)}}};
+  const int warmed = test::with_address_space(std::uint64_t{256} << 20, [&] {
+    SafeOpen f(path);
+    auto warming = safetensors::prefetch(f, every_other, {.threads = 1});
+    warming.wait();
+    return warming.total_bytes() == n - 1 && warming.bytes_done() == n - 1 ? 0 : 1;
+  });
+  EXPECT_TRUE(WIFEXITED(warmed) && WEXITSTATUS(warmed) == 0) << "prefetch " << test::describe_status(warmed);
+  const int advised = test::with_address_space(std::uint64_t{256} << 20, [&] {
+    safetensors::advise(SafeOpen(path), every_other, Advice::WillNeed);
+    return 0;
+  });
+  EXPECT_TRUE(WIFEXITED(advised) && WEXITSTATUS(advised) == 0) << "advise " << test::describe_status(advised);
+}
+
 TEST(Prefetch, NothrowTwinsAgreeWithTheThrowingFaces) {
   test::TempDir dir;
   auto path = dir / "p.safetensors";

@@ -365,6 +365,34 @@ TEST(SafeOpen, BuffersSizedByAFileThatCannotBeAllocatedAreIoErrors) {
   }
 }
 
+TEST(SafeOpen, ATensorOfRankFiftyMillionIsATypedErrorWithinAGigabyte) {
+  if (!test::address_space_limits_work)
+    GTEST_SKIP() << "the sanitizers cannot run under an address-space limit";
+  // One tensor of 49,999,000 dimensions of 1 in a 100 MB header: the reference accepts it; every
+  // copy of its shape is 400 MB (a slice of it peaked near 2.8 GB, and under a 3 GB address
+  // space `std::bad_alloc` escaped untyped). More than MAX_RANK dimensions: refused while parsing.
+  test::TempDir dir;
+  auto path = dir / "deep.safetensors";
+  {
+    std::string json = R"({"t":{"dtype":"U8","shape":[1)";
+    json.reserve(100'000'000);
+    for (int i = 1; i < 49'999'000; ++i) json += ",1";
+    json += R"(],"data_offsets":[0,1]}})";
+    test::write_bytes(path, test::raw_file(json, 1));
+  }
+  for (Backend b : {Backend::Mmap, Backend::Read}) {
+    const int status = test::with_address_space(std::uint64_t{1} << 30, [&] {
+      auto opened = safetensors::nothrow::open(path, {b});
+      if (opened) return 1;
+      if (opened.status().kind() != ErrorKind::TensorInvalidInfo) return 2;
+      if (opened.status().message().find("more than 1024 dimensions") == std::string::npos) return 3;
+      return test::kind_of([&] { SafeOpen f(path, {b}); }) == ErrorKind::TensorInvalidInfo ? 0 : 4;
+    });
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << (b == Backend::Mmap ? "mmap: " : "read: ") << test::describe_status(status);
+  }
+}
+
 TEST(SafeOpen, AHugeTensorOnTheReadBackendIsAnIoErrorNotBadAlloc) {
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "ASan aborts on an impossible allocation instead of failing it";

@@ -3,6 +3,9 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <safetensors/error.hpp>
 
 #include <array>
@@ -96,6 +99,65 @@ inline std::vector<std::uint8_t> raw_file(std::string_view json, std::size_t dat
   out.insert(out.end(), json.begin(), json.end());
   for (std::size_t i = 0; i < data_len; ++i) out.push_back(static_cast<std::uint8_t>(i % 251));
   return out;
+}
+
+// ---- memory bounds, measured by the kernel ---------------------------------------------------
+
+/// Whether this build can run code under an address-space limit: the sanitizers reserve
+/// terabytes of shadow memory up front, so a limit makes them fail before the code runs.
+inline constexpr bool address_space_limits_work =
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+    false;
+#else
+    true;
+#endif
+#else
+    true;
+#endif
+
+/// The process's address space now (`VmSize`), in bytes.
+inline std::uint64_t address_space_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmSize:", 0) == 0) return std::stoull(line.substr(7)) * 1024;
+  }
+  return 0;
+}
+
+/// Runs `body` in a child process whose address space may grow by at most `extra` bytes
+/// (`RLIMIT_AS`): the child's exit code is what `body` returns, 99 for an escaped exception.
+/// Returns the child's wait status: a memory bound that is exceeded shows as a signal (an
+/// abort on a failed allocation) or a code other than 0, never as a crash of the test itself.
+template <class F>
+int with_address_space(std::uint64_t extra, F&& body) {
+  const std::uint64_t limit = address_space_bytes() + extra;
+  std::cout.flush();
+  pid_t child = ::fork();
+  if (child == 0) {
+    rlimit rl{limit, limit};
+    if (::setrlimit(RLIMIT_AS, &rl) != 0) _exit(98);
+    int code = 99;
+    try {
+      code = body();
+    } catch (...) {
+    }
+    std::cout.flush();
+    _exit(code);
+  }
+  int status = -1;
+  if (child > 0) ::waitpid(child, &status, 0);
+  return status;
+}
+
+/// A wait status as words, for a failed expectation.
+inline std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
+  return "wait status " + std::to_string(status);
 }
 
 // ---- SHA-256 (FIPS 180-4), to compare tensor bytes with digests computed by Python ----------

@@ -1,12 +1,14 @@
 //! The tensor byte-length rule: a tensor of `dtype` and `shape` takes dtype × shape bits, which
 //! must fit in 64 bits (`ValidationOverflow`) and end on a byte boundary (`MisalignedSlice`);
-//! data of any other length is `TensorInvalidInfo`.
+//! data of any other length is `TensorInvalidInfo`, and so is a tensor of a file with more than
+//! [`MAX_RANK`] dimensions.
 //!
 //! One rule for every layer that needs it: header validation, the writer's check of its input,
 //! and slice planning.
 
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
+use crate::format::MAX_RANK;
 
 /// Number of elements of `shape` (1 for a scalar), or `None` when it does not fit in `usize`.
 pub(crate) fn checked_numel(shape: &[usize]) -> Option<usize> {
@@ -37,13 +39,20 @@ pub fn tensor_byte_len(tensor: &str, dtype: Dtype, shape: &[usize]) -> Result<us
         })
 }
 
-/// Checks that `actual` bytes are what tensor `tensor` of `dtype` and `shape` takes.
+/// Checks that `actual` bytes are what tensor `tensor` of `dtype` and `shape` takes, and that
+/// the shape has at most [`MAX_RANK`] dimensions: the rule for a tensor of a file, read or
+/// written.
 pub(crate) fn check_tensor_byte_len(
     tensor: &str,
     dtype: Dtype,
     shape: &[usize],
     actual: usize,
 ) -> Result<()> {
+    if shape.len() > MAX_RANK {
+        return Err(Error::RankTooLarge {
+            tensor: tensor.to_owned(),
+        });
+    }
     let expected = tensor_byte_len(tensor, dtype, shape)?;
     if actual != expected {
         return Err(Error::TensorInvalidInfo {

@@ -11,7 +11,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::dtype::Dtype;
-use crate::format::{LENGTH_PREFIX_SIZE, MAX_HEADER_SIZE, METADATA_KEY};
+use crate::format::{LENGTH_PREFIX_SIZE, MAX_HEADER_SIZE, MAX_RANK, METADATA_KEY};
 
 /// A specialized `Result` for this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -83,6 +83,12 @@ pub enum Error {
         expected: u64,
         /// Bytes actually given (by `data_offsets`, or by the data handed to the writer).
         actual: u64,
+    },
+    /// A tensor of a file has more than [`crate::MAX_RANK`] dimensions (a limit of this
+    /// library; its kind is [`ErrorKind::TensorInvalidInfo`]).
+    RankTooLarge {
+        /// The tensor concerned.
+        tensor: String,
     },
     /// The tensors do not cover the data buffer exactly: bytes are missing or left over.
     MetadataIncompleteBuffer {
@@ -391,7 +397,9 @@ impl Error {
             Error::InvalidOffset { .. } => ErrorKind::InvalidOffset,
             Error::ValidationOverflow { .. } => ErrorKind::ValidationOverflow,
             Error::MisalignedSlice { .. } => ErrorKind::MisalignedSlice,
-            Error::TensorInvalidInfo { .. } => ErrorKind::TensorInvalidInfo,
+            Error::TensorInvalidInfo { .. } | Error::RankTooLarge { .. } => {
+                ErrorKind::TensorInvalidInfo
+            }
             Error::MetadataIncompleteBuffer { .. } => ErrorKind::MetadataIncompleteBuffer,
             Error::TensorNotFound { .. } => ErrorKind::TensorNotFound,
             Error::DuplicateKey { .. } => ErrorKind::DuplicateKey,
@@ -585,6 +593,11 @@ impl fmt::Display for Error {
                 plural(*expected, "byte"),
                 plural(*actual, "byte")
             ),
+            Error::RankTooLarge { tensor } => write!(
+                f,
+                "invalid tensor info for `{tensor}`: more than {MAX_RANK} dimensions; this \
+                 library reads and writes tensors of at most {MAX_RANK} (NumPy handles at most 64)"
+            ),
             Error::MetadataIncompleteBuffer { expected, actual } => {
                 if actual < expected {
                     write!(
@@ -633,6 +646,10 @@ impl fmt::Display for Error {
             }
             Error::InvalidSlice { tensor, reason } => {
                 write!(f, "invalid slice of tensor `{tensor}`: {reason}")
+            }
+            // Memory that could not be had has no file to name.
+            Error::Io { path, op, source } if path.as_os_str().is_empty() => {
+                write!(f, "{op} failed: {source}")
             }
             Error::Io { path, op, source } => {
                 write!(f, "{}: {op} failed: {source}", path.display())
@@ -800,6 +817,9 @@ impl Clone for Error {
                 tensor: tensor.clone(),
                 expected: *expected,
                 actual: *actual,
+            },
+            Error::RankTooLarge { tensor } => Error::RankTooLarge {
+                tensor: tensor.clone(),
             },
             Error::MetadataIncompleteBuffer { expected, actual } => {
                 Error::MetadataIncompleteBuffer {

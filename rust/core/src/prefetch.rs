@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use crate::error::{Error, Result};
+use crate::fallible;
 use crate::file::SafeFile;
 use crate::open::{reopen, Identity};
 use crate::request::{resolve, Request, Source};
@@ -58,29 +59,40 @@ struct PlanFile {
     identity: Option<Identity>,
     data_start: u64,
     data_len: u64,
+    /// Sorted, merged: no two overlap or touch.
     ranges: Vec<(u64, u64)>,
 }
 
-impl PlanFile {
-    fn add_range(&mut self, offset: u64, len: u64) {
-        let end = offset.saturating_add(len).min(self.data_len);
-        if offset < end {
-            self.ranges.push((offset, end - offset));
-        }
-    }
+/// The runs of one selection closer than this are warmed as one range: the kernel reads and
+/// advises whole pages, so a strided selection costs a range per group of pages it touches, not
+/// a range (and a request) per element.
+const PAGE: u64 = 4096;
 
-    /// Sorted and merged.
-    fn ranges(&self) -> Vec<(u64, u64)> {
-        let mut sorted = self.ranges.clone();
-        sorted.sort_unstable();
-        let mut out: Vec<(u64, u64)> = Vec::with_capacity(sorted.len());
-        for (offset, len) in sorted {
-            match out.last_mut() {
-                Some((o, l)) if offset <= *o + *l => *l = (*l).max(offset + len - *o),
-                _ => out.push((offset, len)),
-            }
+impl PlanFile {
+    /// Adds `[offset, offset + len)` (clamped to the data buffer), merged with every range it
+    /// overlaps, touches or comes within `bridge` bytes of. Ranges mostly arrive in order, so
+    /// this is mostly an append or an extension of the last range.
+    fn add_range(&mut self, offset: u64, len: u64, bridge: u64) -> Result<()> {
+        let end = offset.saturating_add(len).min(self.data_len);
+        if offset >= end {
+            return Ok(());
         }
-        out
+        let near = |r: &(u64, u64)| r.0 + r.1 + bridge >= offset;
+        let i = match self.ranges.last() {
+            Some(last) if !near(last) => self.ranges.len(),
+            _ => self.ranges.partition_point(|r| !near(r)),
+        };
+        let j = i + self.ranges[i..].partition_point(|r| r.0 <= end.saturating_add(bridge));
+        if i == j {
+            fallible::reserve(&mut self.ranges, 1, "a prefetch plan's ranges")?;
+            self.ranges.insert(i, (offset, end - offset));
+        } else {
+            let start = offset.min(self.ranges[i].0);
+            let (o, l) = self.ranges[j - 1];
+            self.ranges[i] = (start, end.max(o + l) - start);
+            self.ranges.drain(i + 1..j);
+        }
+        Ok(())
     }
 }
 
@@ -111,8 +123,9 @@ impl Plan {
                 continue;
             }
             let slot = plan.add_file(&item.source);
+            let bridge = if item.slice.is_some() { PAGE } else { 0 };
             for (offset, len) in item.runs() {
-                plan.files[slot].add_range(offset, len);
+                plan.files[slot].add_range(offset, len, bridge)?;
             }
         }
         Ok(plan)
@@ -138,37 +151,40 @@ impl Plan {
     /// Adds tensor `name` of `file` (adding the file if needed).
     pub fn add_tensor(&mut self, file: &SafeFile, name: &str) -> Result<()> {
         let (begin, end) = file.info(name)?.data_offsets;
-        self.add_range_in(file, begin as u64, (end - begin) as u64);
-        Ok(())
+        let slot = self.add_file(file);
+        self.files[slot].add_range(begin as u64, (end - begin) as u64, 0)
     }
 
-    /// Adds the bytes a slice of tensor `name` of `file` selects (only those).
+    /// Adds the pages a slice of tensor `name` of `file` selects: its runs, those closer than a
+    /// page merged into one range (with the bytes between them).
     pub fn add_slice(&mut self, file: &SafeFile, name: &str, slice: &SlicePlan) -> Result<()> {
         let begin = file.info(name)?.data_offsets.0 as u64;
         let slot = self.add_file(file);
         for (offset, len) in slice.runs() {
-            self.files[slot].add_range(begin + offset as u64, len as u64);
+            self.files[slot].add_range(begin + offset as u64, len as u64, PAGE)?;
         }
         Ok(())
     }
 
     /// Adds `len` bytes of the first file's data buffer from `offset` (clamped to the buffer);
-    /// nothing when the plan has no file.
+    /// nothing when the plan has no file. (A range that merges with none grows the plan by one
+    /// entry; one the plan has no memory for is left out, the plan being a hint.)
     pub fn add_range(&mut self, offset: u64, len: u64) {
         if let Some(f) = self.files.first_mut() {
-            f.add_range(offset, len);
+            let _ = f.add_range(offset, len, 0);
         }
     }
 
-    /// Adds `len` bytes of `file`'s data buffer from `offset` (clamped to the buffer).
+    /// Adds `len` bytes of `file`'s data buffer from `offset` (clamped to the buffer), as
+    /// [`Plan::add_range`] does.
     pub fn add_range_in(&mut self, file: &SafeFile, offset: u64, len: u64) {
         let slot = self.add_file(file);
-        self.files[slot].add_range(offset, len);
+        let _ = self.files[slot].add_range(offset, len, 0);
     }
 
     /// The first file's ranges, relative to its data buffer, sorted and merged.
     pub fn ranges(&self) -> Vec<(u64, u64)> {
-        self.files.first().map(PlanFile::ranges).unwrap_or_default()
+        self.file_ranges(0)
     }
 
     /// Number of files in the plan.
@@ -183,16 +199,15 @@ impl Plan {
 
     /// The ranges of the plan's file `i`, relative to its data buffer, sorted and merged.
     pub fn file_ranges(&self, i: usize) -> Vec<(u64, u64)> {
-        self.files.get(i).map(PlanFile::ranges).unwrap_or_default()
+        self.files
+            .get(i)
+            .map(|f| f.ranges.clone())
+            .unwrap_or_default()
     }
 
     /// Bytes the plan covers, in every file.
     pub fn total_bytes(&self) -> u64 {
-        self.files
-            .iter()
-            .flat_map(|f| f.ranges())
-            .map(|r| r.1)
-            .sum()
+        self.files.iter().flat_map(|f| &f.ranges).map(|r| r.1).sum()
     }
 
     /// Starts warming the plan's bytes in the background; see [`Prefetch`].
@@ -270,15 +285,16 @@ impl Prefetch {
                 // Bytes in memory: nothing to warm, and no path to open.
                 continue;
             }
-            for (offset, len) in f.ranges() {
+            for &(offset, len) in &f.ranges {
                 let mut at = 0u64;
                 while at < len {
                     let n = (len - at).min(step as u64);
-                    requests.push(Read {
+                    let read = Read {
                         file,
                         at: f.data_start + offset + at,
                         len: n as usize,
-                    });
+                    };
+                    fallible::push(&mut requests, read, "a prefetch's requests")?;
                     at += n;
                 }
             }
@@ -468,7 +484,7 @@ pub fn advise(file: &SafeFile, plan: &Plan, advice: Advice) -> Result<()> {
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
     let base = data.as_ptr() as usize;
-    for (offset, len) in entry.ranges() {
+    for &(offset, len) in &entry.ranges {
         let start = base + offset as usize;
         // The mapping starts on a page, so rounding down stays inside it.
         let aligned = start - start % page;

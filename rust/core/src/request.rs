@@ -97,16 +97,15 @@ pub(crate) struct Item {
 
 impl Item {
     /// The data-buffer byte runs this item reads, ascending: the one rule by which plans and
-    /// streams turn a request into bytes.
-    pub fn runs(&self) -> Vec<(u64, u64)> {
-        match &self.slice {
-            None if self.len == 0 => Vec::new(),
-            None => vec![(self.begin, self.len)],
-            Some(plan) => plan
-                .runs()
-                .map(|(offset, len)| (self.begin + offset as u64, len as u64))
-                .collect(),
-        }
+    /// streams turn a request into bytes. Walked lazily: a strided slice has as many runs as
+    /// elements.
+    pub fn runs(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let whole = (self.slice.is_none() && self.len > 0).then_some((self.begin, self.len));
+        let sliced = self.slice.iter().flat_map(move |plan| {
+            plan.runs()
+                .map(move |(offset, len)| (self.begin + offset as u64, len as u64))
+        });
+        whole.into_iter().chain(sliced)
     }
 }
 

@@ -222,6 +222,80 @@ impl SlicePlan {
         }
     }
 
+    /// Bytes of the tensor this plan slices.
+    pub fn tensor_byte_len(&self) -> usize {
+        self.tensor_len
+    }
+
+    /// The tensor bytes the selection touches, first to last, as `[begin, end)` relative to the
+    /// tensor's first byte; `None` when it selects nothing.
+    pub fn extent(&self) -> Option<(usize, usize)> {
+        let last = self.runs.checked_sub(1)?;
+        Some((self.base, self.piece_offset(last) + self.run_len))
+    }
+
+    /// The parts of the result whose bytes lie in tensor bytes `[lo, hi)`, each as
+    /// `(tensor offset, result offset, len)`, ascending and clipped to the range. Found by
+    /// binary search, then walked: the cost is the runs inside the range, not before it.
+    pub fn runs_in_tensor(&self, lo: usize, hi: usize) -> Placed<'_> {
+        // Pieces (runs before merging) ascend in the tensor: the first one ending after `lo`.
+        let (mut a, mut b) = (0, self.runs);
+        while a < b {
+            let m = a + (b - a) / 2;
+            if self.piece_offset(m) + self.run_len <= lo {
+                a = m + 1;
+            } else {
+                b = m;
+            }
+        }
+        self.placed(a, lo, hi, false)
+    }
+
+    /// The parts of the result in result bytes `[lo, hi)`, as [`SlicePlan::runs_in_tensor`]
+    /// gives them.
+    pub fn runs_in_result(&self, lo: usize, hi: usize) -> Placed<'_> {
+        let first = lo.checked_div(self.run_len).unwrap_or(self.runs);
+        self.placed(first, lo, hi, true)
+    }
+
+    fn placed(&self, first: usize, lo: usize, hi: usize, by_result: bool) -> Placed<'_> {
+        Placed {
+            runs: self.runs_from(first),
+            lo,
+            hi,
+            by_result,
+            out_from: 0,
+        }
+    }
+
+    /// Where piece `k` (the `k`-th run before merging) starts in the tensor.
+    fn piece_offset(&self, k: usize) -> usize {
+        let mut offset = self.base;
+        let mut rest = k;
+        for w in self.walks.iter().rev() {
+            offset += (rest % w.count) * w.stride;
+            rest /= w.count;
+        }
+        offset
+    }
+
+    /// The runs from piece `k` on.
+    fn runs_from(&self, k: usize) -> Runs<'_> {
+        let k = k.min(self.runs);
+        let mut counters = vec![0; self.walks.len()];
+        let mut rest = k;
+        for (c, w) in counters.iter_mut().zip(&self.walks).rev() {
+            *c = rest % w.count;
+            rest /= w.count;
+        }
+        Runs {
+            plan: self,
+            counters,
+            offset: self.piece_offset(k),
+            left: self.runs - k,
+        }
+    }
+
     /// Checks that `info` is a tensor this plan was made for and `dst_len` fits the result.
     pub fn check_fits(&self, info: &TensorInfo<'_>, dst_len: usize) -> Result<()> {
         if info.dtype != self.dtype || info.byte_len() != self.tensor_len {
@@ -368,6 +442,57 @@ impl Runs<'_> {
     }
 }
 
+/// Parts of a slice's result within a range of the tensor or of the result, as
+/// `(tensor offset, result offset, len)`: see [`SlicePlan::runs_in_tensor`].
+pub struct Placed<'p> {
+    runs: Runs<'p>,
+    lo: usize,
+    hi: usize,
+    by_result: bool,
+    out_from: usize,
+}
+
+impl<'p> Placed<'p> {
+    /// The same parts, leaving out result bytes before `from` (to go on where an earlier walk
+    /// stopped, without walking the runs before it again).
+    pub fn starting_at(mut self, from: usize) -> Placed<'p> {
+        let plan = self.runs.plan;
+        let k = from.checked_div(plan.run_len).unwrap_or(plan.runs);
+        if k > plan.runs - self.runs.left {
+            self.runs = plan.runs_from(k);
+        }
+        self.out_from = from;
+        self
+    }
+}
+
+impl Iterator for Placed<'_> {
+    type Item = (usize, usize, usize);
+
+    fn next(&mut self) -> Option<(usize, usize, usize)> {
+        loop {
+            // Piece `k` is result bytes `[k × run_len, (k + 1) × run_len)`.
+            let out = (self.runs.plan.runs - self.runs.left) * self.runs.plan.run_len;
+            let (src, len) = self.runs.next()?;
+            let from = if self.by_result { out } else { src };
+            if from >= self.hi {
+                self.runs.left = 0;
+                return None;
+            }
+            // Every run walked ends after `lo`, so the clipped part is not empty.
+            let end = len.min(self.hi - from);
+            let skip = self
+                .lo
+                .saturating_sub(from)
+                .max(self.out_from.saturating_sub(out));
+            if skip >= end {
+                continue;
+            }
+            return Some((src + skip, out + skip, end - skip));
+        }
+    }
+}
+
 impl Iterator for Runs<'_> {
     type Item = (usize, usize);
 
@@ -477,6 +602,74 @@ mod tests {
                             );
                         }
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn runs_in_a_range_are_the_runs_clipped_to_it() {
+        let shape = [4usize, 3, 6];
+        let i = info(Dtype::U16, &shape);
+        let choices = [
+            Indexer::FULL,
+            Indexer::Select(2),
+            Indexer::range(1, 3),
+            Indexer::Range {
+                start: Some(1),
+                stop: None,
+                step: 2,
+            },
+        ];
+        for a in choices {
+            for b in choices {
+                for c in choices {
+                    let plan = SlicePlan::new(&i, &[a, b, c]).unwrap();
+                    // Every selected byte as (tensor offset, result offset).
+                    let bytes: Vec<(usize, usize)> = plan
+                        .runs()
+                        .flat_map(|(o, l)| o..o + l)
+                        .enumerate()
+                        .map(|(out, src)| (src, out))
+                        .collect();
+                    let flat = |parts: Placed<'_>| -> Vec<(usize, usize)> {
+                        parts
+                            .flat_map(|(src, out, len)| (0..len).map(move |k| (src + k, out + k)))
+                            .collect()
+                    };
+                    let total = plan.byte_len();
+                    for (lo, hi) in [(0, 144), (0, 7), (5, 77), (40, 41), (100, 144), (30, 30)] {
+                        let want: Vec<_> = bytes
+                            .iter()
+                            .copied()
+                            .filter(|b| (lo..hi).contains(&b.0))
+                            .collect();
+                        assert_eq!(
+                            flat(plan.runs_in_tensor(lo, hi)),
+                            want,
+                            "{a:?} {b:?} {c:?} {lo}..{hi}"
+                        );
+                        let (lo, hi) = (lo.min(total), hi.min(total));
+                        let want: Vec<_> = bytes
+                            .iter()
+                            .copied()
+                            .filter(|b| (lo..hi).contains(&b.1))
+                            .collect();
+                        assert_eq!(
+                            flat(plan.runs_in_result(lo, hi)),
+                            want,
+                            "{a:?} {b:?} {c:?} result {lo}..{hi}"
+                        );
+                        for from in [0, 1, 3, 10] {
+                            let want: Vec<_> =
+                                want.iter().copied().filter(|b| b.1 >= from).collect();
+                            assert_eq!(flat(plan.runs_in_result(lo, hi).starting_at(from)), want);
+                        }
+                    }
+                    assert_eq!(
+                        plan.extent(),
+                        bytes.first().map(|f| (f.0, bytes.last().unwrap().0 + 1))
+                    );
                 }
             }
         }

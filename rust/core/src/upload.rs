@@ -41,17 +41,22 @@ pub struct Placement {
     pub len: u64,
 }
 
-/// One contiguous run of source bytes and where it goes.
+/// One tensor or slice and where it goes: `len` contiguous bytes from `src`, or, for a slice,
+/// the selection's runs of the tensor at `src`, packed. A slice stays one piece whatever its
+/// number of runs (a strided one has a run per element): the runs of a chunk are walked from
+/// the slice plan when the chunk is filled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Piece {
     /// The placement it belongs to.
     placement: usize,
     source: usize,
-    /// Offset in the source file's data buffer.
+    /// Offset in the source file's data buffer (of the tensor, for a slice).
     src: u64,
     /// Offset in the destination.
     dst: u64,
     len: u64,
+    /// The slice plan (an index into the plan's slices), for a slice.
+    slice: Option<usize>,
 }
 
 /// What to upload and where each tensor goes: one destination range, tensors back to back,
@@ -61,6 +66,7 @@ pub struct UploadPlan {
     alignment: u64,
     placements: Vec<Placement>,
     pieces: Vec<Piece>,
+    slices: Vec<SlicePlan>,
     total: u64,
 }
 
@@ -72,6 +78,7 @@ impl UploadPlan {
             alignment: alignment.max(1) as u64,
             placements: Vec::new(),
             pieces: Vec::new(),
+            slices: Vec::new(),
             total: 0,
         }
     }
@@ -88,6 +95,7 @@ impl UploadPlan {
                 src: begin as u64,
                 dst: offset,
                 len: (end - begin) as u64,
+                slice: None,
             });
         }
         Ok(self.placements.last().expect("just pushed"))
@@ -109,18 +117,17 @@ impl UploadPlan {
             plan.shape().to_vec(),
             plan.byte_len() as u64,
         )?;
-        let base = info.data_offsets.0 as u64;
-        let mut at = offset;
-        let placement = self.placements.len() - 1;
-        for (run, len) in plan.runs() {
+        let len = plan.byte_len() as u64;
+        if len > 0 {
             self.pieces.push(Piece {
-                placement,
+                placement: self.placements.len() - 1,
                 source,
-                src: base + run as u64,
-                dst: at,
-                len: len as u64,
+                src: info.data_offsets.0 as u64,
+                dst: offset,
+                len,
+                slice: Some(self.slices.len()),
             });
-            at += len as u64;
+            self.slices.push(plan);
         }
         Ok(self.placements.last().expect("just pushed"))
     }
@@ -391,6 +398,7 @@ impl<S: Send> Ring<S> {
         let job = Job {
             files,
             pieces: &pieces,
+            slices: &plan.slices,
             total: plan.total,
             chunk,
             lap: shape.lap,
@@ -530,7 +538,7 @@ impl<S: Send> Ring<S> {
             st.capacity = cap;
         }
         let slot = st.slot.as_mut().expect("allocated above");
-        fill(target.buffer(slot), start, len, job.files, job.pieces)?;
+        fill(target.buffer(slot), start, len, job)?;
         // A chunk never straddles the end of a scratch ring (its size is a multiple of the
         // chunk size), so one copy still carries it.
         target.submit(slot, len, job.lap.map_or(start, |lap| start % lap))?;
@@ -583,6 +591,7 @@ struct RunShape<'a> {
 struct Job<'a> {
     files: &'a [&'a SafeFile],
     pieces: &'a [Piece],
+    slices: &'a [SlicePlan],
     total: u64,
     chunk: u64,
     lap: Option<u64>,
@@ -600,15 +609,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Fills `buf[..len]` with destination bytes `[start, start + len)`: source bytes where a piece
 /// covers them, zeros elsewhere.
-fn fill(
-    buf: &mut [u8],
-    start: u64,
-    len: usize,
-    files: &[&SafeFile],
-    pieces: &[Piece],
-) -> Result<()> {
+fn fill(buf: &mut [u8], start: u64, len: usize, job: &Job<'_>) -> Result<()> {
     let end = start + len as u64;
     let buf = &mut buf[..len];
+    let pieces = job.pieces;
     // First piece that ends after `start`.
     let first = pieces.partition_point(|p| p.dst + p.len <= start);
     let mut at = start;
@@ -618,8 +622,20 @@ fn fill(
         if lo > at {
             buf[(at - start) as usize..(lo - start) as usize].fill(0);
         }
-        let dst = &mut buf[(lo - start) as usize..(hi - start) as usize];
-        files[p.source].read_data(p.src + (lo - p.dst), dst)?;
+        let file = job.files[p.source];
+        match p.slice.and_then(|k| job.slices.get(k)) {
+            None => {
+                let dst = &mut buf[(lo - start) as usize..(hi - start) as usize];
+                file.read_data(p.src + (lo - p.dst), dst)?;
+            }
+            Some(plan) => {
+                let range = plan.runs_in_result((lo - p.dst) as usize, (hi - p.dst) as usize);
+                for (src, out, n) in range {
+                    let to = (p.dst + out as u64 - start) as usize;
+                    file.read_data(p.src + src as u64, &mut buf[to..to + n])?;
+                }
+            }
+        }
         at = hi;
     }
     if at < end {

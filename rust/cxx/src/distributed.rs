@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 use safetensors_core::distributed::{
     qkv_rows, shard_indexers, Gqa, LoadPlan, Need, QkvPart, Split,
 };
-use safetensors_core::{Error, Indexer, SafeFile};
+use safetensors_core::{fallible, Error, Indexer, SafeFile};
 
 use crate::ffi::Status;
-use crate::ffi::{DistPiece, DistStep, SliceIndex, TpRule};
+use crate::ffi::{DistPart, DistPiece, DistStep, SliceIndex, TpRule};
 use crate::file::{File, SlicePlan};
 use crate::{guard, handed_over};
 
@@ -133,18 +133,24 @@ impl DistPlanBuilder {
                 }
             };
             let meta = file.meta_at(plan.tensor_index());
+            // The selection itself, not its runs: a strided selection has as many runs as
+            // elements, and the plan walks them lazily.
             list.push(Need {
                 file: id,
-                tensor: (meta.begin as u64, meta.end as u64),
-                runs: plan.runs().iter().map(|r| (r.offset, r.length)).collect(),
+                begin: meta.begin as u64,
+                slice: plan.core().clone(),
             });
             Ok(())
         })
     }
 
-    pub fn build_plan(&self, max_step: u64, status: &mut Status) -> *mut DistPlan {
+    /// Plans the selections added so far (they move into the plan).
+    pub fn build_plan(&mut self, max_step: u64, status: &mut Status) -> *mut DistPlan {
         guard(status, || {
-            let plan = LoadPlan::new(&self.needs, max_step)?;
+            let world = self.needs.len();
+            let needs =
+                std::mem::replace(&mut self.needs, (0..world).map(|_| Vec::new()).collect());
+            let plan = LoadPlan::new(needs, max_step)?;
             Ok(handed_over(DistPlan {
                 plan,
                 files: self.files.clone(),
@@ -188,16 +194,47 @@ impl DistPlan {
             },
         )
     }
-    pub fn pieces(&self, rank: usize) -> Vec<DistPiece> {
-        self.plan
-            .pieces(rank)
-            .iter()
-            .map(|p| DistPiece {
+    pub fn parts(&self, rank: usize, status: &mut Status) -> Vec<DistPart> {
+        guard(status, || {
+            let parts = self.plan.parts(rank)?;
+            let mut out = fallible::with_capacity(parts.len(), "a rank's share of a load plan")?;
+            out.extend(parts.iter().map(|p| DistPart {
                 step: p.step,
-                step_offset: p.step_offset,
                 request: p.request,
+            }));
+            Ok(out)
+        })
+    }
+    pub fn scatter(
+        &self,
+        rank: usize,
+        step: usize,
+        request: usize,
+        staging: &[u8],
+        out: &mut [u8],
+        status: &mut Status,
+    ) {
+        guard(status, || {
+            self.plan.scatter(rank, step, request, staging, out)
+        })
+    }
+    pub fn pieces(
+        &self,
+        rank: usize,
+        step: usize,
+        request: usize,
+        from: u64,
+        max: usize,
+    ) -> Vec<DistPiece> {
+        // At most 4096 at a time: a bounded allocation whatever the caller asks for.
+        self.plan
+            .pieces(rank, step, request, from)
+            .take(max.min(4096))
+            .map(|p| DistPiece {
+                step_offset: p.step_offset,
                 out_offset: p.out_offset,
                 len: p.len,
+                next: p.next,
             })
             .collect()
     }

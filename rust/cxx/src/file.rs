@@ -3,7 +3,7 @@
 use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 
-use safetensors_core::{Backend, Error, Indexer, OpenOptions, SafeFile, TensorInfo};
+use safetensors_core::{fallible, Backend, Error, Indexer, OpenOptions, SafeFile, TensorInfo};
 
 use crate::ffi::{ByteRun, SliceIndex, Status};
 use crate::{guard, handed_over, native_path, Metadata, TensorMeta};
@@ -313,14 +313,31 @@ impl SlicePlan {
     }
 
     /// Runs relative to the start of the data buffer.
-    pub fn runs(&self) -> Vec<ByteRun> {
+    pub fn runs(&self, status: &mut Status) -> Vec<ByteRun> {
+        guard(status, || {
+            // As many runs as elements for a strided selection: grown fallibly.
+            let mut out = Vec::new();
+            for (offset, len) in self.plan.runs() {
+                let run = ByteRun {
+                    offset: (self.begin + offset) as u64,
+                    length: len as u64,
+                };
+                fallible::push(&mut out, run, "a selection's runs")?;
+            }
+            Ok(out)
+        })
+    }
+
+    /// The first run's offset, relative to the data buffer (0 for an empty selection).
+    pub fn first_offset(&self) -> u64 {
         self.plan
-            .runs()
-            .map(|(offset, len)| ByteRun {
-                offset: (self.begin + offset) as u64,
-                length: len as u64,
-            })
-            .collect()
+            .extent()
+            .map_or(0, |(lo, _)| (self.begin + lo) as u64)
+    }
+
+    /// The core's plan.
+    pub(crate) fn core(&self) -> &safetensors_core::SlicePlan {
+        &self.plan
     }
 
     /// Whether the slice is at most one contiguous run (so a view into the mapping can serve it).

@@ -193,10 +193,13 @@ mod ffi {
         fn shape(self: &SlicePlan) -> &[usize];
         /// Bytes in the slice.
         fn byte_len(self: &SlicePlan) -> usize;
-        /// The runs, in order, relative to the data buffer; touching runs already merged.
-        fn runs(self: &SlicePlan) -> Vec<ByteRun>;
+        /// The runs, in order, relative to the data buffer; touching runs already merged
+        /// (`Io` when there are more than memory holds).
+        fn runs(self: &SlicePlan, status: &mut Status) -> Vec<ByteRun>;
         /// Whether the slice is at most one contiguous run.
         fn contiguous(self: &SlicePlan) -> bool;
+        /// Where the first run starts, relative to the data buffer (0 when empty).
+        fn first_offset(self: &SlicePlan) -> u64;
     }
 
     // ---- writing (glue in writer.rs) -------------------------------------------------------
@@ -689,14 +692,21 @@ mod ffi {
         shared: bool,
     }
 
-    /// Bytes a rank copies from a step into one of its results.
+    /// A request of a rank that may have bytes in a step.
+    #[derive(Debug, Clone, Copy)]
+    struct DistPart {
+        step: usize,
+        request: usize,
+    }
+
+    /// Bytes a rank copies from a step into one of its results; `next` is where the pieces
+    /// after it start.
     #[derive(Debug, Clone, Copy)]
     struct DistPiece {
-        step: usize,
         step_offset: u64,
-        request: usize,
         out_offset: u64,
         len: u64,
+        next: u64,
     }
 
     extern "Rust" {
@@ -721,7 +731,11 @@ mod ffi {
             status: &mut Status,
         );
         /// Plans every rank's reads; no step is longer than `max_step` bytes. Null on failure.
-        fn build_plan(self: &DistPlanBuilder, max_step: u64, status: &mut Status) -> *mut DistPlan;
+        fn build_plan(
+            self: &mut DistPlanBuilder,
+            max_step: u64,
+            status: &mut Status,
+        ) -> *mut DistPlan;
 
         /// A distributed load plan: the same steps on every rank.
         type DistPlan;
@@ -731,8 +745,29 @@ mod ffi {
         fn step_count(self: &DistPlan) -> usize;
         /// Step `i` (all zero out of range).
         fn step(self: &DistPlan, i: usize) -> DistStep;
-        /// What `rank` copies out of the steps, ordered by step.
-        fn pieces(self: &DistPlan, rank: usize) -> Vec<DistPiece>;
+        /// The requests of `rank` that may have bytes in each step, ordered by step.
+        fn parts(self: &DistPlan, rank: usize, status: &mut Status) -> Vec<DistPart>;
+        /// Copies what request `request` of `rank` needs from step `step` (read into
+        /// `staging`) into its result `out`.
+        fn scatter(
+            self: &DistPlan,
+            rank: usize,
+            step: usize,
+            request: usize,
+            staging: &[u8],
+            out: &mut [u8],
+            status: &mut Status,
+        );
+        /// At most `max` (and at most 4096) of the pieces request `request` of `rank` copies
+        /// out of step `step`, from piece position `from` on (0, or the last piece's `next`).
+        fn pieces(
+            self: &DistPlan,
+            rank: usize,
+            step: usize,
+            request: usize,
+            from: u64,
+            max: usize,
+        ) -> Vec<DistPiece>;
         /// Byte length of each of `rank`'s results.
         fn result_lens(self: &DistPlan, rank: usize) -> Vec<u64>;
         /// Reads step `i` into `dst` (exactly its length).
@@ -755,8 +790,8 @@ mod ffi {
 }
 
 pub use ffi::{
-    ByteRun, DistPiece, DistStep, LandedTensor, LandingSink, RequestSpan, SliceIndex, Status,
-    TensorMeta, TpRule, UploadPlacement,
+    ByteRun, DistPart, DistPiece, DistStep, LandedTensor, LandingSink, RequestSpan, SliceIndex,
+    Status, TensorMeta, TpRule, UploadPlacement,
 };
 
 /// A metadata map as the sorted pairs C++ walks by index (out of range: "").

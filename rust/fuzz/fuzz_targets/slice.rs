@@ -1,5 +1,6 @@
 //! Slice planning over arbitrary shapes and indexers: never panics (shapes may overflow), and a
-//! plan's runs are exactly the selected elements, in order, merged, inside the tensor.
+//! plan's runs are exactly the selected elements, in order, merged, inside the tensor; the runs
+//! within a range of the tensor or of the result are those runs, clipped.
 #![no_main]
 
 use arbitrary::Arbitrary;
@@ -17,6 +18,8 @@ struct Input {
     dtype: u8,
     shape: Vec<u64>,
     indexers: Vec<Idx>,
+    /// A range (of the tensor, then of the result) and a result offset to start from.
+    range: (u16, u16, u16),
 }
 
 fuzz_target!(|input: Input| {
@@ -60,8 +63,24 @@ fuzz_target!(|input: Input| {
         let mut out = vec![0u8; plan.byte_len()];
         plan.gather(&src, &mut out).unwrap();
         assert_eq!(out, oracle(&shape, &indexers, dtype.bits() / 8, &src));
+        clipped(&plan, input.range);
     }
 });
+
+/// `runs_in_tensor` and `runs_in_result` (from an offset) against the runs, byte by byte.
+fn clipped(plan: &SlicePlan, (lo, hi, from): (u16, u16, u16)) {
+    let (lo, hi, from) = (usize::from(lo), usize::from(hi), usize::from(from));
+    let bytes: Vec<(usize, usize)> =
+        plan.runs().flat_map(|(o, l)| o..o + l).enumerate().map(|(out, src)| (src, out)).collect();
+    let flat = |parts: safetensors_core::Placed<'_>| -> Vec<(usize, usize)> {
+        parts.flat_map(|(src, out, len)| (0..len).map(move |k| (src + k, out + k))).collect()
+    };
+    let want: Vec<_> = bytes.iter().copied().filter(|b| (lo..hi).contains(&b.0)).collect();
+    assert_eq!(flat(plan.runs_in_tensor(lo, hi)), want);
+    let (lo, hi) = (lo.min(plan.byte_len()), hi.min(plan.byte_len()));
+    let want: Vec<_> = bytes.iter().copied().filter(|b| (lo..hi).contains(&b.1) && b.1 >= from).collect();
+    assert_eq!(flat(plan.runs_in_result(lo, hi).starting_at(from)), want);
+}
 
 /// Positions each dimension selects, by Python's rules (the plan succeeded, so all are valid).
 fn positions(indexer: Option<&Indexer>, size: usize) -> Vec<usize> {

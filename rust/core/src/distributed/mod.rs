@@ -5,5 +5,5 @@
 mod plan;
 mod tp;
 
-pub use plan::{LoadPlan, Need, Piece, Step};
+pub use plan::{LoadPlan, Need, Part, Piece, Pieces, Step, MERGE_GAP, SMALL_SEGMENT};
 pub use tp::{qkv_part_rows, qkv_rows, shard_indexers, shard_range, Gqa, QkvPart, QkvRows, Split};

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use super::builder::{grow_dims, Builder, Entry};
 use crate::dtype::Dtype;
-use crate::format::METADATA_KEY;
+use crate::format::{MAX_RANK, METADATA_KEY};
 
 /// Not canonical: fall back to the general parser.
 pub(super) struct GiveUp;
@@ -184,7 +184,10 @@ impl<'a> Scanner<'a> {
         }
         let end = rest.iter().position(|&c| c == b']').unwrap_or(rest.len());
         let dims = rest[..end].iter().filter(|&&c| c == b',').count() + 1;
-        b.shapes.reserve_exact(dims.min(b.max_dims));
+        // A shape over the rank limit is refused: room for one dimension more than the limit is
+        // all it gets (the general parser keeps that many to say so).
+        b.shapes
+            .reserve_exact(dims.min(b.max_dims).min(MAX_RANK + 1));
     }
 
     /// `"key"` then `:` with optional whitespace around the colon.
@@ -220,6 +223,9 @@ impl<'a> Scanner<'a> {
         } else {
             self.reserve_dims(b);
             loop {
+                if b.shapes.len() - shape_start > MAX_RANK {
+                    return Err(GiveUp);
+                }
                 grow_dims(&mut b.shapes, b.max_dims);
                 b.shapes.push(self.integer()?);
                 self.ws();

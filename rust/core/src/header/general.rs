@@ -10,7 +10,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 use super::builder::{arena_u32, grow_dims, Builder, Entry};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::format::METADATA_KEY;
+use crate::format::{MAX_RANK, METADATA_KEY};
 
 /// The general path: serde_json's streaming deserializer driving our visitors.
 pub(super) fn parse_general(text: &str, builder: &mut Builder) -> Result<()> {
@@ -336,6 +336,11 @@ impl<'de> Visitor<'de> for ShapeSeed<'_> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(u32, u32), A::Error> {
         let start = self.0.len();
         while let Some(dim) = seq.next_element::<usize>()? {
+            // Past the rank limit the dimensions are read but not kept: one more than the
+            // limit is enough for validation to refuse the tensor by name.
+            if self.0.len() - start > MAX_RANK {
+                continue;
+            }
             grow_dims(self.0, self.1);
             self.0.push(dim);
         }

@@ -129,6 +129,7 @@ impl StreamLayout {
                 ..*piece
             })
             .collect();
+        virtual_plan.slices = plan.slices.clone();
         virtual_plan.total = cursor;
         Ok(StreamLayout {
             plan: virtual_plan,
@@ -232,14 +233,17 @@ struct Flow<'a, T: LandingTarget> {
 }
 
 impl<'a, T: LandingTarget> Flow<'a, T> {
-    fn new(target: &'a T, layout: &'a StreamLayout) -> Self {
+    fn new(target: &'a T, layout: &'a StreamLayout) -> Result<Self> {
         let chunks = layout.plan.total.div_ceil(layout.chunk) as usize;
-        Flow {
+        // A flag per chunk: with one-byte chunks (a tiny scratch ring and alignment 1), one per
+        // byte of the upload, so it is asked for fallibly.
+        let submitted = crate::fallible::filled(chunks, false, "an upload's chunk flags")?;
+        Ok(Flow {
             target,
             layout,
             chunks,
             state: Mutex::new(FlowState {
-                submitted: vec![false; chunks],
+                submitted,
                 prefix: 0,
                 announced: 0,
                 landings: VecDeque::new(),
@@ -249,7 +253,7 @@ impl<'a, T: LandingTarget> Flow<'a, T> {
                 failed: false,
             }),
             changed: Condvar::new(),
-        }
+        })
     }
 
     fn placements(&self) -> &[Placement] {
@@ -423,7 +427,7 @@ impl<S: Send> Ring<S> {
         deliver: &mut Deliver<'_, T::Mark>,
     ) -> Result<UploadStats> {
         let _running = lock(&self.running);
-        let flow = Flow::new(target, layout);
+        let flow = Flow::new(target, layout)?;
         let shape = RunShape {
             chunk: layout.chunk,
             lap: layout.lap,
