@@ -4,8 +4,13 @@
 //! result. Runs are produced lazily (a strided slice of a large tensor can have millions): the
 //! contiguous inner block is found once, the outer dimensions are walked like an odometer, and
 //! runs that touch (the end of one row meeting the start of the next) are merged as they go.
+//!
+//! Positions, bounds and steps come from callers and shapes from files: planning arithmetic is
+//! checked (the lint below keeps it so); a plan's own positions all lie below the tensor's byte
+//! length, which fits, so walking the runs of a plan cannot overflow.
+#![deny(clippy::arithmetic_side_effects)]
 
-use crate::byte_len::tensor_byte_len;
+use crate::byte_len::{checked_numel, tensor_byte_len};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::header::TensorInfo;
@@ -132,13 +137,22 @@ impl SlicePlan {
             return Ok(plan);
         }
         // Element strides of the indexed axes: products of suffixes of a shape whose full
-        // product fits. The axes without an indexer make one block of `inner` elements.
-        let inner: usize = shape[k..].iter().product();
+        // product fits. The axes without an indexer make one block of `inner` elements. Every
+        // position below is under the element count, so none of this can overflow; it is
+        // checked all the same, so that a broken invariant is an error, not a wrapped offset.
+        let wrapped = || Error::Internal {
+            message: format!(
+                "slice planning of tensor `{}` (shape {}) overflowed",
+                info.name,
+                short_shape(shape)
+            ),
+        };
+        let inner = checked_numel(&shape[k..]).ok_or_else(wrapped)?;
         let mut strides = vec![0usize; k];
         let mut suffix = inner;
         for axis in (0..k).rev() {
             strides[axis] = suffix;
-            suffix *= shape[axis];
+            suffix = suffix.checked_mul(shape[axis]).ok_or_else(wrapped)?;
         }
         let full = |axis: usize| {
             let d = dims[axis];
@@ -155,8 +169,9 @@ impl SlicePlan {
         // most numel, so there are at most 64 walks whatever the rank.
         let mut base = 0usize;
         let mut walks = Vec::new();
-        for (axis, d) in dims.iter().enumerate().take(last + 1) {
-            base += d.start * strides[axis];
+        for (axis, d) in dims.iter().enumerate().take(last.saturating_add(1)) {
+            let offset = d.start.checked_mul(strides[axis]).ok_or_else(wrapped)?;
+            base = base.checked_add(offset).ok_or_else(wrapped)?;
             let iterates = if axis == last {
                 d.step != 1 && d.count > 1
             } else {
@@ -165,18 +180,21 @@ impl SlicePlan {
             if iterates {
                 walks.push(Walk {
                     count: d.count,
-                    stride: d.step * strides[axis],
+                    stride: d.step.checked_mul(strides[axis]).ok_or_else(wrapped)?,
                 });
             }
         }
         let last_dim = dims[last];
         let run = if last_dim.step == 1 || last_dim.count == 1 {
-            last_dim.count * strides[last]
+            last_dim
+                .count
+                .checked_mul(strides[last])
+                .ok_or_else(wrapped)?
         } else {
             strides[last]
         };
         let to_bytes = |elems: usize, what: &str| -> Result<usize> {
-            let b = elems * bits;
+            let b = elems.checked_mul(bits).ok_or_else(wrapped)?;
             if b % 8 == 0 {
                 Ok(b / 8)
             } else {
@@ -191,7 +209,10 @@ impl SlicePlan {
         for w in &mut walks {
             w.stride = to_bytes(w.stride, "a stride")?;
         }
-        plan.runs = walks.iter().map(|w| w.count).product();
+        plan.runs = walks
+            .iter()
+            .try_fold(1usize, |n, w| n.checked_mul(w.count))
+            .ok_or_else(wrapped)?;
         plan.walks = walks;
         Ok(plan)
     }
@@ -208,7 +229,8 @@ impl SlicePlan {
 
     /// Bytes in the result.
     pub fn byte_len(&self) -> usize {
-        self.runs * self.run_len
+        // At most the tensor's bytes (see `new`), so the product never saturates.
+        self.runs.saturating_mul(self.run_len)
     }
 
     /// `(offset, len)` byte runs relative to the tensor's first byte, in result order; runs
@@ -263,10 +285,22 @@ impl SlicePlan {
                 dst.len(),
             ));
         }
-        let mut at = 0;
+        let mut rest = dst;
         for (offset, len) in self.runs() {
-            dst[at..at + len].copy_from_slice(&tensor[offset..offset + len]);
-            at += len;
+            // Runs lie inside the tensor and add up to `byte_len`; `get` keeps both checked facts.
+            let (Some(src), true) = (
+                tensor.get(offset..offset.saturating_add(len)),
+                len <= rest.len(),
+            ) else {
+                return Err(Error::Internal {
+                    message: format!(
+                        "a slice run ({offset}, {len}) lies outside the tensor or the result"
+                    ),
+                });
+            };
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(len);
+            head.copy_from_slice(src);
+            rest = tail;
         }
         Ok(())
     }
@@ -280,7 +314,11 @@ fn short_shape(shape: &[usize]) -> String {
         format!("{shape:?}")
     } else {
         let head: Vec<String> = shape[..SHOWN].iter().map(usize::to_string).collect();
-        format!("[{}, ... {} more]", head.join(", "), shape.len() - SHOWN)
+        format!(
+            "[{}, ... {} more]",
+            head.join(", "),
+            shape.len().saturating_sub(SHOWN)
+        )
     }
 }
 
@@ -293,19 +331,16 @@ fn misaligned(info: &TensorInfo<'_>, reason: String) -> Error {
 
 /// Resolves one indexer against a dimension of `size`, Python-style for negatives.
 fn resolve(indexer: Indexer, size: usize) -> std::result::Result<Resolved, String> {
+    // In i128, where a position of i64 plus a size of u64 cannot overflow.
     let size_i = i128::from(size as u64);
     let position = |p: i64, allow_end: bool| -> std::result::Result<usize, String> {
         let p = i128::from(p);
-        let q = if p < 0 { p + size_i } else { p };
-        let limit = if allow_end { size_i } else { size_i - 1 };
-        if q < 0 || q > limit {
-            Err(if allow_end {
-                format!("bound {p} is out of range for size {size}")
-            } else {
-                format!("index {p} is out of range for size {size}")
-            })
-        } else {
-            Ok(q as usize)
+        let q = if p < 0 { p.saturating_add(size_i) } else { p };
+        let in_range = if allow_end { q <= size_i } else { q < size_i };
+        match usize::try_from(q) {
+            Ok(q) if in_range => Ok(q),
+            _ if allow_end => Err(format!("bound {p} is out of range for size {size}")),
+            _ => Err(format!("index {p} is out of range for size {size}")),
         }
     };
     match indexer {
@@ -316,22 +351,21 @@ fn resolve(indexer: Indexer, size: usize) -> std::result::Result<Resolved, Strin
             keep: false,
         }),
         Indexer::Range { start, stop, step } => {
-            if step < 1 {
-                return Err(format!(
-                    "step {step} is not supported; steps must be at least 1"
-                ));
-            }
+            let step = match usize::try_from(step) {
+                Ok(s) if s >= 1 => s,
+                _ => {
+                    return Err(format!(
+                        "step {step} is not supported; steps must be at least 1"
+                    ))
+                }
+            };
             let start = start.map_or(Ok(0), |s| position(s, true))?;
             let stop = stop.map_or(Ok(size), |s| position(s, true))?;
-            let count = if start >= stop {
-                0
-            } else {
-                (stop - start).div_ceil(step as usize)
-            };
+            let count = stop.saturating_sub(start).div_ceil(step);
             Ok(Resolved {
                 start,
                 count,
-                step: step as usize,
+                step,
                 keep: true,
             })
         }
@@ -346,6 +380,9 @@ pub struct Runs<'p> {
     left: usize,
 }
 
+// The walk stays inside the plan's byte range (below the tensor's byte length, which fits): the
+// odometer's sums and differences cannot overflow.
+#[allow(clippy::arithmetic_side_effects)]
 impl Runs<'_> {
     /// The next fixed-size piece before merging.
     fn piece(&mut self) -> Option<usize> {
@@ -368,6 +405,8 @@ impl Runs<'_> {
     }
 }
 
+// As `Runs::piece`: merged runs lie inside the plan's byte range.
+#[allow(clippy::arithmetic_side_effects)]
 impl Iterator for Runs<'_> {
     type Item = (usize, usize);
 
@@ -387,6 +426,7 @@ impl Iterator for Runs<'_> {
 }
 
 #[cfg(test)]
+#[allow(clippy::arithmetic_side_effects)]
 mod tests {
     use super::*;
 

@@ -6,4 +6,7 @@ mod plan;
 mod tp;
 
 pub use plan::{LoadPlan, Need, Piece, Step};
-pub use tp::{qkv_part_rows, qkv_rows, shard_indexers, shard_range, Gqa, QkvPart, QkvRows, Split};
+pub use tp::{
+    qkv_indexers, qkv_part_rows, qkv_rows, shard_indexers, shard_range, Gqa, QkvPart, QkvRows,
+    Split,
+};
