@@ -64,6 +64,8 @@ pub struct UploadPlan {
     total: u64,
 }
 
+// Alignments, requests and slices come from callers: the layout's arithmetic is checked.
+#[deny(clippy::arithmetic_side_effects)]
 impl UploadPlan {
     /// An empty plan; every tensor will start on a multiple of `alignment` (at least 1; CUDA
     /// allocations are 256-byte aligned, so 256 keeps every tensor as aligned as its base).
@@ -79,18 +81,19 @@ impl UploadPlan {
     /// Adds a whole tensor of `file` (the plan's source number `source`).
     pub fn add_tensor(&mut self, source: usize, file: &SafeFile, name: &str) -> Result<&Placement> {
         let info = file.info(name)?;
-        let (begin, end) = info.data_offsets;
-        let offset = self.reserve(name, info.dtype, info.shape.to_vec(), (end - begin) as u64)?;
-        if end > begin {
+        let begin = info.data_offsets.0 as u64;
+        let len = info.byte_len() as u64;
+        let offset = self.reserve(name, info.dtype, info.shape.to_vec(), len)?;
+        if len > 0 {
             self.pieces.push(Piece {
-                placement: self.placements.len() - 1,
+                placement: self.placements.len().saturating_sub(1),
                 source,
-                src: begin as u64,
+                src: begin,
                 dst: offset,
-                len: (end - begin) as u64,
+                len,
             });
         }
-        Ok(self.placements.last().expect("just pushed"))
+        self.last_placement()
     }
 
     /// Adds a slice of a tensor: only the selected bytes are read, packed contiguously.
@@ -110,31 +113,43 @@ impl UploadPlan {
             plan.byte_len() as u64,
         )?;
         let base = info.data_offsets.0 as u64;
+        let placement = self.placements.len().saturating_sub(1);
+        // The runs lie inside the tensor and add up to the reserved length, which fits.
         let mut at = offset;
-        let placement = self.placements.len() - 1;
         for (run, len) in plan.runs() {
+            let (len, src) = (len as u64, base.saturating_add(run as u64));
             self.pieces.push(Piece {
                 placement,
                 source,
-                src: base + run as u64,
+                src,
                 dst: at,
-                len: len as u64,
+                len,
             });
-            at += len as u64;
+            at = at.saturating_add(len);
         }
-        Ok(self.placements.last().expect("just pushed"))
+        self.last_placement()
+    }
+
+    /// The placement just reserved.
+    fn last_placement(&self) -> Result<&Placement> {
+        self.placements.last().ok_or_else(|| Error::Internal {
+            message: "an upload plan lost the placement it reserved".into(),
+        })
     }
 
     fn reserve(&mut self, name: &str, dtype: Dtype, shape: Vec<usize>, len: u64) -> Result<u64> {
-        let too_big = || Error::ValidationOverflow {
+        let overflow = || Error::LayoutOverflow {
             tensor: name.to_owned(),
-            shape: shape.clone(),
+            placed: self.total,
+            len,
+            alignment: self.alignment,
         };
         let offset = self
             .total
             .checked_next_multiple_of(self.alignment)
-            .ok_or_else(too_big)?;
-        self.total = offset.checked_add(len).ok_or_else(too_big)?;
+            .ok_or_else(overflow)?;
+        let total = offset.checked_add(len).ok_or_else(overflow)?;
+        self.total = total;
         self.placements.push(Placement {
             name: name.to_owned(),
             dtype,
@@ -162,7 +177,10 @@ impl UploadPlan {
 
     /// Source bytes the plan reads (the total minus alignment padding).
     pub fn payload(&self) -> u64 {
-        self.pieces.iter().map(|p| p.len).sum()
+        // At most the total, which fits.
+        self.pieces
+            .iter()
+            .fold(0u64, |sum, p| sum.saturating_add(p.len))
     }
 }
 
