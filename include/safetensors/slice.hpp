@@ -207,11 +207,7 @@ class Selection {
   [[nodiscard]] TensorView read_as(Dtype to) const { return nothrow::read_as(*this, to).value(); }
 
   /// Number of elements in the selection.
-  [[nodiscard]] std::size_t numel() const {
-    std::size_t n = 1;
-    for (auto d : shape_) n *= d;
-    return n;
-  }
+  [[nodiscard]] std::size_t numel() const { return detail::element_count(shape_); }
 
   /// Copies the selected bytes, contiguous and in row-major order, into `dst`, which must hold
   /// exactly `byte_size()` bytes (else `InvalidSlice`).

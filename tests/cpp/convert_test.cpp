@@ -233,6 +233,46 @@ TEST(Convert, BuffersOfTheWrongSizeAreTypedErrors) {
   EXPECT_EQ(test::kind_of([&] { (void)st::convert(huge, Dtype::F64); }), ErrorKind::ValidationOverflow);
 }
 
+/// The error `f` throws, checked to be `TensorInvalidInfo` naming `what` and its 4 bytes.
+template <class F>
+void expect_refused_view(const std::string& what, F&& f) {
+  auto st = test::thrown(std::forward<F>(f));
+  EXPECT_EQ(st.kind(), ErrorKind::TensorInvalidInfo) << what << ": " << st.message();
+  EXPECT_NE(st.message().find(what + " holds 4 bytes"), std::string::npos) << st.message();
+}
+
+TEST(Convert, AViewWhoseBytesDisagreeWithItsShapeIsNamedBeforeAnythingIsSized) {
+  // 4 bytes claiming a huge shape: every call that sizes its output from the shape checks the
+  // view first, so the error is the disagreement, never an allocation of the shape's size (an
+  // `Io` "cannot allocate", or an abort under ASan) nor an overflow of the output's size.
+  std::vector<std::byte> four(4);
+  const std::size_t big = std::size_t{1} << 40;
+  for (std::size_t n : {big, std::size_t{1} << 60}) {  // 2^60 F8 elements: 2^62 F32 bytes
+    st::TensorView liar{Dtype::F8_E4M3, {n}, four};
+    expect_refused_view("the source tensor", [&] { (void)st::convert(liar, Dtype::F32); });
+    expect_refused_view("the source tensor", [&] { (void)st::as_f32(liar); });
+  }
+  // fp8 blocks: a [2^30, 2^30] weight makes 2^62 F32 bytes; a [2^20, 2^20] one 4 TiB.
+  st::TensorView small_weight{Dtype::F8_E4M3, {1, 4}, four};
+  for (std::size_t side : {std::size_t{1} << 20, std::size_t{1} << 30}) {
+    st::TensorView weight{Dtype::F8_E4M3, {side, side}, four};
+    st::TensorView scale{Dtype::F32, {side / 128, side / 128}, four};
+    expect_refused_view("the weight", [&] { (void)st::dequantize_fp8_blocks(weight, scale); });
+    // A valid weight with a lying scale: the scale is checked before anything too.
+    expect_refused_view("the scale", [&] { (void)st::dequantize_fp8_blocks(small_weight, scale); });
+  }
+  // MXFP4: [2^56, 16] blocks and [2^56] scales make [2^61] values, whose F32 bytes overflow.
+  for (std::size_t groups : {big, std::size_t{1} << 56}) {
+    st::TensorView blocks{Dtype::U8, {groups, 16}, four};
+    st::TensorView scales{Dtype::U8, {groups}, four};
+    expect_refused_view("the MXFP4 blocks", [&] { (void)st::dequantize_mxfp4(blocks, scales); });
+  }
+  // The nothrow face reports the same error.
+  st::TensorView liar{Dtype::F32, {big}, four};
+  test::expect_same(st::nothrow::convert(liar, Dtype::F16).status(),
+                    test::thrown([&] { (void)st::convert(liar, Dtype::F16); }));
+}
+
 TEST(Convert, DequantizersRefuseMismatchedScales) {
   std::vector<std::byte> w(200 * 3), s(8);
   st::TensorView weight{Dtype::F8_E4M3, {200, 3}, w, {}};
