@@ -89,6 +89,7 @@ namespace nothrow {
 
 /// `safetensors::convert(src, to, dst)` without exceptions.
 inline Status convert(const TensorView& src, Dtype to, std::span<std::byte> dst) {
+  if (auto st = detail::refuse_overlap("convert", src.data, dst); !st.ok()) return st;
   return detail::attempt([&](ffi::Status& st) {
     ffi::convert_tensor(static_cast<std::uint8_t>(src.dtype), detail::dims(src.shape), detail::u8s(src.data),
                         static_cast<std::uint8_t>(to), detail::u8s_mut(dst), st);

@@ -273,6 +273,31 @@ TEST(Convert, AViewWhoseBytesDisagreeWithItsShapeIsNamedBeforeAnythingIsSized) {
                     test::thrown([&] { (void)st::convert(liar, Dtype::F16); }));
 }
 
+TEST(Convert, AnOutputOverlappingTheSourceIsRefusedBeforeAnyByteIsWritten) {
+  // F16 -> F32 in place (the output twice the input, starting at the same byte) used to return
+  // success with most elements wrong; the core would also have been handed aliasing slices.
+  std::vector<std::uint16_t> halves{0x3C00, 0x4000, 0x4200, 0x4400};  // 1, 2, 3, 4
+  std::vector<std::byte> buf(64);
+  std::memcpy(buf.data(), halves.data(), 8);
+  const std::vector<std::byte> before = buf;
+  st::TensorView h{Dtype::F16, {4}, std::span<const std::byte>(buf).first(8)};
+  auto whole = std::span<std::byte>(buf);
+  for (auto dst : {whole.first(16), whole.subspan(4, 16), whole.subspan(7, 16)}) {
+    auto st_ = st::nothrow::convert(h, Dtype::F32, dst);
+    EXPECT_EQ(st_.kind(), ErrorKind::InvalidSlice) << st_.message();
+    EXPECT_NE(st_.message().find("overlaps the bytes it reads"), std::string::npos) << st_.message();
+    EXPECT_EQ(test::kind_of([&] { st::convert(h, Dtype::F32, dst); }), ErrorKind::InvalidSlice);
+  }
+  // Same size (F16 -> BF16) in place is refused too.
+  EXPECT_EQ(test::kind_of([&] { st::convert(h, Dtype::BF16, whole.first(8)); }), ErrorKind::InvalidSlice);
+  EXPECT_EQ(buf, before) << "nothing was written";
+  // Right after the source (touching, not overlapping) is a separate buffer.
+  st::convert(h, Dtype::F32, whole.subspan(8, 16));
+  std::vector<float> got(4);
+  std::memcpy(got.data(), buf.data() + 8, 16);
+  EXPECT_EQ(got, (std::vector<float>{1, 2, 3, 4}));
+}
+
 TEST(Convert, DequantizersRefuseMismatchedScales) {
   std::vector<std::byte> w(200 * 3), s(8);
   st::TensorView weight{Dtype::F8_E4M3, {200, 3}, w, {}};

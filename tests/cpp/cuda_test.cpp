@@ -88,6 +88,16 @@ TEST(CudaPlan, AnAbsurdAlignmentIsBlamedNotTheShape) {
   }
 }
 
+TEST(Cuda, CopyToHostRefusesADestinationOverlappingTheSource) {
+  // Device memory the host can address (managed memory, the emulated driver) could be the
+  // destination itself; refused before any copy, with or without a GPU.
+  std::vector<std::byte> buf(64);
+  EXPECT_EQ(kind_of([&] { cuda::copy_to_host(buf.data(), std::span(buf).subspan(8, 16)); }),
+            ErrorKind::InvalidSlice);
+  EXPECT_EQ(kind_of([&] { cuda::copy_to_host(buf.data() + 8, std::span(buf).first(16)); }),
+            ErrorKind::InvalidSlice);
+}
+
 /// Under the emulated driver the GPU tests get two devices (unless the environment says
 /// otherwise), so that cross-device cases run too; the driver reads this in cuInit. (One ctest
 /// ENVIRONMENT entry is all gtest_discover_tests passes through, and it names the driver.)

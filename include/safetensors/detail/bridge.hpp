@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "safetensors/detail/overlap.hpp"
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
 #include "safetensors/ffi/lib.rs.h"
