@@ -11,6 +11,7 @@
 #include <new>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "safetensors/detail/allocate.hpp"
@@ -54,6 +55,12 @@ inline ::rust::Slice<const std::size_t> dims(const std::vector<std::size_t>& sha
   return {shape.data(), shape.size()};
 }
 
+/// A caller's view checked against its shape (see `check_extent`): every conversion that sizes
+/// its output from the view's shape asks this first.
+inline Status check_source(const TensorView& v, std::string_view what) {
+  return check_extent(what, v.dtype, v.shape, v.data.size());
+}
+
 /// Bytes of `numel(shape)` elements of `to`: the size of a conversion's output.
 inline Expected<std::size_t> converted_bytes(const std::vector<std::size_t>& shape, Dtype to) {
   return byte_length("a converted " + std::string(to_string(to)) + " tensor", to, shape);
@@ -82,6 +89,7 @@ namespace nothrow {
 
 /// `safetensors::convert(src, to, dst)` without exceptions.
 inline Status convert(const TensorView& src, Dtype to, std::span<std::byte> dst) {
+  if (auto st = detail::refuse_overlap("convert", src.data, dst); !st.ok()) return st;
   return detail::attempt([&](ffi::Status& st) {
     ffi::convert_tensor(static_cast<std::uint8_t>(src.dtype), detail::dims(src.shape), detail::u8s(src.data),
                         static_cast<std::uint8_t>(to), detail::u8s_mut(dst), st);
@@ -93,6 +101,7 @@ inline Status convert(const TensorView& src, Dtype to, std::span<std::byte> dst)
   // The pair is checked first, so that a nonsensical one is named as such (`TypeMismatch`)
   // rather than by a size rule.
   if (!is_float(to) || src.dtype == Dtype::C64) return nothrow::convert(src, to, {});
+  if (auto st = detail::check_source(src, "the source tensor"); !st.ok()) return st;
   return detail::converted(to, src.shape,
                            [&](std::span<std::byte> dst) { return nothrow::convert(src, to, dst); });
 }
@@ -114,6 +123,8 @@ inline Status convert(const TensorView& src, Dtype to, std::span<std::byte> dst)
                                                                 std::size_t block_rows = 128,
                                                                 std::size_t block_cols = 128) {
   if (!is_float(to)) return nothrow::convert(weight, to, {});  // TypeMismatch, named by the core
+  if (auto st = detail::check_source(weight, "the weight"); !st.ok()) return st;
+  if (auto st = detail::check_source(scale_inv, "the scale"); !st.ok()) return st;
   return detail::converted(to, weight.shape, [&](std::span<std::byte> dst) {
     return detail::attempt([&](ffi::Status& st) {
       ffi::dequantize_fp8_blocks(static_cast<std::uint8_t>(weight.dtype), detail::dims(weight.shape),
@@ -127,6 +138,8 @@ inline Status convert(const TensorView& src, Dtype to, std::span<std::byte> dst)
 /// `safetensors::dequantize_mxfp4` without exceptions.
 [[nodiscard]] inline Expected<TensorView> dequantize_mxfp4(const TensorView& blocks, const TensorView& scales,
                                                            Dtype to = Dtype::F32) {
+  if (auto st = detail::check_source(blocks, "the MXFP4 blocks"); !st.ok()) return st;
+  if (auto st = detail::check_source(scales, "the MXFP4 scales"); !st.ok()) return st;
   auto raw_shape = detail::attempt([&](ffi::Status& st) {
     return ffi::mxfp4_output_shape(detail::dims(blocks.shape), detail::dims(scales.shape), st);
   });
@@ -149,12 +162,7 @@ template <class T>
 Expected<std::vector<T>> detail::converted_vector(const TensorView& src, Dtype to) {
   // The source first: a view whose bytes disagree with its shape is named as such, before its
   // shape sizes an allocation.
-  auto have = byte_length("the source tensor", src.dtype, src.shape);
-  if (have && *have != src.data.size()) {
-    return Status(ErrorKind::TensorInvalidInfo, "the source tensor holds " + std::to_string(src.data.size()) +
-                                                    " bytes but its dtype and shape make " +
-                                                    std::to_string(*have));
-  }
+  if (auto st = check_source(src, "the source tensor"); !st.ok()) return st;
   auto len = converted_bytes(src.shape, to);
   if (!len) return len.status();
   auto out = checked_vector<T>(*len / sizeof(T), "a converted " + std::string(to_string(to)) + " tensor",

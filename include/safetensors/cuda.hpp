@@ -889,6 +889,10 @@ inline Expected<std::string> device_name(int device) {
 inline Status copy_to_host(const void* src, std::span<std::byte> dst, int device) {
   auto ordinal = detail::device_ordinal(device);
   if (!ordinal) return ordinal.status();
+  // Device memory the host can address (managed memory, the emulated driver) could be `dst`
+  // itself: a copy onto itself is refused like every overlapping output.
+  const std::span<const std::byte> from{static_cast<const std::byte*>(src), dst.size()};
+  if (auto st = detail::refuse_overlap("copy_to_host", from, dst); !st.ok()) return st;
   ::rust::Slice<std::uint8_t> out{reinterpret_cast<std::uint8_t*>(dst.data()), dst.size()};
   return detail::attempt(
       [&](ffi::Status& st) { ffi::cuda_download(*ordinal, reinterpret_cast<std::uintptr_t>(src), out, st); });

@@ -58,11 +58,18 @@ struct DeviceLoad {
     for (std::size_t i = 0; i < lens.size(); ++i) {
       const auto& sh = plan.shapes_[rank][i];
       const auto len = static_cast<std::size_t>(lens[i]);
-      const std::size_t offset = (end + o.alignment - 1) / o.alignment * o.alignment;
-      if (offset < end || offset + len < offset) {
-        raise(Status(ErrorKind::InvalidSlice,
-                     "rank " + std::to_string(rank) + "'s tensors do not fit in one address space"));
+      // Checked: a huge power-of-two alignment can push the padded offset past 2^64.
+      const std::size_t padding = (o.alignment - end % o.alignment) % o.alignment;
+      if (padding > SIZE_MAX - end || len > SIZE_MAX - end - padding) {
+        raise(Status(ErrorKind::ValidationOverflow,
+                     "rank " + std::to_string(rank) + "'s tensor `" + sh.name + "` (" + std::to_string(len) +
+                         " bytes) does not fit after " + std::to_string(end) + " bytes " +
+                         (padding > SIZE_MAX - end || len <= SIZE_MAX - end
+                              ? "on a multiple of the alignment, " + std::to_string(o.alignment) +
+                                    " bytes: use a smaller alignment"
+                              : "in one address space")));
       }
+      const std::size_t offset = end + padding;
       placements.push_back({sh.name, sh.dtype, sh.shape, offset, len});
       end = offset + len;
     }

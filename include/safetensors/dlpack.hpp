@@ -138,20 +138,33 @@ struct DLPackExport {
 };
 
 /// Why `bytes` cannot hold a tensor of `dtype` and `shape`, if so: checked so that a bogus view or
-/// placement cannot lie to a consumer. The size is the core's tensor byte-length rule; an
-/// element count that overflows is `ValidationOverflow` (and a dtype value outside `Dtype` is
-/// `TypeMismatch`), any other disagreement (bytes missing or left over, sub-byte elements that
-/// end inside a byte) `TensorInvalidInfo`. `what` names the tensor in the message.
+/// placement cannot lie to a consumer. The size is the core's tensor byte-length rule
+/// (`check_extent`); an element count that overflows is `ValidationOverflow` (and a dtype value
+/// outside `Dtype` is `TypeMismatch`), any other disagreement (bytes missing or left over,
+/// sub-byte elements that end inside a byte) `TensorInvalidInfo`. `what` names the tensor.
 inline Status extent_error(Dtype dtype, const std::vector<std::size_t>& shape, std::size_t bytes,
                            std::string_view what) {
-  auto want = byte_length(what, dtype, shape);
-  if (!want && want.status().kind() != ErrorKind::MisalignedSlice) return want.status();
-  if (!want || *want != bytes) {
-    std::size_t numel = 1;
-    for (auto d : shape) numel *= d;  // fits: the rule above counted the elements
-    return Status(ErrorKind::TensorInvalidInfo, std::string(what) + " holds " + std::to_string(bytes) +
-                                                    " bytes, which is not " + std::to_string(numel) +
-                                                    " elements of " + std::string(to_string(dtype)));
+  auto bad = check_extent(what, dtype, shape, bytes);
+  if (bad.kind() == ErrorKind::MisalignedSlice) return Status(ErrorKind::TensorInvalidInfo, bad.message());
+  return bad;
+}
+
+/// Compact row-major strides of `shape`, in elements, as DLPack's `int64_t`. A zero-size tensor
+/// may have dimensions whose products pass 2^63 (`[0, 2^40, 2^40]` of U8 is a valid tensor of no
+/// bytes), and no consumer could index such strides: `ValidationOverflow`, rather than a wrapped
+/// (and, signed, undefined) product.
+inline Status dlpack_strides(const std::vector<std::int64_t>& shape, std::vector<std::int64_t>& strides,
+                             std::string_view what) {
+  strides.assign(shape.size(), 1);
+  for (std::size_t i = shape.size(); i-- > 1;) {
+    if (shape[i] != 0 && strides[i] > INT64_MAX / shape[i]) {
+      return Status(ErrorKind::ValidationOverflow,
+                    std::string(what) + " has shape " +
+                        shape_text(std::vector<std::size_t>(shape.begin(), shape.end())) +
+                        ", whose row-major strides do not fit DLPack's int64; such a tensor (it holds no "
+                        "bytes) cannot be exported");
+    }
+    strides[i - 1] = strides[i] * shape[i];
   }
   return {};
 }
@@ -159,7 +172,8 @@ inline Status extent_error(Dtype dtype, const std::vector<std::size_t>& shape, s
 /// Fills everything but the data pointer, device and flags; `shape` is in elements.
 inline Expected<std::unique_ptr<DLPackExport>> dlpack_export(Dtype dtype,
                                                              const std::vector<std::size_t>& shape,
-                                                             std::shared_ptr<const void> owner) {
+                                                             std::shared_ptr<const void> owner,
+                                                             std::string_view what) {
   auto type = nothrow::dlpack_dtype(dtype);
   if (!type) return type.status();
   auto out = std::make_unique<DLPackExport>();
@@ -172,8 +186,7 @@ inline Expected<std::unique_ptr<DLPackExport>> dlpack_export(Dtype dtype,
     out->shape.push_back(static_cast<std::int64_t>(d));
   }
   // Compact row-major strides, in elements (DLPack 1.2+ requires them whenever ndim > 0).
-  out->strides.assign(shape.size(), 1);
-  for (std::size_t i = shape.size(); i-- > 1;) out->strides[i - 1] = out->strides[i] * out->shape[i];
+  if (auto bad = dlpack_strides(out->shape, out->strides, what); !bad.ok()) return bad;
   out->owner = std::move(owner);
   DLManagedTensorVersioned& m = out->managed;
   m.version = DLPackVersion{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
@@ -194,7 +207,7 @@ namespace nothrow {
   if (auto bad = detail::extent_error(view.dtype, view.shape, view.data.size(), "the view"); !bad.ok()) {
     return bad;
   }
-  auto out = detail::dlpack_export(view.dtype, view.shape, view.owner);
+  auto out = detail::dlpack_export(view.dtype, view.shape, view.owner, "the view");
   if (!out) return out.status();
   DLTensor& t = (*out)->managed.dl_tensor;
   t.data = view.data.empty() ? nullptr : const_cast<std::byte*>(view.data.data());
@@ -219,7 +232,7 @@ inline Expected<DLPackTensor> dlpack_device_export(Dtype dtype, const std::vecto
                                                    void* address, std::size_t bytes, int device,
                                                    std::shared_ptr<const void> owner, std::string_view what) {
   if (auto bad = extent_error(dtype, shape, bytes, what); !bad.ok()) return bad;
-  auto out = dlpack_export(dtype, shape, std::move(owner));
+  auto out = dlpack_export(dtype, shape, std::move(owner), what);
   if (!out) return out.status();
   DLTensor& t = (*out)->managed.dl_tensor;
   const auto at = reinterpret_cast<std::uintptr_t>(address);

@@ -24,6 +24,7 @@
 
 #include "safetensors/collective.hpp"
 #include "safetensors/detail/allocate.hpp"
+#include "safetensors/detail/overlap.hpp"
 #include "safetensors/error.hpp"
 
 namespace safetensors::inline SAFETENSORS_ABI {
@@ -60,10 +61,14 @@ class MpiCollective final : public Collective {
   }
 
   void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) override {
-    if (all.size() != mine.size() * size_) {
-      detail::raise(ErrorKind::InvalidSlice, "all_gather needs " + std::to_string(mine.size() * size_) +
-                                                 " destination bytes, got " + std::to_string(all.size()));
+    // Divided rather than multiplied, so that no size wraps to one that seems to fit.
+    if (size_ == 0 || all.size() % size_ != 0 || all.size() / size_ != mine.size()) {
+      detail::raise(ErrorKind::InvalidSlice, "all_gather needs " + std::to_string(size_) + " × " +
+                                                 std::to_string(mine.size()) + " destination bytes, got " +
+                                                 std::to_string(all.size()));
     }
+    // MPI forbids a send buffer inside the receive buffer (MPI_IN_PLACE is the way to say that).
+    if (auto st = detail::refuse_overlap("all_gather", mine, all); !st.ok()) detail::raise(st);
     if (mine.size() <= chunk) {
       check(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, all.data(),
                           static_cast<int>(mine.size()), MPI_BYTE, comm_),

@@ -210,11 +210,7 @@ class Selection {
   [[nodiscard]] TensorView read_as(Dtype to) const { return nothrow::read_as(*this, to).value(); }
 
   /// Number of elements in the selection.
-  [[nodiscard]] std::size_t numel() const {
-    std::size_t n = 1;
-    for (auto d : shape_) n *= d;
-    return n;
-  }
+  [[nodiscard]] std::size_t numel() const { return detail::element_count(shape_); }
 
   /// Copies the selected bytes, contiguous and in row-major order, into `dst`, which must hold
   /// exactly `byte_size()` bytes (else `InvalidSlice`).
@@ -341,8 +337,9 @@ inline Expected<Selection> nothrow::select(const Slice& slice, std::initializer_
 inline Status nothrow::read_into(const Selection& selection, std::span<std::byte> dst) {
   auto plan = detail::Access<Selection>::plan(selection);
   if (!plan) return plan.status();
-  ::rust::Slice<std::uint8_t> out{reinterpret_cast<std::uint8_t*>(dst.data()), dst.size()};
   const auto& src = detail::Access<Selection>::source(selection);
+  if (auto st = detail::refuse_overlap("read_into", src.memory, dst); !st.ok()) return st;
+  ::rust::Slice<std::uint8_t> out{reinterpret_cast<std::uint8_t*>(dst.data()), dst.size()};
   return detail::attempt([&](ffi::Status& st) { src.file->read_slice(**plan, out, st); });
 }
 
@@ -369,6 +366,10 @@ inline Expected<TensorView> nothrow::read(const Selection& selection) {
 }
 
 inline Status nothrow::read_as(const Selection& selection, Dtype to, std::span<std::byte> dst) {
+  // The whole file, not only the selection: `dst` inside a file in memory would be the file
+  // changing under its own readers.
+  const auto& src = detail::Access<Selection>::source(selection);
+  if (auto st = detail::refuse_overlap("read_as", src.memory, dst); !st.ok()) return st;
   auto view = nothrow::read(selection);
   if (!view) return view.status();
   return nothrow::convert(*view, to, dst);

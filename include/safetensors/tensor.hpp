@@ -6,6 +6,7 @@
 #include <complex>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -13,10 +14,25 @@
 #include <utility>
 #include <vector>
 
+#include "safetensors/detail/bridge.hpp"
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
 
 namespace safetensors::inline SAFETENSORS_ABI {
+
+namespace detail {
+/// The product of `shape` (1 for a scalar): 0 when a dimension is 0, else `SIZE_MAX` when the
+/// product does not fit, never a wrapped count that looks plausible.
+[[nodiscard]] inline std::size_t element_count(const std::vector<std::size_t>& shape) {
+  constexpr std::size_t most = std::numeric_limits<std::size_t>::max();
+  std::size_t n = 1;
+  for (auto d : shape) {
+    if (d == 0) return 0;
+    n = n > most / d ? most : n * d;
+  }
+  return n;
+}
+}  // namespace detail
 
 /// A tensor's description from the header; reading it touches no tensor data.
 struct TensorInfo {
@@ -26,11 +42,7 @@ struct TensorInfo {
   std::pair<std::size_t, std::size_t> data_offsets{};
 
   /// Number of elements (1 for a scalar).
-  [[nodiscard]] std::size_t numel() const {
-    std::size_t n = 1;
-    for (auto d : shape) n *= d;
-    return n;
-  }
+  [[nodiscard]] std::size_t numel() const { return detail::element_count(shape); }
   /// Number of data bytes.
   [[nodiscard]] std::size_t byte_size() const { return data_offsets.second - data_offsets.first; }
 };
@@ -95,6 +107,14 @@ void as(const TensorView&& view) = delete;
 /// into a buffer of their own), and `owner` keeps that memory alive: a view stays valid after
 /// the `SafeOpen` that made it is gone. A view you build over your own memory (for example to
 /// pass to `save_file`) leaves `owner` empty and borrows your bytes.
+///
+/// Moving a view leaves the moved-from view empty (no shape, no data, no owner), so that it can
+/// never reach bytes that only the new view keeps alive: `as<float>()` on it is a
+/// `TypeMismatch` error, `as<std::byte>()` an empty span, and the library's calls see a scalar
+/// with no bytes (`TensorInvalidInfo`).
+///
+///   std::vector<float> values{1, 2, 3, 4, 5, 6};
+///   safetensors::TensorView t{safetensors::Dtype::F32, {2, 3}, std::as_bytes(std::span(values))};
 struct TensorView {
   Dtype dtype{};
   std::vector<std::size_t> shape;
@@ -103,16 +123,38 @@ struct TensorView {
   /// Keeps `data` alive; empty when the view borrows memory the caller owns.
   std::shared_ptr<const void> owner{};
 
-  /// Number of elements (1 for a scalar).
-  [[nodiscard]] std::size_t numel() const {
-    std::size_t n = 1;
-    for (auto d : shape) n *= d;
-    return n;
+  TensorView() = default;
+  /// Not an aggregate (a moved-from view must be emptied), so this constructor takes the
+  /// members in their order: `TensorView{dtype, shape, data, owner}` as before.
+  TensorView(Dtype element_type, std::vector<std::size_t> dims, std::span<const std::byte> bytes = {},
+             std::shared_ptr<const void> keep_alive = {})
+      : dtype(element_type), shape(std::move(dims)), data(bytes), owner(std::move(keep_alive)) {}
+  TensorView(const TensorView&) = default;
+  TensorView& operator=(const TensorView&) = default;
+  TensorView(TensorView&& other) noexcept
+      : dtype(other.dtype),
+        shape(std::exchange(other.shape, {})),
+        data(std::exchange(other.data, {})),
+        owner(std::exchange(other.owner, {})) {}
+  TensorView& operator=(TensorView&& other) noexcept {
+    if (this != &other) {
+      dtype = other.dtype;
+      shape = std::exchange(other.shape, {});
+      data = std::exchange(other.data, {});
+      owner = std::exchange(other.owner, {});
+    }
+    return *this;
   }
+  ~TensorView() = default;
+
+  /// Number of elements (1 for a scalar; `SIZE_MAX` for a shape whose product does not fit,
+  /// which no view can hold).
+  [[nodiscard]] std::size_t numel() const { return detail::element_count(shape); }
 
   /// The elements as `T`: `view.as<float>()` for an F32 tensor, `as<std::byte>()` for the raw
   /// bytes of any dtype. Throws `Error` (`TypeMismatch`) when `T` does not fit the dtype, the
-  /// byte count, or the data's alignment (files written with an unpadded header can leave data
+  /// byte count (checked by the tensor byte-length rule, so a shape whose size overflows never
+  /// matches), or the data's alignment (files written with an unpadded header can leave data
   /// unaligned; copy the bytes then).
   ///
   /// BOOL data: `as<bool>()` checks every byte first and throws `TypeMismatch` when one is not
@@ -158,10 +200,10 @@ Expected<std::span<const T>> nothrow::as(const TensorView& view) {
                                                  " tensor as elements of " + std::to_string(sizeof(T)) +
                                                  " bytes of a different type");
     }
-    if (data.size() != view.numel() * sizeof(T)) {
-      return Status(ErrorKind::TypeMismatch, "the view holds " + std::to_string(data.size()) +
-                                                 " bytes but its shape needs " +
-                                                 std::to_string(view.numel() * sizeof(T)));
+    // The byte-length rule, not `numel() * sizeof(T)`: a shape whose product wraps must not
+    // match a short buffer.
+    if (auto bad = detail::check_extent("the view", view.dtype, view.shape, data.size()); !bad.ok()) {
+      return Status(ErrorKind::TypeMismatch, bad.message());
     }
     if (data.empty()) return std::span<const T>{};
     if constexpr (std::is_same_v<T, bool>) {

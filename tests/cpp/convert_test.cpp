@@ -233,6 +233,71 @@ TEST(Convert, BuffersOfTheWrongSizeAreTypedErrors) {
   EXPECT_EQ(test::kind_of([&] { (void)st::convert(huge, Dtype::F64); }), ErrorKind::ValidationOverflow);
 }
 
+/// The error `f` throws, checked to be `TensorInvalidInfo` naming `what` and its 4 bytes.
+template <class F>
+void expect_refused_view(const std::string& what, F&& f) {
+  auto st = test::thrown(std::forward<F>(f));
+  EXPECT_EQ(st.kind(), ErrorKind::TensorInvalidInfo) << what << ": " << st.message();
+  EXPECT_NE(st.message().find(what + " holds 4 bytes"), std::string::npos) << st.message();
+}
+
+TEST(Convert, AViewWhoseBytesDisagreeWithItsShapeIsNamedBeforeAnythingIsSized) {
+  // 4 bytes claiming a huge shape: every call that sizes its output from the shape checks the
+  // view first, so the error is the disagreement, never an allocation of the shape's size (an
+  // `Io` "cannot allocate", or an abort under ASan) nor an overflow of the output's size.
+  std::vector<std::byte> four(4);
+  const std::size_t big = std::size_t{1} << 40;
+  for (std::size_t n : {big, std::size_t{1} << 60}) {  // 2^60 F8 elements: 2^62 F32 bytes
+    st::TensorView liar{Dtype::F8_E4M3, {n}, four};
+    expect_refused_view("the source tensor", [&] { (void)st::convert(liar, Dtype::F32); });
+    expect_refused_view("the source tensor", [&] { (void)st::as_f32(liar); });
+  }
+  // fp8 blocks: a [2^30, 2^30] weight makes 2^62 F32 bytes; a [2^20, 2^20] one 4 TiB.
+  st::TensorView small_weight{Dtype::F8_E4M3, {1, 4}, four};
+  for (std::size_t side : {std::size_t{1} << 20, std::size_t{1} << 30}) {
+    st::TensorView weight{Dtype::F8_E4M3, {side, side}, four};
+    st::TensorView scale{Dtype::F32, {side / 128, side / 128}, four};
+    expect_refused_view("the weight", [&] { (void)st::dequantize_fp8_blocks(weight, scale); });
+    // A valid weight with a lying scale: the scale is checked before anything too.
+    expect_refused_view("the scale", [&] { (void)st::dequantize_fp8_blocks(small_weight, scale); });
+  }
+  // MXFP4: [2^56, 16] blocks and [2^56] scales make [2^61] values, whose F32 bytes overflow.
+  for (std::size_t groups : {big, std::size_t{1} << 56}) {
+    st::TensorView blocks{Dtype::U8, {groups, 16}, four};
+    st::TensorView scales{Dtype::U8, {groups}, four};
+    expect_refused_view("the MXFP4 blocks", [&] { (void)st::dequantize_mxfp4(blocks, scales); });
+  }
+  // The nothrow face reports the same error.
+  st::TensorView liar{Dtype::F32, {big}, four};
+  test::expect_same(st::nothrow::convert(liar, Dtype::F16).status(),
+                    test::thrown([&] { (void)st::convert(liar, Dtype::F16); }));
+}
+
+TEST(Convert, AnOutputOverlappingTheSourceIsRefusedBeforeAnyByteIsWritten) {
+  // F16 -> F32 in place (the output twice the input, starting at the same byte) used to return
+  // success with most elements wrong; the core would also have been handed aliasing slices.
+  std::vector<std::uint16_t> halves{0x3C00, 0x4000, 0x4200, 0x4400};  // 1, 2, 3, 4
+  std::vector<std::byte> buf(64);
+  std::memcpy(buf.data(), halves.data(), 8);
+  const std::vector<std::byte> before = buf;
+  st::TensorView h{Dtype::F16, {4}, std::span<const std::byte>(buf).first(8)};
+  auto whole = std::span<std::byte>(buf);
+  for (auto dst : {whole.first(16), whole.subspan(4, 16), whole.subspan(7, 16)}) {
+    auto st_ = st::nothrow::convert(h, Dtype::F32, dst);
+    EXPECT_EQ(st_.kind(), ErrorKind::InvalidSlice) << st_.message();
+    EXPECT_NE(st_.message().find("overlaps the bytes it reads"), std::string::npos) << st_.message();
+    EXPECT_EQ(test::kind_of([&] { st::convert(h, Dtype::F32, dst); }), ErrorKind::InvalidSlice);
+  }
+  // Same size (F16 -> BF16) in place is refused too.
+  EXPECT_EQ(test::kind_of([&] { st::convert(h, Dtype::BF16, whole.first(8)); }), ErrorKind::InvalidSlice);
+  EXPECT_EQ(buf, before) << "nothing was written";
+  // Right after the source (touching, not overlapping) is a separate buffer.
+  st::convert(h, Dtype::F32, whole.subspan(8, 16));
+  std::vector<float> got(4);
+  std::memcpy(got.data(), buf.data() + 8, 16);
+  EXPECT_EQ(got, (std::vector<float>{1, 2, 3, 4}));
+}
+
 TEST(Convert, DequantizersRefuseMismatchedScales) {
   std::vector<std::byte> w(200 * 3), s(8);
   st::TensorView weight{Dtype::F8_E4M3, {200, 3}, w, {}};

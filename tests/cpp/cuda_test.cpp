@@ -74,6 +74,30 @@ TEST(CudaPlan, PlacesEveryTensorAlignedWithoutAGpu) {
             ErrorKind::TensorNotFound);
 }
 
+TEST(CudaPlan, AnAbsurdAlignmentIsBlamedNotTheShape) {
+  test::TempDir dir;
+  SafeOpen f(make_file(dir));
+  // SIZE_MAX puts the second tensor at 2^64 - 1; 2^63 the third at 2^64. Either overflows the
+  // layout, and the message used to blame the tensor's shape ("validation overflow ... shape").
+  for (std::size_t alignment : {SIZE_MAX, std::size_t{1} << 63}) {
+    auto st = safetensors::nothrow::cuda::plan(f, {}, {.alignment = alignment}).status();
+    EXPECT_EQ(st.kind(), ErrorKind::ValidationOverflow) << st.message();
+    EXPECT_NE(st.message().find("the alignment, " + std::to_string(alignment) + " bytes"), std::string::npos)
+        << st.message();
+    EXPECT_EQ(st.message().find("shape"), std::string::npos) << st.message();
+  }
+}
+
+TEST(Cuda, CopyToHostRefusesADestinationOverlappingTheSource) {
+  // Device memory the host can address (managed memory, the emulated driver) could be the
+  // destination itself; refused before any copy, with or without a GPU.
+  std::vector<std::byte> buf(64);
+  EXPECT_EQ(kind_of([&] { cuda::copy_to_host(buf.data(), std::span(buf).subspan(8, 16)); }),
+            ErrorKind::InvalidSlice);
+  EXPECT_EQ(kind_of([&] { cuda::copy_to_host(buf.data() + 8, std::span(buf).first(16)); }),
+            ErrorKind::InvalidSlice);
+}
+
 /// Under the emulated driver the GPU tests get two devices (unless the environment says
 /// otherwise), so that cross-device cases run too; the driver reads this in cuInit. (One ctest
 /// ENVIRONMENT entry is all gtest_discover_tests passes through, and it names the driver.)

@@ -381,7 +381,7 @@ TEST(CudaUpload, DeviceOrdinalsOutOfRangeAreCudaErrorsNamingTheDevice) {
   test::TempDir dir;
   SafeOpen f(make_file(dir));
   const int count = cuda::device_count();
-  std::vector<std::byte> host(16);
+  std::vector<std::byte> host(16), source(16);  // apart: an overlapping copy is refused first
   for (int device : {-1, count, INT_MIN}) {
     const std::string named = "no CUDA device " + std::to_string(device);
     auto expect_refused = [&](const char* what, auto&& f_) {
@@ -398,7 +398,7 @@ TEST(CudaUpload, DeviceOrdinalsOutOfRangeAreCudaErrorsNamingTheDevice) {
     expect_refused("load with options", [&] { (void)cuda::load(f, device, kSmallRing); });
     expect_refused("to_device", [&] { (void)cuda::to_device(f, "t0", device); });
     expect_refused("device_name", [&] { (void)cuda::device_name(device); });
-    expect_refused("copy_to_host", [&] { cuda::copy_to_host(host.data(), host, device); });
+    expect_refused("copy_to_host", [&] { cuda::copy_to_host(source.data(), host, device); });
   }
 }
 

@@ -221,6 +221,11 @@ TEST_F(DeviceLayer, PlanAndCollectiveOfDifferentWorldsOrBadOptionsAreRefused) {
   DeviceGroup::DeviceMember only(solo, 0);
   EXPECT_EQ(kind_of([&] { (void)cuda::load(one, only, {.alignment = 100}); }), ErrorKind::InvalidSlice);
   EXPECT_EQ(kind_of([&] { (void)cuda::load(one, only, {.device = 7}); }), ErrorKind::Cuda);
+  // A power of two so large that padding to it passes 2^64 blames the alignment, before any
+  // device memory is taken.
+  auto huge = test::thrown([&] { (void)cuda::load(one, only, {.alignment = std::size_t{1} << 63}); });
+  EXPECT_EQ(huge.kind(), ErrorKind::ValidationOverflow) << huge.message();
+  EXPECT_NE(huge.message().find("alignment, 9223372036854775808 bytes"), std::string::npos) << huge.message();
   // A custom alignment is honoured.
   auto mine = cuda::load(one, only, {.alignment = 4096});
   for (const auto& p : mine.placements()) EXPECT_EQ(p.offset % 4096, 0u) << p.name;

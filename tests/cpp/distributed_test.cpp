@@ -227,6 +227,23 @@ TEST_F(Layer, IndivisibleSharesAreTypedErrors) {
   }
 }
 
+TEST_F(Layer, HeadGeometriesWhoseRowsOverflowAreRefusedAtEveryWorld) {
+  // 8 heads × (2^61 + 1) wraps to 8 rows in 64-bit arithmetic: col.weight's row count. It used
+  // to be accepted at world 1 (rows 0..8) and to give a negative slice bound at world 2.
+  SafeOpen f(path());
+  const Gqa huge{8, 2, (std::size_t{1} << 61) + 1};
+  for (std::size_t world : {std::size_t{1}, std::size_t{2}}) {
+    for (std::size_t rank = 0; rank < world; ++rank) {
+      auto st = test::thrown(
+          [&] { (void)attention_shard(f.get_slice("col.weight"), huge, Projection::Q, rank, world); });
+      EXPECT_EQ(st.kind(), ErrorKind::InvalidSlice) << "world " << world;
+      EXPECT_NE(st.message().find("more than fit in 64 bits"), std::string::npos) << st.message();
+      EXPECT_EQ(kind_of([&] { (void)qkv_shard(f.get_slice("attn.qkv.weight"), huge, rank, world); }),
+                ErrorKind::InvalidSlice);
+    }
+  }
+}
+
 TEST_F(Layer, SeparateProjectionsMatchTheFusedRule) {
   SafeOpen f(path());
   auto qkv = f.get_slice("attn.qkv.weight");

@@ -99,6 +99,38 @@ TEST(DLPack, ScalarsZeroSizeAndSubByteTensors) {
   EXPECT_EQ(f4->flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED, 0u);
 }
 
+TEST(DLPack, StridesAreCheckedInt64ArithmeticEvenForZeroSizeTensors) {
+  // U8 [0, 2^40, 2^40] is a valid tensor of no bytes, but its first stride (2^80) overflows
+  // int64: that was signed overflow (undefined; UBSan) and a wrong stride. Now refused.
+  const std::size_t big = std::size_t{1} << 40;
+  auto refused = safetensors::nothrow::to_dlpack(safetensors::TensorView{Dtype::U8, {0, big, big}});
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.status().kind(), ErrorKind::ValidationOverflow);
+  EXPECT_NE(refused.status().message().find("strides do not fit DLPack's int64"), std::string::npos)
+      << refused.status().message();
+  // Where every stride fits, a zero-size tensor exports with its exact strides.
+  auto zero_inside = safetensors::to_dlpack(safetensors::TensorView{Dtype::U8, {big, 0, big}});
+  const auto* strides = zero_inside->dl_tensor.strides;
+  EXPECT_EQ(std::vector<std::int64_t>(strides, strides + 3),
+            (std::vector<std::int64_t>{0, static_cast<std::int64_t>(big), 1}));
+  const std::size_t half = std::size_t{1} << 31;
+  auto wide = safetensors::to_dlpack(safetensors::TensorView{Dtype::F32, {0, half, half}});
+  strides = wide->dl_tensor.strides;
+  EXPECT_EQ(strides[0], std::int64_t{1} << 62);
+  EXPECT_EQ(wide->dl_tensor.data, nullptr);
+}
+
+TEST(DLPack, AMovedFromViewExportsNothing) {
+  // A moved-from view is empty: it cannot hand a consumer the bytes only the new view keeps.
+  auto bytes = std::make_shared<std::vector<float>>(1, 2.0f);
+  safetensors::TensorView v{Dtype::F32, {1}, std::as_bytes(std::span(*bytes)), bytes};
+  bytes.reset();
+  auto w = std::move(v);
+  // NOLINTNEXTLINE(bugprone-use-after-move): the point of the test
+  EXPECT_EQ(test::kind_of([&] { (void)safetensors::to_dlpack(v); }), ErrorKind::TensorInvalidInfo);
+  EXPECT_EQ(safetensors::to_dlpack(w)->dl_tensor.ndim, 1);
+}
+
 TEST(DLPack, AViewWhoseBytesDisagreeWithItsShapeIsRefused) {
   auto bytes = std::vector<std::byte>(10);
   EXPECT_EQ(test::kind_of([&] {

@@ -70,6 +70,33 @@ TEST(InMemory, ViewsBorrowTheCallersBytesAndKeepTheOwnerAlive) {
   EXPECT_TRUE(watch.expired()) << "nothing else holds it";
 }
 
+TEST(InMemory, AnOutputBufferInsideTheFileIsRefusedAndTheFileUnchanged) {
+  // A caller's buffer is both the file and (carelessly) the destination of a read: every call
+  // writing into a caller's span refuses a span that overlaps the bytes it reads, before the
+  // core sees it (it would hold a mutable slice over the bytes it reads from).
+  std::vector<std::byte> bytes = file_of({"a", "b"}, 7);
+  const std::vector<std::byte> before = bytes;
+  auto f = SafeOpen::from_bytes(bytes);
+  auto inside = std::span<std::byte>(bytes).last(4);  // tensor `b`'s own bytes
+  auto header = std::span<std::byte>(bytes).first(4);
+  for (auto dst : {inside, header}) {
+    EXPECT_EQ(kind_of([&] { f.read_data(0, dst); }), ErrorKind::InvalidSlice);
+    auto sel = f.get_slice("a").select({});
+    EXPECT_EQ(kind_of([&] { sel.read_into(dst); }), ErrorKind::InvalidSlice);
+    EXPECT_EQ(kind_of([&] { sel.read_as(Dtype::F8_E4M3, dst); }), ErrorKind::InvalidSlice);
+    auto st = safetensors::nothrow::read_into(sel, dst);
+    EXPECT_NE(st.message().find("read_into: the destination (4 bytes) overlaps"), std::string::npos)
+        << st.message();
+  }
+  auto b = f.get_tensor("b");  // zero copy: its bytes are `inside`
+  EXPECT_EQ(kind_of([&] { safetensors::convert(b, Dtype::F8_E5M2, inside); }), ErrorKind::InvalidSlice);
+  EXPECT_EQ(bytes, before) << "nothing was written";
+  // A buffer of its own is fine.
+  std::vector<std::byte> mine(4);
+  f.read_data(0, mine);
+  EXPECT_EQ(mine[0], std::byte{7});
+}
+
 TEST(InMemory, ACopyOutlivesTheCallersBuffer) {
   std::optional<SafeOpen> f;
   {

@@ -346,6 +346,39 @@ TEST(SafeOpen, MovedFromHandlesThrowInsteadOfCrashing) {
   EXPECT_EQ(f.size(), 3u);
 }
 
+TEST(SafeOpen, AMovedFromViewIsEmptyAndReadsNothing) {
+  // A view that owns its bytes, moved: only the new view keeps them alive. The moved-from view
+  // used to keep its span, so that once the new view was gone, `as<float>()` on it read freed
+  // memory (the shape [1] had become [], which still matches 4 bytes).
+  auto buffer = std::make_shared<std::vector<float>>(1, 3.0f);
+  safetensors::TensorView v{Dtype::F32, {1}, std::as_bytes(std::span(*buffer)), buffer};
+  buffer.reset();
+  safetensors::TensorView w = std::move(v);
+  EXPECT_EQ(w.as<float>()[0], 3.0f);
+  // NOLINTBEGIN(bugprone-use-after-move): the point of the test
+  EXPECT_TRUE(v.data.empty());
+  EXPECT_TRUE(v.shape.empty());
+  EXPECT_EQ(v.owner, nullptr);
+  w = {};  // frees the float
+  EXPECT_EQ(kind_of([&] { (void)v.as<float>(); }), ErrorKind::TypeMismatch);
+  EXPECT_TRUE(v.as<std::byte>().empty());
+  EXPECT_EQ(kind_of([&] { (void)safetensors::convert(v, Dtype::F64); }), ErrorKind::TensorInvalidInfo);
+  // Move assignment empties the source too, and an emptied view can be assigned again.
+  test::TempDir dir;
+  test::write_bytes(dir / "t.safetensors", three_tensor_file());
+  SafeOpen f(dir / "t.safetensors", {Backend::Read});
+  auto zeta = f.get_tensor("zeta");
+  safetensors::TensorView other;
+  other = std::move(zeta);
+  EXPECT_TRUE(zeta.data.empty());
+  EXPECT_EQ(zeta.owner, nullptr);
+  EXPECT_TRUE(zeta.as<std::byte>().empty());
+  EXPECT_EQ(other.as<float>()[1], -2.0f);
+  zeta = other;
+  EXPECT_EQ(zeta.as<float>()[0], 1.5f);
+  // NOLINTEND(bugprone-use-after-move)
+}
+
 TEST(SafeOpen, BuffersSizedByAFileThatCannotBeAllocatedAreIoErrors) {
   // The read backend and slices allocate as many bytes as a header claims. A size no
   // allocator can give (and that overflowed the huge-page rounding before) is a typed error.

@@ -42,12 +42,22 @@ struct Source {
   const std::size_t* dims = nullptr;
   std::shared_ptr<const void> owner;
   bool direct = false;
+  /// The whole file when it is in memory (mapped, or bytes a caller lent): what the core reads
+  /// from, so no output buffer may overlap it (see `refuse_overlap`). Empty for the read and
+  /// direct backends, and for a file without data bytes, which no read reaches.
+  std::span<const std::byte> memory;
 
   static Source of(const ffi::File& f, std::shared_ptr<const void> owner) {
     auto mapped = f.mapped_data();
     const std::byte* data =
         f.is_mapped() && mapped.size() > 0 ? reinterpret_cast<const std::byte*>(mapped.data()) : nullptr;
-    return {&f, data, f.dims().data(), std::move(owner), f.backend_code() == 2};
+    std::span<const std::byte> memory;
+    if (data != nullptr) {
+      // The data buffer starts `8 + N` bytes into the file, and trailing bytes follow its end.
+      const std::size_t head = 8 + f.header_len();
+      memory = {data - head, head + f.data_len() + static_cast<std::size_t>(f.trailing_bytes())};
+    }
+    return {&f, data, f.dims().data(), std::move(owner), f.backend_code() == 2, memory};
   }
 
   [[nodiscard]] Expected<ffi::TensorMeta> find(std::string_view name) const {
@@ -65,6 +75,7 @@ struct Source {
   }
 
   [[nodiscard]] Status read_data(std::size_t offset, std::span<std::byte> dst) const {
+    if (auto st = refuse_overlap("read_data", memory, dst); !st.ok()) return st;
     ::rust::Slice<std::uint8_t> out{reinterpret_cast<std::uint8_t*>(dst.data()), dst.size()};
     return attempt([&](ffi::Status& st) { file->read_data(offset, out, st); });
   }

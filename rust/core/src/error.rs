@@ -203,6 +203,20 @@ pub enum Error {
         /// Bytes given.
         actual: u64,
     },
+    /// An upload's destination would pass 2^64 bytes: placing `tensor` after the bytes before
+    /// it, on a multiple of `alignment`, overflows. Its kind is
+    /// [`ErrorKind::ValidationOverflow`]; the message blames the alignment when padding to it is
+    /// what overflows.
+    LayoutOverflow {
+        /// The tensor being placed.
+        tensor: String,
+        /// Bytes placed before it.
+        placed: u64,
+        /// Its bytes.
+        len: u64,
+        /// What every tensor's offset must be a multiple of.
+        alignment: u64,
+    },
     /// A bounded stream cannot go on until the caller drops tensors it was given: the next
     /// tensor does not fit under `max_inflight_bytes` beside those still held, and no other
     /// thread was said to be releasing them (`wait_for_release`).
@@ -421,6 +435,7 @@ impl Error {
             // byte-length kind, which would send the user looking at sizes).
             Error::InvalidDtypeValue { .. } => ErrorKind::TypeMismatch,
             Error::WrongBufferLength { .. } => ErrorKind::InvalidSlice,
+            Error::LayoutOverflow { .. } => ErrorKind::ValidationOverflow,
             Error::BudgetExceeded { .. } => ErrorKind::BudgetExceeded,
             Error::Internal { .. } => ErrorKind::Internal,
             Error::InFile { source, .. } => source.kind(),
@@ -727,6 +742,33 @@ impl fmt::Display for Error {
                 plural(*actual, "byte"),
                 plural(*expected, "byte")
             ),
+            Error::LayoutOverflow {
+                tensor,
+                placed,
+                len,
+                alignment,
+            } => {
+                // Without padding the tensor would fit: then the alignment is to blame.
+                if placed.checked_add(*len).is_some() {
+                    write!(
+                        f,
+                        "layout overflow: tensor `{tensor}` ({}) cannot start on a multiple of \
+                         the alignment, {alignment} bytes, after the {} placed before it \
+                         without passing 2^64 bytes; the alignment is absurd: use a small power \
+                         of two (CUDA allocations are aligned to 256)",
+                        plural(*len, "byte"),
+                        plural(*placed, "byte")
+                    )
+                } else {
+                    write!(
+                        f,
+                        "layout overflow: tensor `{tensor}` ({}) after the {} placed before it \
+                         passes 2^64 bytes; upload fewer tensors at once",
+                        plural(*len, "byte"),
+                        plural(*placed, "byte")
+                    )
+                }
+            }
             Error::BudgetExceeded {
                 tensor,
                 held,
@@ -892,6 +934,17 @@ impl Clone for Error {
                 buffer,
                 expected: *expected,
                 actual: *actual,
+            },
+            Error::LayoutOverflow {
+                tensor,
+                placed,
+                len,
+                alignment,
+            } => Error::LayoutOverflow {
+                tensor: tensor.clone(),
+                placed: *placed,
+                len: *len,
+                alignment: *alignment,
             },
             Error::BudgetExceeded {
                 tensor,

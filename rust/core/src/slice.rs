@@ -4,8 +4,13 @@
 //! result. Runs are produced lazily (a strided slice of a large tensor can have millions): the
 //! contiguous inner block is found once, the outer dimensions are walked like an odometer, and
 //! runs that touch (the end of one row meeting the start of the next) are merged as they go.
+//!
+//! Positions, bounds and steps come from callers and shapes from files: planning arithmetic is
+//! checked (the lint below keeps it so); a plan's own positions all lie below the tensor's byte
+//! length, which fits, so walking the runs of a plan cannot overflow.
+#![deny(clippy::arithmetic_side_effects)]
 
-use crate::byte_len::tensor_byte_len;
+use crate::byte_len::{checked_numel, tensor_byte_len};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::header::TensorInfo;
@@ -132,13 +137,22 @@ impl SlicePlan {
             return Ok(plan);
         }
         // Element strides of the indexed axes: products of suffixes of a shape whose full
-        // product fits. The axes without an indexer make one block of `inner` elements.
-        let inner: usize = shape[k..].iter().product();
+        // product fits. The axes without an indexer make one block of `inner` elements. Every
+        // position below is under the element count, so none of this can overflow; it is
+        // checked all the same, so that a broken invariant is an error, not a wrapped offset.
+        let wrapped = || Error::Internal {
+            message: format!(
+                "slice planning of tensor `{}` (shape {}) overflowed",
+                info.name,
+                short_shape(shape)
+            ),
+        };
+        let inner = checked_numel(&shape[k..]).ok_or_else(wrapped)?;
         let mut strides = vec![0usize; k];
         let mut suffix = inner;
         for axis in (0..k).rev() {
             strides[axis] = suffix;
-            suffix *= shape[axis];
+            suffix = suffix.checked_mul(shape[axis]).ok_or_else(wrapped)?;
         }
         let full = |axis: usize| {
             let d = dims[axis];
@@ -155,8 +169,9 @@ impl SlicePlan {
         // most numel, so there are at most 64 walks whatever the rank.
         let mut base = 0usize;
         let mut walks = Vec::new();
-        for (axis, d) in dims.iter().enumerate().take(last + 1) {
-            base += d.start * strides[axis];
+        for (axis, d) in dims.iter().enumerate().take(last.saturating_add(1)) {
+            let offset = d.start.checked_mul(strides[axis]).ok_or_else(wrapped)?;
+            base = base.checked_add(offset).ok_or_else(wrapped)?;
             let iterates = if axis == last {
                 d.step != 1 && d.count > 1
             } else {
@@ -165,18 +180,21 @@ impl SlicePlan {
             if iterates {
                 walks.push(Walk {
                     count: d.count,
-                    stride: d.step * strides[axis],
+                    stride: d.step.checked_mul(strides[axis]).ok_or_else(wrapped)?,
                 });
             }
         }
         let last_dim = dims[last];
         let run = if last_dim.step == 1 || last_dim.count == 1 {
-            last_dim.count * strides[last]
+            last_dim
+                .count
+                .checked_mul(strides[last])
+                .ok_or_else(wrapped)?
         } else {
             strides[last]
         };
         let to_bytes = |elems: usize, what: &str| -> Result<usize> {
-            let b = elems * bits;
+            let b = elems.checked_mul(bits).ok_or_else(wrapped)?;
             if b % 8 == 0 {
                 Ok(b / 8)
             } else {
@@ -191,7 +209,10 @@ impl SlicePlan {
         for w in &mut walks {
             w.stride = to_bytes(w.stride, "a stride")?;
         }
-        plan.runs = walks.iter().map(|w| w.count).product();
+        plan.runs = walks
+            .iter()
+            .try_fold(1usize, |n, w| n.checked_mul(w.count))
+            .ok_or_else(wrapped)?;
         plan.walks = walks;
         Ok(plan)
     }
@@ -208,7 +229,8 @@ impl SlicePlan {
 
     /// Bytes in the result.
     pub fn byte_len(&self) -> usize {
-        self.runs * self.run_len
+        // At most the tensor's bytes (see `new`), so the product never saturates.
+        self.runs.saturating_mul(self.run_len)
     }
 
     /// `(offset, len)` byte runs relative to the tensor's first byte, in result order; runs
@@ -229,6 +251,9 @@ impl SlicePlan {
 
     /// The tensor bytes the selection touches, first to last, as `[begin, end)` relative to the
     /// tensor's first byte; `None` when it selects nothing.
+    // Piece positions: walks have counts above 1 (never 0) and every offset lies inside the
+    // tensor's bytes (checked by `new`), so none of this can overflow or divide by zero.
+    #[allow(clippy::arithmetic_side_effects)]
     pub fn extent(&self) -> Option<(usize, usize)> {
         let last = self.runs.checked_sub(1)?;
         Some((self.base, self.piece_offset(last) + self.run_len))
@@ -237,6 +262,9 @@ impl SlicePlan {
     /// The parts of the result whose bytes lie in tensor bytes `[lo, hi)`, each as
     /// `(tensor offset, result offset, len)`, ascending and clipped to the range. Found by
     /// binary search, then walked: the cost is the runs inside the range, not before it.
+    // Piece positions: walks have counts above 1 (never 0) and every offset lies inside the
+    // tensor's bytes (checked by `new`), so none of this can overflow or divide by zero.
+    #[allow(clippy::arithmetic_side_effects)]
     pub fn runs_in_tensor(&self, lo: usize, hi: usize) -> Placed<'_> {
         // Pieces (runs before merging) ascend in the tensor: the first one ending after `lo`.
         let (mut a, mut b) = (0, self.runs);
@@ -269,6 +297,9 @@ impl SlicePlan {
     }
 
     /// Where piece `k` (the `k`-th run before merging) starts in the tensor.
+    // Piece positions: walks have counts above 1 (never 0) and every offset lies inside the
+    // tensor's bytes (checked by `new`), so none of this can overflow or divide by zero.
+    #[allow(clippy::arithmetic_side_effects)]
     fn piece_offset(&self, k: usize) -> usize {
         let mut offset = self.base;
         let mut rest = k;
@@ -280,6 +311,9 @@ impl SlicePlan {
     }
 
     /// The runs from piece `k` on.
+    // Piece positions: walks have counts above 1 (never 0) and every offset lies inside the
+    // tensor's bytes (checked by `new`), so none of this can overflow or divide by zero.
+    #[allow(clippy::arithmetic_side_effects)]
     fn runs_from(&self, k: usize) -> Runs<'_> {
         let k = k.min(self.runs);
         let mut counters = vec![0; self.walks.len()];
@@ -337,10 +371,22 @@ impl SlicePlan {
                 dst.len(),
             ));
         }
-        let mut at = 0;
+        let mut rest = dst;
         for (offset, len) in self.runs() {
-            dst[at..at + len].copy_from_slice(&tensor[offset..offset + len]);
-            at += len;
+            // Runs lie inside the tensor and add up to `byte_len`; `get` keeps both checked facts.
+            let (Some(src), true) = (
+                tensor.get(offset..offset.saturating_add(len)),
+                len <= rest.len(),
+            ) else {
+                return Err(Error::Internal {
+                    message: format!(
+                        "a slice run ({offset}, {len}) lies outside the tensor or the result"
+                    ),
+                });
+            };
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(len);
+            head.copy_from_slice(src);
+            rest = tail;
         }
         Ok(())
     }
@@ -354,7 +400,11 @@ fn short_shape(shape: &[usize]) -> String {
         format!("{shape:?}")
     } else {
         let head: Vec<String> = shape[..SHOWN].iter().map(usize::to_string).collect();
-        format!("[{}, ... {} more]", head.join(", "), shape.len() - SHOWN)
+        format!(
+            "[{}, ... {} more]",
+            head.join(", "),
+            shape.len().saturating_sub(SHOWN)
+        )
     }
 }
 
@@ -367,19 +417,16 @@ fn misaligned(info: &TensorInfo<'_>, reason: String) -> Error {
 
 /// Resolves one indexer against a dimension of `size`, Python-style for negatives.
 fn resolve(indexer: Indexer, size: usize) -> std::result::Result<Resolved, String> {
+    // In i128, where a position of i64 plus a size of u64 cannot overflow.
     let size_i = i128::from(size as u64);
     let position = |p: i64, allow_end: bool| -> std::result::Result<usize, String> {
         let p = i128::from(p);
-        let q = if p < 0 { p + size_i } else { p };
-        let limit = if allow_end { size_i } else { size_i - 1 };
-        if q < 0 || q > limit {
-            Err(if allow_end {
-                format!("bound {p} is out of range for size {size}")
-            } else {
-                format!("index {p} is out of range for size {size}")
-            })
-        } else {
-            Ok(q as usize)
+        let q = if p < 0 { p.saturating_add(size_i) } else { p };
+        let in_range = if allow_end { q <= size_i } else { q < size_i };
+        match usize::try_from(q) {
+            Ok(q) if in_range => Ok(q),
+            _ if allow_end => Err(format!("bound {p} is out of range for size {size}")),
+            _ => Err(format!("index {p} is out of range for size {size}")),
         }
     };
     match indexer {
@@ -390,22 +437,21 @@ fn resolve(indexer: Indexer, size: usize) -> std::result::Result<Resolved, Strin
             keep: false,
         }),
         Indexer::Range { start, stop, step } => {
-            if step < 1 {
-                return Err(format!(
-                    "step {step} is not supported; steps must be at least 1"
-                ));
-            }
+            let step = match usize::try_from(step) {
+                Ok(s) if s >= 1 => s,
+                _ => {
+                    return Err(format!(
+                        "step {step} is not supported; steps must be at least 1"
+                    ))
+                }
+            };
             let start = start.map_or(Ok(0), |s| position(s, true))?;
             let stop = stop.map_or(Ok(size), |s| position(s, true))?;
-            let count = if start >= stop {
-                0
-            } else {
-                (stop - start).div_ceil(step as usize)
-            };
+            let count = stop.saturating_sub(start).div_ceil(step);
             Ok(Resolved {
                 start,
                 count,
-                step: step as usize,
+                step,
                 keep: true,
             })
         }
@@ -420,6 +466,9 @@ pub struct Runs<'p> {
     left: usize,
 }
 
+// The walk stays inside the plan's byte range (below the tensor's byte length, which fits): the
+// odometer's sums and differences cannot overflow.
+#[allow(clippy::arithmetic_side_effects)]
 impl Runs<'_> {
     /// The next fixed-size piece before merging.
     fn piece(&mut self) -> Option<usize> {
@@ -452,6 +501,8 @@ pub struct Placed<'p> {
     out_from: usize,
 }
 
+// As `Runs`: positions and lengths lie inside the plan's byte range and its result.
+#[allow(clippy::arithmetic_side_effects)]
 impl<'p> Placed<'p> {
     /// The same parts, leaving out result bytes before `from` (to go on where an earlier walk
     /// stopped, without walking the runs before it again).
@@ -466,6 +517,7 @@ impl<'p> Placed<'p> {
     }
 }
 
+#[allow(clippy::arithmetic_side_effects)]
 impl Iterator for Placed<'_> {
     type Item = (usize, usize, usize);
 
@@ -493,6 +545,8 @@ impl Iterator for Placed<'_> {
     }
 }
 
+// As `Runs::piece`: merged runs lie inside the plan's byte range.
+#[allow(clippy::arithmetic_side_effects)]
 impl Iterator for Runs<'_> {
     type Item = (usize, usize);
 
@@ -512,6 +566,7 @@ impl Iterator for Runs<'_> {
 }
 
 #[cfg(test)]
+#[allow(clippy::arithmetic_side_effects)]
 mod tests {
     use super::*;
 

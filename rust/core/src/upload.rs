@@ -70,6 +70,8 @@ pub struct UploadPlan {
     total: u64,
 }
 
+// Alignments, requests and slices come from callers: the layout's arithmetic is checked.
+#[deny(clippy::arithmetic_side_effects)]
 impl UploadPlan {
     /// An empty plan; every tensor will start on a multiple of `alignment` (at least 1; CUDA
     /// allocations are 256-byte aligned, so 256 keeps every tensor as aligned as its base).
@@ -86,19 +88,20 @@ impl UploadPlan {
     /// Adds a whole tensor of `file` (the plan's source number `source`).
     pub fn add_tensor(&mut self, source: usize, file: &SafeFile, name: &str) -> Result<&Placement> {
         let info = file.info(name)?;
-        let (begin, end) = info.data_offsets;
-        let offset = self.reserve(name, info.dtype, info.shape.to_vec(), (end - begin) as u64)?;
-        if end > begin {
+        let begin = info.data_offsets.0 as u64;
+        let len = info.byte_len() as u64;
+        let offset = self.reserve(name, info.dtype, info.shape.to_vec(), len)?;
+        if len > 0 {
             self.pieces.push(Piece {
-                placement: self.placements.len() - 1,
+                placement: self.placements.len().saturating_sub(1),
                 source,
-                src: begin as u64,
+                src: begin,
                 dst: offset,
-                len: (end - begin) as u64,
+                len,
                 slice: None,
             });
         }
-        Ok(self.placements.last().expect("just pushed"))
+        self.last_placement()
     }
 
     /// Adds a slice of a tensor: only the selected bytes are read, packed contiguously.
@@ -120,7 +123,7 @@ impl UploadPlan {
         let len = plan.byte_len() as u64;
         if len > 0 {
             self.pieces.push(Piece {
-                placement: self.placements.len() - 1,
+                placement: self.placements.len().saturating_sub(1),
                 source,
                 src: info.data_offsets.0 as u64,
                 dst: offset,
@@ -129,19 +132,29 @@ impl UploadPlan {
             });
             self.slices.push(plan);
         }
-        Ok(self.placements.last().expect("just pushed"))
+        self.last_placement()
+    }
+
+    /// The placement just reserved.
+    fn last_placement(&self) -> Result<&Placement> {
+        self.placements.last().ok_or_else(|| Error::Internal {
+            message: "an upload plan lost the placement it reserved".into(),
+        })
     }
 
     fn reserve(&mut self, name: &str, dtype: Dtype, shape: Vec<usize>, len: u64) -> Result<u64> {
-        let too_big = || Error::ValidationOverflow {
+        let overflow = || Error::LayoutOverflow {
             tensor: name.to_owned(),
-            shape: shape.clone(),
+            placed: self.total,
+            len,
+            alignment: self.alignment,
         };
         let offset = self
             .total
             .checked_next_multiple_of(self.alignment)
-            .ok_or_else(too_big)?;
-        self.total = offset.checked_add(len).ok_or_else(too_big)?;
+            .ok_or_else(overflow)?;
+        let total = offset.checked_add(len).ok_or_else(overflow)?;
+        self.total = total;
         self.placements.push(Placement {
             name: name.to_owned(),
             dtype,
@@ -169,7 +182,10 @@ impl UploadPlan {
 
     /// Source bytes the plan reads (the total minus alignment padding).
     pub fn payload(&self) -> u64 {
-        self.pieces.iter().map(|p| p.len).sum()
+        // At most the total, which fits.
+        self.pieces
+            .iter()
+            .fold(0u64, |sum, p| sum.saturating_add(p.len))
     }
 }
 

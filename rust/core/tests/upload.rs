@@ -564,3 +564,31 @@ fn a_lazy_ring_stages_no_more_than_the_plan_needs() {
     assert_eq!(ring.staging_bytes(), 3 << 20);
     assert_eq!(target.live.load(Ordering::SeqCst), 3);
 }
+
+#[test]
+fn an_alignment_whose_padding_overflows_is_blamed_not_the_shape() {
+    let dir = scratch_dir("upload_absurd_alignment");
+    let files = files(&dir);
+    for alignment in [usize::MAX, 1 << 63] {
+        let mut plan = UploadPlan::new(alignment);
+        let err = files[0]
+            .header()
+            .sorted_names()
+            .into_iter()
+            .try_for_each(|name| plan.add_tensor(0, &files[0], name).map(drop))
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValidationOverflow);
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("the alignment, {alignment} bytes")),
+            "{text}"
+        );
+        assert!(!text.contains("shape"), "{text}");
+        // What was placed before the refusal stays as it was.
+        assert!(!plan.placements().is_empty());
+        assert!(plan
+            .placements()
+            .iter()
+            .all(|p| p.offset % alignment as u64 == 0));
+    }
+}

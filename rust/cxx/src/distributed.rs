@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use safetensors_core::distributed::{
-    qkv_rows, shard_indexers, Gqa, LoadPlan, Need, QkvPart, Split,
+    qkv_indexers, shard_indexers, Gqa, LoadPlan, Need, QkvPart, Split,
 };
 use safetensors_core::{fallible, Error, Indexer, SafeFile};
 
@@ -53,19 +53,19 @@ pub fn tp_indices(
         };
         let indexers = match rule.kind {
             0 => shard_indexers(&name, shape, rule.dim, rule.rank, rule.world, split)?,
-            _ => qkv_indexers(&name, shape, rule)?,
+            _ => rule_qkv_indexers(&name, shape, rule)?,
         };
         Ok(indexers.into_iter().map(slice_index).collect())
     })
 }
 
-fn qkv_indexers(name: &str, shape: &[usize], rule: &TpRule) -> Result<Vec<Indexer>, Error> {
+/// The attention rule of `rule` (`part` 0–2: separate q/k/v tensors, 3–5: fused blocks).
+fn rule_qkv_indexers(name: &str, shape: &[usize], rule: &TpRule) -> Result<Vec<Indexer>, Error> {
     let g = Gqa {
         heads: rule.heads,
         kv_heads: rule.kv_heads,
         head_dim: rule.head_dim,
     };
-    let rows = qkv_rows(name, g, rule.rank, rule.world)?;
     let (part, fused) = match rule.part {
         0 => (QkvPart::Q, false),
         1 => (QkvPart::K, false),
@@ -74,29 +74,7 @@ fn qkv_indexers(name: &str, shape: &[usize], rule: &TpRule) -> Result<Vec<Indexe
         4 => (QkvPart::K, true),
         _ => (QkvPart::V, true),
     };
-    let layout = if fused { QkvPart::Fused } else { part };
-    let want = safetensors_core::distributed::qkv_part_rows(g, layout);
-    if shape.first() != Some(&want) {
-        return Err(Error::InvalidSlice {
-            tensor: name.to_owned(),
-            reason: format!(
-                "a {layout:?} projection of {} heads, {} KV heads and head_dim {} has {want} \
-                 rows in dimension 0, but the tensor's shape is {shape:?}",
-                g.heads, g.kv_heads, g.head_dim
-            ),
-        });
-    }
-    let (mut r, base) = match part {
-        QkvPart::Q | QkvPart::Fused => (rows.q, 0),
-        QkvPart::K => (rows.k, g.heads * g.head_dim),
-        QkvPart::V => (rows.v, (g.heads + g.kv_heads) * g.head_dim),
-    };
-    if !fused {
-        r = r.start - base..r.end - base;
-    }
-    let mut out = vec![Indexer::FULL; shape.len()];
-    out[0] = Indexer::range(r.start as i64, r.end as i64);
-    Ok(out)
+    qkv_indexers(name, shape, g, part, fused, rule.rank, rule.world)
 }
 
 /// Every rank's selections, collected before planning.

@@ -16,6 +16,11 @@
 //! F32), so a scale byte of 255 means 2^128 as in that code, not the E8M0 NaN. The model-specific
 //! transpose transformers applies afterwards is left to the caller.
 
+// Shapes and block sizes come from callers: arithmetic on them is checked.
+#![deny(clippy::arithmetic_side_effects)]
+
+use std::num::NonZeroUsize;
+
 use super::decode::to_f32;
 use super::formats::table_f32;
 use super::{check_conversion, check_len, convert_unchecked, numel};
@@ -56,15 +61,14 @@ pub fn dequantize_fp8_blocks(
             format!("the weight must be 2-D, its shape is {weight_shape:?}"),
         ));
     };
-    let (br, bc) = block;
-    if br == 0 || bc == 0 {
+    let (Some(br), Some(bc)) = (NonZeroUsize::new(block.0), NonZeroUsize::new(block.1)) else {
         return Err(refuse(
             weight_dtype,
             to,
             "block sizes must be at least 1".into(),
         ));
-    }
-    let want = [m.div_ceil(br), n.div_ceil(bc)];
+    };
+    let want = [m.div_ceil(br.get()), n.div_ceil(bc.get())];
     if scale_shape != want {
         return Err(refuse(
             weight_dtype,
@@ -76,28 +80,37 @@ pub fn dequantize_fp8_blocks(
         ));
     }
     let total = numel(weight_dtype, weight_shape)?;
+    // At most one scale per element, so this fits whenever the weight's count does.
+    let scale_count = numel(scale_dtype, &want)?;
     check_len("weight", weight_dtype, total, weight.len())?;
-    check_len("scale", scale_dtype, want[0] * want[1], scale.len())?;
+    check_len("scale", scale_dtype, scale_count, scale.len())?;
     check_len("destination", to, total, dst.len())?;
     if total == 0 {
         return Ok(());
     }
-    let mut scales = vec![0u8; want[0] * want[1] * 4];
+    // The scales as F32 (4 bytes each: at most four times the scale's own bytes).
+    let mut scales = vec![0u8; scale_count.saturating_mul(4)];
     to_f32(scale_dtype, scale, &mut scales);
     let scales: Vec<f32> = scales
         .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect();
-    let (wrow, drow) = (n * weight_dtype.bits() / 8, n * to.bits() / 8);
-    let mut row = vec![0u8; n * 4];
-    for i in 0..m {
-        to_f32(weight_dtype, &weight[i * wrow..(i + 1) * wrow], &mut row);
-        let srow = &scales[i / br * want[1]..(i / br + 1) * want[1]];
+    let scale_rows: Vec<&[f32]> = scales.chunks_exact(want[1]).collect();
+    // Rows in bytes: the lengths above were checked, so these divide the buffers exactly, and
+    // both are at least one byte (n ≥ 1, 8 bits or more).
+    let (Some(wrow), Some(drow)) = (weight_dtype.byte_size(n), to.byte_size(n)) else {
+        return Err(refuse(weight_dtype, to, "a row is not whole bytes".into()));
+    };
+    let mut row = vec![0u8; n.saturating_mul(4)];
+    let rows = weight.chunks_exact(wrow).zip(dst.chunks_exact_mut(drow));
+    for (i, (w, d)) in rows.enumerate() {
+        to_f32(weight_dtype, w, &mut row);
+        let srow = scale_rows[i / br];
         for (j, x) in row.chunks_exact_mut(4).enumerate() {
-            let v = f32::from_le_bytes(x.try_into().unwrap()) * srow[j / bc];
+            let v = f32::from_le_bytes([x[0], x[1], x[2], x[3]]) * srow[j / bc];
             x.copy_from_slice(&v.to_le_bytes());
         }
-        convert_unchecked(Dtype::F32, &row, to, &mut dst[i * drow..(i + 1) * drow]);
+        convert_unchecked(Dtype::F32, &row, to, d);
     }
     Ok(())
 }
@@ -159,24 +172,37 @@ pub fn dequantize_mxfp4(
     }
     let out_shape = mxfp4_output_shape(blocks_shape, scales_shape)?;
     let total = numel(Dtype::F32, &out_shape)?;
+    // 32 values per group of 16 bytes and one scale: the counts below are at most `total`.
     let groups = total / 32;
-    check_len("blocks", Dtype::U8, groups * 16, blocks.len())?;
+    check_len(
+        "blocks",
+        Dtype::U8,
+        numel(Dtype::U8, &[groups, 16])?,
+        blocks.len(),
+    )?;
     check_len("scales", Dtype::U8, groups, scales.len())?;
     check_len("destination", to, total, dst.len())?;
     let lut = table_f32(Dtype::F4);
-    let step = 32 * to.bits() / 8;
+    let Some(step) = to.byte_size(32) else {
+        return Err(refuse(
+            blocks_dtype,
+            to,
+            "the target must be 8 bits or more".into(),
+        ));
+    };
     let mut tmp = [0u8; 32 * 4];
     for ((b, &s), d) in blocks
         .chunks_exact(16)
         .zip(scales)
         .zip(dst.chunks_exact_mut(step))
     {
-        let factor = super::formats::pow2(i32::from(s) - 127);
-        for (k, &byte) in b.iter().enumerate() {
+        // E8M0: 2^(s - 127), s a byte, so the exponent is in [-127, 128].
+        let factor = super::formats::pow2(i32::from(s).wrapping_sub(127));
+        for (&byte, out) in b.iter().zip(tmp.chunks_exact_mut(8)) {
             let lo = (f64::from(lut[usize::from(byte & 15)]) * factor) as f32;
             let hi = (f64::from(lut[usize::from(byte >> 4)]) * factor) as f32;
-            tmp[8 * k..8 * k + 4].copy_from_slice(&lo.to_le_bytes());
-            tmp[8 * k + 4..8 * k + 8].copy_from_slice(&hi.to_le_bytes());
+            out[..4].copy_from_slice(&lo.to_le_bytes());
+            out[4..].copy_from_slice(&hi.to_le_bytes());
         }
         convert_unchecked(Dtype::F32, &tmp, to, d);
     }

@@ -6,4 +6,7 @@ mod plan;
 mod tp;
 
 pub use plan::{LoadPlan, Need, Part, Piece, Pieces, Step, MERGE_GAP, SMALL_SEGMENT};
-pub use tp::{qkv_part_rows, qkv_rows, shard_indexers, shard_range, Gqa, QkvPart, QkvRows, Split};
+pub use tp::{
+    qkv_indexers, qkv_part_rows, qkv_rows, shard_indexers, shard_range, Gqa, QkvPart, QkvRows,
+    Split,
+};

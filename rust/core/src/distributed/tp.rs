@@ -11,6 +11,11 @@
 //!   `r / num_kv_head_replicas`), otherwise the KV heads are divided evenly. vLLM's `divide`
 //!   asserts exact division, so we refuse the same cases with a typed error.
 
+// Every number here comes from a caller (ranks, world sizes, head counts, shapes): arithmetic is
+// checked, and the lint keeps it so.
+#![deny(clippy::arithmetic_side_effects)]
+
+use std::num::NonZeroUsize;
 use std::ops::Range;
 
 use crate::error::{Error, Result};
@@ -32,14 +37,25 @@ fn invalid(tensor: &str, reason: String) -> Error {
     }
 }
 
-fn check_rank(tensor: &str, rank: usize, world: usize) -> Result<()> {
-    if world == 0 || rank >= world {
-        return Err(invalid(
+/// The world, once `rank` is known to be in it.
+fn check_rank(tensor: &str, rank: usize, world: usize) -> Result<NonZeroUsize> {
+    match NonZeroUsize::new(world) {
+        Some(w) if rank < world => Ok(w),
+        _ => Err(invalid(
             tensor,
             format!("rank {rank} is not in a world of {world} ranks"),
-        ));
+        )),
     }
-    Ok(())
+}
+
+/// A row or position as a slice bound (slices take signed 64-bit positions).
+fn bound(tensor: &str, position: usize) -> Result<i64> {
+    i64::try_from(position).map_err(|_| {
+        invalid(
+            tensor,
+            format!("position {position} does not fit a signed 64-bit slice bound"),
+        )
+    })
 }
 
 /// The positions `[start, stop)` rank `rank` of `world` takes out of `len`.
@@ -57,8 +73,8 @@ pub fn shard_range(
     world: usize,
     split: Split,
 ) -> Result<Range<usize>> {
-    check_rank(tensor, rank, world)?;
-    let (base, extra) = (len / world, len % world);
+    let w = check_rank(tensor, rank, world)?;
+    let (base, extra) = (len / w, len % w);
     if extra != 0 && split == Split::Even {
         return Err(invalid(
             tensor,
@@ -68,8 +84,22 @@ pub fn shard_range(
             ),
         ));
     }
-    let start = rank * base + rank.min(extra);
-    let stop = start + base + usize::from(rank < extra);
+    // rank < world, so rank × base + min(rank, extra) + base + 1 ≤ len: nothing here can fail,
+    // but a wrong bound is an error rather than a wrapped position.
+    let wrapped = || {
+        invalid(
+            tensor,
+            format!("the share of rank {rank} of {len} positions overflows"),
+        )
+    };
+    let start = rank
+        .checked_mul(base)
+        .and_then(|s| s.checked_add(rank.min(extra)))
+        .ok_or_else(wrapped)?;
+    let stop = start
+        .checked_add(base)
+        .and_then(|s| s.checked_add(usize::from(rank < extra)))
+        .ok_or_else(wrapped)?;
     Ok(start..stop)
 }
 
@@ -94,7 +124,7 @@ pub fn shard_indexers(
     };
     let r = shard_range(tensor, len, rank, world, split)?;
     let mut out = vec![Indexer::FULL; shape.len()];
-    out[dim] = Indexer::range(r.start as i64, r.end as i64);
+    out[dim] = Indexer::range(bound(tensor, r.start)?, bound(tensor, r.end)?);
     Ok(out)
 }
 
@@ -134,9 +164,45 @@ pub struct QkvRows {
     pub v: Range<usize>,
 }
 
+/// Row counts of a layout, all in one place and checked: each block's rows and where each
+/// block starts in the fused tensor (q, then k, then v).
+#[derive(Debug, Clone, Copy)]
+struct Blocks {
+    q: usize,
+    kv: usize,
+    v_start: usize,
+    fused: usize,
+}
+
+/// The layout's [`Blocks`]; an error when the fused total does not fit in 64 bits (then no
+/// tensor has that many rows).
+fn blocks(tensor: &str, g: Gqa) -> Result<Blocks> {
+    let q = g.heads.checked_mul(g.head_dim);
+    let kv = g.kv_heads.checked_mul(g.head_dim);
+    let v_start = q.zip(kv).and_then(|(q, kv)| q.checked_add(kv));
+    let fused = v_start.zip(kv).and_then(|(v, kv)| v.checked_add(kv));
+    match (q, kv, v_start, fused) {
+        (Some(q), Some(kv), Some(v_start), Some(fused)) => Ok(Blocks {
+            q,
+            kv,
+            v_start,
+            fused,
+        }),
+        _ => Err(invalid(
+            tensor,
+            format!(
+                "{} query heads, {} KV heads and head_dim {} make (heads + 2 × KV heads) × \
+                 head_dim rows, more than fit in 64 bits; check the attention geometry",
+                g.heads, g.kv_heads, g.head_dim
+            ),
+        )),
+    }
+}
+
 /// Rows of the fused `qkv_proj` (q block, then k, then v) that `rank` of `world` takes, by
 /// vLLM's rule (see the module comment). Rows of a separate `k_proj`/`v_proj` are
 /// `k`/`v` minus their block start, `heads * head_dim` and `(heads + kv_heads) * head_dim`.
+/// A geometry whose row count does not fit in 64 bits is `InvalidSlice`.
 ///
 /// ```
 /// use safetensors_core::distributed::{qkv_rows, Gqa};
@@ -146,18 +212,22 @@ pub struct QkvRows {
 /// assert_eq!((r1.q, r1.k, r1.v), (8..16, 32..36, 40..44));
 /// ```
 pub fn qkv_rows(tensor: &str, g: Gqa, rank: usize, world: usize) -> Result<QkvRows> {
-    check_rank(tensor, rank, world)?;
-    if g.heads == 0 || g.kv_heads == 0 || g.head_dim == 0 || g.heads % g.kv_heads != 0 {
-        return Err(invalid(
+    let w = check_rank(tensor, rank, world)?;
+    let geometry = || {
+        invalid(
             tensor,
             format!(
                 "{} query heads, {} KV heads and head_dim {} is not a grouped-query attention \
                  layout (heads must be a positive multiple of the KV heads)",
                 g.heads, g.kv_heads, g.head_dim
             ),
-        ));
+        )
+    };
+    let kv = NonZeroUsize::new(g.kv_heads).ok_or_else(geometry)?;
+    if g.heads == 0 || g.head_dim == 0 || g.heads % kv != 0 {
+        return Err(geometry());
     }
-    if g.heads % world != 0 {
+    if g.heads % w != 0 {
         return Err(invalid(
             tensor,
             format!(
@@ -167,11 +237,12 @@ pub fn qkv_rows(tensor: &str, g: Gqa, rank: usize, world: usize) -> Result<QkvRo
             ),
         ));
     }
-    let q_per = g.heads / world;
+    let b = blocks(tensor, g)?;
+    let q_per = g.heads / w;
     // vLLM: tp_size >= total_num_kv_heads → one KV head per rank, replicated across
     // tp_size / total_num_kv_heads ranks; otherwise divided.
     let (kv_per, kv_index) = if world >= g.kv_heads {
-        if world % g.kv_heads != 0 {
+        if world % kv != 0 {
             return Err(invalid(
                 tensor,
                 format!(
@@ -181,35 +252,99 @@ pub fn qkv_rows(tensor: &str, g: Gqa, rank: usize, world: usize) -> Result<QkvRo
                 ),
             ));
         }
-        (1, rank / (world / g.kv_heads))
+        // world ≥ kv_heads ≥ 1 and kv_heads divides it, so the quotient is at least 1.
+        let replicas = NonZeroUsize::new(world / kv).ok_or_else(geometry)?;
+        (1, rank / replicas)
     } else {
-        if g.kv_heads % world != 0 {
+        if g.kv_heads % w != 0 {
             return Err(invalid(
                 tensor,
                 format!("{} KV heads do not divide over {world} ranks", g.kv_heads),
             ));
         }
-        (g.kv_heads / world, rank)
+        (g.kv_heads / w, rank)
     };
+    // Every row below lies inside the fused total, which `blocks` showed fits: these
+    // products and sums cannot overflow, and are checked all the same.
     let hd = g.head_dim;
-    let q0 = rank * q_per * hd;
-    let k_base = g.heads * hd;
-    let v_base = (g.heads + g.kv_heads) * hd;
-    let k0 = kv_index * kv_per * hd;
+    let wrapped = || {
+        invalid(
+            tensor,
+            format!("the rows of rank {rank} of {world} overflow"),
+        )
+    };
+    let rows = |count: usize, first: usize| -> Result<(usize, usize)> {
+        let len = count.checked_mul(hd).ok_or_else(wrapped)?;
+        let start = first.checked_mul(len).ok_or_else(wrapped)?;
+        Ok((start, len))
+    };
+    let (q0, q_len) = rows(q_per, rank)?;
+    let (k0, kv_len) = rows(kv_per, kv_index)?;
+    let k_start = b.q.checked_add(k0).ok_or_else(wrapped)?;
+    let v_start = b.v_start.checked_add(k0).ok_or_else(wrapped)?;
+    let end = |start: usize, len: usize| start.checked_add(len).ok_or_else(wrapped);
     Ok(QkvRows {
-        q: q0..q0 + q_per * hd,
-        k: k_base + k0..k_base + k0 + kv_per * hd,
-        v: v_base + k0..v_base + k0 + kv_per * hd,
+        q: q0..end(q0, q_len)?,
+        k: k_start..end(k_start, kv_len)?,
+        v: v_start..end(v_start, kv_len)?,
     })
 }
 
-/// Total rows a projection has along dimension 0.
-pub fn qkv_part_rows(g: Gqa, part: QkvPart) -> usize {
-    match part {
-        QkvPart::Q => g.heads * g.head_dim,
-        QkvPart::K | QkvPart::V => g.kv_heads * g.head_dim,
-        QkvPart::Fused => (g.heads + 2 * g.kv_heads) * g.head_dim,
+/// Total rows a projection has along dimension 0 (`InvalidSlice` when that does not fit in 64
+/// bits).
+pub fn qkv_part_rows(tensor: &str, g: Gqa, part: QkvPart) -> Result<usize> {
+    let b = blocks(tensor, g)?;
+    Ok(match part {
+        QkvPart::Q => b.q,
+        QkvPart::K | QkvPart::V => b.kv,
+        QkvPart::Fused => b.fused,
+    })
+}
+
+/// One indexer per dimension of a projection tensor of `shape`: the rows of block `part`
+/// (`Q`, `K` or `V`) that `rank` of `world` takes, by [`qkv_rows`], from a tensor that holds
+/// that projection alone (`fused` false) or the fused `qkv_proj` (`fused` true; `part` `Fused`
+/// is the q block). Dimension 0 must be the projection's row count (`InvalidSlice`).
+pub fn qkv_indexers(
+    tensor: &str,
+    shape: &[usize],
+    g: Gqa,
+    part: QkvPart,
+    fused: bool,
+    rank: usize,
+    world: usize,
+) -> Result<Vec<Indexer>> {
+    let rows = qkv_rows(tensor, g, rank, world)?;
+    let layout = if fused { QkvPart::Fused } else { part };
+    let want = qkv_part_rows(tensor, g, layout)?;
+    if shape.first() != Some(&want) {
+        return Err(invalid(
+            tensor,
+            format!(
+                "a {layout:?} projection of {} heads, {} KV heads and head_dim {} has {want} \
+                 rows in dimension 0, but the tensor's shape is {shape:?}",
+                g.heads, g.kv_heads, g.head_dim
+            ),
+        ));
     }
+    let b = blocks(tensor, g)?;
+    let (r, block_start) = match part {
+        QkvPart::Q | QkvPart::Fused => (rows.q, 0),
+        QkvPart::K => (rows.k, b.q),
+        QkvPart::V => (rows.v, b.v_start),
+    };
+    // In a separate projection, rows count from its own start.
+    let base = if fused { 0 } else { block_start };
+    let local = |row: usize| {
+        row.checked_sub(base)
+            .ok_or_else(|| invalid(tensor, format!("row {row} is before its block at {base}")))
+    };
+    let mut out = vec![Indexer::FULL; shape.len()];
+    out[0] = Indexer::range(
+        bound(tensor, local(r.start)?)?,
+        bound(tensor, local(r.end)?)?,
+    );
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -282,6 +417,65 @@ mod tests {
             .collect();
         assert_eq!(ks, [8, 8, 8, 8, 9, 9, 9, 9]);
         assert_eq!(qkv_rows("qkv", g, 5, 8).unwrap().v, 11..12);
+    }
+
+    #[test]
+    fn qkv_geometry_whose_rows_overflow_is_refused_at_every_world() {
+        // (4 + 2 × 2) × (2^62 + 1) wraps to 8 rows in 64-bit arithmetic, a plausible count.
+        let g = Gqa {
+            heads: 4,
+            kv_heads: 2,
+            head_dim: (1 << 62) + 1,
+        };
+        for world in [1, 2] {
+            let e = qkv_rows("qkv", g, 0, world).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidSlice);
+            assert!(e.to_string().contains("more than fit in 64 bits"), "{e}");
+            let e = qkv_indexers("qkv", &[8, 4], g, QkvPart::Q, true, 0, world).unwrap_err();
+            assert!(e.to_string().contains("more than fit in 64 bits"), "{e}");
+        }
+        for part in [QkvPart::Q, QkvPart::K, QkvPart::V, QkvPart::Fused] {
+            assert!(qkv_part_rows("qkv", g, part).is_err(), "{part:?}");
+        }
+        // The largest geometry that fits still works, with rows counted exactly.
+        let big = Gqa {
+            heads: 1,
+            kv_heads: 1,
+            head_dim: usize::MAX / 3,
+        };
+        let r = qkv_rows("qkv", big, 0, 1).unwrap();
+        assert_eq!(r.v.end, usize::MAX / 3 * 3);
+    }
+
+    #[test]
+    fn bounds_beyond_i64_are_refused_not_wrapped() {
+        let e = shard_indexers("w", &[usize::MAX], 0, 0, 1, Split::Even).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidSlice);
+        assert!(e.to_string().contains("signed 64-bit"), "{e}");
+        let big = Gqa {
+            heads: 1,
+            kv_heads: 1,
+            head_dim: usize::MAX / 3,
+        };
+        let shape = [usize::MAX / 3 * 3, 1];
+        let e = qkv_indexers("qkv", &shape, big, QkvPart::V, true, 0, 1).unwrap_err();
+        assert!(e.to_string().contains("signed 64-bit"), "{e}");
+    }
+
+    #[test]
+    fn qkv_indexers_count_rows_of_a_separate_projection_from_its_start() {
+        let g = Gqa {
+            heads: 8,
+            kv_heads: 2,
+            head_dim: 4,
+        };
+        // Rank 2 of 4 takes KV head 1: rows 4..8 of k_proj, 36..40 of the fused tensor.
+        let k = qkv_indexers("k", &[8, 3], g, QkvPart::K, false, 2, 4).unwrap();
+        assert_eq!(k, [Indexer::range(4, 8), Indexer::FULL]);
+        let fused = qkv_indexers("qkv", &[48, 3], g, QkvPart::V, true, 2, 4).unwrap();
+        assert_eq!(fused, [Indexer::range(44, 48), Indexer::FULL]);
+        let e = qkv_indexers("k", &[9, 3], g, QkvPart::K, false, 2, 4).unwrap_err();
+        assert!(e.to_string().contains("has 8 rows in dimension 0"), "{e}");
     }
 
     #[test]
