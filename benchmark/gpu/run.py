@@ -30,12 +30,14 @@ Steps, in this order (each either runs or says why not, and the rest go on):
                (--iterations), Python and C++, CPU and CUDA, for each file
   report       summary.txt, results.md, chart.png, results.json, run.log and raw.tar.gz under --out
 
---budget (default 560 s) bounds the whole run: each step gets at most what is left (less the
-report's share), and a step with too little time left says so instead of running. Results are
-written after every step, so a run stopped from outside still leaves them. --emulated-driver
-DIR runs everything against the emulated driver in DIR instead (the kit's own test; cold steps
-then only with --cold, since they drop the whole machine's page cache). Exit code 0 when every
-step ran or said why not; 1 when a check failed; 2 for a bad argument.
+--steps runs only the steps named (and environment, files, fixtures and report, which the others
+stand on; files already generated are kept); --skip leaves steps out. --budget (default 560 s)
+bounds the whole run: each step gets at most what is left (less the report's share), and a step
+with too little time left says so instead of running. Results are written after every step, so
+a run stopped from outside still leaves them. --emulated-driver DIR runs everything against the
+emulated driver in DIR instead (the kit's own test; cold steps then only with --cold, since they
+drop the whole machine's page cache). Exit code 0 when every step ran or said why not; 1 when a
+check failed; 2 for a bad argument.
 
 This file holds the command line and the order of the steps; runner.py the run's state and its
 commands; steps.py each step; report.py the goals, tables and chart.
@@ -120,7 +122,8 @@ def parse(argv):
         ap.error(f"--iterations takes counts like 1,10,100, got '{a.iterations}'")
     if not all(1 <= n <= 100000 for n in a.iterations):
         ap.error("--iterations: each count from 1 to 100000")
-    a.only = set(a.steps.split(",")) if a.steps else set(STEPS)
+    # What every other step stands on runs whatever --steps says (files already made are kept).
+    a.only = (set(a.steps.split(",")) | {"environment", "files", "fixtures", "report"}) if a.steps else set(STEPS)
     a.leave = set(a.skip.split(",")) if a.skip else set()
     for s in sorted((a.only | a.leave) - set(STEPS)):
         ap.error(f"unknown step '{s}' (steps: {', '.join(STEPS)})")
