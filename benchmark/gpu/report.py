@@ -126,7 +126,10 @@ def goals(runs):
         bad = [f"{k}: {p['status']} ({p.get('why', '')})" for k, p in progs.items()
                if p["status"] not in ("passed",) and not p.get("why", "").startswith("not in the kit")]
         status = "met" if all(s["status"] == "passed" for s in tests) else "missed"
-        detail = f"{len(progs)} programs, {n} tests, {len(failed)} failed" + (": " + "; ".join((failed or bad)[:3]) if status == "missed" else "")
+        reasons = failed or bad or [s["why"] for s in tests if s.get("why")]
+        detail = f"{len(progs)} programs, {n} tests, {len(failed)} failed"
+        if status == "missed":
+            detail += ": " + "; ".join(reasons[:3])
         name = "every GPU test passes against " + ("the emulated driver" if runs.emulated else "the real driver")
         out.append(goal(name, status, detail))
     # compute-sanitizer clean.
