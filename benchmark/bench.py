@@ -173,12 +173,13 @@ def bench_file(path, runs, items, cold=False):
         out.append(result("save_nosync", t, size))
         remove()
     if "gpu" in items:
-        out.extend(gpu_items(path, runs, size))
+        out.extend(gpu_items(path, runs, size, setup))
     return {"name": os.path.basename(path), "bytes": size, "tensors": len(keys), "items": out, "limits": []}
 
 
-def gpu_loader(path):
-    """safetensors.torch.load_file(path, device="cuda:0"), synchronized, or why it cannot run."""
+def gpu_loaders(path):
+    """(safetensors.torch.load_file(path, device="cuda:0"), a naive torch baseline: load_file on
+    the CPU, then .to("cuda:0") per tensor), both synchronized, or why they cannot run."""
     try:
         import torch
         from safetensors.torch import load_file as torch_load
@@ -192,22 +193,21 @@ def gpu_loader(path):
         torch.cuda.synchronize()
         return tensors
 
-    return load
-
-
-def gpu_items(path, runs, size):
-    load = gpu_loader(path)
-    if isinstance(load, str):
-        return [result("gpu", None, skipped=load)]
-    import torch
-    from safetensors.torch import load_file as torch_load
-
     def naive():
         tensors = {k: t.to("cuda:0") for k, t in torch_load(path).items()}
         torch.cuda.synchronize()
         return tensors
 
-    return [result("gpu", timed(runs, load), size), result("gpu_naive", timed(runs, naive), size)]
+    return load, naive
+
+
+def gpu_items(path, runs, size, setup=lambda: None):
+    """The `gpu` and `gpu_naive` items, each run after `setup` (with --cold, the page cache dropped)."""
+    loaders = gpu_loaders(path)
+    if isinstance(loaders, str):
+        return [result("gpu", None, skipped=loaders)]
+    load, naive = loaders
+    return [result("gpu", timed(runs, load, setup), size), result("gpu_naive", timed(runs, naive, setup), size)]
 
 
 CONVERT_CASES = [("F8_E4M3", "F32"), ("F8_E5M2", "F32"), ("F8_E4M3FNUZ", "F32"), ("F8_E5M2FNUZ", "F32"),
@@ -279,9 +279,9 @@ def iterate_file(path, iterations, items, cold=False):
             if item in items:
                 out.append(result(item, t, size, skipped=fw if t is None else None))
     if "gpu" in items:
-        load = gpu_loader(path)
-        out.append(result("gpu", None, skipped=load) if isinstance(load, str)
-                   else result("gpu", timings(iterations, load, setup), size))
+        loaders = gpu_loaders(path)
+        out.append(result("gpu", None, skipped=loaders) if isinstance(loaders, str)
+                   else result("gpu", timings(iterations, loaders[0], setup), size))
     for r in out:
         if "skipped" not in r:
             r["per_iteration_s"] = statistics.mean(r["runs_s"])
