@@ -1,24 +1,39 @@
-//! Generates and compiles the C++ side of the bridge, then copies the generated header and
+//! Generates and compiles the C++ side of the bridges, then copies the generated headers and
 //! `cxx.h` to `$SAFETENSORS_CXX_INCLUDE_DIR/safetensors/ffi/` when CMake asks for them.
 //!
-//! The generated header includes `"rust/cxx.h"`; placing `cxx.h` at `ffi/rust/cxx.h` beside it
-//! resolves that include relative to the header itself, so installs never need a global
-//! `include/rust/` directory.
+//! Each bridge's header is `safetensors/ffi/src/<area>.rs.h` (the path cxx gives it, which the
+//! headers of the bridges that reuse its types include). They include `"rust/cxx.h"`; placing
+//! `cxx.h` at `ffi/src/rust/cxx.h` beside them resolves that include relative to the headers
+//! themselves, so installs never need a global `include/rust/` directory.
 
 use std::path::{Path, PathBuf};
+
+/// Every bridge, in the order their headers include one another.
+const BRIDGES: [&str; 8] = [
+    "src/status.rs",
+    "src/file.rs",
+    "src/checkpoint.rs",
+    "src/writer.rs",
+    "src/convert.rs",
+    "src/stream.rs",
+    "src/cuda.rs",
+    "src/distributed.rs",
+];
 
 fn main() {
     cxx_build::CFG.include_prefix = "safetensors/ffi";
     // Default visibility: libsafetensors.so (cmake/SafetensorsShared.cmake) exports these C++
     // functions through its version script, which cannot export hidden symbols. Their names are
     // ours (namespace safetensors), so they cannot collide with another library's.
-    // No exceptions: the bridge reports every outcome through a status and never throws (see
+    // No exceptions: the bridges report every outcome through a status and never throw (see
     // src/lib.rs), and this flag makes that a compile-time rule (cxx's `Result` would need them).
-    cxx_build::bridge("src/lib.rs")
+    cxx_build::bridges(BRIDGES)
         .std("c++17")
         .flag_if_supported("-fno-exceptions")
         .compile("safetensors_cxx_bridge");
-    println!("cargo:rerun-if-changed=src/lib.rs");
+    for bridge in BRIDGES {
+        println!("cargo:rerun-if-changed={bridge}");
+    }
     println!("cargo:rerun-if-env-changed=SAFETENSORS_CXX_INCLUDE_DIR");
     write_version_symbol();
 
@@ -27,14 +42,19 @@ fn main() {
     };
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR"));
     let generated = out.join("cxxbridge/include");
-    let ffi = Path::new(&dest).join("safetensors/ffi");
-    for (from, to) in [
-        (
-            generated.join("safetensors/ffi/src/lib.rs.h"),
-            ffi.join("lib.rs.h"),
-        ),
-        (generated.join("rust/cxx.h"), ffi.join("rust/cxx.h")),
-    ] {
+    let ffi = Path::new(&dest).join("safetensors/ffi/src");
+    let mut copies: Vec<(PathBuf, PathBuf)> = BRIDGES
+        .iter()
+        .map(|b| {
+            let header = format!("{}.h", b.trim_start_matches("src/"));
+            (
+                generated.join("safetensors/ffi/src").join(&header),
+                ffi.join(&header),
+            )
+        })
+        .collect();
+    copies.push((generated.join("rust/cxx.h"), ffi.join("rust/cxx.h")));
+    for (from, to) in copies {
         copy_if_changed(&from, &to);
         // If a copy is deleted (a `clean` that removes byproducts), run again to restore it.
         println!("cargo:rerun-if-changed={}", to.display());
@@ -88,9 +108,9 @@ fn copy_if_changed(from: &Path, to: &Path) {
     }
     std::fs::create_dir_all(to.parent().expect("parent")).expect("create include dir");
     std::fs::write(to, content).unwrap_or_else(|e| panic!("write {}: {e}", to.display()));
-    let inputs = ["src/lib.rs", "build.rs", "../../Cargo.lock"];
-    let newest = inputs
+    let newest = BRIDGES
         .iter()
+        .chain(&["build.rs", "../../Cargo.lock"])
         .filter_map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
         .max();
     if let Some(time) = newest {

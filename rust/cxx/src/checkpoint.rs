@@ -1,16 +1,75 @@
-//! Glue for `Checkpoint`: a sharded checkpoint (or a single file) as C++ sees it.
+//! `Checkpoint`: a sharded checkpoint (or a single file) as C++ sees it, its bridge and glue.
 
 use std::os::unix::ffi::OsStrExt;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use safetensors_core::{CheckpointOptions, Error};
 
-use crate::ffi::Status;
-use crate::file::{backend, File};
-use crate::{guard, handed_over, native_path, Metadata};
+use crate::file::{backend, File, Metadata};
+use crate::status::{guard, Status};
+use crate::status::{handed_over, native_path};
+use ffi::Backend;
+
+#[cxx::bridge(namespace = "safetensors::ffi")]
+pub mod ffi {
+    unsafe extern "C++" {
+        include!("safetensors/ffi/src/status.rs.h");
+        include!("safetensors/ffi/src/file.rs.h");
+        type Status = crate::status::ffi::Status;
+        type Backend = crate::file::ffi::Backend;
+        type File = crate::file::File;
+        type Metadata = crate::file::Metadata;
+    }
+
+    extern "Rust" {
+        /// A sharded checkpoint (an index and its shards) or a single file.
+        #[derive(ExternType)]
+        type Checkpoint;
+        /// Opens an index (`.json`) or a single safetensors file. Null on failure.
+        fn open_checkpoint(
+            path: &[u8],
+            backend: Backend,
+            lenient: bool,
+            allow_trailing_bytes: bool,
+            status: &mut Status,
+        ) -> *mut Checkpoint;
+        /// The shard holding `name`, opened, with `ShardMissing` when (lenient) it lacks it.
+        fn shard_holding(self: &Checkpoint, name: &[u8], status: &mut Status) -> usize;
+        /// Tensors the index lists but their shard lacks, sorted (opens every shard).
+        fn missing(self: &Checkpoint, status: &mut Status) -> Vec<String>;
+        /// Bytes after the last tensor of shard `shard` (opens it).
+        fn shard_trailing_bytes(self: &Checkpoint, shard: usize, status: &mut Status) -> u64;
+        /// Number of tensors the index lists.
+        fn tensor_count(self: &Checkpoint) -> usize;
+        /// Tensor name `i` in sorted order.
+        fn name_at(self: &Checkpoint, i: usize) -> &str;
+        /// Sorted position of `name`, or -1.
+        fn position(self: &Checkpoint, name: &[u8]) -> isize;
+        /// The shard holding `name`, or `TensorNotFound`.
+        fn shard_of(self: &Checkpoint, name: &[u8], status: &mut Status) -> usize;
+        /// Shard `shard`, opened (once) and checked against the index on first use; it lives as
+        /// long as the checkpoint. Null on failure.
+        fn shard_file(self: &Checkpoint, shard: usize, status: &mut Status) -> *const File;
+        /// Number of shard files.
+        fn shard_count(self: &Checkpoint) -> usize;
+        /// Path of shard `shard` (raw bytes).
+        fn shard_path(self: &Checkpoint, shard: usize) -> &[u8];
+        /// Whether shard `shard` has been opened.
+        fn shard_is_open(self: &Checkpoint, shard: usize) -> bool;
+        /// Shard files opened so far.
+        fn shards_opened(self: &Checkpoint) -> usize;
+        /// Whether the index (or single file) has metadata.
+        fn has_metadata(self: &Checkpoint) -> bool;
+        /// The index's metadata (or the single file's `__metadata__`).
+        fn metadata(self: &Checkpoint) -> &Metadata;
+    }
+
+    impl Box<Checkpoint> {}
+}
 
 pub struct Checkpoint {
-    inner: safetensors_core::Checkpoint,
+    /// Shared with the sources made from it (`stream.rs`), for the call they are made for.
+    inner: Arc<safetensors_core::Checkpoint>,
     /// Bridge wrappers of the shards, made when a shard is first opened.
     files: Vec<OnceLock<File>>,
     metadata: Metadata,
@@ -18,14 +77,14 @@ pub struct Checkpoint {
 
 pub fn open_checkpoint(
     path: &[u8],
-    backend_code: u8,
+    backend: Backend,
     lenient: bool,
     allow_trailing_bytes: bool,
     status: &mut Status,
 ) -> *mut Checkpoint {
     guard(status, || {
         let options = CheckpointOptions {
-            backend: backend(backend_code),
+            backend: self::backend(backend)?,
             lenient,
             allow_trailing_bytes,
         };
@@ -33,7 +92,7 @@ pub fn open_checkpoint(
         let files = (0..inner.shard_count()).map(|_| OnceLock::new()).collect();
         let metadata = Metadata::new(inner.metadata());
         Ok(handed_over(Checkpoint {
-            inner,
+            inner: Arc::new(inner),
             files,
             metadata,
         }))
@@ -73,9 +132,9 @@ impl Checkpoint {
         guard(status, || self.shard(shard).map(|f| f as *const File))
     }
 
-    /// The core checkpoint, for the other glue modules.
-    pub(crate) fn core(&self) -> &safetensors_core::Checkpoint {
-        &self.inner
+    /// The core checkpoint, shared.
+    pub(crate) fn shared(&self) -> Arc<safetensors_core::Checkpoint> {
+        self.inner.clone()
     }
 
     /// Shard `shard`, opened on first use (and checked against the index), as the bridge wraps
@@ -141,7 +200,7 @@ mod tests {
 
     use safetensors_core::{serialize_to_file, Dtype, TensorView};
 
-    use super::open_checkpoint;
+    use super::{open_checkpoint, Backend};
     use crate::status::{adopt, outcome};
 
     fn scratch(name: &str) -> PathBuf {
@@ -162,7 +221,10 @@ mod tests {
         ];
         serialize_to_file(views, None, &path).unwrap();
         let ckpt = adopt(
-            outcome(|s| open_checkpoint(path.as_os_str().as_bytes(), 0, false, false, s)).unwrap(),
+            outcome(|s| {
+                open_checkpoint(path.as_os_str().as_bytes(), Backend::Mmap, false, false, s)
+            })
+            .unwrap(),
         );
         let err = outcome(|s| ckpt.shard_of(b"w\xff", s)).unwrap_err();
         assert_eq!(err.kind, 10, "{}", err.message);
@@ -179,7 +241,7 @@ mod tests {
         let dir = scratch("latin1_path");
         let mut raw = dir.as_os_str().as_bytes().to_vec();
         raw.extend_from_slice(b"/caf\xe9-\xe0\xe8.safetensors");
-        let mut writer = crate::new_writer(&raw);
+        let mut writer = crate::writer::new_writer(&raw);
         outcome(|s| writer.add_tensor(b"w", Dtype::U8 as u8, &[2], &[5, 6], s)).unwrap();
         // SAFETY: the tensor bytes are a static array that outlives the writer.
         outcome(|s| unsafe { writer.write_file(&raw, false, s) }).unwrap();
@@ -188,9 +250,11 @@ mod tests {
             .map(|e| e.unwrap().file_name().as_bytes().to_vec())
             .collect();
         assert_eq!(names, [b"caf\xe9-\xe0\xe8.safetensors".to_vec()]);
-        let file = adopt(outcome(|s| crate::open_file(&raw, 1, false, s)).unwrap());
+        let file =
+            adopt(outcome(|s| crate::file::open_file(&raw, Backend::Read, false, s)).unwrap());
         assert_eq!(file.tensor_count(), 1);
-        let ckpt = adopt(outcome(|s| open_checkpoint(&raw, 0, false, false, s)).unwrap());
+        let ckpt =
+            adopt(outcome(|s| open_checkpoint(&raw, Backend::Mmap, false, false, s)).unwrap());
         assert_eq!(ckpt.shard_path(0), raw.as_slice());
         assert_eq!(OsStr::from_bytes(ckpt.shard_path(0)).len(), raw.len());
         std::fs::remove_dir_all(&dir).unwrap();

@@ -1,11 +1,68 @@
-//! Glue for dtype conversion and dequantization: dtypes cross as their enum index, shapes and
-//! bytes as slices; everything else is `safetensors_core::convert`.
+//! Dtype conversion and dequantization (bridge and glue): dtypes cross as their enum index (the
+//! public `Dtype`'s values, which `enums_test` checks against the core's), shapes and bytes as
+//! slices; everything else is `safetensors_core::convert`.
 
 use safetensors_core::convert;
 use safetensors_core::{Error, TensorView};
 
-use crate::ffi::Status;
-use crate::guard;
+use crate::status::{guard, Status};
+
+#[cxx::bridge(namespace = "safetensors::ffi")]
+pub mod ffi {
+    unsafe extern "C++" {
+        include!("safetensors/ffi/src/status.rs.h");
+        type Status = crate::status::ffi::Status;
+    }
+
+    extern "Rust" {
+        /// Converts the elements of a `from` tensor of `shape` into `to` (`dst` holds exactly
+        /// numel × size(to) bytes).
+        fn convert_tensor(
+            from: u8,
+            shape: &[usize],
+            src: &[u8],
+            to: u8,
+            dst: &mut [u8],
+            status: &mut Status,
+        );
+        /// Bytes a tensor `name` of `dtype` and `shape` takes (the tensor byte-length rule).
+        fn tensor_byte_len(name: &[u8], dtype: u8, shape: &[usize], status: &mut Status) -> usize;
+        /// DeepSeek-V3 style: a 2-D weight times its per-block scales, into `to`.
+        #[allow(clippy::too_many_arguments)]
+        fn dequantize_fp8_blocks(
+            weight_dtype: u8,
+            weight_shape: &[usize],
+            weight: &[u8],
+            scale_dtype: u8,
+            scale_shape: &[usize],
+            scale: &[u8],
+            block_rows: usize,
+            block_cols: usize,
+            to: u8,
+            dst: &mut [u8],
+            status: &mut Status,
+        );
+        /// Shape of an MXFP4 dequantization: `[..., G, 16]` blocks give `[..., G*32]`.
+        fn mxfp4_output_shape(
+            blocks_shape: &[usize],
+            scales_shape: &[usize],
+            status: &mut Status,
+        ) -> Vec<usize>;
+        /// gpt-oss style MXFP4 blocks and E8M0 scales, into `to`.
+        #[allow(clippy::too_many_arguments)]
+        fn dequantize_mxfp4(
+            blocks_dtype: u8,
+            blocks_shape: &[usize],
+            blocks: &[u8],
+            scales_dtype: u8,
+            scales_shape: &[usize],
+            scales: &[u8],
+            to: u8,
+            dst: &mut [u8],
+            status: &mut Status,
+        );
+    }
+}
 
 /// A tensor as it crosses the bridge: its dtype index (C++ passes `Dtype` values, but a
 /// `static_cast` can make any byte), shape and bytes.

@@ -9,35 +9,169 @@ use safetensors_core::distributed::{
 };
 use safetensors_core::{fallible, Error, Indexer, SafeFile};
 
-use crate::ffi::Status;
-use crate::ffi::{DistPart, DistPiece, DistStep, SliceIndex, TpRule};
-use crate::file::{File, SlicePlan};
-use crate::{guard, handed_over};
+use crate::file::{slice_index, File, SlicePlan};
+use crate::status::handed_over;
+use crate::status::{guard, Status};
+use ffi::{DistPart, DistPiece, DistStep, Projection, SliceIndex, TpKind, TpRule};
 
-fn slice_index(i: Indexer) -> SliceIndex {
-    match i {
-        Indexer::Select(p) => SliceIndex {
-            kind: 0,
-            start: p,
-            stop: 0,
-            step: 1,
-            has_start: true,
-            has_stop: false,
-        },
-        Indexer::Range { start, stop, step } => SliceIndex {
-            kind: 1,
-            start: start.unwrap_or(0),
-            stop: stop.unwrap_or(0),
-            step,
-            has_start: start.is_some(),
-            has_stop: stop.is_some(),
-        },
+#[cxx::bridge(namespace = "safetensors::ffi")]
+pub mod ffi {
+    unsafe extern "C++" {
+        include!("safetensors/ffi/src/status.rs.h");
+        include!("safetensors/ffi/src/file.rs.h");
+        type Status = crate::status::ffi::Status;
+        type SliceIndex = crate::file::ffi::SliceIndex;
+        type File = crate::file::File;
+        type SlicePlan = crate::file::SlicePlan;
     }
+
+    /// Which tensor-parallel rule a `TpRule` is.
+    #[derive(Debug)]
+    #[repr(u8)]
+    enum TpKind {
+        /// Split dimension `dim` (evenly unless `uneven`).
+        Split = 0,
+        /// One attention projection's rows for grouped-query attention.
+        Attention = 1,
+    }
+
+    /// An attention projection: `safetensors::Projection`'s values.
+    #[derive(Debug)]
+    #[repr(u8)]
+    enum Projection {
+        Q = 0,
+        K = 1,
+        V = 2,
+    }
+
+    /// A tensor-parallel rule for rank `rank` of `world`: a `Split` of dimension `dim`, or the
+    /// rows of `projection` (of a fused qkv tensor when `fused`) under the attention geometry
+    /// `heads`, `kv_heads`, `head_dim`.
+    #[derive(Debug, Clone, Copy)]
+    struct TpRule {
+        kind: TpKind,
+        dim: usize,
+        rank: usize,
+        world: usize,
+        uneven: bool,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        projection: Projection,
+        fused: bool,
+    }
+
+    /// One step of a distributed load: `reader` reads `[offset, offset + len)` of file `file`'s
+    /// data buffer, then broadcasts it when `shared`.
+    #[derive(Debug, Clone, Copy)]
+    struct DistStep {
+        file: usize,
+        offset: u64,
+        len: u64,
+        reader: usize,
+        shared: bool,
+    }
+
+    /// A request of a rank that may have bytes in a step.
+    #[derive(Debug, Clone, Copy)]
+    struct DistPart {
+        step: usize,
+        request: usize,
+    }
+
+    /// Bytes a rank copies from a step into one of its results; `next` is where the pieces
+    /// after it start.
+    #[derive(Debug, Clone, Copy)]
+    struct DistPiece {
+        step_offset: u64,
+        out_offset: u64,
+        len: u64,
+        next: u64,
+    }
+
+    extern "Rust" {
+        /// The selection a tensor-parallel rule gives a tensor `name` of `shape`.
+        fn tp_indices(
+            name: &[u8],
+            shape: &[usize],
+            rule: &TpRule,
+            status: &mut Status,
+        ) -> Vec<SliceIndex>;
+
+        /// Every rank's selections, before planning.
+        type DistPlanBuilder;
+        /// A builder for a world of `world` ranks.
+        fn new_dist_plan_builder(world: usize) -> Box<DistPlanBuilder>;
+        /// Adds a selection of a tensor of `file` to what `rank` needs.
+        fn add_need(
+            self: &mut DistPlanBuilder,
+            rank: usize,
+            file: &File,
+            plan: &SlicePlan,
+            status: &mut Status,
+        );
+        /// Plans every rank's reads; no step is longer than `max_step` bytes. Null on failure.
+        fn build_plan(
+            self: &mut DistPlanBuilder,
+            max_step: u64,
+            status: &mut Status,
+        ) -> *mut DistPlan;
+
+        /// A distributed load plan: the same steps on every rank.
+        type DistPlan;
+        /// Number of ranks.
+        fn world(self: &DistPlan) -> usize;
+        /// Number of steps.
+        fn step_count(self: &DistPlan) -> usize;
+        /// Step `i` (all zero out of range).
+        fn step(self: &DistPlan, i: usize) -> DistStep;
+        /// The requests of `rank` that may have bytes in each step, ordered by step.
+        fn parts(self: &DistPlan, rank: usize, status: &mut Status) -> Vec<DistPart>;
+        /// Copies what request `request` of `rank` needs from step `step` (read into
+        /// `staging`) into its result `out`.
+        fn scatter(
+            self: &DistPlan,
+            rank: usize,
+            step: usize,
+            request: usize,
+            staging: &[u8],
+            out: &mut [u8],
+            status: &mut Status,
+        );
+        /// At most `max` (and at most 4096) of the pieces request `request` of `rank` copies
+        /// out of step `step`, from piece position `from` on (0, or the last piece's `next`).
+        fn pieces(
+            self: &DistPlan,
+            rank: usize,
+            step: usize,
+            request: usize,
+            from: u64,
+            max: usize,
+        ) -> Vec<DistPiece>;
+        /// Byte length of each of `rank`'s results.
+        fn result_lens(self: &DistPlan, rank: usize) -> Vec<u64>;
+        /// Reads step `i` into `dst` (exactly its length).
+        fn read_step(self: &DistPlan, i: usize, dst: &mut [u8], status: &mut Status);
+        /// Bytes this object has read through `read_step`.
+        fn bytes_read_here(self: &DistPlan) -> u64;
+        /// The steps this object has read, in order.
+        fn reads_here(self: &DistPlan) -> Vec<DistStep>;
+        /// Bytes the plan has `rank` read.
+        fn planned_bytes_read_by(self: &DistPlan, rank: usize) -> u64;
+        /// Bytes the plan reads across all ranks.
+        fn planned_bytes_read(self: &DistPlan) -> u64;
+        /// Bytes the collective delivers to ranks that need them.
+        fn bytes_delivered(self: &DistPlan) -> u64;
+        /// Bytes whole-world broadcasts of the shared steps move.
+        fn bytes_broadcast(self: &DistPlan) -> u64;
+        /// Bytes a naive per-rank load reads (whole tensors on every rank).
+        fn naive_bytes_read(self: &DistPlan) -> u64;
+    }
+
+    impl Box<DistPlan> {}
 }
 
-/// The selection `rule` gives a tensor named `name` of `shape`: `kind` 0 splits dimension `dim`;
-/// `kind` 1 takes the rows of one attention projection (`part` 0–2: separate q/k/v tensors,
-/// 3–5: the q/k/v blocks of a fused tensor).
+/// The selection `rule` gives a tensor named `name` of `shape`.
 pub fn tp_indices(
     name: &[u8],
     shape: &[usize],
@@ -52,29 +186,36 @@ pub fn tp_indices(
             Split::Even
         };
         let indexers = match rule.kind {
-            0 => shard_indexers(&name, shape, rule.dim, rule.rank, rule.world, split)?,
-            _ => rule_qkv_indexers(&name, shape, rule)?,
+            TpKind::Split => shard_indexers(&name, shape, rule.dim, rule.rank, rule.world, split)?,
+            TpKind::Attention => rule_qkv_indexers(&name, shape, rule)?,
+            TpKind { repr } => return Err(unknown("rule kind", repr)),
         };
         Ok(indexers.into_iter().map(slice_index).collect())
     })
 }
 
-/// The attention rule of `rule` (`part` 0–2: separate q/k/v tensors, 3–5: fused blocks).
+/// The attention rule of `rule`.
 fn rule_qkv_indexers(name: &str, shape: &[usize], rule: &TpRule) -> Result<Vec<Indexer>, Error> {
     let g = Gqa {
         heads: rule.heads,
         kv_heads: rule.kv_heads,
         head_dim: rule.head_dim,
     };
-    let (part, fused) = match rule.part {
-        0 => (QkvPart::Q, false),
-        1 => (QkvPart::K, false),
-        2 => (QkvPart::V, false),
-        3 => (QkvPart::Q, true),
-        4 => (QkvPart::K, true),
-        _ => (QkvPart::V, true),
+    let part = match rule.projection {
+        Projection::Q => QkvPart::Q,
+        Projection::K => QkvPart::K,
+        Projection::V => QkvPart::V,
+        Projection { repr } => return Err(unknown("projection", repr)),
     };
-    qkv_indexers(name, shape, g, part, fused, rule.rank, rule.world)
+    qkv_indexers(name, shape, g, part, rule.fused, rule.rank, rule.world)
+}
+
+/// A code C++ passed that names nothing (a `static_cast` can make any byte).
+fn unknown(what: &str, repr: u8) -> Error {
+    Error::InvalidSlice {
+        tensor: String::new(),
+        reason: format!("tensor-parallel {what} value {repr} names none"),
+    }
 }
 
 /// Every rank's selections, collected before planning.

@@ -1,12 +1,222 @@
-//! Glue for `File`: an open safetensors file as C++ sees it.
+//! `File`: an open safetensors file as C++ sees it (its bridge and glue), with the metadata
+//! map, slice plans, and the direct backend's aligned reads.
 
+use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 
-use safetensors_core::{fallible, Backend, Error, Indexer, OpenOptions, SafeFile, TensorInfo};
+use safetensors_core::{fallible, Error, Indexer, OpenOptions, SafeFile, TensorInfo, DIRECT_ALIGN};
 
-use crate::ffi::{ByteRun, SliceIndex, Status};
-use crate::{guard, handed_over, native_path, Metadata, TensorMeta};
+use crate::status::{guard, Status};
+use crate::status::{handed_over, native_path};
+use ffi::{Backend, ByteRun, SliceIndex, SliceKind, TensorMeta};
+
+#[cxx::bridge(namespace = "safetensors::ffi")]
+pub mod ffi {
+    unsafe extern "C++" {
+        include!("safetensors/ffi/src/status.rs.h");
+        type Status = crate::status::ffi::Status;
+    }
+
+    /// How a file's tensor bytes are reached: `safetensors::Backend`'s values.
+    #[derive(Debug)]
+    #[repr(u8)]
+    enum Backend {
+        Mmap = 0,
+        Read = 1,
+        Direct = 2,
+    }
+
+    /// One tensor: position in file order, dtype index, data offsets, and where its shape is in
+    /// `File::dims` (so that C++ reads it without another call).
+    #[derive(Debug, Clone, Copy, Default)]
+    struct TensorMeta {
+        index: usize,
+        dtype: u8,
+        begin: usize,
+        end: usize,
+        shape_start: usize,
+        shape_len: usize,
+    }
+
+    /// What one dimension of a selection takes.
+    #[derive(Debug)]
+    #[repr(u8)]
+    enum SliceKind {
+        /// The position `start` (the dimension is dropped).
+        Select = 0,
+        /// The range `start:stop:step`.
+        Range = 1,
+    }
+
+    /// One dimension of a slice request: `Select` takes `start`; `Range` is `start:stop:step`,
+    /// with `has_start`/`has_stop` false for an omitted bound.
+    #[derive(Debug, Clone, Copy)]
+    struct SliceIndex {
+        kind: SliceKind,
+        start: i64,
+        stop: i64,
+        step: i64,
+        has_start: bool,
+        has_stop: bool,
+    }
+
+    /// A contiguous byte run, relative to the start of the file's data buffer.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    struct ByteRun {
+        offset: u64,
+        length: u64,
+    }
+
+    extern "Rust" {
+        /// A metadata map as sorted (key, value) pairs, walked by index.
+        #[derive(ExternType)]
+        type Metadata;
+        /// Number of entries.
+        fn len(self: &Metadata) -> usize;
+        /// Key `i` in sorted order ("" out of range).
+        fn key(self: &Metadata, i: usize) -> &str;
+        /// Value of key `i` ("" out of range).
+        fn value(self: &Metadata, i: usize) -> &str;
+
+        /// An open safetensors file (mapped, or read on demand).
+        #[derive(ExternType)]
+        type File;
+
+        /// Opens and validates `path` (raw bytes of a native path) with `backend`;
+        /// `allow_trailing_bytes` accepts bytes after the last tensor. Null on failure.
+        fn open_file(
+            path: &[u8],
+            backend: Backend,
+            allow_trailing_bytes: bool,
+            status: &mut Status,
+        ) -> *mut File;
+        /// Validates a complete file in memory. The File borrows `data` and owns `owner`, which
+        /// keeps it alive: `release` (the address of a C function `void(void*)`, or 0 for no
+        /// owner) is called with `owner` once, when the last user of the bytes (the File, a
+        /// stream, a prefetch, an upload) lets go, on whichever thread that is. Until then the
+        /// bytes stay alive, unmoved and unchanged. `name` is for messages. On failure,
+        /// `release(owner)` has been called before the call returns.
+        unsafe fn open_memory(
+            data: &[u8],
+            name: &[u8],
+            allow_trailing_bytes: bool,
+            release: usize,
+            owner: usize,
+            status: &mut Status,
+        ) -> *mut File;
+        /// Bytes after the last tensor (0 unless allowed at open).
+        fn trailing_bytes(self: &File) -> u64;
+
+        /// Number of tensors.
+        fn tensor_count(self: &File) -> usize;
+        /// The tensor named `name`, or a `TensorNotFound` error naming the file.
+        fn find(self: &File, name: &[u8], status: &mut Status) -> TensorMeta;
+        /// Position of `name` in file order, or -1.
+        fn position(self: &File, name: &[u8]) -> isize;
+        /// The tensor at `index` in file order (all zero when out of range).
+        fn meta_at(self: &File, index: usize) -> TensorMeta;
+        /// Name of the tensor at `index` in file order.
+        fn name_at(self: &File, index: usize) -> &str;
+        /// Every tensor's dimensions back to back; `TensorMeta::shape_start/len` index it.
+        fn dims(self: &File) -> &[usize];
+        /// Name of the `k`-th tensor in byte-wise name order ("" out of range). The order is
+        /// computed once and read only on the Rust side, so C++ never reads memory whose
+        /// publication it cannot see (see `File::sorted`).
+        fn sorted_name(self: &File, k: usize) -> &str;
+        /// Whether the header has a `__metadata__` map (`null` counts as absent).
+        fn has_metadata(self: &File) -> bool;
+        /// The `__metadata__` entries (none when absent).
+        fn metadata(self: &File) -> &Metadata;
+        /// The data buffer when mapped; empty with the read backend.
+        fn mapped_data(self: &File) -> &[u8];
+        /// Whether the file is mapped.
+        fn is_mapped(self: &File) -> bool;
+        /// The header length `N`.
+        fn header_len(self: &File) -> usize;
+        /// Length of the data buffer.
+        fn data_len(self: &File) -> usize;
+        /// Copies data-buffer bytes `[offset, offset + dst.len())` into `dst`.
+        fn read_data(self: &File, offset: u64, dst: &mut [u8], status: &mut Status);
+        /// Data bytes fetched by the read backend so far.
+        fn bytes_read(self: &File) -> u64;
+        /// Plans a slice of the tensor at `index` in file order. Null on failure.
+        fn plan_slice(
+            self: &File,
+            index: usize,
+            indexers: &[SliceIndex],
+            status: &mut Status,
+        ) -> *mut SlicePlan;
+        /// Copies the bytes `plan` selects into `dst` (exactly `plan.byte_len()` bytes).
+        fn read_slice(self: &File, plan: &SlicePlan, dst: &mut [u8], status: &mut Status);
+
+        /// The backend (bytes in memory: `Mmap`).
+        fn backend(self: &File) -> Backend;
+        /// With the direct backend, why reads fell back to `pread` ("" while they bypass the
+        /// page cache, and for the other backends).
+        fn direct_fallback(self: &File) -> &str;
+
+        /// A planned slice: the new shape and the byte runs, no data.
+        #[derive(ExternType)]
+        type SlicePlan;
+        /// Shape of the slice.
+        fn shape(self: &SlicePlan) -> &[usize];
+        /// Bytes in the slice.
+        fn byte_len(self: &SlicePlan) -> usize;
+        /// The runs, in order, relative to the data buffer; touching runs already merged
+        /// (`Io` when there are more than memory holds).
+        fn runs(self: &SlicePlan, status: &mut Status) -> Vec<ByteRun>;
+        /// Whether the slice is at most one contiguous run.
+        fn contiguous(self: &SlicePlan) -> bool;
+        /// Where the first run starts, relative to the data buffer (0 when empty).
+        fn first_offset(self: &SlicePlan) -> u64;
+
+        /// Alignment of the direct backend's reads (offsets, lengths and memory).
+        fn direct_align() -> usize;
+        /// Bytes `read_data_aligned` needs for data bytes `[offset, offset + len)`.
+        fn aligned_len(self: &File, offset: u64, len: usize, status: &mut Status) -> usize;
+        /// Reads data bytes `[offset, offset + len)` into the aligned `dst` (straight from the
+        /// disk with the direct backend) and returns where they start in it.
+        fn read_data_aligned(
+            self: &File,
+            offset: u64,
+            len: usize,
+            dst: &mut [u8],
+            status: &mut Status,
+        ) -> usize;
+    }
+
+    // Objects handed over by address (null on failure) are adopted by C++ as `rust::Box`es:
+    // their `Box` glue is generated here, as no signature names it.
+    impl Box<File> {}
+    impl Box<SlicePlan> {}
+    // Other bridges return these in vectors (the tensor-parallel rules' selections).
+    impl Vec<SliceIndex> {}
+}
+
+/// A metadata map as the sorted pairs C++ walks by index (out of range: "").
+pub struct Metadata(Vec<(String, String)>);
+
+impl Metadata {
+    pub(crate) fn new(map: Option<&BTreeMap<String, String>>) -> Metadata {
+        Metadata(
+            map.map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+                .unwrap_or_default(),
+        )
+    }
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    pub fn key(&self, i: usize) -> &str {
+        self.0.get(i).map_or("", |(k, _)| k)
+    }
+    pub fn value(&self, i: usize) -> &str {
+        self.0.get(i).map_or("", |(_, v)| v)
+    }
+}
 
 /// An open file plus what C++ asks for repeatedly, prepared once. Shared with a checkpoint when
 /// it is one of its shards.
@@ -23,11 +233,17 @@ pub struct SlicePlan {
     begin: usize,
 }
 
-pub(crate) fn backend(code: u8) -> Backend {
-    match code {
-        0 => Backend::Mmap,
-        2 => Backend::Direct,
-        _ => Backend::Read,
+/// The core's backend; a value that names none (C++ can `static_cast` any byte) is an error,
+/// never a silent choice of one.
+pub(crate) fn backend(b: Backend) -> Result<safetensors_core::Backend, Error> {
+    match b {
+        Backend::Mmap => Ok(safetensors_core::Backend::Mmap),
+        Backend::Read => Ok(safetensors_core::Backend::Read),
+        Backend::Direct => Ok(safetensors_core::Backend::Direct),
+        Backend { repr } => Err(Error::InvalidSlice {
+            tensor: String::new(),
+            reason: format!("backend value {repr} is not Mmap (0), Read (1) or Direct (2)"),
+        }),
     }
 }
 
@@ -42,17 +258,16 @@ impl File {
     }
 }
 
-/// Opens `path` with backend 0 (mmap), 1 (read) or 2 (direct), accepting trailing bytes when
-/// asked.
+/// Opens `path` with `backend`, accepting trailing bytes when asked.
 pub fn open_file(
     path: &[u8],
-    backend_code: u8,
+    backend: Backend,
     allow_trailing_bytes: bool,
     status: &mut Status,
 ) -> *mut File {
     guard(status, || {
         let options = OpenOptions {
-            backend: backend(backend_code),
+            backend: self::backend(backend)?,
             allow_trailing_bytes,
         };
         let inner = SafeFile::open_with(native_path(path), options)?;
@@ -259,7 +474,7 @@ impl File {
     ) -> *mut SlicePlan {
         guard(status, || {
             let info = self.tensor_at(index)?;
-            let indexers: Vec<Indexer> = indexers.iter().map(indexer).collect();
+            let indexers = self::indexers(indexers)?;
             let plan = safetensors_core::SlicePlan::new(&info, &indexers)
                 .map_err(|e| e.in_file(self.inner.path()))?;
             Ok(handed_over(SlicePlan {
@@ -287,13 +502,79 @@ impl File {
     }
 }
 
-pub(crate) fn indexer(i: &SliceIndex) -> Indexer {
+// ---- cold reads: which backend, whether O_DIRECT fell back, aligned reads ----------------
+
+impl File {
+    pub fn backend(&self) -> Backend {
+        match self.core().backend() {
+            safetensors_core::Backend::Mmap => Backend::Mmap,
+            safetensors_core::Backend::Read => Backend::Read,
+            safetensors_core::Backend::Direct => Backend::Direct,
+        }
+    }
+
+    pub fn direct_fallback(&self) -> &str {
+        self.core().direct_fallback().unwrap_or("")
+    }
+
+    pub fn aligned_len(&self, offset: u64, len: usize, status: &mut Status) -> usize {
+        guard(status, || self.core().aligned_len(offset, len))
+    }
+
+    pub fn read_data_aligned(
+        &self,
+        offset: u64,
+        len: usize,
+        dst: &mut [u8],
+        status: &mut Status,
+    ) -> usize {
+        guard(status, || self.core().read_data_aligned(offset, len, dst))
+    }
+}
+
+pub fn direct_align() -> usize {
+    DIRECT_ALIGN
+}
+
+/// The core's indexer; a kind that names none is `InvalidSlice`.
+pub(crate) fn indexer(i: &SliceIndex) -> Result<Indexer, Error> {
     match i.kind {
-        0 => Indexer::Select(i.start),
-        _ => Indexer::Range {
+        SliceKind::Select => Ok(Indexer::Select(i.start)),
+        SliceKind::Range => Ok(Indexer::Range {
             start: i.has_start.then_some(i.start),
             stop: i.has_stop.then_some(i.stop),
             step: i.step,
+        }),
+        SliceKind { repr } => Err(Error::InvalidSlice {
+            tensor: String::new(),
+            reason: format!("slice index kind {repr} is not Select (0) or Range (1)"),
+        }),
+    }
+}
+
+/// The core's indexers of a request.
+pub(crate) fn indexers(indices: &[SliceIndex]) -> Result<Vec<Indexer>, Error> {
+    indices.iter().map(indexer).collect()
+}
+
+/// An indexer as C++ takes it back (the tensor-parallel rules' selections).
+pub(crate) fn slice_index(i: Indexer) -> SliceIndex {
+    match i {
+        Indexer::Select(p) => SliceIndex {
+            kind: SliceKind::Select,
+            start: p,
+            stop: 0,
+            step: 1,
+            has_start: true,
+            has_stop: false,
+        },
+        Indexer::Range { start, stop, step } => SliceIndex {
+            kind: SliceKind::Range,
+            start: start.unwrap_or(0),
+            stop: stop.unwrap_or(0),
+            step,
+            has_start: start.is_some(),
+            has_stop: stop.is_some(),
         },
     }
 }

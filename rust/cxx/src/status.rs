@@ -1,12 +1,61 @@
 //! How a fallible bridge call reports its outcome: through the `Status` C++ passes in, never by
 //! throwing (cxx's `Result` becomes a C++ exception, or an abort in programs built without
-//! exceptions) and never by panicking (a panic that reaches the bridge aborts the host).
+//! exceptions) and never by panicking (a panic that reaches the bridge aborts the host). Also
+//! the names the core gives dtypes and error kinds, which C++ checks its enumerations against.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use safetensors_core::Error;
+use safetensors_core::{Dtype, Error, ErrorKind};
 
-use crate::ffi::{Status, TensorMeta};
+pub use ffi::Status;
+
+#[cxx::bridge(namespace = "safetensors::ffi")]
+pub mod ffi {
+    /// How a fallible call ended. C++ passes a fresh one (`ok` false) to every fallible call,
+    /// which sets `ok`, or the error's kind (`safetensors::ErrorKind`'s value) and message.
+    #[derive(Debug, Default)]
+    struct Status {
+        ok: bool,
+        kind: u8,
+        message: String,
+    }
+
+    extern "Rust" {
+        /// Header spelling of dtype index `dtype` ("" when out of range).
+        fn dtype_name(dtype: u8) -> &'static str;
+        /// Bits per element of dtype index `dtype` (0 when out of range).
+        fn dtype_bits(dtype: u8) -> usize;
+        /// Name of error kind `kind` ("" when out of range).
+        fn error_kind_name(kind: u8) -> &'static str;
+    }
+}
+
+fn dtype_name(dtype: u8) -> &'static str {
+    Dtype::from_index(dtype).map_or("", Dtype::name)
+}
+
+fn dtype_bits(dtype: u8) -> usize {
+    Dtype::from_index(dtype).map_or(0, Dtype::bits)
+}
+
+fn error_kind_name(kind: u8) -> &'static str {
+    ErrorKind::ALL
+        .get(usize::from(kind))
+        .map_or("", |k| k.name())
+}
+
+/// A native path from the raw bytes C++ passes (`path.native()`), byte for byte. Every bridge
+/// entry that takes a path uses this: a lossy UTF-8 conversion would turn each byte of a
+/// Latin-1 name into three and name another file.
+pub(crate) fn native_path(bytes: &[u8]) -> &std::path::Path {
+    use std::os::unix::ffi::OsStrExt;
+    std::path::Path::new(std::ffi::OsStr::from_bytes(bytes))
+}
+
+/// A Rust object handed to C++ by address; C++ adopts it with `rust::Box::from_raw`.
+pub(crate) fn handed_over<T>(value: T) -> *mut T {
+    Box::into_raw(Box::new(value))
+}
 
 /// What a fallible bridge function returns when it fails: C++ reads the status first and never
 /// uses this value.
@@ -24,7 +73,15 @@ macro_rules! fallback_default {
     };
 }
 
-fallback_default!((), bool, u64, usize, f64, String, TensorMeta);
+fallback_default!(
+    (),
+    bool,
+    u64,
+    usize,
+    f64,
+    String,
+    crate::file::ffi::TensorMeta
+);
 
 impl<T> Fallback for Vec<T> {
     fn fallback() -> Self {
@@ -121,6 +178,14 @@ mod tests {
         let mut status = Status::default();
         assert_eq!(guard(&mut status, || Ok(7u64)), 7);
         assert!(status.ok);
+    }
+
+    #[test]
+    fn lookups_out_of_range_are_empty() {
+        assert_eq!(dtype_name(200), "");
+        assert_eq!(dtype_bits(22), 0);
+        assert_eq!(error_kind_name(255), "");
+        assert_eq!(dtype_name(17), "F32");
     }
 
     #[test]

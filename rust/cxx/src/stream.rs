@@ -1,52 +1,225 @@
-//! Glue for cold reads: which backend a file uses and whether the direct backend fell back;
-//! requests as C++ sends them; prefetch, advice and streams over a file or a checkpoint; aligned
-//! reads for the direct backend's views.
+//! Cold reads as C++ asks for them: what to read from (a `Source`: one file, or a checkpoint's
+//! shards), what to read (a `RequestList`, the same for prefetch, streams and uploads), prefetch
+//! and advice, and host streams of tensors delivered in file order.
 
 use std::ffi::c_void;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::Arc;
 
 use safetensors_core::{
-    Advice, Backend, Error, HandOver, Indexer, Plan, Prefetch, PrefetchOptions, Request, Source,
-    StreamOptions, DIRECT_ALIGN,
+    Error, HandOver, Indexer, Plan, Prefetch, PrefetchOptions, Request, SafeFile, StreamOptions,
 };
 
 use crate::checkpoint::Checkpoint;
-use crate::ffi::{RequestSpan, SliceIndex, Status};
-use crate::file::indexer;
-use crate::{guard, handed_over, File};
+use crate::file::{indexers, File};
+use crate::status::handed_over;
+use crate::status::{guard, Status};
+use ffi::{Advice, RequestSpan, SliceIndex};
 
-impl File {
-    pub fn backend_code(&self) -> u8 {
-        match self.core().backend() {
-            Backend::Mmap => 0,
-            Backend::Read => 1,
-            Backend::Direct => 2,
+#[cxx::bridge(namespace = "safetensors::ffi")]
+pub mod ffi {
+    unsafe extern "C++" {
+        include!("safetensors/ffi/src/status.rs.h");
+        include!("safetensors/ffi/src/file.rs.h");
+        include!("safetensors/ffi/src/checkpoint.rs.h");
+        type Status = crate::status::ffi::Status;
+        type SliceIndex = crate::file::ffi::SliceIndex;
+        type File = crate::file::File;
+        type Checkpoint = crate::checkpoint::Checkpoint;
+    }
+
+    /// An access-pattern hint for a mapped file (`madvise`): `safetensors::Advice`'s values.
+    #[derive(Debug)]
+    #[repr(u8)]
+    enum Advice {
+        WillNeed = 0,
+        Sequential = 1,
+        Random = 2,
+    }
+
+    /// One request of a prefetch, a piece of advice or a stream, in the buffers that cross with
+    /// it (every request of a call crosses at once): the tensor's name is bytes
+    /// `[name_start, name_start + name_len)` of the names; when `sliced`, its slice is indices
+    /// `[slice_start, slice_start + slice_len)`; when `pinned`, it must come from file (shard)
+    /// `file`.
+    #[derive(Debug, Clone, Copy)]
+    struct RequestSpan {
+        name_start: usize,
+        name_len: usize,
+        pinned: bool,
+        file: usize,
+        sliced: bool,
+        slice_start: usize,
+        slice_len: usize,
+    }
+
+    extern "Rust" {
+        /// What a prefetch, a stream or an upload reads from: one file, or a checkpoint's
+        /// shards. Made for one call; it holds the file (or the checkpoint) it names.
+        #[derive(ExternType)]
+        type Source;
+        /// One file.
+        fn source_of_file(file: &File) -> Box<Source>;
+        /// A checkpoint's shards, numbered as the checkpoint numbers them.
+        fn source_of_checkpoint(ckpt: &Checkpoint) -> Box<Source>;
+        /// The files `requests` touches, by number, from the index alone (every file for every
+        /// tensor): C++ opens a checkpoint's shards first, through its own synchronisation (see
+        /// checkpoint.hpp). A file: `[0]`.
+        fn files_for(self: &Source, requests: &RequestList) -> Vec<usize>;
+
+        /// What a prefetch, advice, stream or upload reads: every tensor, or requests.
+        #[derive(ExternType)]
+        type RequestList;
+        /// Every tensor (`all`), or the requests `spans` describe. Null on failure.
+        fn new_request_list(
+            all: bool,
+            spans: &[RequestSpan],
+            names: &[u8],
+            indices: &[SliceIndex],
+            status: &mut Status,
+        ) -> *mut RequestList;
+
+        /// A prefetch in progress; dropping it cancels what has not started.
+        type PrefetchJob;
+        /// Starts warming `requests` of `source` with `threads` threads and requests of
+        /// `request_bytes`. Null on failure.
+        fn prefetch(
+            source: &Source,
+            requests: &RequestList,
+            threads: usize,
+            request_bytes: usize,
+            status: &mut Status,
+        ) -> *mut PrefetchJob;
+        /// Bytes warmed so far.
+        fn bytes_done(self: &PrefetchJob) -> u64;
+        /// Bytes the prefetch covers.
+        fn total_bytes(self: &PrefetchJob) -> u64;
+        /// Waits for the end; the first error, every time it is asked (from any thread).
+        fn wait(self: &PrefetchJob, status: &mut Status);
+
+        /// `advice` for `requests` of a mapped file; nothing for the other backends.
+        fn advise(file: &File, requests: &RequestList, advice: Advice, status: &mut Status);
+
+        /// Tensors delivered in file order with bounded buffers.
+        type TensorStream;
+        /// Streams `requests` of `source`. `announce` and `receive`, when not 0, are addresses
+        /// of C functions `void(void*)` called with `token` under the stream's lock: the first
+        /// by the reader thread just before and after it queues each tensor, the second by the
+        /// consumer just before and after it takes queued tensors (the C++ header passes a
+        /// ThreadSanitizer acquire-and-release for both). Null on failure.
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn stream(
+            source: &Source,
+            requests: &RequestList,
+            max_inflight_bytes: u64,
+            wait_for_release: bool,
+            announce: usize,
+            receive: usize,
+            token: usize,
+            status: &mut Status,
+        ) -> *mut TensorStream;
+        /// The next tensor; null at the end (status ok) or on the error that ends the stream.
+        fn next_tensor(self: &mut TensorStream, status: &mut Status) -> *mut StreamTensor;
+        /// Tensors (or slices) the stream delivers in all.
+        fn tensor_count(self: &TensorStream) -> usize;
+        /// Bytes the stream delivers in all.
+        fn total_bytes(self: &TensorStream) -> u64;
+        /// The most bytes alive at once so far (instrumentation).
+        fn peak_inflight_bytes(self: &TensorStream) -> u64;
+        /// Bytes alive now.
+        fn inflight_bytes(self: &TensorStream) -> u64;
+
+        /// One delivered tensor; owns its bytes, returned to the budget when dropped.
+        type StreamTensor;
+        /// Position in the request list (for every tensor: in delivery order).
+        fn request(self: &StreamTensor) -> usize;
+        /// The file (shard) it came from, in the source's numbering.
+        fn file(self: &StreamTensor) -> usize;
+        /// Its position in that file, in offset order.
+        fn index(self: &StreamTensor) -> usize;
+        fn name(self: &StreamTensor) -> &str;
+        /// Dtype index.
+        fn dtype(self: &StreamTensor) -> u8;
+        /// Shape of what was delivered (the slice's for a slice).
+        fn shape(self: &StreamTensor) -> &[usize];
+        fn data(self: &StreamTensor) -> &[u8];
+        /// Path of the file it came from (raw bytes).
+        fn path(self: &StreamTensor) -> &[u8];
+
+    }
+
+    impl Box<Source> {}
+    impl Box<RequestList> {}
+    impl Box<PrefetchJob> {}
+    impl Box<TensorStream> {}
+    impl Box<StreamTensor> {}
+}
+
+// ---- what to read from -------------------------------------------------------------------------
+
+/// One file or a checkpoint, held for the call it is made for.
+pub struct Source {
+    from: From,
+}
+
+enum From {
+    File(Arc<SafeFile>),
+    Checkpoint(Arc<safetensors_core::Checkpoint>),
+}
+
+pub fn source_of_file(file: &File) -> Box<Source> {
+    Box::new(Source {
+        from: From::File(file.shared()),
+    })
+}
+
+pub fn source_of_checkpoint(ckpt: &Checkpoint) -> Box<Source> {
+    Box::new(Source {
+        from: From::Checkpoint(ckpt.shared()),
+    })
+}
+
+impl Source {
+    /// Runs `f` with the core's view of this source.
+    pub(crate) fn with<T>(&self, f: impl FnOnce(safetensors_core::Source<'_>) -> T) -> T {
+        match &self.from {
+            From::File(file) => f(safetensors_core::Source::Files(std::slice::from_ref(file))),
+            From::Checkpoint(c) => f(safetensors_core::Source::Checkpoint(c)),
         }
     }
 
-    pub fn direct_fallback(&self) -> &str {
-        self.core().direct_fallback().unwrap_or("")
+    /// The path errors about the whole source name: the file, or the checkpoint's index.
+    pub(crate) fn path(&self) -> &Path {
+        match &self.from {
+            From::File(file) => file.path(),
+            From::Checkpoint(c) => c.path(),
+        }
     }
 
-    pub fn aligned_len(&self, offset: u64, len: usize, status: &mut Status) -> usize {
-        guard(status, || self.core().aligned_len(offset, len))
+    pub fn files_for(&self, requests: &RequestList) -> Vec<usize> {
+        let ckpt = match &self.from {
+            From::File(_) => return vec![0],
+            From::Checkpoint(c) => c,
+        };
+        let count = ckpt.shard_count();
+        if requests.all {
+            return (0..count).collect();
+        }
+        let mut shards: Vec<usize> = requests
+            .wanted
+            .iter()
+            .flat_map(|w| {
+                let listed = std::str::from_utf8(&w.name)
+                    .ok()
+                    .and_then(|n| ckpt.shard_of(n).ok());
+                listed.into_iter().chain(w.file.filter(|&f| f < count))
+            })
+            .collect();
+        shards.sort_unstable();
+        shards.dedup();
+        shards
     }
-
-    pub fn read_data_aligned(
-        &self,
-        offset: u64,
-        len: usize,
-        dst: &mut [u8],
-        status: &mut Status,
-    ) -> usize {
-        guard(status, || self.core().read_data_aligned(offset, len, dst))
-    }
-}
-
-pub fn direct_align() -> usize {
-    DIRECT_ALIGN
 }
 
 // ---- requests --------------------------------------------------------------------------------
@@ -77,12 +250,7 @@ pub fn new_request_list(
             .map(|s| {
                 let name = part(names, s.name_start, s.name_len)?.to_vec();
                 let slice = match s.sliced {
-                    true => Some(
-                        part(indices, s.slice_start, s.slice_len)?
-                            .iter()
-                            .map(indexer)
-                            .collect(),
-                    ),
+                    true => Some(indexers(part(indices, s.slice_start, s.slice_len)?)?),
                     false => None,
                 };
                 Ok(Wanted {
@@ -112,7 +280,7 @@ fn part<T>(items: &[T], start: usize, len: usize) -> Result<&[T], Error> {
 impl RequestList {
     /// The core's requests (`None`: every tensor). A name that is not UTF-8 is `TensorNotFound`
     /// in `at` (a lossy conversion could name another tensor).
-    fn core(&self, at: &Path) -> Result<Option<Vec<Request>>, Error> {
+    pub(crate) fn core(&self, at: &Path) -> Result<Option<Vec<Request>>, Error> {
         if self.all {
             return Ok(None);
         }
@@ -137,85 +305,29 @@ impl RequestList {
     }
 }
 
-impl Checkpoint {
-    pub fn request_shards(&self, requests: &RequestList) -> Vec<usize> {
-        let count = self.shard_count();
-        if requests.all {
-            return (0..count).collect();
-        }
-        let mut shards: Vec<usize> = requests
-            .wanted
-            .iter()
-            .flat_map(|w| {
-                let listed = std::str::from_utf8(&w.name)
-                    .ok()
-                    .and_then(|n| self.core().shard_of(n).ok());
-                listed.into_iter().chain(w.file.filter(|&f| f < count))
-            })
-            .collect();
-        shards.sort_unstable();
-        shards.dedup();
-        shards
-    }
-}
-
 // ---- prefetch and advice ---------------------------------------------------------------------
 
-/// A prefetch and its outcome, kept so that every `wait` (from any thread) reports it.
+/// A prefetch; its `wait` reports the same outcome to every caller (the core keeps it).
 pub struct PrefetchJob {
     inner: Prefetch,
-    outcome: Mutex<Option<Result<(), (u8, String)>>>,
 }
 
-fn start_prefetch(
-    source: Source<'_>,
-    at: &Path,
-    requests: &RequestList,
-    threads: usize,
-    request_bytes: usize,
-) -> Result<*mut PrefetchJob, Error> {
-    let requests = requests.core(at)?;
-    let options = PrefetchOptions {
-        threads,
-        request_bytes,
-    };
-    let inner = Plan::of(source, requests.as_deref())?.prefetch(options)?;
-    Ok(handed_over(PrefetchJob {
-        inner,
-        outcome: Mutex::new(None),
-    }))
-}
-
-pub fn prefetch_file(
-    file: &File,
+pub fn prefetch(
+    source: &Source,
     requests: &RequestList,
     threads: usize,
     request_bytes: usize,
     status: &mut Status,
 ) -> *mut PrefetchJob {
     guard(status, || {
-        let files = [file.shared()];
-        let at = file.core().path();
-        start_prefetch(Source::Files(&files), at, requests, threads, request_bytes)
-    })
-}
-
-pub fn prefetch_checkpoint(
-    ckpt: &Checkpoint,
-    requests: &RequestList,
-    threads: usize,
-    request_bytes: usize,
-    status: &mut Status,
-) -> *mut PrefetchJob {
-    guard(status, || {
-        let at = ckpt.core().path();
-        start_prefetch(
-            Source::Checkpoint(ckpt.core()),
-            at,
-            requests,
+        let requests = requests.core(source.path())?;
+        let options = PrefetchOptions {
             threads,
             request_bytes,
-        )
+        };
+        let plan = source.with(|s| Plan::of(s, requests.as_deref()))?;
+        let inner = plan.prefetch(options)?;
+        Ok(handed_over(PrefetchJob { inner }))
     })
 }
 
@@ -228,52 +340,42 @@ impl PrefetchJob {
         self.inner.total_bytes()
     }
 
-    /// The core hands its error over once; this keeps it, as kind and message, for every
-    /// later `wait`. Waiters beside the first wait for it on the lock.
     pub fn wait(&self, status: &mut Status) {
-        let mut outcome = self.outcome.lock().unwrap_or_else(|p| p.into_inner());
-        let known = outcome.get_or_insert_with(|| {
-            let mut first = Status::default();
-            guard(&mut first, || self.inner.wait());
-            match first.ok {
-                true => Ok(()),
-                false => Err((first.kind, first.message)),
-            }
-        });
-        match known {
-            Ok(()) => status.ok = true,
-            Err((kind, message)) => {
-                status.ok = false;
-                status.kind = *kind;
-                status.message = message.clone();
-            }
-        }
+        guard(status, || self.inner.wait())
     }
 }
 
-pub fn advise_file(file: &File, requests: &RequestList, advice: u8, status: &mut Status) {
+pub fn advise(file: &File, requests: &RequestList, advice: Advice, status: &mut Status) {
     guard(status, || {
         let core = file.core();
         let files = [file.shared()];
         let requests = requests.core(core.path())?;
-        let plan = Plan::of(Source::Files(&files), requests.as_deref())?;
+        let plan = Plan::of(safetensors_core::Source::Files(&files), requests.as_deref())?;
         let advice = match advice {
-            0 => Advice::WillNeed,
-            1 => Advice::Sequential,
-            _ => Advice::Random,
+            Advice::WillNeed => safetensors_core::Advice::WillNeed,
+            Advice::Sequential => safetensors_core::Advice::Sequential,
+            Advice::Random => safetensors_core::Advice::Random,
+            Advice { repr } => {
+                return Err(Error::InvalidSlice {
+                    tensor: String::new(),
+                    reason: format!(
+                        "advice value {repr} is not WillNeed (0), Sequential (1) or Random (2)"
+                    ),
+                })
+            }
         };
         safetensors_core::advise(core, &plan, advice)
     })
 }
 
-// ---- streams ---------------------------------------------------------------------------------
+// ---- streams -----------------------------------------------------------------------------------
 
-/// A stream of tensors for C++.
+/// The stream C++ iterates.
 pub struct TensorStream {
     inner: safetensors_core::TensorStream,
 }
 
-/// One delivered tensor for C++; dropping it returns its bytes to the stream's budget.
+/// One delivered tensor, owning its bytes.
 pub struct StreamTensor {
     inner: safetensors_core::StreamTensor,
 }
@@ -286,55 +388,17 @@ struct Announce {
     token: usize,
 }
 
-/// Opens the stream, with the hand-over announced when C++ asks for it.
+/// Streams `requests` of `source`, with the hand-over announced when C++ asks for it.
 ///
 /// # Safety
-/// `announce` and `receive` are both 0, or both the address of a C function taking one pointer,
-/// callable from any thread for as long as the stream lives, and `token` is what they expect
-/// (see `stream_file`).
-unsafe fn open_stream(
-    source: Source<'_>,
-    at: &Path,
-    requests: &RequestList,
-    options: StreamOptions,
-    (announce, receive, token): (usize, usize, usize),
-) -> Result<*mut TensorStream, Error> {
-    let requests = requests.core(at)?;
-    let requests = requests.as_deref();
-    let inner = if announce == 0 || receive == 0 {
-        safetensors_core::TensorStream::open(source, requests, options)?
-    } else {
-        // SAFETY: the caller passes the addresses of such functions (see above).
-        let a = unsafe {
-            Announce {
-                give: std::mem::transmute::<usize, extern "C" fn(*mut c_void)>(announce),
-                take: std::mem::transmute::<usize, extern "C" fn(*mut c_void)>(receive),
-                token,
-            }
-        };
-        let handoff = move |h: HandOver| match h {
-            HandOver::Given => (a.give)(a.token as *mut c_void),
-            HandOver::Taken => (a.take)(a.token as *mut c_void),
-        };
-        safetensors_core::TensorStream::open_with_handoff(source, requests, options, handoff)?
-    };
-    Ok(handed_over(TensorStream { inner }))
-}
-
-fn stream_options(max_inflight_bytes: u64, wait_for_release: bool) -> StreamOptions {
-    StreamOptions {
-        max_inflight_bytes,
-        wait_for_release,
-    }
-}
-
-/// # Safety
-/// See [`open_stream`]: `announce` and `receive` are 0 or C functions `void(void*)`. The C++
-/// header passes, for both, a function that acquires and releases a ThreadSanitizer token (only
-/// in programs built with it), and the address of that token, which outlives the stream.
+/// `announce` and `receive` are both 0, or both the address of a C function `void(void*)`,
+/// callable from any thread for as long as the stream lives, and `token` is what they expect.
+/// The C++ header passes, for both, a function that acquires and releases a ThreadSanitizer
+/// token (only in programs built with it), and the address of that token, which outlives the
+/// stream.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn stream_file(
-    file: &File,
+pub unsafe fn stream(
+    source: &Source,
     requests: &RequestList,
     max_inflight_bytes: u64,
     wait_for_release: bool,
@@ -344,48 +408,32 @@ pub unsafe fn stream_file(
     status: &mut Status,
 ) -> *mut TensorStream {
     guard(status, || {
-        let files = [file.shared()];
-        let options = stream_options(max_inflight_bytes, wait_for_release);
-        let at = file.core().path();
-        // SAFETY: passed on from this function's own contract.
-        unsafe {
-            open_stream(
-                Source::Files(&files),
-                at,
-                requests,
-                options,
-                (announce, receive, token),
-            )
-        }
-    })
-}
-
-/// # Safety
-/// As [`stream_file`].
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn stream_checkpoint(
-    ckpt: &Checkpoint,
-    requests: &RequestList,
-    max_inflight_bytes: u64,
-    wait_for_release: bool,
-    announce: usize,
-    receive: usize,
-    token: usize,
-    status: &mut Status,
-) -> *mut TensorStream {
-    guard(status, || {
-        let options = stream_options(max_inflight_bytes, wait_for_release);
-        let source = Source::Checkpoint(ckpt.core());
-        // SAFETY: passed on from this function's own contract.
-        unsafe {
-            open_stream(
-                source,
-                ckpt.core().path(),
-                requests,
-                options,
-                (announce, receive, token),
-            )
-        }
+        let options = StreamOptions {
+            max_inflight_bytes,
+            wait_for_release,
+        };
+        let requests = requests.core(source.path())?;
+        let requests = requests.as_deref();
+        let inner = if announce == 0 || receive == 0 {
+            source.with(|s| safetensors_core::TensorStream::open(s, requests, options))?
+        } else {
+            // SAFETY: the caller passes the addresses of such functions (see above).
+            let a = unsafe {
+                Announce {
+                    give: std::mem::transmute::<usize, extern "C" fn(*mut c_void)>(announce),
+                    take: std::mem::transmute::<usize, extern "C" fn(*mut c_void)>(receive),
+                    token,
+                }
+            };
+            let handoff = move |h: HandOver| match h {
+                HandOver::Given => (a.give)(a.token as *mut c_void),
+                HandOver::Taken => (a.take)(a.token as *mut c_void),
+            };
+            source.with(|s| {
+                safetensors_core::TensorStream::open_with_handoff(s, requests, options, handoff)
+            })?
+        };
+        Ok(handed_over(TensorStream { inner }))
     })
 }
 
@@ -482,8 +530,17 @@ mod tests {
             &path,
         )
         .unwrap();
-        let file =
-            adopt(outcome(|s| crate::open_file(path.as_os_str().as_bytes(), 1, false, s)).unwrap());
+        let file = adopt(
+            outcome(|s| {
+                crate::file::open_file(
+                    path.as_os_str().as_bytes(),
+                    crate::file::ffi::Backend::Read,
+                    false,
+                    s,
+                )
+            })
+            .unwrap(),
+        );
         (dir, file)
     }
 
@@ -505,7 +562,7 @@ mod tests {
         let list = adopt(
             outcome(|s| new_request_list(false, &[span((0, 2), None)], b"w\xff", &[], s)).unwrap(),
         );
-        let err = outcome(|s| prefetch_file(&file, &list, 1, 0, s)).unwrap_err();
+        let err = outcome(|s| prefetch(&source_of_file(&file), &list, 1, 0, s)).unwrap_err();
         assert_eq!(err.kind, ErrorKind::TensorNotFound as u8);
         assert!(err.message.contains("s.safetensors"), "{}", err.message);
         std::fs::remove_dir_all(&dir).unwrap();
@@ -516,7 +573,7 @@ mod tests {
         let (dir, file) = sample("every_wait");
         let all = adopt(outcome(|s| new_request_list(true, &[], &[], &[], s)).unwrap());
         std::fs::remove_file(dir.join("s.safetensors")).unwrap();
-        let job = adopt(outcome(|s| prefetch_file(&file, &all, 2, 0, s)).unwrap());
+        let job = adopt(outcome(|s| prefetch(&source_of_file(&file), &all, 2, 0, s)).unwrap());
         for _ in 0..3 {
             let err = outcome(|s| job.wait(s)).unwrap_err();
             assert_eq!(err.kind, ErrorKind::Io as u8, "{}", err.message);
@@ -529,8 +586,10 @@ mod tests {
         let (dir, file) = sample("stream_ends");
         let all = adopt(outcome(|s| new_request_list(true, &[], &[], &[], s)).unwrap());
         // SAFETY: no announcement.
-        let mut stream =
-            adopt(outcome(|s| unsafe { stream_file(&file, &all, 1, false, 0, 0, 0, s) }).unwrap());
+        let mut stream = adopt(
+            outcome(|s| unsafe { stream(&source_of_file(&file), &all, 1, false, 0, 0, 0, s) })
+                .unwrap(),
+        );
         let t = adopt(outcome(|s| stream.next_tensor(s)).unwrap());
         assert_eq!(
             (t.name(), t.data().len(), t.shape()),

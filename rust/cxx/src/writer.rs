@@ -1,4 +1,4 @@
-//! Glue for `Writer`: tensors handed over one by one from C++, then written in one go.
+//! `Writer`: tensors handed over one by one from C++, then written in one go (bridge and glue).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -7,8 +7,43 @@ use safetensors_core::{
     dtype_to_write, text_to_write, Dtype, Durability, Error, PreparedFile, TensorView, TextField,
 };
 
-use crate::ffi::Status;
-use crate::guard;
+use crate::status::{guard, Status};
+
+#[cxx::bridge(namespace = "safetensors::ffi")]
+pub mod ffi {
+    unsafe extern "C++" {
+        include!("safetensors/ffi/src/status.rs.h");
+        type Status = crate::status::ffi::Status;
+    }
+
+    extern "Rust" {
+        /// Tensors collected for one write; see `rust/cxx/src/writer.rs` for the lifetime rule.
+        type Writer;
+        /// An empty writer for the file at `target` (empty: bytes in memory), which every error
+        /// of the tensors and metadata it is given then names.
+        fn new_writer(target: &[u8]) -> Box<Writer>;
+        /// Adds a tensor; `data` must stay alive until the writer is dropped.
+        fn add_tensor(
+            self: &mut Writer,
+            name: &[u8],
+            dtype: u8,
+            shape: &[usize],
+            data: &[u8],
+            status: &mut Status,
+        );
+        /// Writes `__metadata__` even if no entry is added.
+        fn keep_metadata(self: &mut Writer);
+        /// Adds a metadata entry (refuses a repeated key).
+        fn add_metadata(self: &mut Writer, key: &[u8], value: &[u8], status: &mut Status);
+        /// Checks everything, lays the file out once, and returns its length; `write_into` then
+        /// writes that layout.
+        unsafe fn prepare(self: &mut Writer, status: &mut Status) -> usize;
+        /// Writes the prepared file into `dst` (exactly `prepare`'s length).
+        unsafe fn write_into(self: &Writer, dst: &mut [u8], status: &mut Status);
+        /// Writes the file atomically at `path`, fsynced when `sync`.
+        unsafe fn write_file(self: &Writer, path: &[u8], sync: bool, status: &mut Status);
+    }
+}
 
 /// Tensors and metadata collected for one `serialize` or `save_file` call.
 ///
@@ -31,7 +66,7 @@ pub struct Writer {
 
 pub fn new_writer(target: &[u8]) -> Box<Writer> {
     Box::new(Writer {
-        target: (!target.is_empty()).then(|| crate::native_path(target).to_path_buf()),
+        target: (!target.is_empty()).then(|| crate::status::native_path(target).to_path_buf()),
         names: Vec::new(),
         dtypes: Vec::new(),
         shapes: Vec::new(),
@@ -150,7 +185,7 @@ impl Writer {
     /// Every span passed to `add_tensor` must still be alive.
     pub unsafe fn write_file(&self, path: &[u8], sync: bool, status: &mut Status) {
         guard(status, || {
-            let path = crate::native_path(path);
+            let path = crate::status::native_path(path);
             let durability = if sync {
                 Durability::Synced
             } else {

@@ -1,0 +1,229 @@
+//! What an upload reads and where each tensor lands: an [`UploadPlan`], built from the same
+//! requests as prefetch and streams (`request.rs`), or tensor by tensor.
+
+use std::sync::Arc;
+
+use crate::dtype::Dtype;
+use crate::error::{Error, Result};
+use crate::file::SafeFile;
+use crate::request::{resolve, Item, Request, Source};
+use crate::slice::{Indexer, SlicePlan};
+
+/// Where one uploaded tensor (or slice) lives in the destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// The tensor's name.
+    pub name: String,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape of what was uploaded (the slice's shape for a slice).
+    pub shape: Vec<usize>,
+    /// Byte offset in the destination (a multiple of the plan's alignment).
+    pub offset: u64,
+    /// Byte length.
+    pub len: u64,
+}
+
+/// One tensor or slice and where it goes: `len` contiguous bytes from `src`, or, for a slice,
+/// the selection's runs of the tensor at `src`, packed. A slice stays one piece whatever its
+/// number of runs (a strided one has a run per element): the runs of a chunk are walked from
+/// the slice plan when the chunk is filled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Piece {
+    /// The placement it belongs to.
+    pub(super) placement: usize,
+    pub(super) source: usize,
+    /// Offset in the source file's data buffer (of the tensor, for a slice).
+    pub(super) src: u64,
+    /// Offset in the destination.
+    pub(super) dst: u64,
+    pub(super) len: u64,
+    /// The slice plan (an index into the plan's slices), for a slice.
+    pub(super) slice: Option<usize>,
+}
+
+/// What to upload and where each tensor goes: one destination range, tensors back to back,
+/// each starting on an `alignment` boundary.
+#[derive(Debug, Clone)]
+pub struct UploadPlan {
+    pub(super) alignment: u64,
+    pub(super) placements: Vec<Placement>,
+    pub(super) pieces: Vec<Piece>,
+    pub(super) slices: Vec<SlicePlan>,
+    pub(super) total: u64,
+}
+
+// Alignments, requests and slices come from callers: the layout's arithmetic is checked.
+#[deny(clippy::arithmetic_side_effects)]
+impl UploadPlan {
+    /// An empty plan; every tensor will start on a multiple of `alignment` (at least 1; CUDA
+    /// allocations are 256-byte aligned, so 256 keeps every tensor as aligned as its base).
+    pub fn new(alignment: usize) -> UploadPlan {
+        UploadPlan {
+            alignment: alignment.max(1) as u64,
+            placements: Vec::new(),
+            pieces: Vec::new(),
+            slices: Vec::new(),
+            total: 0,
+        }
+    }
+
+    /// The plan for `requests` of `source` (`None`: every tensor), and the files it reads,
+    /// numbered as its sources: the same requests as prefetch and streams take, resolved by the
+    /// same rule (`request.rs`), so a shard pin or a slice means the same bytes to all three.
+    /// Tensors are placed in request order; every tensor, in name order (as `keys()` lists
+    /// them). Every tensor starts on a multiple of `alignment` bytes.
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use safetensors_core::{upload::UploadPlan, Backend, Request, SafeFile, Source};
+    /// let f = [Arc::new(SafeFile::open("model.safetensors", Backend::Mmap)?)];
+    /// let (plan, files) = UploadPlan::of(Source::Files(&f), Some(&[Request::tensor("wte.weight")]), 256)?;
+    /// # Ok::<(), safetensors_core::Error>(())
+    /// ```
+    pub fn of(
+        source: Source<'_>,
+        requests: Option<&[Request]>,
+        alignment: usize,
+    ) -> Result<(UploadPlan, Vec<Arc<SafeFile>>)> {
+        let mut items = resolve(source, requests)?;
+        match requests {
+            Some(_) => items.sort_by_key(|it| it.request),
+            None => items.sort_by(|a, b| a.name.cmp(&b.name)),
+        }
+        let mut plan = UploadPlan::new(alignment);
+        // The source's file numbers, renumbered densely in the order first used.
+        let mut files: Vec<(usize, Arc<SafeFile>)> = Vec::new();
+        for item in items {
+            let number = match files.iter().position(|(n, _)| *n == item.file) {
+                Some(k) => k,
+                None => {
+                    files.push((item.file, item.source.clone()));
+                    files.len().saturating_sub(1)
+                }
+            };
+            plan.add_item(number, item)?;
+        }
+        Ok((plan, files.into_iter().map(|(_, f)| f).collect()))
+    }
+
+    /// Adds a resolved request (its slice already planned).
+    fn add_item(&mut self, source: usize, item: Item) -> Result<()> {
+        let offset = self.reserve(&item.name, item.dtype, item.shape, item.len)?;
+        if item.len > 0 {
+            self.pieces.push(Piece {
+                placement: self.placements.len().saturating_sub(1),
+                source,
+                src: item.begin,
+                dst: offset,
+                len: item.len,
+                slice: item.slice.is_some().then_some(self.slices.len()),
+            });
+            self.slices.extend(item.slice);
+        }
+        Ok(())
+    }
+
+    /// Adds a whole tensor of `file` (the plan's source number `source`).
+    pub fn add_tensor(&mut self, source: usize, file: &SafeFile, name: &str) -> Result<&Placement> {
+        let info = file.info(name)?;
+        let begin = info.data_offsets.0 as u64;
+        let len = info.byte_len() as u64;
+        let offset = self.reserve(name, info.dtype, info.shape.to_vec(), len)?;
+        if len > 0 {
+            self.pieces.push(Piece {
+                placement: self.placements.len().saturating_sub(1),
+                source,
+                src: begin,
+                dst: offset,
+                len,
+                slice: None,
+            });
+        }
+        self.last_placement()
+    }
+
+    /// Adds a slice of a tensor: only the selected bytes are read, packed contiguously.
+    pub fn add_slice(
+        &mut self,
+        source: usize,
+        file: &SafeFile,
+        name: &str,
+        indexers: &[Indexer],
+    ) -> Result<&Placement> {
+        let info = file.info(name)?;
+        let plan = SlicePlan::new(&info, indexers).map_err(|e| e.in_file(file.path()))?;
+        let offset = self.reserve(
+            name,
+            info.dtype,
+            plan.shape().to_vec(),
+            plan.byte_len() as u64,
+        )?;
+        let len = plan.byte_len() as u64;
+        if len > 0 {
+            self.pieces.push(Piece {
+                placement: self.placements.len().saturating_sub(1),
+                source,
+                src: info.data_offsets.0 as u64,
+                dst: offset,
+                len,
+                slice: Some(self.slices.len()),
+            });
+            self.slices.push(plan);
+        }
+        self.last_placement()
+    }
+
+    /// The placement just reserved.
+    fn last_placement(&self) -> Result<&Placement> {
+        self.placements.last().ok_or_else(|| Error::Internal {
+            message: "an upload plan lost the placement it reserved".into(),
+        })
+    }
+
+    fn reserve(&mut self, name: &str, dtype: Dtype, shape: Vec<usize>, len: u64) -> Result<u64> {
+        let overflow = || Error::LayoutOverflow {
+            tensor: name.to_owned(),
+            placed: self.total,
+            len,
+            alignment: self.alignment,
+        };
+        let offset = self
+            .total
+            .checked_next_multiple_of(self.alignment)
+            .ok_or_else(overflow)?;
+        let total = offset.checked_add(len).ok_or_else(overflow)?;
+        self.total = total;
+        self.placements.push(Placement {
+            name: name.to_owned(),
+            dtype,
+            shape,
+            offset,
+            len,
+        });
+        Ok(offset)
+    }
+
+    /// The alignment every placement's offset is a multiple of.
+    pub fn alignment(&self) -> u64 {
+        self.alignment
+    }
+
+    /// Bytes the destination needs.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Where each tensor goes, in the order they were added.
+    pub fn placements(&self) -> &[Placement] {
+        &self.placements
+    }
+
+    /// Source bytes the plan reads (the total minus alignment padding).
+    pub fn payload(&self) -> u64 {
+        // At most the total, which fits.
+        self.pieces
+            .iter()
+            .fold(0u64, |sum, p| sum.saturating_add(p.len))
+    }
+}
