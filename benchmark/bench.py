@@ -33,6 +33,8 @@ import statistics
 import sys
 import time
 
+import checked_output
+
 ITEMS = {"open", "load", "load_copy", "slice", "save", "save_nosync", "gpu", "convert"}
 ITERATION_ITEMS = {"open", "load", "load_copy", "gpu"}
 
@@ -365,6 +367,12 @@ def main(argv):
         print(f"bench.py: {e}: needs safetensors==0.8.0 and NumPy (pip install -r benchmark/requirements.txt)",
               file=sys.stderr)
         return 1
+    # Opened now: a path that cannot be written fails before the measurements, not after.
+    try:
+        out = open(a.json, "w") if a.json else None
+    except OSError as e:
+        print(f"bench.py: cannot create {a.json}: {e.strerror}", file=sys.stderr)
+        return 1
     cache = "cold" if a.cold else "warm"
     if a.cold and not drop_caches():
         print("bench.py: --cold drops the page cache before every run (sync, then echo 3 > "
@@ -391,13 +399,17 @@ def main(argv):
         print("convert (64 Mi elements)")
         report["convert"] = convert_items(a.runs or 3)
     text = json.dumps(report)
-    if a.json:
-        with open(a.json, "w") as f:
-            f.write(text + "\n")
-    else:
+    if out is None:
         print("JSON", text)
+        return 0
+    try:
+        with out:
+            out.write(text + "\n")
+    except OSError as e:
+        print(f"bench.py: cannot write {a.json}: {e.strerror}", file=sys.stderr)
+        return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    checked_output.run(main, sys.argv[1:], "bench.py")

@@ -57,6 +57,7 @@
 #include <sstream>
 
 #include "bench_convert.hpp"
+#include "checked_output.hpp"
 #include "cold.hpp"
 #include "limits.hpp"
 
@@ -415,7 +416,10 @@ std::function<void()> cache_setup(const Options& opt, const fs::path& path) {
     return [] {};
   }
   if (!measure::drop_caches()) throw std::runtime_error(kColdNeedsRoot);
-  return [] { measure::drop_caches(); };
+  // A drop that fails midway would time warm reads as cold ones.
+  return [] {
+    if (!measure::drop_caches()) throw std::runtime_error("cannot drop the page cache between runs");
+  };
 }
 
 /// Every requested item of one file, each beside the limit it is compared with.
@@ -642,6 +646,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
+    // Opened now: a path that cannot be written fails before the measurements, not after.
+    std::optional<checked::OutputFile> out;
+    if (!opt.json.empty()) out.emplace(opt.json);
     std::time_t now = std::time(nullptr);
     char date[32];
     std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
@@ -662,13 +669,14 @@ int main(int argc, char** argv) {
       json << ",\"convert\":" << bench_convert::run(std::size_t{64} << 20, runs);
     }
     json << "}";
-    if (!opt.json.empty()) {
-      std::ofstream(opt.json) << json.str() << "\n";
+    if (out) {
+      out->write(json.str() + "\n");
+      out->close();
     } else {
       std::printf("JSON %s\n", json.str().c_str());
     }
     std::fprintf(stderr, "%s", sink == 42 ? " " : "");
-    return 0;
+    return checked::stdout_arrived("bench_cpp") ? 0 : 1;
   } catch (const safetensors::Error& e) {
     std::fprintf(stderr, "bench_cpp: %s: %s\n", std::string(safetensors::to_string(e.kind())).c_str(),
                  e.what());

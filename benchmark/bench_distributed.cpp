@@ -19,11 +19,12 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <string>
 #include <variant>
 #include <vector>
+
+#include "checked_output.hpp"
 
 namespace {
 
@@ -91,7 +92,7 @@ int split(const fs::path& file, const fs::path& dir, std::size_t n) {
     }
     save_file(dir / shard, part, {}, {.sync = false});
   }
-  std::ofstream(dir / "model.safetensors.index.json") << "{\"metadata\":{},\"weight_map\":{" << map << "}}";
+  checked::write_file(dir / "model.safetensors.index.json", "{\"metadata\":{},\"weight_map\":{" + map + "}}");
   return 0;
 }
 
@@ -192,6 +193,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", e.what());
     rc = 1;
   }
+  if (!checked::stdout_arrived("bench_distributed")) rc = 1;
   MPI_Finalize();
   return rc;
 }

@@ -41,13 +41,16 @@ inline void write_file(const std::filesystem::path& dir, const std::vector<std::
   while (done < bytes.size()) {
     ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
     if (n <= 0) {
+      int err = n < 0 ? errno : EIO;
       ::close(fd);
-      throw std::runtime_error("write " + path.string() + " failed");
+      throw std::runtime_error("write " + path.string() + ": " + std::strerror(err));
     }
     done += static_cast<std::size_t>(n);
   }
-  if (sync) ::fsync(fd);
-  ::close(fd);
+  // A failed sync or close is a write that did not land: the figure would be for less work.
+  int err = sync && ::fsync(fd) != 0 ? errno : 0;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err != 0) throw std::runtime_error("write " + path.string() + ": " + std::strerror(err));
 }
 
 /// Drops the page cache (cold runs); needs root and a writable /proc/sys.

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "checked_output.hpp"
+
 namespace {
 
 struct Spec {
@@ -143,8 +145,9 @@ void make(const std::filesystem::path& path, const std::vector<Spec>& specs) {
 
 int main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help") {
-    std::puts("usage: make_bench_files DIR [gpt2] [1b] [20k]   (default: gpt2 20k)");
-    return argc < 2 ? 2 : 0;
+    std::fputs("usage: make_bench_files DIR [gpt2] [1b] [20k]   (default: gpt2 20k)\n",
+               argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : (checked::stdout_arrived("make_bench_files") ? 0 : 1);
   }
   std::filesystem::path dir = argv[1];
   std::set<std::string> which(argv + 2, argv + argc);
@@ -158,5 +161,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "make_bench_files: %s\n", e.what());
     return 1;
   }
-  return 0;
+  return checked::stdout_arrived("make_bench_files") ? 0 : 1;
 }

@@ -16,6 +16,8 @@ import statistics
 import sys
 from collections import defaultdict
 
+import checked_output
+
 # The goals the issues set, checked in the table: (file, item) -> list of (kind, factor).
 #   ("python", f): ours at least f times faster than Python; ("limit", f): ours at least f times
 #   the speed of the limit (limit time / our time >= f).
@@ -194,6 +196,9 @@ def chart(data, meta, out):
 
     cpp, py = data.get("bench_cpp", {}), data.get("bench.py", {})
     files = sorted(cpp, key=lambda n: cpp[n]["bytes"])
+    if not files:
+        print("(no chart: no bench_cpp figures)")
+        return
     fig, axes = plt.subplots(len(files), 1, figsize=(9, 2.8 * len(files)), squeeze=False)
     for ax, name in zip(axes[:, 0], files):
         c, p = cpp[name], py.get(name, {"items": {}})
@@ -232,26 +237,40 @@ def main(argv):
             cold.append(json.load(f).get("cache") == "cold")
     if all(cold):
         text = cold_table(a.results)
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, "results.md"), "w") as f:
-            f.write(text + "\n")
+        if not write_results(a.out, text):
+            return 1
         print(text)
         return 0
     data, meta = load(a.results)
     text, verdicts = table(data, meta)
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "results.md"), "w") as f:
-        f.write(text + "\n")
+    if not write_results(a.out, text):
+        return 1
     print(text)
     try:
         chart(data, meta, os.path.join(a.out, "chart.png"))
     except ImportError:
         print("(no chart: matplotlib is not installed)")
+    except OSError as e:
+        print(f"report.py: cannot write {os.path.join(a.out, 'chart.png')}: {e.strerror}", file=sys.stderr)
+        return 1
     missed = [v for v in verdicts if not v[-1]]
     for name, item, kind, factor, value, _ in missed:
         print(f"goal missed: {name} {item}: {value and round(value, 2)}x vs >= {factor}x {kind}")
     return 0
 
 
+def write_results(out, text):
+    """DIR/results.md, or False after saying why it cannot be written."""
+    path = os.path.join(out, "results.md")
+    try:
+        os.makedirs(out, exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text + "\n")
+        return True
+    except OSError as e:
+        print(f"report.py: cannot write {path}: {e.strerror}", file=sys.stderr)
+        return False
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    checked_output.run(main, sys.argv[1:], "report.py")

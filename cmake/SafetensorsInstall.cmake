@@ -1,5 +1,5 @@
 # Install rules: headers (ours, the generated bridge header and cxx.h, all under
-# include/safetensors/), the Rust archive, the CMake package (with a `cuda` component), a
+# include/safetensors/), the Rust archive and libsafetensors.so (where built), the CMake package (with a `cuda` component), a
 # pkg-config file, LICENSE and NOTICE, and the command-line tool.
 include(CMakePackageConfigHelpers)
 
@@ -11,12 +11,15 @@ install(FILES "${SAFETENSORS_GENERATED_INCLUDE_DIR}/safetensors/ffi/lib.rs.h"
         DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/safetensors/ffi")
 install(FILES "${SAFETENSORS_GENERATED_INCLUDE_DIR}/safetensors/ffi/rust/cxx.h"
         DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/safetensors/ffi/rust")
-if(SAFETENSORS_SHARED)
+# Both libraries where the shared one is built: safetensors::safetensors links the archive
+# (or, with SAFETENSORS_SHARED, the .so); safetensors::safetensors_shared is the .so either way.
+install(FILES "${SAFETENSORS_RUST_STATICLIB}" DESTINATION "${CMAKE_INSTALL_LIBDIR}" RENAME "libsafetensors_rust.a")
+if(TARGET safetensors_shared)
   install(TARGETS safetensors_shared EXPORT safetensorsTargets LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}")
+endif()
+if(SAFETENSORS_SHARED)
   set(_st_pc_libs "-lsafetensors")
 else()
-  install(FILES "${SAFETENSORS_RUST_STATICLIB}" DESTINATION "${CMAKE_INSTALL_LIBDIR}"
-          RENAME "libsafetensors_rust.a")
   set(_st_pc_libs "-lsafetensors_rust -lpthread -ldl -lm -lrt")
 endif()
 

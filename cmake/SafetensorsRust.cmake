@@ -6,6 +6,10 @@
 #                                       of the workspace, as this build runs it
 #   SAFETENSORS_CARGO_ENV               the environment every cargo run of this build gets
 #                                       (VAR=value items), tests' `cargo test` included
+#   SAFETENSORS_CARGO                   the cargo program (Corrosion's, when it builds the crate)
+#
+# Rust (cargo and rustc) at least the workspace's rust-version is required; configure stops
+# saying which version was found and how to get a newer one.
 #
 # Corrosion is used when find_package(Corrosion) finds it, when FETCHCONTENT_SOURCE_DIR_CORROSION
 # points to a checkout, or when SAFETENSORS_FETCH_CORROSION=ON (pinned tag); otherwise a plain
@@ -38,8 +42,31 @@ endif()
 set(SAFETENSORS_CARGO_ENV "SAFETENSORS_CXX_INCLUDE_DIR=${PROJECT_BINARY_DIR}/generated/include"
                           "CXX=${CMAKE_CXX_COMPILER}" "CXXFLAGS=$ENV{CXXFLAGS} -fno-exceptions")
 
+# The oldest Rust the crates build with: Cargo.toml's rust-version, written once there.
+file(STRINGS "${PROJECT_SOURCE_DIR}/Cargo.toml" _st_rust_version REGEX "^rust-version = \"[0-9.]+\"$")
+string(REGEX REPLACE "^rust-version = \"([0-9.]+)\"$" "\\1" SAFETENSORS_RUST_VERSION "${_st_rust_version}")
+string(CONCAT _st_get_rust "install Rust with rustup (https://rustup.rs: curl --proto '=https' --tlsv1.2 -sSf "
+              "https://sh.rustup.rs | sh), or update it with `rustup update`")
+
+# safetensors_check_cargo(<cargo>): stops unless `<cargo> --version` is at least rust-version.
+function(safetensors_check_cargo cargo)
+  execute_process(COMMAND "${cargo}" --version RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
+                  OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "^cargo ([0-9]+\\.[0-9]+(\\.[0-9]+)?)")
+    message(FATAL_ERROR "safetensors: `${cargo} --version` failed (${out}${err}): it needs Rust >= "
+                        "${SAFETENSORS_RUST_VERSION}; ${_st_get_rust}")
+  endif()
+  if(CMAKE_MATCH_1 VERSION_LESS SAFETENSORS_RUST_VERSION)
+    message(FATAL_ERROR "safetensors: Rust ${CMAKE_MATCH_1} found (${cargo}), Rust >= ${SAFETENSORS_RUST_VERSION} "
+                        "needed: ${_st_get_rust}")
+  endif()
+endfunction()
+
 find_package(Threads REQUIRED)
 set(_st_system_libs Threads::Threads ${CMAKE_DL_LIBS} m rt)
+
+# The `corrosion` preset must test Corrosion, not fall back to the cargo step unnoticed.
+option(SAFETENSORS_REQUIRE_CORROSION "Stop unless the Rust core is built with Corrosion" OFF)
 
 set(_st_use_corrosion OFF)
 if(SAFETENSORS_FETCH_CORROSION OR FETCHCONTENT_SOURCE_DIR_CORROSION)
@@ -56,6 +83,10 @@ else()
     set(_st_use_corrosion ON)
   endif()
 endif()
+if(SAFETENSORS_REQUIRE_CORROSION AND NOT _st_use_corrosion)
+  message(FATAL_ERROR "SAFETENSORS_REQUIRE_CORROSION=ON but no Corrosion: set the environment variable "
+                      "SAFETENSORS_CORROSION_DIR (or FETCHCONTENT_SOURCE_DIR_CORROSION) to a Corrosion checkout")
+endif()
 
 if(_st_use_corrosion)
   message(STATUS "safetensors: building the Rust core with Corrosion (cargo profile ${_st_profile})")
@@ -68,14 +99,19 @@ if(_st_use_corrosion)
     FEATURES ${_st_features}
     LOCKED)
   corrosion_set_env_vars(safetensors_cxx ${SAFETENSORS_CARGO_ENV})
+  # The cargo Corrosion found, for everything else that runs cargo (the tests' `cargo test`).
+  set(SAFETENSORS_CARGO "${Rust_CARGO_CACHED}")
+  safetensors_check_cargo("${SAFETENSORS_CARGO}")
   set(SAFETENSORS_RUST_STATICLIB "$<TARGET_PROPERTY:safetensors_cxx-static,IMPORTED_LOCATION>")
   add_library(safetensors_rust INTERFACE)
   target_link_libraries(safetensors_rust INTERFACE safetensors_cxx ${_st_system_libs})
 else()
-  find_program(
-    SAFETENSORS_CARGO cargo
-    HINTS "$ENV{CARGO_HOME}/bin" "$ENV{HOME}/.cargo/bin"
-    REQUIRED)
+  find_program(SAFETENSORS_CARGO cargo HINTS "$ENV{CARGO_HOME}/bin" "$ENV{HOME}/.cargo/bin")
+  if(NOT SAFETENSORS_CARGO)
+    message(FATAL_ERROR "safetensors: no cargo found (on PATH, in $CARGO_HOME/bin or ~/.cargo/bin): the Rust core "
+                        "needs Rust >= ${SAFETENSORS_RUST_VERSION}; ${_st_get_rust}. Or set SAFETENSORS_CARGO to it.")
+  endif()
+  safetensors_check_cargo("${SAFETENSORS_CARGO}")
   message(STATUS "safetensors: building the Rust core with cargo (${SAFETENSORS_CARGO}, profile ${_st_profile}); "
                  "Corrosion not found")
   if(_st_profile STREQUAL "dev")

@@ -29,6 +29,13 @@ if(TARGET safetensors_cargo_build)
 else()
   add_dependencies(safetensors_shared cargo-build_safetensors_cxx)  # Corrosion's build target
 endif()
+# Usable on its own (`safetensors::safetensors_shared` of an installed package): the headers and
+# C++20 come with it, as with safetensors::safetensors.
+target_compile_features(safetensors_shared INTERFACE cxx_std_20)
+target_include_directories(
+  safetensors_shared INTERFACE $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
+                               $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+target_include_directories(safetensors_shared SYSTEM INTERFACE $<BUILD_INTERFACE:${SAFETENSORS_GENERATED_INCLUDE_DIR}>)
 set_target_properties(
   safetensors_shared PROPERTIES OUTPUT_NAME safetensors VERSION "${PROJECT_VERSION}" SOVERSION "${_st_soversion}"
                                 LINK_DEPENDS "${_st_map};${SAFETENSORS_RUST_STATICLIB}")

@@ -3,8 +3,6 @@
 // Exit codes: 0 success, 1 a file is invalid or an operation failed, 2 the command line is wrong.
 #pragma once
 
-#include <nlohmann/json_fwd.hpp>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -18,6 +16,8 @@
 #include <vector>
 
 #include <safetensors/error.hpp>
+
+#include "json.hpp"
 
 namespace cli {
 
@@ -47,8 +47,7 @@ std::string with_commas(std::uint64_t n);
 /// `[2, 3]`.
 std::string shape_text(const std::vector<std::size_t>& shape);
 
-/// JSON documents, built with nlohmann/json rather than by hand (keys in insertion order).
-using Json = nlohmann::ordered_json;
+/// JSON documents are built as `Json` values (json.hpp), never by pasting text.
 enum class JsonLayout {
   Compact,  // {"a":1,"b":[1,2]}: inspect
   Spaced,   // {"a": 1, "b": [1, 2]}: stats, one tensor per line

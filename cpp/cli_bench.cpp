@@ -1,4 +1,4 @@
-// `safetensors bench FILE [--runs N]`: quick figures for one file, through the loads that
+// `safetensors bench FILE [--runs N] [--json]`: quick figures for one file, through the loads that
 // benchmark/bench_cpp times too (cpp/measure.hpp): open (keys and every view), load (every
 // byte, mapped), load into owned memory, next to a plain read() of the file. Reads exactly the
 // length it validated: a file replaced or resized meanwhile is an `Io` error.
@@ -21,6 +21,7 @@ namespace {
 struct Arguments {
   fs::path path;
   int runs = 5;
+  bool json = false;
 };
 
 Arguments read_arguments(const std::vector<std::string>& args) {
@@ -34,6 +35,8 @@ Arguments read_arguments(const std::vector<std::string>& args) {
       if (ec != std::errc{} || end != v.data() + v.size() || out.runs < 1 || out.runs > 100000) {
         throw UsageError("--runs takes a number from 1 to 100000, got '" + printable(v) + "'");
       }
+    } else if (args[i] == "--json") {
+      out.json = true;
     } else if (is_option(args[i])) {
       unknown_option("bench", args[i]);
     } else if (!path) {
@@ -72,7 +75,7 @@ double median_of(measure::LoadItem::Kind kind, const fs::path& path, int runs, s
 }  // namespace
 
 int bench_command(const std::vector<std::string>& args) {
-  auto [path, runs] = read_arguments(args);
+  auto [path, runs, json] = read_arguments(args);
   std::uint64_t size = 0;
   {
     safetensors::SafeOpen probe(path);  // a missing or malformed file fails here, with its error kind
@@ -92,6 +95,22 @@ int bench_command(const std::vector<std::string>& args) {
     return measure::median(measure::repeat(runs, [&] { measure::read_whole_file(path, target.data, size); }));
   });
   auto gbps = [&](double s) { return static_cast<double>(size) / s / 1e9; };
+  if (json) {
+    auto item = [&](const char* name, double s, bool rate) {
+      Json j = Json::object({{"item", name}, {"median_s", s}});
+      if (rate) j["gbps"] = gbps(s);
+      return j;
+    };
+    Json items = Json::array({item("open", open, false), item("load", load, true),
+                              item("load_copy", copy, true), item("read", read, true)});
+    std::puts(json_text(Json::object({{"path", path.string()},
+                                      {"bytes", size},
+                                      {"machine", measure::machine()},
+                                      {"runs", runs},
+                                      {"items", std::move(items)}}))
+                  .c_str());
+    return sink == 42 ? 0 : 0;
+  }
   std::printf("%s: %s bytes, %s\n", printable_path(path).c_str(), with_commas(size).c_str(),
               measure::machine().c_str());
   std::printf("  open (keys + every view)      %10.3f ms\n", open * 1e3);

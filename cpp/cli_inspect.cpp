@@ -3,8 +3,6 @@
 // JSON. Reads only headers (the read backend reads the header and nothing else).
 #include <safetensors/safetensors.hpp>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -37,12 +35,13 @@ struct Listing {
   std::size_t shards = 1;
 };
 
-/// `fs::file_size` as a typed `Io` error (a shard removed meanwhile, a permission change).
-std::uint64_t file_size_of(const fs::path& path) {
+/// `shard` as the index names it: relative to the index's folder (shards in different folders
+/// may share a file name), or whole where it is not below it.
+std::string shard_name(const fs::path& index, const fs::path& shard) {
   std::error_code ec;
-  auto n = fs::file_size(path, ec);
-  if (ec) throw_io("get the size of", path, ec.value());
-  return n;
+  fs::path dir = fs::absolute(index, ec).parent_path().lexically_normal();
+  fs::path relative = shard.lexically_normal().lexically_relative(dir);
+  return ec || relative.empty() || *relative.begin() == ".." ? shard.string() : relative.string();
 }
 
 Listing list_checkpoint(const fs::path& path) {
@@ -52,8 +51,9 @@ Listing list_checkpoint(const fs::path& path) {
   l.metadata = ckpt.metadata();
   l.has_metadata = ckpt.has_metadata();
   l.shards = ckpt.shard_count();
-  for (const auto& k : ckpt.keys()) l.rows.push_back({k, ckpt.info(k), ckpt.shard_of(k).filename().string()});
-  for (const auto& p : ckpt.shard_paths()) l.file_bytes += file_size_of(p);
+  for (const auto& k : ckpt.keys()) l.rows.push_back({k, ckpt.info(k), shard_name(path, ckpt.shard_of(k))});
+  // The lengths the checkpoint validated (measuring the paths again could find other files).
+  for (std::size_t s = 0; s < l.shards; ++s) l.file_bytes += ckpt.shard_sizes(s).file();
   return l;
 }
 
@@ -88,11 +88,12 @@ Totals totals_of(const std::vector<Row>& rows) {
 // ---- --json -------------------------------------------------------------------------------
 
 Json tensor_json(const Row& r) {
-  Json t{{"name", r.name},
-         {"dtype", safetensors::to_string(r.info.dtype)},
-         {"shape", r.info.shape},
-         {"bytes", r.info.byte_size()},
-         {"data_offsets", {r.info.data_offsets.first, r.info.data_offsets.second}}};
+  Json t =
+      Json::object({{"name", r.name},
+                    {"dtype", safetensors::to_string(r.info.dtype)},
+                    {"shape", r.info.shape},
+                    {"bytes", r.info.byte_size()},
+                    {"data_offsets", Json::array({r.info.data_offsets.first, r.info.data_offsets.second})}});
   if (!r.shard.empty()) t["shard"] = r.shard;
   return t;
 }
@@ -100,15 +101,15 @@ Json tensor_json(const Row& r) {
 Json totals_json(const Totals& totals, std::size_t tensors) {
   Json by_dtype = Json::object();
   for (const auto& [dtype, pb] : totals.by_dtype)
-    by_dtype[dtype] = {{"parameters", pb.first}, {"bytes", pb.second}};
-  return {{"tensors", tensors},
-          {"parameters", totals.parameters},
-          {"bytes", totals.bytes},
-          {"by_dtype", by_dtype}};
+    by_dtype[dtype] = Json::object({{"parameters", pb.first}, {"bytes", pb.second}});
+  return Json::object({{"tensors", tensors},
+                       {"parameters", totals.parameters},
+                       {"bytes", totals.bytes},
+                       {"by_dtype", std::move(by_dtype)}});
 }
 
 void print_json(const fs::path& path, const Listing& l, const Totals& totals) {
-  Json doc{{"path", path.string()}, {"file_bytes", l.file_bytes}};
+  Json doc = Json::object({{"path", path.string()}, {"file_bytes", l.file_bytes}});
   if (!l.index) doc["header_bytes"] = l.header_bytes;
   doc["shards"] = l.shards;
   doc["metadata"] = l.has_metadata ? Json(l.metadata) : Json(nullptr);

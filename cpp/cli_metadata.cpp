@@ -1,4 +1,4 @@
-// `safetensors metadata FILE [--set KEY=VALUE]... [--delete KEY]...`: prints a file's metadata,
+// `safetensors metadata FILE [--set KEY=VALUE]... [--delete KEY]... [--json]`: prints a file's metadata,
 // or rewrites the file with the changes: under an exclusive lock, staged beside it (private,
 // then given the original's owner and mode), written through the library's writer, every
 // tensor compared with the original, and renamed over it with SIGINT, SIGTERM and SIGHUP held
@@ -158,6 +158,7 @@ fs::path create_staged(const fs::path& target) {
 
 struct Edit {
   fs::path path;
+  bool json = false;
   std::map<std::string, std::string> sets;
   std::set<std::string> deletes;
   [[nodiscard]] bool empty() const { return sets.empty() && deletes.empty(); }
@@ -179,6 +180,8 @@ Edit read_arguments(const std::vector<std::string>& args) {
       if (eq == std::string::npos || eq == 0)
         throw UsageError("--set takes KEY=VALUE, got '" + printable(v) + "'");
       edit.sets[v.substr(0, eq)] = v.substr(eq + 1);
+    } else if (a == "--json") {
+      edit.json = true;
     } else if (is_option(a)) {
       unknown_option("metadata", a);
     } else if (!path) {
@@ -193,8 +196,13 @@ Edit read_arguments(const std::vector<std::string>& args) {
   return edit;
 }
 
-void print_metadata(const fs::path& path) {
+void print_metadata(const fs::path& path, bool json) {
   SafeOpen original(path);
+  if (json) {
+    Json meta = original.has_metadata() ? Json(original.metadata()) : Json(nullptr);
+    std::puts(json_text(Json::object({{"path", path.string()}, {"metadata", std::move(meta)}})).c_str());
+    return;
+  }
   if (!original.has_metadata()) std::puts("(no metadata)");
   for (const auto& [k, v] : original.metadata())
     std::printf("%s: %s\n", printable(k).c_str(), printable(v).c_str());
@@ -283,7 +291,7 @@ void replace_with(const fs::path& target, const FileLock& lock, const SafeOpen& 
 int metadata_command(const std::vector<std::string>& args) {
   Edit edit = read_arguments(args);
   if (edit.empty()) {
-    print_metadata(edit.path);
+    print_metadata(edit.path, edit.json);
     return 0;
   }
   fs::path target = resolve_link(edit.path);
@@ -297,8 +305,16 @@ int metadata_command(const std::vector<std::string>& args) {
   Tensors tensors;
   for (const auto& k : original.keys()) tensors.emplace_back(k, original.get_tensor(k));
   replace_with(target, lock, original, tensors, meta);
-  std::printf("updated %s: %zu tensors unchanged, metadata now has %zu keys\n",
-              printable_path(target).c_str(), tensors.size(), meta.size());
+  if (edit.json) {
+    std::puts(json_text(Json::object({{"path", target.string()},
+                                      {"updated", true},
+                                      {"tensors", tensors.size()},
+                                      {"metadata", meta}}))
+                  .c_str());
+  } else {
+    std::printf("updated %s: %zu tensors unchanged, metadata now has %zu keys\n",
+                printable_path(target).c_str(), tensors.size(), meta.size());
+  }
   return 0;
 }
 

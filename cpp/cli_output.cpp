@@ -2,10 +2,9 @@
 // embed them): escaped for a terminal by `printable`, or as JSON by `json_text`, by one rule of
 // what counts as a control character, so a file can neither forge output nor drive the terminal.
 // Also the small formatting helpers every command's tables use.
-#include <nlohmann/json.hpp>
-
 #include <cmath>
 #include <cstdio>
+#include <type_traits>
 #include <utility>
 
 #include "cli.hpp"
@@ -43,30 +42,26 @@ bool is_control(char32_t c) {
          c == 0xfeff;
 }
 
-/// The inside of a JSON string for `run`, which is valid UTF-8. nlohmann/json escapes `"`, `\`
-/// and the controls below U+0020; the controls JSON lets through (DEL, C1, direction and line
-/// controls) are then escaped as `\uNNNN` too, as `printable` escapes them, and \b and \f are
-/// spelled \u0008 and \u000c, as the tool has always written them.
+/// The inside of a JSON string for `run`, which is valid UTF-8: `"` and `\` escaped, \n, \r and
+/// \t by name, and every other control (C0, DEL, C1, Unicode's direction and line controls, as
+/// `printable` counts them) as `\uNNNN`, \b and \f included, as the tool has always written them.
 std::string json_escaped(std::string_view run) {
-  std::string text = Json(std::string(run)).dump();
-  text = text.substr(1, text.size() - 2);  // the quotes
   std::string out;
-  out.reserve(text.size());
+  out.reserve(run.size());
   char buf[16];  // "\\u" and up to 8 hex digits of an unsigned, as far as the compiler can tell
-  for (std::size_t i = 0; i < text.size();) {
-    if (text[i] == '\\' && i + 1 < text.size()) {
-      char e = text[i + 1];
-      out += e == 'b' ? "\\u0008" : e == 'f' ? "\\u000c" : text.substr(i, 2);
-      i += 2;
-      continue;
-    }
-    auto [c, len] = decode_utf8(text, i);
+  for (std::size_t i = 0; i < run.size();) {
+    auto [c, len] = decode_utf8(run, i);
     if (len == 0) len = 1;  // not reached: `run` is UTF-8
-    if (is_control(c)) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c == '\n' || c == '\r' || c == '\t') {
+      out += c == '\n' ? "\\n" : c == '\r' ? "\\r" : "\\t";
+    } else if (is_control(c)) {
       std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
       out += buf;
     } else {
-      out.append(text, i, len);
+      out.append(run, i, len);
     }
     i += len;
   }
@@ -93,24 +88,39 @@ std::string json_string(const std::string& s) {
 void write_json(const Json& value, JsonLayout layout, std::string& out) {
   const char* between = layout == JsonLayout::Compact ? "," : ", ";
   const char* after_key = layout == JsonLayout::Compact ? ":" : ": ";
-  if (value.is_object() || value.is_array()) {
-    out += value.is_object() ? '{' : '[';
-    for (auto it = value.begin(); it != value.end(); ++it) {
-      if (it != value.begin()) out += between;
-      if (value.is_object()) out += json_string(it.key()) + after_key;
-      write_json(it.value(), layout, out);
-    }
-    out += value.is_object() ? '}' : ']';
-  } else if (value.is_string()) {
-    out += json_string(value.get_ref<const std::string&>());
-  } else if (value.is_number_float()) {
-    double x = value.get<double>();
-    char buf[40];
-    std::snprintf(buf, sizeof buf, "%.17g", x);
-    out += std::isfinite(x) ? buf : "null";
-  } else {
-    out += value.dump();  // integers, booleans, null
-  }
+  std::visit(
+      [&](const auto& v) {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, Json::Object>) {
+          out += '{';
+          for (std::size_t i = 0; i < v.size(); ++i) {
+            if (i) out += between;
+            out += json_string(v[i].first) + after_key;
+            write_json(v[i].second, layout, out);
+          }
+          out += '}';
+        } else if constexpr (std::is_same_v<T, Json::Array>) {
+          out += '[';
+          for (std::size_t i = 0; i < v.size(); ++i) {
+            if (i) out += between;
+            write_json(v[i], layout, out);
+          }
+          out += ']';
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          out += json_string(v);
+        } else if constexpr (std::is_same_v<T, double>) {
+          char buf[40];
+          std::snprintf(buf, sizeof buf, "%.17g", v);
+          out += std::isfinite(v) ? buf : "null";
+        } else if constexpr (std::is_same_v<T, bool>) {
+          out += v ? "true" : "false";
+        } else if constexpr (std::is_same_v<T, std::nullptr_t>) {
+          out += "null";
+        } else {
+          out += std::to_string(v);  // integers, exactly
+        }
+      },
+      value.value());
 }
 
 }  // namespace

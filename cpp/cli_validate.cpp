@@ -1,7 +1,8 @@
-// `safetensors validate [--header-only] [--lenient] [--allow-trailing-bytes] FILE|INDEX...`:
+// `safetensors validate [--header-only] [--lenient] [--allow-trailing-bytes] [--json] FILE|INDEX...`:
 // every header rule, then every data byte readable (unless --header-only); for an index, every
-// shard against the index. One OK or FAIL line per file (the error kind and message), what a
-// lenient read accepted listed under its OK line, progress on stderr when it is a terminal.
+// shard against the index, each shard opened once. One OK or FAIL line per file (the error kind
+// and message), what a lenient read accepted listed under its OK line, progress on stderr when it
+// is a terminal; with --json one document, a line per file.
 #include <safetensors/safetensors.hpp>
 
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,6 +52,7 @@ struct Arguments {
   bool header_only = false;
   bool lenient = false;
   bool allow_trailing = false;
+  bool json = false;
   std::vector<fs::path> paths;
 };
 
@@ -62,6 +65,8 @@ Arguments read_arguments(const std::vector<std::string>& args) {
       out.lenient = true;
     } else if (a == "--allow-trailing-bytes") {
       out.allow_trailing = true;
+    } else if (a == "--json") {
+      out.json = true;
     } else if (is_option(a)) {
       unknown_option("validate", a);
     } else {
@@ -72,13 +77,13 @@ Arguments read_arguments(const std::vector<std::string>& args) {
   return out;
 }
 
-/// Reads every data byte of `f`, in 16 MiB pieces.
-void read_all(const SafeOpen& f, std::size_t index, const fs::path& path, Progress& progress) {
+/// Reads `total` data bytes through `read(offset, dst)`, in 16 MiB pieces.
+template <class Read>
+void read_all(std::uint64_t total, std::size_t index, const fs::path& path, Progress& progress, Read&& read) {
   std::vector<std::byte> buffer(16u << 20);
-  std::uint64_t total = f.data_size();
   for (std::uint64_t at = 0; at < total; at += buffer.size()) {
     std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), total - at));
-    f.read_data(static_cast<std::size_t>(at), {buffer.data(), n});
+    read(static_cast<std::size_t>(at), std::span(buffer.data(), n));
     progress.update(index, path, at + n, total);
   }
 }
@@ -86,18 +91,14 @@ void read_all(const SafeOpen& f, std::size_t index, const fs::path& path, Progre
 /// What one file turned out to hold, and what a lenient read accepted in it.
 struct Checked {
   std::size_t tensors = 0;
-  std::uint64_t bytes = 0;
+  std::uint64_t bytes = 0;  // the lengths validated, not measured again
   std::vector<std::string> missing;
   std::vector<std::pair<fs::path, std::uint64_t>> trailing;
-
-  /// Counts the bytes of one file just validated (its own length: measuring the path again
-  /// could report another file's size, or fail, when another process replaces or removes it).
-  void add_file(const fs::path& path, const SafeOpen& f) {
-    bytes += f.data_offset() + f.data_size() + f.trailing_bytes();
-    if (f.trailing_bytes() > 0) trailing.emplace_back(path, f.trailing_bytes());
-  }
 };
 
+/// An index and every shard: each shard is opened once, by the checkpoint, which checks it
+/// against the index and then reads its data (opening the path again could read another file,
+/// one put there meanwhile).
 Checked check_index(const Arguments& a, std::size_t i, Progress& progress) {
   const auto& path = a.paths[i];
   Checked out;
@@ -108,10 +109,15 @@ Checked check_index(const Arguments& a, std::size_t i, Progress& progress) {
   } else {
     for (const auto& k : ckpt.keys()) (void)ckpt.info(k);  // opens and checks every shard
   }
-  for (const auto& shard : ckpt.shard_paths()) {
-    SafeOpen f(shard, {.backend = Backend::Read, .allow_trailing_bytes = a.allow_trailing});
-    if (!a.header_only) read_all(f, i, shard, progress);
-    out.add_file(shard, f);
+  auto shards = ckpt.shard_paths();
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    auto sizes = ckpt.shard_sizes(s);
+    if (!a.header_only) {
+      read_all(sizes.data, i, shards[s], progress,
+               [&](std::size_t at, std::span<std::byte> dst) { ckpt.read_shard_data(s, at, dst); });
+    }
+    out.bytes += sizes.file();
+    if (sizes.trailing > 0) out.trailing.emplace_back(shards[s], sizes.trailing);
   }
   out.tensors = ckpt.size() - out.missing.size();
   return out;
@@ -121,9 +127,13 @@ Checked check_file(const Arguments& a, std::size_t i, Progress& progress) {
   const auto& path = a.paths[i];
   Checked out;
   SafeOpen f(path, {.backend = Backend::Read, .allow_trailing_bytes = a.allow_trailing});
-  if (!a.header_only) read_all(f, i, path, progress);
+  if (!a.header_only) {
+    read_all(f.data_size(), i, path, progress,
+             [&](std::size_t at, std::span<std::byte> dst) { f.read_data(at, dst); });
+  }
   out.tensors = f.size();
-  out.add_file(path, f);
+  out.bytes = f.data_offset() + f.data_size() + f.trailing_bytes();
+  if (f.trailing_bytes() > 0) out.trailing.emplace_back(path, f.trailing_bytes());
   return out;
 }
 
@@ -146,24 +156,60 @@ void print_error(const fs::path& path, const safetensors::Error& e) {
               std::string(safetensors::to_string(e.kind())).c_str(), printable(e.what()).c_str());
 }
 
+/// One file's line of the --json document.
+Json ok_json(const fs::path& path, const Checked& c) {
+  Json trailing = Json::array();
+  for (const auto& [shard, n] : c.trailing)
+    trailing.push_back(Json::object({{"path", shard.string()}, {"bytes", n}}));
+  return Json::object({{"path", path.string()},
+                       {"valid", true},
+                       {"tensors", c.tensors},
+                       {"bytes", c.bytes},
+                       {"missing", c.missing},
+                       {"trailing", std::move(trailing)}});
+}
+
+Json error_json(const fs::path& path, const safetensors::Error& e) {
+  return Json::object(
+      {{"path", path.string()},
+       {"valid", false},
+       {"error", Json::object({{"kind", safetensors::to_string(e.kind())}, {"message", e.what()}})}});
+}
+
 }  // namespace
 
 int validate_command(const std::vector<std::string>& args) {
   Arguments a = read_arguments(args);
   Progress progress(a.paths.size());
   std::size_t bad = 0;
+  std::string files;  // --json: one line per file
   for (std::size_t i = 0; i < a.paths.size(); ++i) {
+    Json line;
     try {
       Checked c = is_index(a.paths[i]) ? check_index(a, i, progress) : check_file(a, i, progress);
       progress.clear();
-      print_ok(a.paths[i], c);
+      if (a.json) {
+        line = ok_json(a.paths[i], c);
+      } else {
+        print_ok(a.paths[i], c);
+      }
     } catch (const safetensors::Error& e) {
       progress.clear();
-      print_error(a.paths[i], e);
+      if (a.json) {
+        line = error_json(a.paths[i], e);
+      } else {
+        print_error(a.paths[i], e);
+      }
       ++bad;
     }
+    if (a.json) files += (i ? ",\n  " : "\n  ") + json_text(line, JsonLayout::Spaced);
   }
-  if (a.paths.size() > 1) std::printf("%zu of %zu files valid\n", a.paths.size() - bad, a.paths.size());
+  if (a.json) {
+    std::printf("{\"files\": [%s\n], \"valid\": %zu, \"total\": %zu}\n", files.c_str(), a.paths.size() - bad,
+                a.paths.size());
+  } else if (a.paths.size() > 1) {
+    std::printf("%zu of %zu files valid\n", a.paths.size() - bad, a.paths.size());
+  }
   return bad ? 1 : 0;
 }
 

@@ -6,13 +6,16 @@
 // cli_output.cpp (`printable`, `json_text`), so a file cannot forge output or drive the terminal.
 #include <safetensors/safetensors.hpp>
 
-#include <cerrno>
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <new>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "checked_output.hpp"
 #include "cli.hpp"
 
 #ifndef SAFETENSORS_VERSION
@@ -23,29 +26,46 @@ namespace {
 
 using namespace cli;
 
-constexpr const char* kUsage = R"(safetensors: inspect, validate and edit safetensors files
+/// A command: its entry point and its own usage text (its lines of the global help).
+struct Command {
+  const char* name;
+  int (*run)(const std::vector<std::string>&);
+  const char* usage;
+};
 
-usage:
-  safetensors inspect FILE|INDEX [--json]
-      Metadata, then every tensor (name, dtype, shape, bytes, offset), then totals
-      (parameters, bytes by dtype). Reads only headers. INDEX is a sharded checkpoint's
-      model.safetensors.index.json.
-  safetensors validate [--header-only] [--lenient] [--allow-trailing-bytes] FILE|INDEX...
+constexpr Command kCommands[] = {
+    {"inspect", inspect_command, R"(  safetensors inspect FILE|INDEX [--json]
+      Metadata, then every tensor (name, dtype, shape, bytes, offset; for an index, the shard,
+      relative to the index's folder), then totals (parameters, bytes by dtype). Reads only
+      headers. INDEX is a sharded checkpoint's model.safetensors.index.json.
+)"},
+    {"validate", validate_command,
+     R"(  safetensors validate [--header-only] [--lenient] [--allow-trailing-bytes] [--json] FILE|INDEX...
       Checks each file: every header rule, then every data byte readable (unless
-      --header-only); for an index, every shard against the index. Prints OK or the error
-      kind, message and hint per file; shows progress on a terminal. --lenient reads an
-      index as an allow-list (tensors its shards lack are listed, not fatal; copies in
-      other shards ignored); --allow-trailing-bytes accepts bytes after the last tensor and
-      reports how many.
-  safetensors metadata FILE [--set KEY=VALUE]... [--delete KEY]...
+      --header-only); for an index, every shard against the index, each shard opened once.
+      Prints OK or the error kind and message, one line per file; shows progress on a terminal.
+      --lenient reads an index as an allow-list (tensors its shards lack are listed, not fatal;
+      copies in other shards ignored); --allow-trailing-bytes accepts bytes after the last
+      tensor and reports how many.
+)"},
+    {"metadata", metadata_command,
+     R"(  safetensors metadata FILE [--set KEY=VALUE]... [--delete KEY]... [--json]
       Prints the metadata, or rewrites the file with the changes: atomically, through the
       writer, with every tensor's bytes compared with the original before the file is replaced.
-  safetensors bench FILE [--runs N]
+)"},
+    {"bench", bench_command, R"(  safetensors bench FILE [--runs N] [--json]
       Quick figures: open (keys and every view), load (every byte), load into owned memory,
       and a plain read() of the file for comparison.
-  safetensors stats FILE|INDEX [TENSOR...] [--json]
-      Per tensor: min, max, mean, std of the finite values; counts of NaN, +Inf, -Inf, zeros.
-  safetensors [COMMAND] --help | --version
+)"},
+    {"stats", stats_command, R"(  safetensors stats FILE|INDEX [TENSOR...] [--json]
+      Per tensor: min, max, mean, std of the finite values (an integer tensor's min and max
+      exactly); counts of NaN, +Inf, -Inf, zeros.
+)"},
+};
+
+constexpr const char* kExitCodes = R"(
+--json prints one JSON document on standard output, an error included:
+  {"error": {"kind": KIND, "message": MESSAGE}} (kind "Usage" for a wrong command line).
 
 exit codes:
   0  success (validate: every file is valid)
@@ -53,25 +73,76 @@ exit codes:
   2  the command line is wrong
 )";
 
-/// Whether the arguments ask for help: `--help` or `-h` anywhere but as an option's value.
-bool asks_for_help(const std::vector<std::string>& args) {
+std::string global_usage() {
+  std::string text = "safetensors: inspect, validate and edit safetensors files\n\nusage:\n";
+  for (const auto& c : kCommands) text += c.usage;
+  text += "  safetensors [COMMAND] --help | --version\n";
+  return text + kExitCodes;
+}
+
+/// One command's usage: what a wrong command line or `COMMAND --help` prints.
+std::string command_usage(const Command& c) {
+  return std::string("usage:\n") + c.usage + "(safetensors --help lists every command)\n";
+}
+
+const Command* find_command(const std::string& name) {
+  for (const auto& c : kCommands) {
+    if (name == c.name) return &c;
+  }
+  return nullptr;
+}
+
+/// Whether `args` hold `flag` other than as an option's value (`--set --json` sets a key).
+bool has_flag(const std::vector<std::string>& args, std::initializer_list<std::string_view> flags) {
   for (std::size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--set" || args[i] == "--delete" || args[i] == "--runs") {
       ++i;  // the next argument is a value, even if it reads "--help"
-    } else if (args[i] == "--help" || args[i] == "-h") {
+    } else if (std::find(flags.begin(), flags.end(), args[i]) != flags.end()) {
       return true;
     }
   }
   return false;
 }
 
-int run(const std::string& command, const std::vector<std::string>& args) {
-  if (command == "inspect") return inspect_command(args);
-  if (command == "validate") return validate_command(args);
-  if (command == "metadata") return metadata_command(args);
-  if (command == "bench") return bench_command(args);
-  if (command == "stats") return stats_command(args);
-  throw UsageError("unknown command '" + printable(command) + "'");
+/// `{"error": {"kind": ..., "message": ...}}`: a failure as --json prints it.
+void print_json_error(std::string_view kind, const std::string& message) {
+  std::puts(
+      json_text(Json::object({{"error", Json::object({{"kind", kind}, {"message", message}})}})).c_str());
+}
+
+/// A failure, reported once: one line on stderr, and with --json also as JSON on stdout (after
+/// whatever the command printed before failing has been flushed, so the two never interleave).
+void report(bool json, std::string_view kind, const std::string& message) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "safetensors: %s: %s\n", std::string(kind).c_str(), printable(message).c_str());
+  if (json) print_json_error(kind, message);
+}
+
+/// Runs `command` and turns what it throws into a report and an exit code. A wrong command
+/// line gets the command's own usage, not the whole help.
+int run(const Command& command, const std::vector<std::string>& args, bool json) {
+  try {
+    return command.run(args);
+  } catch (const UsageError& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "safetensors: %s\n\n%s", e.what(), command_usage(command).c_str());
+    if (json) print_json_error("Usage", e.what());
+    return 2;
+  } catch (const safetensors::Error& e) {
+    report(json, safetensors::to_string(e.kind()), e.what());
+  } catch (const std::filesystem::filesystem_error& e) {
+    report(json, "Io", e.what());
+  } catch (const std::bad_alloc&) {
+    report(json, "Io", "out of memory");
+  } catch (const std::exception& e) {
+    report(json, "Internal", e.what());
+  }
+  return 1;
+}
+
+/// What was printed must have arrived: a full disk or a closed pipe is an error, not success.
+int check_stdout(int code) {
+  return checked::stdout_arrived("safetensors", "Io: ") ? code : 1;
 }
 
 }  // namespace
@@ -79,47 +150,28 @@ int run(const std::string& command, const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
-    std::fputs(kUsage, args.empty() ? stderr : stdout);
-    return args.empty() ? 2 : 0;
+    std::fputs(global_usage().c_str(), args.empty() ? stderr : stdout);
+    return args.empty() ? 2 : check_stdout(0);
   }
   if (args[0] == "--version") {
     std::printf("safetensors %s\n", SAFETENSORS_VERSION);
-    return 0;
+    return check_stdout(0);
   }
-  std::string command = args[0];
+  const Command* command = find_command(args[0]);
   args.erase(args.begin());
-  if (asks_for_help(args)) {
-    std::fputs(kUsage, stdout);
-    return 0;
+  const bool json = has_flag(args, {"--json"});
+  if (command == nullptr) {
+    std::string why = "unknown command '" + printable(argv[1]) + "'";
+    std::string names;
+    for (const auto& c : kCommands) names += std::string(names.empty() ? "" : ", ") + c.name;
+    std::fprintf(stderr, "safetensors: %s (commands: %s; safetensors --help says more)\n", why.c_str(),
+                 names.c_str());
+    if (json) print_json_error("Usage", why);
+    return check_stdout(2);
   }
-  int code = 0;
-  try {
-    code = run(command, args);
-  } catch (const cli::UsageError& e) {
-    std::fprintf(stderr, "safetensors: %s\n\n%s", e.what(), kUsage);
-    return 2;
-  } catch (const safetensors::Error& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "safetensors: %s: %s\n", std::string(safetensors::to_string(e.kind())).c_str(),
-                 cli::printable(e.what()).c_str());
-    return 1;
-  } catch (const std::filesystem::filesystem_error& e) {
-    std::fprintf(stderr, "safetensors: Io: %s\n", cli::printable(e.what()).c_str());
-    return 1;
-  } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "safetensors: Io: out of memory\n");
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "safetensors: Internal: %s\n", cli::printable(e.what()).c_str());
-    return 1;
+  if (has_flag(args, {"--help", "-h"})) {
+    std::fputs(command_usage(*command).c_str(), stdout);
+    return check_stdout(0);
   }
-  // What was printed must have arrived: a full disk or a closed pipe is an error, not success.
-  errno = 0;
-  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
-    int err = errno;
-    std::fprintf(stderr, "safetensors: Io: cannot write to standard output: %s\n",
-                 err ? std::strerror(err) : "write error");
-    return 1;
-  }
-  return code;
+  return check_stdout(run(*command, args, json));
 }

@@ -12,6 +12,12 @@
 // misbehaving. Users write `safetensors::SafeOpen` as always; only mangled names change.
 #pragma once
 
+// Every public header includes this one first, so an older language mode stops here, with this
+// message, instead of deep inside a header at the first C++20 construct.
+#if !defined(__cplusplus) || __cplusplus < 202002L
+#error "safetensors needs C++20: compile with -std=c++20 (safetensors::safetensors in CMake asks for it)"
+#endif
+
 #if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
 #if defined(__cpp_rtti) || defined(__GXX_RTTI)
 #define SAFETENSORS_ABI abi_eh_rtti

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -24,6 +25,16 @@
 namespace safetensors::inline SAFETENSORS_ABI {
 
 class Checkpoint;
+
+/// The lengths of one shard as opened and validated: its header (the 8-byte prefix included),
+/// its data buffer, and the bytes after its last tensor (0 unless `allow_trailing_bytes`).
+struct ShardSizes {
+  std::uint64_t header = 0;
+  std::uint64_t data = 0;
+  std::uint64_t trailing = 0;
+  /// The whole file, as validated (not measured again).
+  [[nodiscard]] std::uint64_t file() const { return header + data + trailing; }
+};
 
 namespace nothrow {
 /// Opens a checkpoint, as `Checkpoint(path, options)`, without exceptions.
@@ -49,6 +60,11 @@ namespace nothrow {
     const Checkpoint& ckpt);
 /// `Checkpoint::shard_of` without exceptions.
 [[nodiscard]] Expected<std::filesystem::path> shard_of(const Checkpoint& ckpt, std::string_view name);
+/// `Checkpoint::shard_sizes` without exceptions.
+[[nodiscard]] Expected<ShardSizes> shard_sizes(const Checkpoint& ckpt, std::size_t shard);
+/// `Checkpoint::read_shard_data` without exceptions.
+Status read_shard_data(const Checkpoint& ckpt, std::size_t shard, std::size_t offset,
+                       std::span<std::byte> dst);
 }  // namespace nothrow
 
 /// A checkpoint split over several files by a Hugging Face index (`{"metadata": {...},
@@ -117,6 +133,21 @@ class Checkpoint {
   }
   /// How many shard files have been opened so far.
   [[nodiscard]] std::size_t shards_opened() const { return ckpt().shards_opened(); }
+
+  /// Shard `shard` (of `shard_paths()`): its lengths, and a copy of its data-buffer bytes
+  /// `[offset, offset + dst.size())`, as `SafeOpen::data_size` and `read_data` give for a file.
+  /// The shard is opened once, as for any tensor in it, and checked against the index; tools
+  /// that read whole shards (`safetensors validate`) use these rather than opening the path a
+  /// second time. A shard number past the last is `ShardMissing`.
+  ///
+  ///   std::vector<std::byte> head(std::min<std::uint64_t>(ckpt.shard_sizes(0).data, 4096));
+  ///   ckpt.read_shard_data(0, 0, head);
+  [[nodiscard]] ShardSizes shard_sizes(std::size_t shard) const {
+    return nothrow::shard_sizes(*this, shard).value();
+  }
+  void read_shard_data(std::size_t shard, std::size_t offset, std::span<std::byte> dst) const {
+    nothrow::read_shard_data(*this, shard, offset, dst).throw_if_error();
+  }
 
  private:
   friend struct detail::Access<Checkpoint>;
@@ -190,6 +221,17 @@ struct Access<Checkpoint> {
       return held.status();
     }
     return Source::of(**opened, ckpt.state_);
+  }
+
+  /// Shard `shard`, opened through `open_shard`; `ShardMissing` past the last one.
+  static Expected<const ffi::File*> shard(const Checkpoint& ckpt, std::size_t shard) {
+    if (!ckpt.state_) return moved_from("Checkpoint");
+    std::size_t count = ckpt.state_->ckpt->shard_count();
+    if (shard >= count) {
+      return Status(ErrorKind::ShardMissing, "no shard number " + std::to_string(shard) +
+                                                 ": the checkpoint has " + std::to_string(count) + " shards");
+    }
+    return open_shard(*ckpt.state_, shard);
   }
 
   /// Opens every shard through `open_shard`, before asking the Rust side a question about all
@@ -282,6 +324,21 @@ inline Expected<std::vector<std::string>> nothrow::missing(const Checkpoint& ckp
   out.reserve(names->size());
   for (const auto& n : *names) out.emplace_back(n.data(), n.size());
   return out;
+}
+
+inline Expected<ShardSizes> nothrow::shard_sizes(const Checkpoint& ckpt, std::size_t shard) {
+  auto f = detail::Access<Checkpoint>::shard(ckpt, shard);
+  if (!f) return f.status();
+  return ShardSizes{8 + static_cast<std::uint64_t>((*f)->header_len()), (*f)->data_len(),
+                    (*f)->trailing_bytes()};
+}
+
+inline Status nothrow::read_shard_data(const Checkpoint& ckpt, std::size_t shard, std::size_t offset,
+                                       std::span<std::byte> dst) {
+  auto f = detail::Access<Checkpoint>::shard(ckpt, shard);
+  if (!f) return f.status();
+  ::rust::Slice<std::uint8_t> out{reinterpret_cast<std::uint8_t*>(dst.data()), dst.size()};
+  return detail::attempt([&](ffi::Status& st) { (*f)->read_data(offset, out, st); });
 }
 
 inline Expected<std::vector<std::pair<std::filesystem::path, std::uint64_t>>> nothrow::trailing_bytes(

@@ -2,6 +2,8 @@
 // and checks what it reads. Exit code 0 on success.
 #include <safetensors/safetensors.hpp>
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -12,7 +14,9 @@
 int main() {
   std::string json = R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})";
   json.resize((json.size() + 7) / 8 * 8, ' ');  // pad as writers do, so the data is aligned
-  auto path = std::filesystem::temp_directory_path() / "safetensors-consumer.safetensors";
+  // Named for this process: consumer tests run side by side.
+  auto path = std::filesystem::temp_directory_path() /
+              ("safetensors-consumer-" + std::to_string(::getpid()) + ".safetensors");
   {
     std::ofstream out(path, std::ios::binary);
     std::uint64_t n = json.size();

@@ -9,13 +9,17 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "program.hpp"
 
-#if !defined(SAFETENSORS_BENCH_CPP) || !defined(SAFETENSORS_BENCH_PY) || !defined(SAFETENSORS_TEST_PYTHON)
-#error "SAFETENSORS_BENCH_CPP, SAFETENSORS_BENCH_PY and SAFETENSORS_TEST_PYTHON must name the programs"
+#if !defined(SAFETENSORS_BENCH_CPP) || !defined(SAFETENSORS_BENCH_PY) ||    \
+    !defined(SAFETENSORS_TEST_PYTHON) || !defined(SAFETENSORS_REPORT_PY) || \
+    !defined(SAFETENSORS_MAKE_BENCH_FILES)
+#error \
+    "SAFETENSORS_BENCH_CPP, _BENCH_PY, _REPORT_PY, _MAKE_BENCH_FILES and _TEST_PYTHON must name the programs"
 #endif
 
 namespace {
@@ -147,6 +151,33 @@ TEST_P(Bench, ColdWithoutPermissionToDropThePageCacheSaysSoAndExits1) {
   EXPECT_FALSE(has(r.err, "Traceback")) << r.err;
 }
 
+// Every output is checked: a --json path in a missing folder fails before any measurement, and
+// /dev/full as the --json file or as standard output is an error with exit code 1, not 0 with
+// nothing written.
+TEST_P(Bench, AnOutputThatCannotBeWrittenIsAnErrorWithExitCode1) {
+  if (!can_measure()) GTEST_SKIP() << "no NumPy and safetensors in " << SAFETENSORS_TEST_PYTHON;
+  auto missing = dir_ / "no-such-folder" / "out.json";
+  auto r = bench({"--runs", "1", "--json", missing.string(), model_.string()});
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_TRUE(has(r.err, "cannot create " + missing.string() + ": No such file or directory")) << r.err;
+  EXPECT_FALSE(has(r.out, "model.safetensors (")) << "no work before the check: " << r.out;
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  auto full = bench({"--runs", "1", "--json", "/dev/full", model_.string()});
+  EXPECT_EQ(full.code, 1) << full.out << full.err;
+  EXPECT_TRUE(has(full.err, "cannot write /dev/full: No space left on device")) << full.err;
+  // Standard output, through the shell (test::run captures it into a file).
+  std::string command;
+  for (const auto& a : GetParam().command) command += test::quote(a) + " ";
+  command +=
+      "--runs 1 " + test::quote(model_.string()) + " >/dev/full 2>" + test::quote((dir_ / "err").string());
+  int status = std::system(command.c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+  auto err = test::read_bytes(dir_ / "err");
+  std::string text(err.begin(), err.end());
+  EXPECT_TRUE(has(text, "cannot write to standard output: No space left on device")) << text;
+  EXPECT_FALSE(has(text, "Traceback")) << text;
+}
+
 TEST_P(Bench, HelpIsExitCode0) {
   auto r = bench({"--help"});
   EXPECT_EQ(r.code, 0) << r.err;
@@ -159,3 +190,36 @@ INSTANTIATE_TEST_SUITE_P(Programs, Bench, ::testing::Values(kBenchCpp, kBenchPy)
                          });
 
 }  // namespace
+
+// The other benchmark programs' outputs: report.py's results and standard output, and
+// make_bench_files's standard output.
+TEST(BenchOutputs, ReportAndFileMakerFailOnAnOutputThatCannotBeWritten) {
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  test::TempDir dir;
+  std::ofstream(dir / "r.json")
+      << R"({"tool":"bench_cpp","cache":"warm","machine":"m","date":"d","files":[]})";
+  auto report = [&](const std::string& out, const std::string& redirect) {
+    std::string cmd = test::quote(SAFETENSORS_TEST_PYTHON) + " " + test::quote(SAFETENSORS_REPORT_PY) +
+                      " --out " + test::quote(out) + " " + test::quote((dir / "r.json").string()) + redirect +
+                      " 2>" + test::quote((dir / "err").string());
+    int status = std::system(cmd.c_str());
+    auto err = test::read_bytes(dir / "err");
+    return std::pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1, std::string(err.begin(), err.end()));
+  };
+  auto [ok, ok_err] = report((dir / "out").string(), " >/dev/null");
+  EXPECT_EQ(ok, 0) << ok_err;
+  auto [file, file_err] = report("/dev/full/out", " >/dev/null");
+  EXPECT_EQ(file, 1) << file_err;
+  EXPECT_TRUE(has(file_err, "report.py: cannot write /dev/full/out/results.md: Not a directory")) << file_err;
+  auto [out, out_err] = report((dir / "out").string(), " >/dev/full");
+  EXPECT_EQ(out, 1) << out_err;
+  EXPECT_TRUE(has(out_err, "report.py: cannot write to standard output: No space left on device")) << out_err;
+  EXPECT_FALSE(has(out_err, "Traceback")) << out_err;
+
+  std::string make = test::quote(SAFETENSORS_MAKE_BENCH_FILES) + " " + test::quote((dir / "files").string()) +
+                     " 20k >/dev/full 2>" + test::quote((dir / "err").string());
+  int status = std::system(make.c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+  auto err = test::read_bytes(dir / "err");
+  EXPECT_TRUE(has(std::string(err.begin(), err.end()), "make_bench_files: cannot write to standard output"));
+}

@@ -183,8 +183,12 @@ TEST(Checkpoint, AMovedFromCheckpointThrowsInsteadOfCrashing) {
            [&] { (void)c.keys(); }, [&] { (void)c.metadata(); }, [&] { (void)c.has_metadata(); },
            [&] { (void)c.contains("w"); }, [&] { (void)c.size(); }, [&] { (void)c.info("w"); },
            [&] { (void)c.get_tensor("w"); }, [&] { (void)c.get_slice("w"); }, [&] { (void)c.shard_count(); },
-           [&] { (void)c.shard_paths(); }, [&] { (void)c.shard_of("w"); },
-           [&] { (void)c.shards_opened(); }}) {
+           [&] { (void)c.shard_paths(); }, [&] { (void)c.shard_of("w"); }, [&] { (void)c.shards_opened(); },
+           [&] { (void)c.shard_sizes(0); },
+           [&] {
+             std::array<std::byte, 1> b{};
+             c.read_shard_data(0, 0, b);
+           }}) {
     try {
       use();
       ADD_FAILURE() << "no error from a moved-from Checkpoint";
@@ -195,6 +199,39 @@ TEST(Checkpoint, AMovedFromCheckpointThrowsInsteadOfCrashing) {
   }
   // NOLINTEND(bugprone-use-after-move)
   EXPECT_EQ(d.get_tensor("w").data.size(), 8u);
+}
+
+// A shard read whole through its checkpoint (as `safetensors validate` does): its lengths as
+// validated and its data bytes, from the one open the index check used; a shard number past
+// the last is ShardMissing, a range past the data an error, as for a file.
+TEST(Checkpoint, ReadsAShardsDataThroughTheCheckpoint) {
+  Built b;
+  build(b, {{"a.safetensors", {"x"}}, {"b.safetensors", {"y", "z"}}},
+        R"({"x":"a.safetensors","y":"b.safetensors","z":"b.safetensors"})");
+  Checkpoint ckpt(b.index());
+  ASSERT_EQ(ckpt.shard_count(), 2u);
+  for (std::size_t s = 0; s < 2; ++s) {
+    auto path = ckpt.shard_paths()[s];
+    safetensors::SafeOpen alone(path);
+    auto sizes = ckpt.shard_sizes(s);
+    EXPECT_EQ(sizes.header, alone.data_offset());
+    EXPECT_EQ(sizes.data, alone.data_size());
+    EXPECT_EQ(sizes.trailing, 0u);
+    EXPECT_EQ(sizes.file(), std::filesystem::file_size(path));
+    std::vector<std::byte> bytes(sizes.data), expected(sizes.data);
+    ckpt.read_shard_data(s, 0, bytes);
+    alone.read_data(0, expected);
+    EXPECT_EQ(bytes, expected);
+  }
+  EXPECT_EQ(ckpt.shards_opened(), 2u);
+  EXPECT_EQ(kind_of([&] { (void)ckpt.shard_sizes(2); }), ErrorKind::ShardMissing);
+  std::array<std::byte, 4> four{};
+  EXPECT_EQ(kind_of([&] { ckpt.read_shard_data(2, 0, four); }), ErrorKind::ShardMissing);
+  EXPECT_FALSE(test::thrown([&] { ckpt.read_shard_data(0, 2, four); }).ok()) << "a range past the data";
+  auto status = safetensors::nothrow::read_shard_data(ckpt, 7, 0, four);
+  EXPECT_EQ(status.kind(), ErrorKind::ShardMissing);
+  EXPECT_NE(status.message().find("the checkpoint has 2 shards"), std::string::npos) << status.message();
+  EXPECT_EQ(safetensors::nothrow::shard_sizes(ckpt, 1).value().data, 8u);
 }
 
 }  // namespace

@@ -111,3 +111,34 @@ TEST(CliStats, CountsSpecialValuesOfNarrowFloatsAndSelectsTensors) {
   EXPECT_EQ(cli({"stats", (tmp / "m.safetensors").string(), "--bogus"}).code, 2);
   EXPECT_EQ(cli({"stats", (tmp / "absent.safetensors").string()}).code, 1);
 }
+
+// Through F64, 2^53 + 1 and the 64-bit extremes would print rounded (9007199254740992,
+// 9223372036854775808, 18446744073709551616): integers are read as integers.
+TEST(CliStats, IntegerExtremesAreExact) {
+  test::TempDir tmp;
+  std::vector<std::int64_t> i64 = {std::numeric_limits<std::int64_t>::min(), 0,
+                                   std::numeric_limits<std::int64_t>::max()};
+  std::vector<std::uint64_t> u64 = {(std::uint64_t{1} << 53) + 1, std::numeric_limits<std::uint64_t>::max()};
+  std::vector<std::int8_t> i8 = {-128, 127, 0, 0};
+  safetensors::save_file(tmp / "ints.safetensors",
+                         std::map<std::string, TensorView>{
+                             {"i64", TensorView{Dtype::I64, {3}, std::as_bytes(std::span(i64)), {}}},
+                             {"u64", TensorView{Dtype::U64, {2}, std::as_bytes(std::span(u64)), {}}},
+                             {"i8", TensorView{Dtype::I8, {4}, std::as_bytes(std::span(i8)), {}}}});
+  auto r = cli({"stats", (tmp / "ints.safetensors").string(), "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto i = line_of(r.out, "i64");
+  EXPECT_TRUE(test::has(i, R"("min": -9223372036854775808, "max": 9223372036854775807,)")) << i;
+  EXPECT_NEAR(field(i, "mean"), -1.0 / 3.0, 1e-15);  // the sum, -1, is exact
+  EXPECT_EQ(field(i, "zeros"), 1);
+  auto u = line_of(r.out, "u64");
+  EXPECT_TRUE(test::has(u, R"("min": 9007199254740993, "max": 18446744073709551615,)")) << u;
+  auto b = line_of(r.out, "i8");
+  EXPECT_TRUE(test::has(b, R"("min": -128, "max": 127, "mean": -0.25,)")) << b;
+  EXPECT_EQ(field(b, "zeros"), 2);
+
+  auto table = cli({"stats", (tmp / "ints.safetensors").string()});
+  ASSERT_EQ(table.code, 0) << table.err;
+  EXPECT_TRUE(test::has(table.out, " -9223372036854775808 9223372036854775807 ")) << table.out;
+  EXPECT_TRUE(test::has(table.out, " 9007199254740993 18446744073709551615 ")) << table.out;
+}
