@@ -1,4 +1,4 @@
-# Install rules: headers (ours, the generated bridge header and cxx.h, all under
+# Install rules: headers (ours, the generated bridge headers and cxx.h, all under
 # include/safetensors/), the Rust archive and libsafetensors.so (where built), the CMake package (with a `cuda` component), a
 # pkg-config file, LICENSE and NOTICE, and the command-line tool.
 include(CMakePackageConfigHelpers)
@@ -7,10 +7,8 @@ set(SAFETENSORS_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/safetensors"
     CACHE STRING "Where safetensorsConfig.cmake is installed")
 
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/safetensors" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
-install(FILES "${SAFETENSORS_GENERATED_INCLUDE_DIR}/safetensors/ffi/lib.rs.h"
-        DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/safetensors/ffi")
-install(FILES "${SAFETENSORS_GENERATED_INCLUDE_DIR}/safetensors/ffi/rust/cxx.h"
-        DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/safetensors/ffi/rust")
+install(DIRECTORY "${SAFETENSORS_GENERATED_INCLUDE_DIR}/safetensors/ffi/src"
+        DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/safetensors/ffi" FILES_MATCHING PATTERN "*.h")
 # Both libraries where the shared one is built: safetensors::safetensors links the archive
 # (or, with SAFETENSORS_SHARED, the .so); safetensors::safetensors_shared is the .so either way.
 install(FILES "${SAFETENSORS_RUST_STATICLIB}" DESTINATION "${CMAKE_INSTALL_LIBDIR}" RENAME "libsafetensors_rust.a")

@@ -1,6 +1,8 @@
 # Builds the Rust staticlib (rust/cxx) and provides:
 #   safetensors_rust                    INTERFACE target linking it, with its system libraries
-#   SAFETENSORS_GENERATED_INCLUDE_DIR   where the generated bridge header and cxx.h land
+#   SAFETENSORS_GENERATED_INCLUDE_DIR   where the generated bridge headers and cxx.h land
+#   SAFETENSORS_BRIDGE_HEADERS          those headers (safetensors/ffi/src/<area>.rs.h, one per
+#                                       bridge of rust/cxx/build.rs, and rust/cxx.h beside them)
 #   SAFETENSORS_RUST_STATICLIB          the built archive (for install)
 #   SAFETENSORS_CARGO_BUILD             (cargo step only) the `cargo build` command for a package
 #                                       of the workspace, as this build runs it
@@ -28,6 +30,17 @@ elseif(CMAKE_BUILD_TYPE STREQUAL "Debug")
 else()
   set(_st_profile release)
 endif()
+
+# The bridges of rust/cxx/build.rs (BRIDGES), whose generated headers the C++ API includes.
+set(SAFETENSORS_BRIDGE_AREAS status file checkpoint writer convert stream cuda distributed)
+
+# SAFETENSORS_BRIDGE_HEADERS for the SAFETENSORS_GENERATED_INCLUDE_DIR just chosen.
+macro(_st_list_bridge_headers)
+  set(SAFETENSORS_BRIDGE_HEADERS "${SAFETENSORS_GENERATED_INCLUDE_DIR}/safetensors/ffi/src/rust/cxx.h")
+  foreach(_st_area IN LISTS SAFETENSORS_BRIDGE_AREAS)
+    list(APPEND SAFETENSORS_BRIDGE_HEADERS "${SAFETENSORS_GENERATED_INCLUDE_DIR}/safetensors/ffi/src/${_st_area}.rs.h")
+  endforeach()
+endmacro()
 
 set(_st_features "")
 if(SAFETENSORS_CUDA)
@@ -91,6 +104,7 @@ endif()
 if(_st_use_corrosion)
   message(STATUS "safetensors: building the Rust core with Corrosion (cargo profile ${_st_profile})")
   set(SAFETENSORS_GENERATED_INCLUDE_DIR "${PROJECT_BINARY_DIR}/generated/include")
+  _st_list_bridge_headers()
   corrosion_import_crate(
     MANIFEST_PATH "${PROJECT_SOURCE_DIR}/Cargo.toml"
     CRATES safetensors-cxx
@@ -126,6 +140,7 @@ else()
     set(_st_target_args --target ${SAFETENSORS_CARGO_TARGET})
   endif()
   set(SAFETENSORS_GENERATED_INCLUDE_DIR "${SAFETENSORS_CARGO_TARGET_DIR}/include")
+  _st_list_bridge_headers()
   list(TRANSFORM SAFETENSORS_CARGO_ENV REPLACE "^SAFETENSORS_CXX_INCLUDE_DIR=.*$"
                                                "SAFETENSORS_CXX_INCLUDE_DIR=${SAFETENSORS_GENERATED_INCLUDE_DIR}")
   set(SAFETENSORS_RUST_STATICLIB "${_st_out_dir}/${_st_profile_dir}/libsafetensors_cxx.a")
@@ -145,8 +160,7 @@ else()
   add_custom_target(
     safetensors_cargo_build ALL
     COMMAND ${SAFETENSORS_CARGO_BUILD} -p safetensors-cxx ${_st_feature_args}
-    BYPRODUCTS "${SAFETENSORS_RUST_STATICLIB}" "${SAFETENSORS_GENERATED_INCLUDE_DIR}/safetensors/ffi/lib.rs.h"
-               "${SAFETENSORS_GENERATED_INCLUDE_DIR}/safetensors/ffi/rust/cxx.h"
+    BYPRODUCTS "${SAFETENSORS_RUST_STATICLIB}" ${SAFETENSORS_BRIDGE_HEADERS}
     WORKING_DIRECTORY "${PROJECT_SOURCE_DIR}"
     USES_TERMINAL
     COMMENT "Building the safetensors Rust core with cargo"

@@ -17,7 +17,8 @@
 #include <vector>
 
 #include "safetensors/detail/bridge.hpp"
-#include "safetensors/detail/source.hpp"
+#include "safetensors/ffi/src/checkpoint.rs.h"
+#include "safetensors/detail/open_file.hpp"
 #include "safetensors/options.hpp"
 #include "safetensors/slice.hpp"
 #include "safetensors/tensor.hpp"
@@ -194,7 +195,7 @@ struct Access<Checkpoint> {
 
   static Expected<Checkpoint> open(const std::filesystem::path& path, CheckpointOptions options) {
     auto c = adopt(attempt([&](ffi::Status& st) {
-      return ffi::open_checkpoint(bytes(path.native()), static_cast<std::uint8_t>(options.backend),
+      return ffi::open_checkpoint(bytes(path.native()), static_cast<ffi::Backend>(options.backend),
                                   options.lenient, options.allow_trailing_bytes, st);
     }));
     if (!c) return c.status();
@@ -208,7 +209,7 @@ struct Access<Checkpoint> {
   /// The open shard holding `name`, as a source: the shard is opened (once) and published
   /// through C++ atomics so that ThreadSanitizer sees the ordering (the Rust core is not
   /// instrumented). In lenient mode a listed tensor its shard lacks is `ShardMissing` here.
-  static Expected<Source> source_for(const Checkpoint& ckpt, std::string_view name) {
+  static Expected<OpenFile> open_file_for(const Checkpoint& ckpt, std::string_view name) {
     if (!ckpt.state_) return moved_from("Checkpoint");
     const auto& h = *ckpt.state_;
     const ffi::Checkpoint& c = *h.ckpt;
@@ -220,7 +221,7 @@ struct Access<Checkpoint> {
     if (auto held = attempt([&](ffi::Status& st) { return c.shard_holding(bytes(name), st); }); !held) {
       return held.status();
     }
-    return Source::of(**opened, ckpt.state_);
+    return OpenFile::of(**opened, ckpt.state_);
   }
 
   /// Shard `shard`, opened through `open_shard`; `ShardMissing` past the last one.
@@ -243,19 +244,6 @@ struct Access<Checkpoint> {
       if (auto opened = open_shard(*ckpt.state_, i); !opened) return opened.status();
     }
     return {};
-  }
-
-  /// Opens the shards a prefetch or a stream of `requests` will read (from the index alone),
-  /// through `open_shard`, before the Rust side opens them on its own, so that ThreadSanitizer
-  /// sees those opens ordered too. A shard that fails to open is left to the call that needs
-  /// it, which reports the error of the first request it cannot serve.
-  static Expected<const ffi::Checkpoint*> open_shards_for(const Checkpoint& ckpt,
-                                                          const ffi::RequestList& requests) {
-    if (!ckpt.state_) return moved_from("Checkpoint");
-    const auto& h = *ckpt.state_;
-    auto shards = h.ckpt->request_shards(requests);
-    for (std::size_t k = 0; k < shards.size(); ++k) (void)open_shard(h, shards.data()[k]);
-    return h.ckpt.operator->();
   }
 
   /// Shard `shard`, opened once and published through the handle's atomics.
@@ -297,19 +285,19 @@ inline Expected<std::map<std::string, std::string>> nothrow::metadata(const Chec
 }
 
 inline Expected<TensorInfo> nothrow::info(const Checkpoint& ckpt, std::string_view name) {
-  auto src = detail::Access<Checkpoint>::source_for(ckpt, name);
+  auto src = detail::Access<Checkpoint>::open_file_for(ckpt, name);
   if (!src) return src.status();
   return src->info(name);
 }
 
 inline Expected<TensorView> nothrow::get_tensor(const Checkpoint& ckpt, std::string_view name) {
-  auto src = detail::Access<Checkpoint>::source_for(ckpt, name);
+  auto src = detail::Access<Checkpoint>::open_file_for(ckpt, name);
   if (!src) return src.status();
   return src->get_tensor(name);
 }
 
 inline Expected<Slice> nothrow::get_slice(const Checkpoint& ckpt, std::string_view name) {
-  auto src = detail::Access<Checkpoint>::source_for(ckpt, name);
+  auto src = detail::Access<Checkpoint>::open_file_for(ckpt, name);
   if (!src) return src.status();
   return detail::Access<Slice>::make(std::move(*src), name);
 }

@@ -16,6 +16,9 @@
 
 #include "safetensors/detail/allocate.hpp"
 #include "safetensors/detail/bridge.hpp"
+#include "safetensors/ffi/src/convert.rs.h"
+#include "safetensors/detail/overlap.hpp"
+#include "safetensors/detail/extent.hpp"
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
 #include "safetensors/tensor.hpp"

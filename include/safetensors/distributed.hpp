@@ -18,6 +18,7 @@
 #include "safetensors/collective.hpp"
 #include "safetensors/detail/allocate.hpp"
 #include "safetensors/detail/bridge.hpp"
+#include "safetensors/ffi/src/distributed.rs.h"
 #include "safetensors/slice.hpp"
 #include "safetensors/tensor.hpp"
 
@@ -61,7 +62,7 @@ class LoadPlan {
     for (std::size_t r = 0; r < needs.size(); ++r) {
       for (const auto& sel : needs[r]) {
         const auto* plan = detail::Access<Selection>::plan(sel).value();
-        const auto& src = detail::Access<Selection>::source(sel);
+        const auto& src = detail::Access<Selection>::open_file(sel);
         detail::attempt([&](ffi::Status& st) {
           builder->add_need(r, *src.file, *plan, st);
         }).throw_if_error();
@@ -73,7 +74,7 @@ class LoadPlan {
                           })).value());
     owners_.reserve(needs.size());
     for (const auto& rank_needs : needs) {
-      for (const auto& sel : rank_needs) owners_.push_back(detail::Access<Selection>::source(sel).owner);
+      for (const auto& sel : rank_needs) owners_.push_back(detail::Access<Selection>::open_file(sel).owner);
     }
   }
   explicit LoadPlan(const std::vector<std::vector<Selection>>& needs, LoadOptions options = {})

@@ -18,6 +18,8 @@
 #include "safetensors/collective.hpp"
 #include "safetensors/cuda.hpp"
 #include "safetensors/distributed.hpp"
+#include "safetensors/ffi/src/distributed.rs.h"
+#include "safetensors/ffi/src/cuda.rs.h"
 
 namespace safetensors::inline SAFETENSORS_ABI::cuda {
 
@@ -49,7 +51,7 @@ struct DeviceLoad {
       raise(Status(ErrorKind::InvalidSlice, "the alignment of a device load must be a power of two, not " +
                                                 std::to_string(o.alignment)));
     }
-    const std::size_t device = device_ordinal(o.device).value();
+    const std::size_t device = upload::device_ordinal(o.device).value();
     // Placements in the order the rank's selections were given, each aligned.
     auto lens = plan.plan_->result_lens(rank);
     std::vector<cuda::Placement> placements;

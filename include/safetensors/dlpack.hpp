@@ -35,6 +35,7 @@
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
 #include "safetensors/tensor.hpp"
+#include "safetensors/detail/extent.hpp"
 
 static_assert(DLPACK_MAJOR_VERSION >= 1,
               "safetensors/dlpack.hpp needs DLPack 1.0 or later (DLManagedTensorVersioned)");

@@ -7,11 +7,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <optional>
-#include <span>
 
 #include "safetensors/checkpoint.hpp"
 #include "safetensors/detail/bridge.hpp"
+#include "safetensors/ffi/src/stream.rs.h"
 #include "safetensors/request.hpp"
 #include "safetensors/safe_open.hpp"
 
@@ -39,25 +38,17 @@ enum class Advice : std::uint8_t {
 class Prefetch;
 
 namespace nothrow {
-/// `safetensors::prefetch` without exceptions: every tensor of `file`.
+/// `safetensors::prefetch` without exceptions.
 ///
 ///   auto warming = safetensors::nothrow::prefetch(f);
 ///   if (warming) (void)safetensors::nothrow::wait(*warming);
-[[nodiscard]] Expected<Prefetch> prefetch(const SafeOpen& file, PrefetchOptions options = {});
-/// `requests` of `file` (only the bytes their selections need).
-[[nodiscard]] Expected<Prefetch> prefetch(const SafeOpen& file, std::span<const Request> requests,
-                                          PrefetchOptions options = {});
-/// Every tensor the checkpoint's index lists, shard by shard.
-[[nodiscard]] Expected<Prefetch> prefetch(const Checkpoint& ckpt, PrefetchOptions options = {});
-/// `requests` of the checkpoint.
-[[nodiscard]] Expected<Prefetch> prefetch(const Checkpoint& ckpt, std::span<const Request> requests,
-                                          PrefetchOptions options = {});
+template <Readable From>
+[[nodiscard]] Expected<Prefetch> prefetch(const From& from, Requests requests = {}, PrefetchOptions options = {});
 /// `Prefetch::wait` without exceptions.
 Status wait(const Prefetch& prefetch);
-/// `safetensors::advise` without exceptions: every tensor of `file`.
-Status advise(const SafeOpen& file, Advice advice);
-/// `requests` of `file`.
-Status advise(const SafeOpen& file, std::span<const Request> requests, Advice advice);
+/// `safetensors::advise` without exceptions.
+template <Readable From>
+Status advise(const From& from, Advice advice, Requests requests = {});
 }  // namespace nothrow
 
 /// A prefetch in progress, from `safetensors::prefetch`: reader threads put the bytes it covers
@@ -102,128 +93,62 @@ class Prefetch {
   std::shared_ptr<const ffi::PrefetchJob> job_;
 };
 
-/// Starts warming every tensor of `file` (see `Prefetch`); throws what `nothrow::prefetch`
-/// returns.
-///
-///   auto warming = safetensors::prefetch(f, {.threads = 8});
-///   warming.wait();
-[[nodiscard]] inline Prefetch prefetch(const SafeOpen& file, PrefetchOptions options = {}) {
-  return nothrow::prefetch(file, options).value();
-}
-
-/// Starts warming `requests` of `file`: only the bytes they read. Throws `TensorNotFound` or
+/// Starts warming `requests` of a file or a checkpoint (`{}`: every tensor; a checkpoint's shards
+/// in order, each shard's header opened first to know where its tensors are), only the bytes they
+/// read; see `Prefetch`. Throws what `nothrow::prefetch` returns: `TensorNotFound` or
 /// `InvalidSlice` for a request that does not fit, before anything is read.
 ///
+///   auto warming = safetensors::prefetch(ckpt, {}, {.threads = 8});
 ///   std::vector<safetensors::Request> want{{"wte.weight"}, {"wpe.weight", {Index::range(0, 512)}}};
 ///   safetensors::prefetch(f, want).wait();
-[[nodiscard]] inline Prefetch prefetch(const SafeOpen& file, std::span<const Request> requests,
-                                       PrefetchOptions options = {}) {
-  return nothrow::prefetch(file, requests, options).value();
+template <Readable From>
+[[nodiscard]] Prefetch prefetch(const From& from, Requests requests = {}, PrefetchOptions options = {}) {
+  return nothrow::prefetch(from, requests, options).value();
 }
 
-/// Starts warming every tensor of a checkpoint, shard by shard (opening each shard's header
-/// first, to know where its tensors are).
-///
-///   safetensors::prefetch(ckpt).wait();
-[[nodiscard]] inline Prefetch prefetch(const Checkpoint& ckpt, PrefetchOptions options = {}) {
-  return nothrow::prefetch(ckpt, options).value();
-}
-
-/// Starts warming `requests` of a checkpoint (opening the shards they touch).
-[[nodiscard]] inline Prefetch prefetch(const Checkpoint& ckpt, std::span<const Request> requests,
-                                       PrefetchOptions options = {}) {
-  return nothrow::prefetch(ckpt, requests, options).value();
-}
-
-/// Gives the kernel `advice` for every tensor byte of a mapped file (`madvise`); nothing for
-/// the read and direct backends, which map nothing. A hint the kernel refuses is `Io`.
+/// Gives the kernel `advice` (`madvise`) for the bytes `requests` read (`{}`: every tensor byte)
+/// of a mapped file, or of a checkpoint's mapped shards; nothing for the read and direct
+/// backends, which map nothing. A hint the kernel refuses is `Io`.
 ///
 ///   safetensors::advise(f, safetensors::Advice::Sequential);
-inline void advise(const SafeOpen& file, Advice advice) {
-  nothrow::advise(file, advice).throw_if_error();
-}
-
-/// `advice` for the bytes `requests` read.
-inline void advise(const SafeOpen& file, std::span<const Request> requests, Advice advice) {
-  nothrow::advise(file, requests, advice).throw_if_error();
+template <Readable From>
+void advise(const From& from, Advice advice, Requests requests = {}) {
+  nothrow::advise(from, advice, requests).throw_if_error();
 }
 
 namespace detail {
 template <>
 struct Access<Prefetch> {
-  static Expected<Prefetch> of_file(const SafeOpen& file, std::optional<std::span<const Request>> requests,
-                                    PrefetchOptions o) {
-    auto src = Access<SafeOpen>::source(file);
-    if (!src) return src.status();
-    auto list = request_list(requests);
-    if (!list) return list.status();
-    auto job = adopt(attempt([&](ffi::Status& st) {
-      return ffi::prefetch_file(*(*src)->file, **list, o.threads, o.request_bytes, st);
-    }));
-    if (!job) return job.status();
-    return Prefetch(std::move(*job));
-  }
-
-  static Expected<Prefetch> of_checkpoint(const Checkpoint& ckpt,
-                                          std::optional<std::span<const Request>> requests,
-                                          PrefetchOptions o) {
-    auto list = request_list(requests);
-    if (!list) return list.status();
-    auto c = Access<Checkpoint>::open_shards_for(ckpt, **list);
-    if (!c) return c.status();
-    auto job = adopt(attempt([&](ffi::Status& st) {
-      return ffi::prefetch_checkpoint(**c, **list, o.threads, o.request_bytes, st);
-    }));
-    if (!job) return job.status();
-    return Prefetch(std::move(*job));
-  }
+  static Prefetch make(::rust::Box<ffi::PrefetchJob> job) { return Prefetch(std::move(job)); }
 
   static Status wait(const Prefetch& p) {
     if (!p.job_) return moved_from("Prefetch");
     return attempt([&](ffi::Status& st) { p.job_->wait(st); });
   }
-
-  static Status advise(const SafeOpen& file, std::optional<std::span<const Request>> requests,
-                       Advice advice) {
-    auto src = Access<SafeOpen>::source(file);
-    if (!src) return src.status();
-    auto list = request_list(requests);
-    if (!list) return list.status();
-    return attempt([&](ffi::Status& st) {
-      ffi::advise_file(*(*src)->file, **list, static_cast<std::uint8_t>(advice), st);
-    });
-  }
 };
 }  // namespace detail
 
-inline Expected<Prefetch> nothrow::prefetch(const SafeOpen& file, PrefetchOptions options) {
-  return detail::Access<Prefetch>::of_file(file, std::nullopt, options);
-}
-
-inline Expected<Prefetch> nothrow::prefetch(const SafeOpen& file, std::span<const Request> requests,
-                                            PrefetchOptions options) {
-  return detail::Access<Prefetch>::of_file(file, requests, options);
-}
-
-inline Expected<Prefetch> nothrow::prefetch(const Checkpoint& ckpt, PrefetchOptions options) {
-  return detail::Access<Prefetch>::of_checkpoint(ckpt, std::nullopt, options);
-}
-
-inline Expected<Prefetch> nothrow::prefetch(const Checkpoint& ckpt, std::span<const Request> requests,
-                                            PrefetchOptions options) {
-  return detail::Access<Prefetch>::of_checkpoint(ckpt, requests, options);
+template <Readable From>
+Expected<Prefetch> nothrow::prefetch(const From& from, Requests requests, PrefetchOptions options) {
+  auto r = detail::reading(from, requests);
+  if (!r) return r.status();
+  auto job = detail::adopt(detail::attempt([&](ffi::Status& st) {
+    return ffi::prefetch(*r->source, *r->requests, options.threads, options.request_bytes, st);
+  }));
+  if (!job) return job.status();
+  return detail::Access<Prefetch>::make(std::move(*job));
 }
 
 inline Status nothrow::wait(const Prefetch& prefetch) {
   return detail::Access<Prefetch>::wait(prefetch);
 }
 
-inline Status nothrow::advise(const SafeOpen& file, Advice advice) {
-  return detail::Access<Prefetch>::advise(file, std::nullopt, advice);
-}
-
-inline Status nothrow::advise(const SafeOpen& file, std::span<const Request> requests, Advice advice) {
-  return detail::Access<Prefetch>::advise(file, requests, advice);
+template <Readable From>
+Status nothrow::advise(const From& from, Advice advice, Requests requests) {
+  auto r = detail::reading(from, requests);
+  if (!r) return r.status();
+  return detail::attempt(
+      [&](ffi::Status& st) { ffi::advise(*r->source, *r->requests, static_cast<ffi::Advice>(advice), st); });
 }
 
 }  // namespace safetensors::inline SAFETENSORS_ABI

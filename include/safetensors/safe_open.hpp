@@ -16,7 +16,7 @@
 
 #include "safetensors/detail/allocate.hpp"
 #include "safetensors/detail/bridge.hpp"
-#include "safetensors/detail/source.hpp"
+#include "safetensors/detail/open_file.hpp"
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
 #include "safetensors/options.hpp"
@@ -157,7 +157,7 @@ class SafeOpen {
   /// The path this file was opened with.
   [[nodiscard]] std::filesystem::path path() const { return handle().path; }
 
-  [[nodiscard]] Backend backend() const { return static_cast<Backend>(file().backend_code()); }
+  [[nodiscard]] Backend backend() const { return static_cast<Backend>(file().backend()); }
 
   /// With `Backend::Direct`: why reads go through the page cache after all (the filesystem
   /// refused `O_DIRECT`); empty while they bypass it, and with the other backends.
@@ -181,7 +181,7 @@ class SafeOpen {
   friend struct detail::Access<SafeOpen>;
 
   explicit SafeOpen(std::shared_ptr<const detail::FileHandle> state)
-      : state_(std::move(state)), source_(detail::Source::of(*state_->file, state_)) {}
+      : state_(std::move(state)), open_file_(detail::OpenFile::of(*state_->file, state_)) {}
 
   // Every method goes through these: a moved-from SafeOpen (null state) reports `Internal`
   // instead of dereferencing null.
@@ -192,22 +192,22 @@ class SafeOpen {
   [[nodiscard]] const ffi::File& file() const { return *handle().file; }
 
   std::shared_ptr<const detail::FileHandle> state_;
-  detail::Source source_;
+  detail::OpenFile open_file_;
 };
 
 namespace detail {
 template <>
 struct Access<SafeOpen> {
   /// The file's source, or `Internal` for a moved-from SafeOpen.
-  static Expected<const Source*> source(const SafeOpen& f) {
+  static Expected<const OpenFile*> open_file(const SafeOpen& f) {
     if (!f.state_) return moved_from("SafeOpen");
-    return &f.source_;
+    return &f.open_file_;
   }
 
   static Expected<SafeOpen> open(const std::filesystem::path& path, OpenOptions options) {
     const auto& native = path.native();
     auto file = adopt(attempt([&](ffi::Status& st) {
-      return ffi::open_file(bytes(native), static_cast<std::uint8_t>(options.backend),
+      return ffi::open_file(bytes(native), static_cast<ffi::Backend>(options.backend),
                             options.allow_trailing_bytes, st);
     }));
     if (!file) return file.status();
@@ -258,7 +258,7 @@ inline Expected<SafeOpen> nothrow::from_bytes_copy(std::span<const std::byte> by
 }
 
 inline Expected<std::vector<std::string>> nothrow::keys(const SafeOpen& file) {
-  auto src = detail::Access<SafeOpen>::source(file);
+  auto src = detail::Access<SafeOpen>::open_file(file);
   if (!src) return src.status();
   const ffi::File& f = *(*src)->file;
   const std::size_t n = f.tensor_count();
@@ -269,31 +269,31 @@ inline Expected<std::vector<std::string>> nothrow::keys(const SafeOpen& file) {
 }
 
 inline Expected<std::map<std::string, std::string>> nothrow::metadata(const SafeOpen& file) {
-  auto src = detail::Access<SafeOpen>::source(file);
+  auto src = detail::Access<SafeOpen>::open_file(file);
   if (!src) return src.status();
   return detail::metadata_of((*src)->file->metadata());
 }
 
 inline Expected<TensorInfo> nothrow::info(const SafeOpen& file, std::string_view name) {
-  auto src = detail::Access<SafeOpen>::source(file);
+  auto src = detail::Access<SafeOpen>::open_file(file);
   if (!src) return src.status();
   return (*src)->info(name);
 }
 
 inline Expected<TensorView> nothrow::get_tensor(const SafeOpen& file, std::string_view name) {
-  auto src = detail::Access<SafeOpen>::source(file);
+  auto src = detail::Access<SafeOpen>::open_file(file);
   if (!src) return src.status();
   return (*src)->get_tensor(name);
 }
 
 inline Expected<Slice> nothrow::get_slice(const SafeOpen& file, std::string_view name) {
-  auto src = detail::Access<SafeOpen>::source(file);
+  auto src = detail::Access<SafeOpen>::open_file(file);
   if (!src) return src.status();
   return detail::Access<Slice>::make(**src, name);
 }
 
 inline Status nothrow::read_data(const SafeOpen& file, std::size_t offset, std::span<std::byte> dst) {
-  auto src = detail::Access<SafeOpen>::source(file);
+  auto src = detail::Access<SafeOpen>::open_file(file);
   if (!src) return src.status();
   return (*src)->read_data(offset, dst);
 }

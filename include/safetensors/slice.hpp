@@ -19,7 +19,7 @@
 #include "safetensors/convert.hpp"
 #include "safetensors/detail/allocate.hpp"
 #include "safetensors/detail/bridge.hpp"
-#include "safetensors/detail/source.hpp"
+#include "safetensors/detail/open_file.hpp"
 #include "safetensors/tensor.hpp"
 
 namespace safetensors::inline SAFETENSORS_ABI {
@@ -124,7 +124,7 @@ class Index {
                     "a slice position, bound or step does not fit in a signed 64-bit integer (above "
                     "2^63 - 1, for example SIZE_MAX); positions must lie inside the tensor");
     }
-    return ffi::SliceIndex{kind_, start_, stop_, step_, has_start_, has_stop_};
+    return ffi::SliceIndex{static_cast<ffi::SliceKind>(kind_), start_, stop_, step_, has_start_, has_stop_};
   }
 
   std::uint8_t kind_ = 0;
@@ -220,7 +220,7 @@ class Selection {
   friend struct detail::Access<Selection>;
   friend class LoadPlan;  // reads the file and plan a selection came from
 
-  Selection(detail::Source src, std::string name, Dtype dtype, ::rust::Box<ffi::SlicePlan> plan)
+  Selection(detail::OpenFile src, std::string name, Dtype dtype, ::rust::Box<ffi::SlicePlan> plan)
       : src_(std::move(src)), name_(std::move(name)), dtype_(dtype), plan_(detail::share(std::move(plan))) {
     auto s = plan_->shape();
     shape_.assign(s.data(), s.data() + s.size());  // not rust::Slice iterators: see detail/bridge.hpp
@@ -232,7 +232,7 @@ class Selection {
     return *plan_;
   }
 
-  detail::Source src_;
+  detail::OpenFile src_;
   std::string name_;
   Dtype dtype_;
   std::vector<std::size_t> shape_;
@@ -242,10 +242,10 @@ class Selection {
 namespace detail {
 template <>
 struct Access<Selection> {
-  static Selection make(Source src, std::string name, Dtype dtype, ::rust::Box<ffi::SlicePlan> plan) {
+  static Selection make(OpenFile src, std::string name, Dtype dtype, ::rust::Box<ffi::SlicePlan> plan) {
     return Selection(std::move(src), std::move(name), dtype, std::move(plan));
   }
-  static const Source& source(const Selection& s) { return s.src_; }
+  static const OpenFile& open_file(const Selection& s) { return s.src_; }
   /// The plan, or `Internal` for a moved-from Selection.
   static Expected<const ffi::SlicePlan*> plan(const Selection& s) {
     if (!s.plan_) return moved_from("Selection");
@@ -282,14 +282,14 @@ class Slice {
 
  private:
   friend struct detail::Access<Slice>;
-  Slice(detail::Source src, std::string_view name, const ffi::TensorMeta& m)
+  Slice(detail::OpenFile src, std::string_view name, const ffi::TensorMeta& m)
       : src_(std::move(src)),
         name_(name),
         index_(m.index),
         dtype_(static_cast<Dtype>(m.dtype)),
         shape_(src_.shape_of(m)) {}
 
-  detail::Source src_;
+  detail::OpenFile src_;
   std::string name_;
   std::size_t index_ = 0;
   Dtype dtype_{};
@@ -300,7 +300,7 @@ namespace detail {
 template <>
 struct Access<Slice> {
   /// The slice of tensor `name` of `src` (`TensorNotFound` when it has none).
-  static Expected<Slice> make(Source src, std::string_view name) {
+  static Expected<Slice> make(OpenFile src, std::string_view name) {
     auto m = src.find(name);
     if (!m) return m.status();
     return Slice(std::move(src), name, *m);
@@ -337,7 +337,7 @@ inline Expected<Selection> nothrow::select(const Slice& slice, std::initializer_
 inline Status nothrow::read_into(const Selection& selection, std::span<std::byte> dst) {
   auto plan = detail::Access<Selection>::plan(selection);
   if (!plan) return plan.status();
-  const auto& src = detail::Access<Selection>::source(selection);
+  const auto& src = detail::Access<Selection>::open_file(selection);
   if (auto st = detail::refuse_overlap("read_into", src.memory, dst); !st.ok()) return st;
   ::rust::Slice<std::uint8_t> out{reinterpret_cast<std::uint8_t*>(dst.data()), dst.size()};
   return detail::attempt([&](ffi::Status& st) { src.file->read_slice(**plan, out, st); });
@@ -349,7 +349,7 @@ inline Expected<TensorView> nothrow::read(const Selection& selection) {
   TensorView v{selection.dtype(), selection.shape(), {}, {}};
   const std::size_t len = (*plan)->byte_len();
   if (len == 0) return v;
-  const auto& src = detail::Access<Selection>::source(selection);
+  const auto& src = detail::Access<Selection>::open_file(selection);
   if ((src.data != nullptr || src.direct) && (*plan)->contiguous()) {
     auto bytes = src.bytes_at(static_cast<std::size_t>((*plan)->first_offset()), len, "a slice");
     if (!bytes) return bytes.status();
@@ -368,7 +368,7 @@ inline Expected<TensorView> nothrow::read(const Selection& selection) {
 inline Status nothrow::read_as(const Selection& selection, Dtype to, std::span<std::byte> dst) {
   // The whole file, not only the selection: `dst` inside a file in memory would be the file
   // changing under its own readers.
-  const auto& src = detail::Access<Selection>::source(selection);
+  const auto& src = detail::Access<Selection>::open_file(selection);
   if (auto st = detail::refuse_overlap("read_as", src.memory, dst); !st.ok()) return st;
   auto view = nothrow::read(selection);
   if (!view) return view.status();

@@ -18,6 +18,7 @@
 
 #include "safetensors/checkpoint.hpp"
 #include "safetensors/detail/bridge.hpp"
+#include "safetensors/ffi/src/stream.rs.h"
 #include "safetensors/request.hpp"
 #include "safetensors/safe_open.hpp"
 #include "safetensors/tensor.hpp"
@@ -77,18 +78,11 @@ struct StreamItem {
 class TensorStream;
 
 namespace nothrow {
-/// `TensorStream(file, options)` without exceptions.
+/// `TensorStream(from, requests, options)` without exceptions.
 ///
-///   auto stream = safetensors::nothrow::stream(f, {.max_inflight_bytes = 64 << 20});
-[[nodiscard]] Expected<TensorStream> stream(const SafeOpen& file, StreamOptions options = {});
-/// `TensorStream(file, requests, options)` without exceptions.
-[[nodiscard]] Expected<TensorStream> stream(const SafeOpen& file, std::span<const Request> requests,
-                                            StreamOptions options = {});
-/// `TensorStream(ckpt, options)` without exceptions.
-[[nodiscard]] Expected<TensorStream> stream(const Checkpoint& ckpt, StreamOptions options = {});
-/// `TensorStream(ckpt, requests, options)` without exceptions.
-[[nodiscard]] Expected<TensorStream> stream(const Checkpoint& ckpt, std::span<const Request> requests,
-                                            StreamOptions options = {});
+///   auto stream = safetensors::nothrow::stream(f, {}, {.max_inflight_bytes = 64 << 20});
+template <Readable From>
+[[nodiscard]] Expected<TensorStream> stream(const From& from, Requests requests = {}, StreamOptions options = {});
 /// `TensorStream::next` without exceptions: the next item, `std::nullopt` at the end, or an
 /// error: `BudgetExceeded` (recoverable: drop what you hold and call again), or the error that
 /// ended the stream (reported again by every later call).
@@ -109,7 +103,7 @@ namespace nothrow {
 /// backend (the mapped one copies out of the mapping: the bound counts the copies, not the page
 /// cache). A background thread reads ahead as far as the bound allows.
 ///
-///   safetensors::TensorStream stream(ckpt, {.max_inflight_bytes = 512 << 20});
+///   safetensors::TensorStream stream(ckpt, {}, {.max_inflight_bytes = 512 << 20});
 ///   for (safetensors::StreamItem& t : stream) {
 ///     std::printf("%s from shard %zu\n", t.name.c_str(), t.shard);   // transform t.view here;
 ///   }                                                                // dropping it frees its bytes
@@ -143,22 +137,15 @@ namespace nothrow {
 /// `begin()` belong to the object they came from (call `begin()` once, as for an input stream).
 class TensorStream {
  public:
-  /// Every tensor of `file`.
-  explicit TensorStream(const SafeOpen& file, StreamOptions options = {})
-      : TensorStream(nothrow::stream(file, options).value()) {}
-  /// `requests` of `file`, each delivered (repeats included) in file order.
+  /// `requests` of a file or a checkpoint (`{}`: every tensor; a checkpoint's, shard by shard),
+  /// each delivered (repeats included) in file order.
   ///
   ///   std::vector<safetensors::Request> want{{"wte.weight"},
   ///                                          {"h.0.mlp.c_fc.weight", {Index::all(), Index::range(0, 768)}}};
   ///   safetensors::TensorStream some(f, want);
-  TensorStream(const SafeOpen& file, std::span<const Request> requests, StreamOptions options = {})
-      : TensorStream(nothrow::stream(file, requests, options).value()) {}
-  /// Every tensor the checkpoint's index lists, shard by shard.
-  explicit TensorStream(const Checkpoint& ckpt, StreamOptions options = {})
-      : TensorStream(nothrow::stream(ckpt, options).value()) {}
-  /// `requests` of the checkpoint.
-  TensorStream(const Checkpoint& ckpt, std::span<const Request> requests, StreamOptions options = {})
-      : TensorStream(nothrow::stream(ckpt, requests, options).value()) {}
+  template <Readable From>
+  explicit TensorStream(const From& from, Requests requests = {}, StreamOptions options = {})
+      : TensorStream(nothrow::stream(from, requests, options).value()) {}
 
   TensorStream(TensorStream&&) noexcept = default;
   TensorStream& operator=(TensorStream&&) noexcept = default;
@@ -278,25 +265,6 @@ struct Access<TensorStream> {
     return TensorStream(std::move(state), o);
   }
 
-  static Expected<TensorStream> of_file(const SafeOpen& file,
-                                        std::optional<std::span<const Request>> requests, StreamOptions o) {
-    auto src = Access<SafeOpen>::source(file);
-    if (!src) return src.status();
-    auto list = request_list(requests);
-    if (!list) return list.status();
-    return open(o, [&](auto&&... args) { return ffi::stream_file(*(*src)->file, **list, args...); });
-  }
-
-  static Expected<TensorStream> of_checkpoint(const Checkpoint& ckpt,
-                                              std::optional<std::span<const Request>> requests,
-                                              StreamOptions o) {
-    auto list = request_list(requests);
-    if (!list) return list.status();
-    auto c = Access<Checkpoint>::open_shards_for(ckpt, **list);
-    if (!c) return c.status();
-    return open(o, [&](auto&&... args) { return ffi::stream_checkpoint(**c, **list, args...); });
-  }
-
   /// An item that owns the delivered tensor: its view's owner is the bridge object, whose
   /// destruction returns the bytes to the budget.
   static StreamItem item(::rust::Box<ffi::StreamTensor> box) {
@@ -329,22 +297,13 @@ struct Access<TensorStream> {
 };
 }  // namespace detail
 
-inline Expected<TensorStream> nothrow::stream(const SafeOpen& file, StreamOptions options) {
-  return detail::Access<TensorStream>::of_file(file, std::nullopt, options);
-}
-
-inline Expected<TensorStream> nothrow::stream(const SafeOpen& file, std::span<const Request> requests,
-                                              StreamOptions options) {
-  return detail::Access<TensorStream>::of_file(file, requests, options);
-}
-
-inline Expected<TensorStream> nothrow::stream(const Checkpoint& ckpt, StreamOptions options) {
-  return detail::Access<TensorStream>::of_checkpoint(ckpt, std::nullopt, options);
-}
-
-inline Expected<TensorStream> nothrow::stream(const Checkpoint& ckpt, std::span<const Request> requests,
-                                              StreamOptions options) {
-  return detail::Access<TensorStream>::of_checkpoint(ckpt, requests, options);
+template <Readable From>
+Expected<TensorStream> nothrow::stream(const From& from, Requests requests, StreamOptions options) {
+  auto r = detail::reading(from, requests);
+  if (!r) return r.status();
+  return detail::Access<TensorStream>::open(options, [&](auto&&... args) {
+    return ffi::stream(*r->source, *r->requests, args...);
+  });
 }
 
 inline Expected<std::optional<StreamItem>> nothrow::next(TensorStream& stream) {

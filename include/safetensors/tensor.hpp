@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "safetensors/detail/bridge.hpp"
+#include "safetensors/detail/extent.hpp"
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
 

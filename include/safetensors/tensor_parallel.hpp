@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "safetensors/detail/bridge.hpp"
+#include "safetensors/ffi/src/distributed.rs.h"
 #include "safetensors/slice.hpp"
 
 namespace safetensors::inline SAFETENSORS_ABI {
@@ -47,7 +48,7 @@ inline Selection tp_select(const Slice& s, const ffi::TpRule& rule) {
   std::vector<Index> idx;
   idx.reserve(raw.size());
   for (const auto& r : raw) {
-    if (r.kind == 0) {
+    if (r.kind == ffi::SliceKind::Select) {
       idx.emplace_back(r.start);
     } else {
       idx.push_back(Index::range(r.has_start ? std::optional<std::int64_t>(r.start) : std::nullopt,
@@ -56,8 +57,19 @@ inline Selection tp_select(const Slice& s, const ffi::TpRule& rule) {
   }
   return s.select(std::span<const Index>(idx.data(), idx.size()));
 }
-inline ffi::TpRule tp_rule(std::uint8_t kind, std::size_t rank, std::size_t world) {
-  return ffi::TpRule{kind, 0, rank, world, false, 0, 0, 0, 0};
+inline ffi::TpRule tp_rule(ffi::TpKind kind, std::size_t rank, std::size_t world) {
+  return ffi::TpRule{kind, 0, rank, world, false, 0, 0, 0, ffi::Projection::Q, false};
+}
+/// The attention rule for rank `rank` of `world`: projection `p` (of a fused tensor when
+/// `fused`) under the geometry `g`.
+inline ffi::TpRule attention_rule(Gqa g, Projection p, bool fused, std::size_t rank, std::size_t world) {
+  auto rule = tp_rule(ffi::TpKind::Attention, rank, world);
+  rule.heads = g.heads;
+  rule.kv_heads = g.kv_heads;
+  rule.head_dim = g.head_dim;
+  rule.projection = static_cast<ffi::Projection>(p);
+  rule.fused = fused;
+  return rule;
 }
 }  // namespace detail
 
@@ -66,7 +78,7 @@ inline ffi::TpRule tp_rule(std::uint8_t kind, std::size_t rank, std::size_t worl
 ///   auto mine = shard(f.get_slice("lm_head.weight"), 0, rank, world).read();
 [[nodiscard]] inline Selection shard(const Slice& s, std::size_t dim, std::size_t rank, std::size_t world,
                                      Split split = Split::Even) {
-  auto rule = detail::tp_rule(0, rank, world);
+  auto rule = detail::tp_rule(ffi::TpKind::Split, rank, world);
   rule.dim = dim;
   rule.uneven = split == Split::Uneven;
   return detail::tp_select(s, rule);
@@ -94,12 +106,7 @@ inline ffi::TpRule tp_rule(std::uint8_t kind, std::size_t rank, std::size_t worl
 /// `InvalidSlice`; so is a tensor whose dimension 0 is not the projection's row count.
 [[nodiscard]] inline Selection attention_shard(const Slice& s, Gqa g, Projection p, std::size_t rank,
                                                std::size_t world) {
-  auto rule = detail::tp_rule(1, rank, world);
-  rule.heads = g.heads;
-  rule.kv_heads = g.kv_heads;
-  rule.head_dim = g.head_dim;
-  rule.part = static_cast<std::uint8_t>(p);
-  return detail::tp_select(s, rule);
+  return detail::tp_select(s, detail::attention_rule(g, p, false, rank, world));
 }
 
 /// A rank's q, k and v blocks of a fused `qkv_proj` (`(heads + 2 * kv_heads) * head_dim` rows,
@@ -107,15 +114,8 @@ inline ffi::TpRule tp_rule(std::uint8_t kind, std::size_t rank, std::size_t worl
 ///
 ///   auto [q, k, v] = qkv_shard(f.get_slice("attn.qkv_proj.weight"), {32, 8, 128}, rank, world);
 [[nodiscard]] inline QkvSelection qkv_shard(const Slice& s, Gqa g, std::size_t rank, std::size_t world) {
-  auto part = [&](std::uint8_t p) {
-    auto rule = detail::tp_rule(1, rank, world);
-    rule.heads = g.heads;
-    rule.kv_heads = g.kv_heads;
-    rule.head_dim = g.head_dim;
-    rule.part = p;
-    return detail::tp_select(s, rule);
-  };
-  return {part(3), part(4), part(5)};
+  auto part = [&](Projection p) { return detail::tp_select(s, detail::attention_rule(g, p, true, rank, world)); };
+  return {part(Projection::Q), part(Projection::K), part(Projection::V)};
 }
 
 }  // namespace safetensors::inline SAFETENSORS_ABI

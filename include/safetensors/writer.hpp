@@ -22,6 +22,7 @@
 
 #include "safetensors/detail/allocate.hpp"
 #include "safetensors/detail/bridge.hpp"
+#include "safetensors/ffi/src/writer.rs.h"
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
 #include "safetensors/tensor.hpp"

@@ -82,7 +82,7 @@ function(check_prefix name prefix)
       fail("${name}: expected one ${what} file in the package, found ${n}: ${${what}}")
     endif()
   endforeach()
-  foreach(f include/safetensors/safetensors.hpp include/safetensors/ffi/lib.rs.h include/safetensors/ffi/rust/cxx.h
+  foreach(f include/safetensors/safetensors.hpp include/safetensors/ffi/src/file.rs.h include/safetensors/ffi/src/rust/cxx.h
             bin/safetensors share/doc/safetensors/LICENSE share/doc/safetensors/NOTICE)
     if(NOT EXISTS "${prefix}/${f}")
       fail("${name}: the package has no ${f}")

@@ -24,6 +24,7 @@
 using safetensors::Dtype;
 using safetensors::ErrorKind;
 using safetensors::Index;
+using safetensors::Request;
 using safetensors::SafeOpen;
 using safetensors::Status;
 using safetensors::TensorView;
@@ -68,8 +69,15 @@ std::filesystem::path many_tensors(const test::TempDir& dir, std::size_t n,
   return path;
 }
 
+/// What these tests upload for a list of requests: an empty list stands for every tensor (the
+/// loops below run both), which the library spells `Requests{}`.
+safetensors::Requests all_if_empty(const std::vector<Request>& requests) {
+  if (requests.empty()) return {};
+  return requests;
+}
+
 /// Requests of whole tensors and of slices (one non-contiguous), out of file order.
-std::vector<cuda::Request> with_slices() {
+std::vector<Request> with_slices() {
   return {{"big1", {Index::range(100, 9000)}},
           {"t00010", {Index::range(5, 40), Index::range(1, 2)}},
           {"t00007", {}},
@@ -80,16 +88,16 @@ std::vector<cuda::Request> with_slices() {
 /// What a streaming upload of `requests` hands over, in order: the requests, or every tensor in
 /// `keys()` order.
 template <class Source>
-std::vector<cuda::Request> expected_order(const Source& s, std::span<const cuda::Request> requests) {
+std::vector<Request> expected_order(const Source& s, std::span<const Request> requests) {
   if (!requests.empty()) return {requests.begin(), requests.end()};
-  std::vector<cuda::Request> all;
+  std::vector<Request> all;
   for (auto& k : s.keys()) all.push_back({k, {}});
   return all;
 }
 
 /// The bytes request `r` must deliver, read with `get_tensor` or a slice.
 template <class Source>
-std::vector<std::byte> expected_bytes(const Source& s, const cuda::Request& r) {
+std::vector<std::byte> expected_bytes(const Source& s, const Request& r) {
   TensorView v = r.select.empty() ? s.get_tensor(r.name) : s.get_slice(r.name).select(r.select).read();
   return {v.data.begin(), v.data.end()};
 }
@@ -188,7 +196,7 @@ struct Engine {
 
 /// Checks that the engine's buffer holds every request's bytes at its `plan()` offset.
 template <class Source>
-void expect_transformed(const Engine& e, const Source& s, std::span<const cuda::Request> requests,
+void expect_transformed(const Engine& e, const Source& s, std::span<const Request> requests,
                         const std::vector<cuda::Placement>& placed, const char* what) {
   auto order = expected_order(s, requests);
   ASSERT_EQ(order.size(), placed.size());
@@ -208,13 +216,13 @@ TEST(CudaStream, LoadHandsEachTensorOverOnceInRequestOrderWithItsBytes) {
   const auto caller = std::this_thread::get_id();
   for (auto backend : {safetensors::Backend::Mmap, safetensors::Backend::Read}) {
     SafeOpen f(path, {backend});
-    for (const auto& requests : {std::vector<cuda::Request>{}, with_slices()}) {
+    for (const auto& requests : {std::vector<Request>{}, with_slices()}) {
       auto order = expected_order(f, requests);
-      auto planned = cuda::plan(f, requests);
+      auto planned = cuda::plan(f, all_if_empty(requests));
       const std::size_t bytes = planned.first;
       const auto& placed = planned.second;
       std::size_t next = 0;
-      auto loaded = up.load(f, requests, [&](const cuda::Landed& t) {
+      auto loaded = up.load(f, all_if_empty(requests), [&](const cuda::Landed& t) {
         ASSERT_EQ(std::this_thread::get_id(), caller) << "callbacks run on the calling thread";
         ASSERT_EQ(drv.current(), nullptr) << "the caller's (lack of) context is current in the callback";
         ASSERT_EQ(t.index, next++) << "request order";
@@ -292,8 +300,8 @@ TEST(CudaStream, AScratchRingStaysWithinItsBoundAndWaitsForTheEngine) {
   test::TempDir dir;
   SafeOpen f(many_tensors(dir, 2000));
   cuda::Uploader up(0, kTiny);
-  const std::vector<cuda::Request> all;
-  auto planned = cuda::plan(f, all);
+  const std::vector<Request> all;  // every tensor, for the checks below
+  auto planned = cuda::plan(f);
   const std::size_t bytes = planned.first;
   const auto& placed = planned.second;
   ASSERT_GT(bytes, 100u * 4096) << "far more than the ring";
@@ -303,7 +311,7 @@ TEST(CudaStream, AScratchRingStaysWithinItsBoundAndWaitsForTheEngine) {
     peak(1);
     std::size_t n = 0;
     // 16 KiB asked; the largest tensor (20,000 bytes) grows it to 5 chunks of 4 KiB.
-    const std::size_t ring = up.stream(f, all, 16 << 10,
+    const std::size_t ring = up.stream(f, {}, 16 << 10,
                                        [&](const cuda::Landed& t) {
                                          EXPECT_GE(live(), before + 20480);
                                          // Every 50th transform is held up, so that refilling its region too
@@ -373,21 +381,21 @@ TEST(CudaStream, CheckpointsStreamEveryWay) {
   SafeOpen many(many_tensors(dir, 300));
   safetensors::Checkpoint ckpt(two_shards(dir, many));
   cuda::Uploader up(0, kTiny);
-  for (const auto& requests : {std::vector<cuda::Request>{}, with_slices()}) {
+  for (const auto& requests : {std::vector<Request>{}, with_slices()}) {
     auto order = expected_order(ckpt, requests);
-    auto planned = cuda::plan(ckpt, requests);
+    auto planned = cuda::plan(ckpt, all_if_empty(requests));
     const std::size_t bytes = planned.first;
     std::size_t next = 0;
     auto check = [&](const cuda::Landed& t) {
       ASSERT_EQ(t.index, next++);
       EXPECT_EQ(download(t.data, t.byte_size), expected_bytes(ckpt, order[t.index])) << t.name;
     };
-    auto loaded = up.load(ckpt, requests, check);
+    auto loaded = up.load(ckpt, all_if_empty(requests), check);
     EXPECT_EQ(std::exchange(next, 0), order.size());
     CallersBuffer dst(drv, bytes);
-    (void)up.load_into(ckpt, requests, dst.at(), bytes, dst.on(), check);
+    (void)up.load_into(ckpt, all_if_empty(requests), dst.at(), bytes, dst.on(), check);
     EXPECT_EQ(std::exchange(next, 0), order.size());
-    (void)up.stream(ckpt, requests, 8192, check);
+    (void)up.stream(ckpt, all_if_empty(requests), 8192, check);
     EXPECT_EQ(next, order.size());
   }
 }
@@ -679,8 +687,8 @@ TEST(CudaStream, NothrowTwinsMatchTheThrowingFaces) {
       EXPECT_EQ(st.message(), e.what()) << what;
     }
   };
-  const std::vector<cuda::Request> missing{{"nope", {}}};
-  const std::vector<cuda::Request> bad_slice{{"t00004", {Index::range(0, 1000)}}};
+  const std::vector<Request> missing{{"nope", {}}};
+  const std::vector<Request> bad_slice{{"t00004", {Index::range(0, 1000)}}};
   for (const auto* requests : {&missing, &bad_slice}) {
     same(
         nc::load(up, f, *requests, quiet).status(), [&] { (void)up.load(f, *requests, loud); }, "load");

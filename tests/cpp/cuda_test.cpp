@@ -61,7 +61,7 @@ TEST(CudaPlan, PlacesEveryTensorAlignedWithoutAGpu) {
     end = p.offset + p.byte_size;
   }
   EXPECT_EQ(total, end);
-  std::vector<cuda::Request> some{{"t4", {Index::all(), Index::range(0, 1536)}}, {"t0", {}}};
+  std::vector<safetensors::Request> some{{"t4", {Index::all(), Index::range(0, 1536)}}, {"t0", {}}};
   auto [sub_total, sub] = cuda::plan(f, some, {.alignment = 512});
   ASSERT_EQ(sub.size(), 2u);
   EXPECT_EQ(sub[0].shape, (std::vector<std::size_t>{1024, 1536}));
@@ -69,7 +69,7 @@ TEST(CudaPlan, PlacesEveryTensorAlignedWithoutAGpu) {
   EXPECT_EQ(sub[1].offset % 512, 0u);
   EXPECT_EQ(sub_total, sub[1].offset + sub[1].byte_size);
   EXPECT_EQ(kind_of([&] {
-              (void)cuda::plan(f, std::vector<cuda::Request>{{"nope", {}}});
+              (void)cuda::plan(f, std::vector<safetensors::Request>{{"nope", {}}});
             }),
             ErrorKind::TensorNotFound);
 }
@@ -194,7 +194,7 @@ TEST(CudaGpu, SubsetsSlicesAndSingleTensors) {
   if (!test::gpu_or_skip()) return;
   test::TempDir dir;
   SafeOpen f(make_file(dir));
-  std::vector<cuda::Request> req{{"t4", {Index::all(), Index::range(1024, 2048)}}, {"t2", {}}, {"t0", {1}}};
+  std::vector<safetensors::Request> req{{"t4", {Index::all(), Index::range(1024, 2048)}}, {"t2", {}}, {"t0", {1}}};
   auto loaded = cuda::Uploader(0).load(f, req);
   auto cols = f.get_slice("t4").select({Index::all(), Index::range(1024, 2048)}).read();
   expect_same(download(loaded.data("t4"), cols.data.size()), cols.data, "column slice");
@@ -215,7 +215,7 @@ TEST(CudaGpu, TheNothrowFacesLoadTheSameBytesAndReportTheSameErrors) {
   check_upload(f, *shared);
   auto up = nc::make_uploader(0, {.staging_slots = 2, .slot_bytes = 1u << 20});
   ASSERT_TRUE(up) << up.status().message();
-  std::vector<cuda::Request> req{{"t4", {Index::all(), Index::range(0, 8)}}, {"t1", {}}};
+  std::vector<safetensors::Request> req{{"t4", {Index::all(), Index::range(0, 8)}}, {"t1", {}}};
   auto part = nc::load(*up, f, req);
   ASSERT_TRUE(part);
   auto cols = f.get_slice("t4").select({Index::all(), Index::range(0, 8)}).read();
@@ -229,9 +229,9 @@ TEST(CudaGpu, TheNothrowFacesLoadTheSameBytesAndReportTheSameErrors) {
   EXPECT_EQ(nc::make_uploader(-1).status().kind(), kind_of([] { cuda::Uploader u(-1); }));
   EXPECT_EQ(nc::make_uploader(-1).status().kind(), ErrorKind::Cuda);
   EXPECT_EQ(nc::load(f, 99).status().kind(), kind_of([&] { (void)cuda::load(f, 99); }));
-  std::vector<cuda::Request> missing{{"nope", {}}};
+  std::vector<safetensors::Request> missing{{"nope", {}}};
   EXPECT_EQ(nc::load(*up, f, missing).status().kind(), ErrorKind::TensorNotFound);
-  std::vector<cuda::Request> bad_slice{{"t4", {SIZE_MAX}}};
+  std::vector<safetensors::Request> bad_slice{{"t4", {SIZE_MAX}}};
   EXPECT_EQ(nc::load(*up, f, bad_slice).status().kind(), ErrorKind::InvalidSlice);
   EXPECT_EQ(nc::data(*part, "nope").status().kind(), ErrorKind::TensorNotFound);
   auto at = nc::at(*part, "t1");

@@ -227,7 +227,7 @@ TEST(CudaUpload, InjectedFailuresMidUploadThenReuse) {
   EXPECT_EQ(kind_of([&] { (void)up.load_into(f, {}, dst.at(), bytes, dst.on()); }), ErrorKind::Cuda);
   drv.fail("");
   // Other bytes through the same slots (the same ones would hide a refill).
-  std::vector<cuda::Request> last{{"t3", {}}};
+  std::vector<safetensors::Request> last{{"t3", {}}};
   auto placed = up.load_into(f, last, dst.at(), bytes, dst.on());
   ASSERT_EQ(placed.size(), 1u);
   drv.sync(dst.stream);

@@ -135,7 +135,7 @@ std::string outcome(const std::filesystem::path& path, Backend backend, bool as_
       return "OK";
     }
     const safetensors::StreamOptions small{.max_inflight_bytes = 4096};
-    auto stream = f ? safetensors::TensorStream(*f, small) : safetensors::TensorStream(*ckpt, small);
+    auto stream = f ? safetensors::TensorStream(*f, {}, small) : safetensors::TensorStream(*ckpt, {}, small);
     std::size_t n = 0;
     for (auto& item : stream) {
       auto want = get(item.name);

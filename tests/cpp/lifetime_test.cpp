@@ -154,7 +154,7 @@ TEST_P(Lifetime, AStreamReadsAfterItsSourceIsGone) {
   {
     // A bound of one tensor: the reader thread reads most tensors after the source is gone.
     auto stream =
-        from_temporary([](const auto& src) { return TensorStream(src, {.max_inflight_bytes = 1}); });
+        from_temporary([](const auto& src) { return TensorStream(src, {}, {.max_inflight_bytes = 1}); });
     std::size_t seen = 0;
     for (StreamItem& t : stream) {
       EXPECT_EQ(t.name, "t" + std::to_string(seen));
@@ -170,7 +170,7 @@ TEST_P(Lifetime, AStreamDroppedEarlyAndItsItemsOutliveEverything) {
   std::optional<StreamItem> kept;
   {
     auto stream =
-        from_temporary([](const auto& src) { return TensorStream(src, {.max_inflight_bytes = 1}); });
+        from_temporary([](const auto& src) { return TensorStream(src, {}, {.max_inflight_bytes = 1}); });
     kept = stream.next();
     ASSERT_TRUE(kept);
   }  // the stream is dropped with tensors unread, its source long gone

@@ -169,7 +169,7 @@ TEST(Prefetch, APythonWrittenCheckpointIsCoveredWhole) {
   auto dir = test::fixture("shards", "manifest.tsv");
   if (!dir) return;
   Checkpoint ckpt(*dir / "model.safetensors.index.json");
-  auto p = safetensors::prefetch(ckpt, {.threads = 2});
+  auto p = safetensors::prefetch(ckpt, {}, {.threads = 2});
   p.wait();
   std::uint64_t total = 0;
   for (const auto& name : ckpt.keys()) total += ckpt.info(name).byte_size();
@@ -201,7 +201,7 @@ TEST(Prefetch, DestroyingItEarlyCancelsAndReturns) {
   write_sample(path);
   SafeOpen f(path);
   auto start = std::chrono::steady_clock::now();
-  { auto p = safetensors::prefetch(f, {.threads = 1, .request_bytes = 64 << 10}); }
+  { auto p = safetensors::prefetch(f, {}, {.threads = 1, .request_bytes = 64 << 10}); }
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
@@ -221,9 +221,9 @@ TEST(Advise, HintsTheMappingAndIsANoOpWithoutOne) {
     SafeOpen f(path, {backend});
     for (auto advice : {Advice::WillNeed, Advice::Sequential, Advice::Random}) {
       safetensors::advise(f, advice);
-      safetensors::advise(f, std::vector<Request>{{"t2", {Index::range(1, 100)}}}, advice);
+      safetensors::advise(f, advice, std::vector<Request>{{"t2", {Index::range(1, 100)}}});
     }
-    EXPECT_EQ(test::kind_of([&] { safetensors::advise(f, std::vector<Request>{{"nope"}}, Advice::Random); }),
+    EXPECT_EQ(test::kind_of([&] { safetensors::advise(f, Advice::Random, std::vector<Request>{{"nope"}}); }),
               ErrorKind::TensorNotFound);
   }
 }
@@ -248,7 +248,7 @@ TEST(Prefetch, AStridedSelectionIsWarmedAndAdvisedInMemoryInProportionToItsPages
   });
   EXPECT_TRUE(WIFEXITED(warmed) && WEXITSTATUS(warmed) == 0) << "prefetch " << test::describe_status(warmed);
   const int advised = test::with_address_space(std::uint64_t{256} << 20, [&] {
-    safetensors::advise(SafeOpen(path), every_other, Advice::WillNeed);
+    safetensors::advise(SafeOpen(path), Advice::WillNeed, every_other);
     return 0;
   });
   EXPECT_TRUE(WIFEXITED(advised) && WEXITSTATUS(advised) == 0) << "advise " << test::describe_status(advised);
@@ -265,8 +265,8 @@ TEST(Prefetch, NothrowTwinsAgreeWithTheThrowingFaces) {
     auto quiet = nt::prefetch(f, want);
     ASSERT_FALSE(quiet);
     test::expect_same(quiet.status(), test::thrown([&] { (void)safetensors::prefetch(f, want); }));
-    test::expect_same(nt::advise(f, want, Advice::WillNeed),
-                      test::thrown([&] { safetensors::advise(f, want, Advice::WillNeed); }));
+    test::expect_same(nt::advise(f, Advice::WillNeed, want),
+                      test::thrown([&] { safetensors::advise(f, Advice::WillNeed, want); }));
   }
   test::TempDir shards;
   std::ofstream(shards / "model.safetensors.index.json") << R"({"weight_map":{"a":"a.safetensors"}})";

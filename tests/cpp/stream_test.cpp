@@ -78,7 +78,7 @@ TEST_P(Streams, EveryByteOfAFileEqualsGetTensorInFileOrderWithinTheBound) {
   auto path = write_sample(dir);
   SafeOpen f(path, {GetParam()});
   const std::uint64_t bound = 100'000;
-  TensorStream stream(f, {.max_inflight_bytes = bound});
+  TensorStream stream(f, {}, {.max_inflight_bytes = bound});
   EXPECT_EQ(stream.size(), kCount);
   std::uint64_t total = 0;
   for (auto l : kLens) total += l;
@@ -139,7 +139,7 @@ TEST_P(Streams, APythonWrittenShardedCheckpointEqualsGetTensorShardByShard) {
   auto dir = test::fixture("shards", "manifest.tsv");
   if (!dir) return;
   Checkpoint ckpt(*dir / "model.safetensors.index.json", {GetParam()});
-  TensorStream stream(ckpt, {.max_inflight_bytes = 1024});
+  TensorStream stream(ckpt, {}, {.max_inflight_bytes = 1024});
   std::size_t last_shard = 0, count = 0;
   for (auto& item : stream) {
     expect_item_is(item, ckpt.get_tensor(item.name));
@@ -196,7 +196,7 @@ std::filesystem::path write_checkpoint(const test::TempDir& dir) {
 TEST_P(Streams, OurShardedCheckpointEqualsGetTensorWithinTheBound) {
   test::TempDir dir;
   Checkpoint ckpt(write_checkpoint(dir), {GetParam()});
-  TensorStream stream(ckpt, {.max_inflight_bytes = 100'000});
+  TensorStream stream(ckpt, {}, {.max_inflight_bytes = 100'000});
   std::vector<std::string> names;
   for (auto& item : stream) {
     expect_item_is(item, ckpt.get_tensor(item.name));
@@ -237,7 +237,7 @@ TEST_P(Streams, OneThreadHoldingTooMuchGetsBudgetExceededNotAHang) {
   test::TempDir dir;
   auto path = write_sample(dir);
   SafeOpen f(path, {GetParam()});
-  TensorStream stream(f, {.max_inflight_bytes = 100'000});
+  TensorStream stream(f, {}, {.max_inflight_bytes = 100'000});
   std::vector<StreamItem> held;
   for (int i = 0; i < 3; ++i) held.push_back(*stream.next());  // t0, t1, t2: 75,096 bytes
   try {
@@ -268,7 +268,7 @@ TEST_P(Streams, WaitForReleaseWaitsWhileAnotherThreadDropsTheItems) {
   auto path = write_sample(dir);
   SafeOpen f(path, {GetParam()});
   const std::uint64_t bound = 100'000;
-  TensorStream stream(f, {.max_inflight_bytes = bound, .wait_for_release = true});
+  TensorStream stream(f, {}, {.max_inflight_bytes = bound, .wait_for_release = true});
   std::mutex m;
   std::condition_variable cv;
   std::deque<StreamItem> queue;
@@ -309,7 +309,7 @@ TEST_P(Streams, ItemsOutliveTheirStreamAndFile) {
   std::vector<StreamItem> kept;
   {
     SafeOpen f(path, {GetParam()});
-    TensorStream stream(f, {.max_inflight_bytes = 1 << 20});
+    TensorStream stream(f, {}, {.max_inflight_bytes = 1 << 20});
     kept.push_back(*stream.next());
     kept.push_back(*stream.next());
   }
@@ -327,12 +327,12 @@ TEST_P(Streams, SeveralThreadsStreamOneFileAndOneCheckpointAtOnce) {
   for (int k = 0; k < 6; ++k) {
     threads.emplace_back([&, k] {
       if (k % 2 == 0) {
-        for (auto& item : TensorStream(f, {.max_inflight_bytes = 64 << 10})) {
+        for (auto& item : TensorStream(f, {}, {.max_inflight_bytes = 64 << 10})) {
           expect_item_is(item, f.get_tensor(item.name));
           ++items;
         }
       } else {
-        for (auto& item : TensorStream(ckpt, {.max_inflight_bytes = 64 << 10})) {
+        for (auto& item : TensorStream(ckpt, {}, {.max_inflight_bytes = 64 << 10})) {
           expect_item_is(item, ckpt.get_tensor(item.name));
           ++items;
         }
@@ -356,7 +356,7 @@ TEST(Stream, ARangeForKeepsNothingSoItNeverExceedsTheBudget) {
   SafeOpen f(path, {Backend::Read});
   // Each tensor fits the bound alone, no two of the large ones together.
   std::size_t n = 0;
-  for (auto& item : TensorStream(f, {.max_inflight_bytes = 300'000})) n += item.view.data.size() > 0;
+  for (auto& item : TensorStream(f, {}, {.max_inflight_bytes = 300'000})) n += item.view.data.size() > 0;
   EXPECT_EQ(n, kCount - 1);
 }
 
@@ -375,7 +375,7 @@ TEST(Stream, AbandoningAStreamReturnsPromptlyAndKeepsWhatWasDelivered) {
     std::optional<StreamItem> held;
     auto start = std::chrono::steady_clock::now();
     {
-      TensorStream stream(f, {.max_inflight_bytes = 2 << 20, .wait_for_release = wait});
+      TensorStream stream(f, {}, {.max_inflight_bytes = 2 << 20, .wait_for_release = wait});
       held = stream.next();
       std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the reader waits on the budget
     }
@@ -396,7 +396,7 @@ TEST(Stream, AFileThatShrinksMidStreamGivesIoAndFreesEverything) {
     auto path = write_sample(dir);
     SafeOpen f(path, {backend});
     // A bound of 1: one tensor at a time, so nothing past t0 is read before the cut.
-    TensorStream stream(f, {.max_inflight_bytes = 1});
+    TensorStream stream(f, {}, {.max_inflight_bytes = 1});
     auto first = stream.next();
     ASSERT_TRUE(first.has_value());
     EXPECT_EQ(first->name, "t0");
@@ -449,9 +449,9 @@ TEST(Stream, NothrowTwinsAgreeWithTheThrowingFaces) {
   auto path = write_sample(dir);
   SafeOpen f(path, {Backend::Read});
   // Items: the same names, shapes and bytes.
-  auto quiet = nt::stream(f, {.max_inflight_bytes = 1 << 20});
+  auto quiet = nt::stream(f, {}, {.max_inflight_bytes = 1 << 20});
   ASSERT_TRUE(quiet);
-  TensorStream loud(f, {.max_inflight_bytes = 1 << 20});
+  TensorStream loud(f, {}, {.max_inflight_bytes = 1 << 20});
   for (;;) {
     auto a = nt::next(*quiet);
     ASSERT_TRUE(a) << a.status().message();
@@ -464,8 +464,8 @@ TEST(Stream, NothrowTwinsAgreeWithTheThrowingFaces) {
   // Errors: requests, the budget, a moved-from stream.
   std::vector<Request> missing{{"nope"}};
   test::expect_same(nt::stream(f, missing).status(), test::thrown([&] { TensorStream s(f, missing); }));
-  auto a = nt::stream(f, {.max_inflight_bytes = 100'000});
-  TensorStream b(f, {.max_inflight_bytes = 100'000});
+  auto a = nt::stream(f, {}, {.max_inflight_bytes = 100'000});
+  TensorStream b(f, {}, {.max_inflight_bytes = 100'000});
   std::vector<StreamItem> held;
   for (int i = 0; i < 3; ++i) {
     held.push_back(**nt::next(*a));

@@ -1,11 +1,12 @@
-// Private: the generated bridge and the helpers that keep its types out of the public API.
+// Private: how every call into the Rust core reports (the status bridge) and the helpers that keep
+// the generated types out of the public API. Each area's header includes its own bridge header
+// (`safetensors/ffi/src/<area>.rs.h`) beside this one.
 #pragma once
 
 #include "safetensors/abi.hpp"
 
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -13,11 +14,10 @@
 #include <utility>
 #include <vector>
 
-#include "safetensors/detail/overlap.hpp"
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
-#include "safetensors/ffi/lib.rs.h"
-#include "safetensors/ffi/rust/cxx.h"
+#include "safetensors/ffi/src/rust/cxx.h"
+#include "safetensors/ffi/src/status.rs.h"
 #include "safetensors/version.hpp"
 
 namespace safetensors::inline SAFETENSORS_ABI::detail {
@@ -76,48 +76,9 @@ inline std::string_view view(::rust::Str s) {
   return {s.data(), s.size()};
 }
 
-/// Bytes a tensor `name` of `dtype` and `shape` takes, by the core's tensor byte-length rule
-/// (`ValidationOverflow` when that overflows, `MisalignedSlice` when sub-byte elements end inside
-/// a byte, `TypeMismatch` for a dtype value outside `Dtype`).
-inline Expected<std::size_t> byte_length(std::string_view name, Dtype dtype,
-                                         const std::vector<std::size_t>& shape) {
-  ::rust::Slice<const std::size_t> dims{shape.data(), shape.size()};
-  return attempt([&](ffi::Status& st) {
-    return ffi::tensor_byte_len(bytes(name), static_cast<std::uint8_t>(dtype), dims, st);
-  });
-}
-
-/// Why `bytes` bytes cannot be the data of tensor `what` of `dtype` and `shape`, if so: the
-/// core's tensor byte-length rule (`ValidationOverflow`, `MisalignedSlice`, `TypeMismatch` as
-/// `byte_length` says), and `TensorInvalidInfo` when the bytes are not that many. Every entry
-/// point that takes a caller's view checks it so first, before its shape sizes anything.
-inline Status check_extent(std::string_view what, Dtype dtype, const std::vector<std::size_t>& shape,
-                           std::size_t bytes) {
-  auto want = byte_length(what, dtype, shape);
-  if (!want) return want.status();
-  if (*want == bytes) return {};
-  return Status(ErrorKind::TensorInvalidInfo, std::string(what) + " holds " + std::to_string(bytes) +
-                                                  " bytes but its dtype and shape (" +
-                                                  std::string(to_string(dtype)) + " " + shape_text(shape) +
-                                                  ") make " + std::to_string(*want));
-}
-
 // Copy out of `rust::Slice` through data() and size(), never its iterators: instantiating their
 // arithmetic trips -Wsign-conversion inside cxx.h, which would break users building with
 // -Wconversion -Werror.
-
-/// A bridge metadata map (of a file or a checkpoint) as a `std::map`.
-inline std::map<std::string, std::string> metadata_of(const ffi::Metadata& m) {
-  std::map<std::string, std::string> out;
-  for (std::size_t i = 0; i < m.len(); ++i) out.emplace(view(m.key(i)), view(m.value(i)));
-  return out;
-}
-
-/// An open file, shared by every copy of a `SafeOpen` and every view taken from it.
-struct FileHandle {
-  ::rust::Box<ffi::File> file;
-  std::string path;
-};
 
 /// Shared ownership of a Rust object, so the C++ value types holding it stay copyable.
 template <class T>

@@ -7,7 +7,7 @@
 //! Where each behaviour lives:
 //! - `format.rs`: the format's constants (length prefix, header size limit, `__metadata__`);
 //! - `header/`: parsing and validating a header (`mod.rs`: the checks in order; `canonical.rs`
-//!   and `general.rs`: the two JSON parsers; `builder.rs`: what they fill; `index.rs`: names);
+//!   and `general.rs`: the two JSON parsers; `builder.rs`: what they fill; `names.rs`: the name index);
 //! - `byte_len.rs`: the tensor byte-length rule (dtype × shape) every layer applies;
 //! - `error.rs`: the one error enum and its messages; `dtype.rs`: the element types;
 //! - `fallible.rs`: fallible allocation for sizes a file or a caller chooses;

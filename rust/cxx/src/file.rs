@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 
 use safetensors_core::{fallible, Error, Indexer, OpenOptions, SafeFile, TensorInfo, DIRECT_ALIGN};
 
-use crate::status::{guard, Status};
+use crate::status::{guard, Fallback, Status};
 use crate::status::{handed_over, native_path};
 use ffi::{Backend, ByteRun, SliceIndex, SliceKind, TensorMeta};
 
@@ -192,6 +192,12 @@ pub mod ffi {
     impl Box<SlicePlan> {}
     // Other bridges return these in vectors (the tensor-parallel rules' selections).
     impl Vec<SliceIndex> {}
+}
+
+impl Fallback for TensorMeta {
+    fn fallback() -> Self {
+        TensorMeta::default()
+    }
 }
 
 /// A metadata map as the sorted pairs C++ walks by index (out of range: "").

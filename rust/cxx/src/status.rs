@@ -63,6 +63,8 @@ pub(crate) trait Fallback {
     fn fallback() -> Self;
 }
 
+/// `Fallback` as `Default` for the listed types (bridges of other areas implement it for their
+/// own shared structs).
 macro_rules! fallback_default {
     ($($t:ty),*) => {
         $(impl Fallback for $t {
@@ -73,15 +75,7 @@ macro_rules! fallback_default {
     };
 }
 
-fallback_default!(
-    (),
-    bool,
-    u64,
-    usize,
-    f64,
-    String,
-    crate::file::ffi::TensorMeta
-);
+fallback_default!((), bool, u64, usize, f64, String);
 
 impl<T> Fallback for Vec<T> {
     fn fallback() -> Self {

@@ -98,8 +98,8 @@ pub mod ffi {
         /// Waits for the end; the first error, every time it is asked (from any thread).
         fn wait(self: &PrefetchJob, status: &mut Status);
 
-        /// `advice` for `requests` of a mapped file; nothing for the other backends.
-        fn advise(file: &File, requests: &RequestList, advice: Advice, status: &mut Status);
+        /// `advice` for `requests` of `source`'s mapped files; nothing for the other backends.
+        fn advise(source: &Source, requests: &RequestList, advice: Advice, status: &mut Status);
 
         /// Tensors delivered in file order with bounded buffers.
         type TensorStream;
@@ -345,12 +345,8 @@ impl PrefetchJob {
     }
 }
 
-pub fn advise(file: &File, requests: &RequestList, advice: Advice, status: &mut Status) {
+pub fn advise(source: &Source, requests: &RequestList, advice: Advice, status: &mut Status) {
     guard(status, || {
-        let core = file.core();
-        let files = [file.shared()];
-        let requests = requests.core(core.path())?;
-        let plan = Plan::of(safetensors_core::Source::Files(&files), requests.as_deref())?;
         let advice = match advice {
             Advice::WillNeed => safetensors_core::Advice::WillNeed,
             Advice::Sequential => safetensors_core::Advice::Sequential,
@@ -364,7 +360,15 @@ pub fn advise(file: &File, requests: &RequestList, advice: Advice, status: &mut 
                 })
             }
         };
-        safetensors_core::advise(core, &plan, advice)
+        let requests = requests.core(source.path())?;
+        let plan = source.with(|s| Plan::of(s, requests.as_deref()))?;
+        // Each file the plan covers: the file, or the shards of a checkpoint (opened by the plan).
+        match &source.from {
+            From::File(file) => safetensors_core::advise(file, &plan, advice),
+            From::Checkpoint(c) => (0..c.shard_count())
+                .filter(|&i| c.shard_is_open(i))
+                .try_for_each(|i| safetensors_core::advise(c.shard(i)?, &plan, advice)),
+        }
     })
 }
 

@@ -93,17 +93,6 @@ fn f16_to_f32(src: &[u8], dst: &mut [u8]) {
     });
 }
 
-/// Decodes any non-complex source into F32 (sizes already checked), with the x86 AVX2/F16C
-/// kernels where the CPU has them (the same bits, faster; see `simd.rs`).
-pub(crate) fn to_f32(from: Dtype, src: &[u8], dst: &mut [u8]) {
-    #[cfg(target_arch = "x86_64")]
-    if super::simd::available() {
-        // SAFETY: the CPU has the features the kernels are compiled for.
-        return unsafe { super::simd::to_f32(from, src, dst) };
-    }
-    to_f32_portable(from, src, dst);
-}
-
 /// Decodes any non-complex source into F32 (sizes already checked), on any CPU. Inlined into
 /// `simd::to_f32`, so that the same loops are also vectorized for AVX2 there.
 #[inline(always)]
@@ -148,17 +137,6 @@ pub(crate) fn to_f32_portable(from: Dtype, src: &[u8], dst: &mut [u8]) {
     }
 }
 
-/// Decodes any non-complex source into F64 (sizes already checked), with the x86 AVX2/F16C
-/// kernels where the CPU has them (the same bits, faster; see `simd.rs`).
-pub(crate) fn to_f64(from: Dtype, src: &[u8], dst: &mut [u8]) {
-    #[cfg(target_arch = "x86_64")]
-    if super::simd::available() {
-        // SAFETY: the CPU has the features the kernels are compiled for.
-        return unsafe { super::simd::to_f64(from, src, dst) };
-    }
-    to_f64_portable(from, src, dst);
-}
-
 /// Decodes any non-complex source into F64 (sizes already checked), on any CPU. Narrow floats
 /// go through F32, which holds each of their values exactly. Inlined into `simd::to_f64`.
 #[inline(always)]
@@ -178,7 +156,7 @@ pub(crate) fn to_f64_portable(from: Dtype, src: &[u8], dst: &mut [u8]) {
             let mut tmp = vec![0u8; chunk_elems * 4];
             for (s, d) in src.chunks(chunk_bytes).zip(dst.chunks_mut(chunk_elems * 8)) {
                 let n = s.len() * 8 / per_elem_bits;
-                to_f32(from, s, &mut tmp[..n * 4]);
+                to_f32_portable(from, s, &mut tmp[..n * 4]);
                 map::<4, 8>(&tmp[..n * 4], d, |b| widen(f32::from_le_bytes(b)));
             }
         }

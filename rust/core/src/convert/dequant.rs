@@ -21,9 +21,8 @@
 
 use std::num::NonZeroUsize;
 
-use super::decode::to_f32;
 use super::formats::table_f32;
-use super::{check_conversion, check_len, convert_unchecked, numel};
+use super::{check_conversion, check_len, convert_unchecked, numel, to_f32};
 use crate::{Dtype, Error, Result, TensorView};
 
 fn refuse(from: Dtype, to: Dtype, reason: String) -> Error {

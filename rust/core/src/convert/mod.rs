@@ -127,8 +127,8 @@ pub(crate) fn convert_unchecked(from: Dtype, src: &[u8], to: Dtype, dst: &mut [u
         return;
     }
     match to {
-        Dtype::F32 => decode::to_f32(from, src, dst),
-        Dtype::F64 => decode::to_f64(from, src, dst),
+        Dtype::F32 => to_f32(from, src, dst),
+        Dtype::F64 => to_f64(from, src, dst),
         _ => encode_narrow(from, src, to, dst),
     }
 }
@@ -157,12 +157,34 @@ fn encode_narrow(from: Dtype, src: &[u8], to: Dtype, dst: &mut [u8]) {
                 if from == Dtype::F64 {
                     map::<8, 4>(s, t, |b| (f64::from_le_bytes(b) as f32).to_le_bytes());
                 } else {
-                    decode::to_f32(from, s, t);
+                    to_f32(from, s, t);
                 }
                 encode_from_f32(t, to, d);
             }
         }
     }
+}
+
+/// Decodes any non-complex source into F32 (sizes already checked), with the x86 AVX2/F16C
+/// kernels where the CPU has them (the same bits, faster; see `simd.rs`).
+pub(crate) fn to_f32(from: Dtype, src: &[u8], dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() {
+        // SAFETY: the CPU has the features the kernels are compiled for.
+        return unsafe { simd::to_f32(from, src, dst) };
+    }
+    decode::to_f32_portable(from, src, dst);
+}
+
+/// Decodes any non-complex source into F64 (sizes already checked), with the x86 AVX2/F16C
+/// kernels where the CPU has them (the same bits, faster; see `simd.rs`).
+pub(crate) fn to_f64(from: Dtype, src: &[u8], dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() {
+        // SAFETY: the CPU has the features the kernels are compiled for.
+        return unsafe { simd::to_f64(from, src, dst) };
+    }
+    decode::to_f64_portable(from, src, dst);
 }
 
 /// F32 (little-endian bytes) into a narrow float, with the x86 AVX2 copy of the loops where the

@@ -18,7 +18,7 @@ pub(crate) fn available() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
 }
 
-/// [`super::decode::to_f32`] compiled for AVX2, F16 through F16C.
+/// [`super::to_f32`] compiled for AVX2, F16 through F16C.
 ///
 /// # Safety
 /// The CPU must have AVX2 and F16C ([`available`]).
@@ -31,7 +31,7 @@ pub(crate) unsafe fn to_f32(from: Dtype, src: &[u8], dst: &mut [u8]) {
     }
 }
 
-/// [`super::decode::to_f64`] compiled for AVX2, F16 through F16C.
+/// [`super::to_f64`] compiled for AVX2, F16 through F16C.
 ///
 /// # Safety
 /// The CPU must have AVX2 and F16C ([`available`]).

@@ -18,14 +18,14 @@
 //! The JSON is read into one [`Builder`] (`builder.rs`) by one of two parsers: the fast scanner
 //! for the canonical layout writers produce (`canonical.rs`), or, when it gives up, the general
 //! serde visitor (`general.rs`), which alone decides errors. Tensor names go into one string
-//! arena, shapes into one flat vector, and the name index (`index.rs`) is a small
+//! arena, shapes into one flat vector, and the name index (`names.rs`) is a small
 //! open-addressing table over those. That removes the per-tensor allocations and the buffering
 //! that dominate the reference's parse time on large headers.
 
 mod builder;
 mod canonical;
 mod general;
-mod index;
+mod names;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -37,7 +37,7 @@ use crate::format::{LENGTH_PREFIX_SIZE, LFS_POINTER_PREFIX, MAX_HEADER_SIZE};
 
 use builder::{Builder, Entry};
 use general::parse_general;
-use index::NameIndex;
+use names::NameIndex;
 
 /// A tensor's description from the header: no data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

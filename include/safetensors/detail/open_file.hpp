@@ -1,10 +1,12 @@
-// Private: reading tensors from one open file, shared by SafeOpen and checkpoint shards.
+// Private: reading tensors from one open file, shared by SafeOpen and checkpoint shards (the file
+// bridge).
 #pragma once
 
 #include "safetensors/abi.hpp"
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -14,6 +16,8 @@
 
 #include "safetensors/detail/allocate.hpp"
 #include "safetensors/detail/bridge.hpp"
+#include "safetensors/detail/overlap.hpp"
+#include "safetensors/ffi/src/file.rs.h"
 #include "safetensors/tensor.hpp"
 
 namespace safetensors::inline SAFETENSORS_ABI::detail {
@@ -23,6 +27,19 @@ namespace safetensors::inline SAFETENSORS_ABI::detail {
 /// other parts of the API (the CUDA uploader, multi-rank loading) that need `T`'s internals.
 template <class T>
 struct Access;
+
+/// A bridge metadata map (of a file or a checkpoint) as a `std::map`.
+inline std::map<std::string, std::string> metadata_of(const ffi::Metadata& m) {
+  std::map<std::string, std::string> out;
+  for (std::size_t i = 0; i < m.len(); ++i) out.emplace(view(m.key(i)), view(m.value(i)));
+  return out;
+}
+
+/// An open file, shared by every copy of a `SafeOpen` and every view taken from it.
+struct FileHandle {
+  ::rust::Box<ffi::File> file;
+  std::string path;
+};
 
 /// Bytes of a view and what keeps them alive.
 using OwnedBytes = std::pair<std::span<const std::byte>, std::shared_ptr<const void>>;
@@ -36,7 +53,7 @@ inline constexpr std::size_t direct_view_min_bytes = 4096;
 /// tensor's dimensions, whether it reads with the direct backend, and the shared owner that
 /// keeps them alive (a SafeOpen's handle, or a checkpoint's). Built once per file, so that a
 /// lookup costs one call into the bridge.
-struct Source {
+struct OpenFile {
   const ffi::File* file = nullptr;
   const std::byte* data = nullptr;
   const std::size_t* dims = nullptr;
@@ -47,7 +64,7 @@ struct Source {
   /// direct backends, and for a file without data bytes, which no read reaches.
   std::span<const std::byte> memory;
 
-  static Source of(const ffi::File& f, std::shared_ptr<const void> owner) {
+  static OpenFile of(const ffi::File& f, std::shared_ptr<const void> owner) {
     auto mapped = f.mapped_data();
     const std::byte* data =
         f.is_mapped() && mapped.size() > 0 ? reinterpret_cast<const std::byte*>(mapped.data()) : nullptr;
@@ -57,7 +74,7 @@ struct Source {
       const std::size_t head = 8 + f.header_len();
       memory = {data - head, head + f.data_len() + static_cast<std::size_t>(f.trailing_bytes())};
     }
-    return {&f, data, f.dims().data(), std::move(owner), f.backend_code() == 2, memory};
+    return {&f, data, f.dims().data(), std::move(owner), f.backend() == ffi::Backend::Direct, memory};
   }
 
   [[nodiscard]] Expected<ffi::TensorMeta> find(std::string_view name) const {
