@@ -33,9 +33,9 @@
  * outlive the st_file or st_checkpoint it came from. Strings you pass as (pointer, length) may
  * hold NUL bytes (tensor names can); paths are NUL-terminated.
  *
- * THREADS. Every call on an st_file, st_checkpoint, st_slice, st_prefetch or st_uploader may
- * run on several threads at once; an st_stream is used by one thread at a time (like a FILE*),
- * and the tensors it delivers may be used and freed on any thread.
+ * THREADS. Every call on an st_file, st_checkpoint, st_slice, st_prefetch, st_upload_plan or
+ * st_uploader may run on several threads at once; an st_stream is used by one thread at a time
+ * (like a FILE*), and the tensors it delivers may be used and freed on any thread.
  *
  * STABILITY. ST_ERR_* and ST_DTYPE_* values never change meaning: new ones are appended. While
  * the major version is 0, a minor release (0.1 -> 0.2) may change any declaration here (the
@@ -1202,7 +1202,7 @@ void st_bytes_free(void *data);
  * read. Free the stream with `st_stream_free`.
  */
 int st_stream_file(const struct st_file *file,
-                   const struct st_request *requests_,
+                   const struct st_request *requests,
                    size_t count,
                    uint64_t max_inflight_bytes,
                    uint32_t flags,
@@ -1214,7 +1214,7 @@ int st_stream_file(const struct st_file *file,
  * `file` is a shard index. Opens the shards the requests touch now.
  */
 int st_stream_checkpoint(const struct st_checkpoint *checkpoint,
-                         const struct st_request *requests_,
+                         const struct st_request *requests,
                          size_t count,
                          uint64_t max_inflight_bytes,
                          uint32_t flags,
@@ -1264,7 +1264,7 @@ void st_stream_tensor_free(struct st_stream_tensor *tensor);
  * `st_prefetch_free`.
  */
 int st_prefetch_file(const struct st_file *file,
-                     const struct st_request *requests_,
+                     const struct st_request *requests,
                      size_t count,
                      size_t threads,
                      size_t request_bytes,
@@ -1276,7 +1276,7 @@ int st_prefetch_file(const struct st_file *file,
  * by shard.
  */
 int st_prefetch_checkpoint(const struct st_checkpoint *checkpoint,
-                           const struct st_request *requests_,
+                           const struct st_request *requests,
                            size_t count,
                            size_t threads,
                            size_t request_bytes,
@@ -1311,7 +1311,7 @@ void st_prefetch_free(struct st_prefetch *prefetch);
  * in memory. Errors: `ST_ERR_IO` when the kernel refuses.
  */
 int st_advise_file(const struct st_file *file,
-                   const struct st_request *requests_,
+                   const struct st_request *requests,
                    size_t count,
                    uint32_t advice,
                    struct st_error *err);

@@ -75,7 +75,14 @@ static inline int str_is(st_str s, const char* text) {
 /* `dir/name` in a static buffer (one at a time). */
 static inline const char* path_in(const char* dir, const char* name) {
   static char buf[4096];
-  snprintf(buf, sizeof buf, "%s/%s", dir, name);
+  size_t d = strlen(dir), n = strlen(name);
+  if (d + 1 + n >= sizeof buf) {
+    fprintf(stderr, "path too long: %s/%s\n", dir, name);
+    exit(2);
+  }
+  memcpy(buf, dir, d);
+  buf[d] = '/';
+  memcpy(buf + d + 1, name, n + 1);
   return buf;
 }
 

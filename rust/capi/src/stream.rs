@@ -37,7 +37,7 @@ pub struct st_request {
 }
 
 /// The caller's requests: `None` (every tensor) for `requests` NULL with `count` 0.
-unsafe fn requests(
+unsafe fn resolve_requests(
     c: Call,
     requests: *const st_request,
     count: usize,
@@ -113,7 +113,7 @@ fn stream_options(c: Call, max_inflight_bytes: u64, flags: u32) -> Res<StreamOpt
 #[no_mangle]
 pub unsafe extern "C" fn st_stream_file(
     file: *const st_file,
-    requests_: *const st_request,
+    requests: *const st_request,
     count: usize,
     max_inflight_bytes: u64,
     flags: u32,
@@ -126,7 +126,7 @@ pub unsafe extern "C" fn st_stream_file(
         let (file, out) = unsafe { (c.handle(file, "file")?, c.out(out, "out")?) };
         let options = stream_options(c, max_inflight_bytes, flags)?;
         // SAFETY: as above.
-        let list = unsafe { requests(c, requests_, count, file.inner.path())? };
+        let list = unsafe { resolve_requests(c, requests, count, file.inner.path())? };
         let files = [file.inner.clone()];
         let inner = TensorStream::open(Source::Files(&files), list.as_deref(), options)?;
         *out = Box::into_raw(Box::new(st_stream { inner }));
@@ -139,7 +139,7 @@ pub unsafe extern "C" fn st_stream_file(
 #[no_mangle]
 pub unsafe extern "C" fn st_stream_checkpoint(
     checkpoint: *const st_checkpoint,
-    requests_: *const st_request,
+    requests: *const st_request,
     count: usize,
     max_inflight_bytes: u64,
     flags: u32,
@@ -152,7 +152,7 @@ pub unsafe extern "C" fn st_stream_checkpoint(
         let (ckpt, out) = unsafe { (c.handle(checkpoint, "checkpoint")?, c.out(out, "out")?) };
         let options = stream_options(c, max_inflight_bytes, flags)?;
         // SAFETY: as above.
-        let list = unsafe { requests(c, requests_, count, ckpt.inner.path())? };
+        let list = unsafe { resolve_requests(c, requests, count, ckpt.inner.path())? };
         let inner = TensorStream::open(Source::Checkpoint(&ckpt.inner), list.as_deref(), options)?;
         *out = Box::into_raw(Box::new(st_stream { inner }));
         Ok(())
@@ -317,7 +317,7 @@ fn start(
 #[no_mangle]
 pub unsafe extern "C" fn st_prefetch_file(
     file: *const st_file,
-    requests_: *const st_request,
+    requests: *const st_request,
     count: usize,
     threads: usize,
     request_bytes: usize,
@@ -329,7 +329,7 @@ pub unsafe extern "C" fn st_prefetch_file(
         // SAFETY: the header's contract for each argument.
         let (file, out) = unsafe { (c.handle(file, "file")?, c.out(out, "out")?) };
         // SAFETY: as above.
-        let list = unsafe { requests(c, requests_, count, file.inner.path())? };
+        let list = unsafe { resolve_requests(c, requests, count, file.inner.path())? };
         let files = [file.inner.clone()];
         let plan = Plan::of(Source::Files(&files), list.as_deref()).map_err(Fail::from);
         start(plan, threads, request_bytes, out)
@@ -341,7 +341,7 @@ pub unsafe extern "C" fn st_prefetch_file(
 #[no_mangle]
 pub unsafe extern "C" fn st_prefetch_checkpoint(
     checkpoint: *const st_checkpoint,
-    requests_: *const st_request,
+    requests: *const st_request,
     count: usize,
     threads: usize,
     request_bytes: usize,
@@ -353,7 +353,7 @@ pub unsafe extern "C" fn st_prefetch_checkpoint(
         // SAFETY: the header's contract for each argument.
         let (ckpt, out) = unsafe { (c.handle(checkpoint, "checkpoint")?, c.out(out, "out")?) };
         // SAFETY: as above.
-        let list = unsafe { requests(c, requests_, count, ckpt.inner.path())? };
+        let list = unsafe { resolve_requests(c, requests, count, ckpt.inner.path())? };
         let plan = Plan::of(Source::Checkpoint(&ckpt.inner), list.as_deref()).map_err(Fail::from);
         start(plan, threads, request_bytes, out)
     })
@@ -424,7 +424,7 @@ pub const ST_ADVICE_RANDOM: u32 = 2;
 #[no_mangle]
 pub unsafe extern "C" fn st_advise_file(
     file: *const st_file,
-    requests_: *const st_request,
+    requests: *const st_request,
     count: usize,
     advice: u32,
     err: *mut st_error,
@@ -444,7 +444,7 @@ pub unsafe extern "C" fn st_advise_file(
             }
         };
         // SAFETY: as above.
-        let list = unsafe { requests(c, requests_, count, file.inner.path())? };
+        let list = unsafe { resolve_requests(c, requests, count, file.inner.path())? };
         let files: [Arc<SafeFile>; 1] = [file.inner.clone()];
         let plan = Plan::of(Source::Files(&files), list.as_deref())?;
         Ok(advise(&file.inner, &plan, advice)?)
