@@ -10,7 +10,8 @@ use safetensors_core::{Checkpoint, CheckpointOptions, SafeFile, TensorInfo};
 
 use crate::args::{st_str, Call};
 use crate::file::{
-    backend, metadata_list, not_found, read_tensor, ST_OPEN_ALLOW_TRAILING_BYTES, ST_OPEN_LENIENT,
+    backend, metadata_list, not_found, read_tensor, BACKEND_BITS, ST_OPEN_ALLOW_TRAILING_BYTES,
+    ST_OPEN_LENIENT,
 };
 use crate::status::{quietly, run, st_error, Res};
 use crate::tensor::st_tensor;
@@ -65,7 +66,10 @@ pub unsafe extern "C" fn st_checkpoint_open(
     run(err, || {
         // SAFETY: the header's contract for each argument.
         let (path, out) = unsafe { (c.path(path, "path")?, c.out(out, "out")?) };
-        c.flags(flags, 0xff | ST_OPEN_ALLOW_TRAILING_BYTES | ST_OPEN_LENIENT)?;
+        c.flags(
+            flags,
+            BACKEND_BITS | ST_OPEN_ALLOW_TRAILING_BYTES | ST_OPEN_LENIENT,
+        )?;
         let options = CheckpointOptions {
             backend: backend(c, flags)?,
             lenient: flags & ST_OPEN_LENIENT != 0,

@@ -30,7 +30,7 @@ pub const ST_OPEN_ALLOW_TRAILING_BYTES: u32 = 0x100;
 pub const ST_OPEN_LENIENT: u32 = 0x200;
 
 /// The low byte of open flags: the backend.
-const BACKEND_BITS: u32 = 0xff;
+pub(crate) const BACKEND_BITS: u32 = 0xff;
 
 /// `st_file_key` order: names sorted byte-wise, like Python's `safe_open(...).keys()`.
 pub const ST_ORDER_SORTED: u32 = 0;
