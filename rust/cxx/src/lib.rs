@@ -25,6 +25,10 @@ mod writer;
 use std::collections::BTreeMap;
 
 use safetensors_core::{Dtype, ErrorKind};
+// The C API (include/safetensors.h) lives in the same archive as this bridge, so that a program
+// using both links one copy of the core and of Rust's standard library. Naming the crate links
+// it in; its `#[no_mangle]` functions are then part of this staticlib.
+use safetensors_capi as _;
 
 pub use checkpoint::{open_checkpoint, Checkpoint};
 pub use convert::{
