@@ -33,7 +33,10 @@ import statistics
 import sys
 import time
 
-import checked_output
+# checked_output.py lives beside this script, which is also loaded by path (the GPU kit's copy,
+# the tests' importlib): look for it here whatever the caller's sys.path.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import checked_output  # noqa: E402
 
 ITEMS = {"open", "load", "load_copy", "slice", "save", "save_nosync", "gpu", "convert"}
 ITERATION_ITEMS = {"open", "load", "load_copy", "gpu"}

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Compiles the C++ examples of the README and of the public headers, so they cannot drift.
+"""Compiles the C++ examples of the README and of the public headers, and the C examples of the
+documentation pages, so they cannot drift.
 
-    compile_examples.py --cxx C++ --out DIR [--mpi-flags FLAGS] [--dlpack-flags FLAGS]
-                        README.md HEADER... -- COMPILER FLAGS...
+    compile_examples.py --cxx C++ --out DIR [--cc CC] [--mpi-flags FLAGS] [--dlpack-flags FLAGS]
+                        README.md HEADER... [docs/PAGE.md...] -- COMPILER FLAGS...
 
 Examples are the README's ```cpp blocks, and in headers every run of comment lines that start
 with `///` or `//` followed by three spaces (the doc-comment examples). Each becomes a
@@ -18,8 +19,11 @@ point into the README or the header. Within an example:
     example is an error, so stale entries are noticed).
 Examples that include mpi.hpp or dlpack.hpp are compiled in translation units of their own with
 --mpi-flags / --dlpack-flags (the include directories of mpi.h / dlpack.h); without those flags
-they are reported as skipped. Everything is compiled with -fsyntax-only: nothing is linked or run.
-Exit code 0 when every example compiles, 1 otherwise.
+they are reported as skipped. The ```c blocks of Markdown files (docs/c.md) are complete
+translation units, each compiled on its own by --cc as C99 with warnings as errors (-std=c99
+-pedantic-errors -Wall -Wextra -Werror); without --cc they are reported as skipped. Everything
+is compiled with -fsyntax-only: nothing is linked or run. Exit code 0 when every example
+compiles, 1 otherwise.
 """
 import argparse
 import os
@@ -57,12 +61,12 @@ class Example:
         return "dlpack" if "dlpack.hpp" in own else "core"
 
 
-def readme_examples(path):
+def readme_examples(path, fence="```cpp"):
     out, block, start = [], None, 0
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             line = line.rstrip("\n")
-            if block is None and line.strip() == "```cpp":
+            if block is None and line.strip() == fence:
                 block, start = [], n + 1
             elif block is not None and line.strip() == "```":
                 out.append(Example(path, start, block))
@@ -141,6 +145,7 @@ def main(argv):
         flags = []
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cxx", required=True)
+    p.add_argument("--cc")
     p.add_argument("--out", required=True)
     p.add_argument("--mpi-flags")
     p.add_argument("--dlpack-flags")
@@ -173,6 +178,22 @@ def main(argv):
             print(f"FAILED: the {group} examples ({unit}); command: {shlex.join(cmd)}")
         else:
             compiled += len(members)
+    c_examples = [ex for src in a.sources if src.endswith(".md") for ex in readme_examples(src, "```c")]
+    if c_examples and not a.cc:
+        print(f"skipped: {len(c_examples)} C examples (no --cc)")
+    for i, ex in enumerate(c_examples if a.cc else []):
+        unit = os.path.join(a.out, f"example_c_{i}.c")
+        with open(unit, "w", encoding="utf-8") as f:
+            f.write(f'#line {ex.line} "{ex.path}"\n' + "\n".join(ex.lines) + "\n")
+        cmd = [a.cc, "-std=c99", "-pedantic-errors", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", *flags, unit]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            failed = True
+            sys.stdout.write(r.stdout + r.stderr)
+            print(f"FAILED: the C example at {ex.path}:{ex.line}; command: {shlex.join(cmd)}")
+        else:
+            compiled += 1
+    examples += c_examples
     for key in PREAMBLES:
         if key not in used and any(ex.name == key[0] for ex in examples):
             print(f"error: the preamble for {key} matches no example: update PREAMBLES")

@@ -1,0 +1,3 @@
+module safetensors.invalid/cgo
+
+go 1.21
