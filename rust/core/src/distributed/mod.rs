@@ -3,6 +3,7 @@
 //! the C++ layer (`include/safetensors/distributed.hpp`).
 
 mod plan;
+mod segments;
 mod tp;
 
 pub use plan::{LoadPlan, Need, Part, Piece, Pieces, Step, MERGE_GAP, SMALL_SEGMENT};
