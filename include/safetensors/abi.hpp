@@ -31,3 +31,12 @@
 #define SAFETENSORS_ABI abi_noeh_nortti
 #endif
 #endif
+
+// `= delete` with its reason in the compiler's message where the compiler supports it (C++26's
+// `= delete("reason")`, P2573: GCC 15 and Clang 19 in C++26 mode), a plain `= delete` elsewhere;
+// the declaration's comment gives the same reason.
+#if defined(__cpp_deleted_function) && __cpp_deleted_function >= 202403L
+#define SAFETENSORS_DELETE(reason) delete (reason)
+#else
+#define SAFETENSORS_DELETE(reason) delete
+#endif

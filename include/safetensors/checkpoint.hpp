@@ -17,13 +17,14 @@
 #include <vector>
 
 #include "safetensors/detail/bridge.hpp"
-#include "safetensors/ffi/src/checkpoint.rs.h"
 #include "safetensors/detail/open_file.hpp"
+#include "safetensors/ffi/src/checkpoint.rs.h"
 #include "safetensors/options.hpp"
 #include "safetensors/slice.hpp"
 #include "safetensors/tensor.hpp"
 
-namespace safetensors::inline SAFETENSORS_ABI {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
 
 class Checkpoint;
 
@@ -351,4 +352,5 @@ inline Expected<std::filesystem::path> nothrow::shard_of(const Checkpoint& ckpt,
   return detail::Access<Checkpoint>::shard_path(**c, *shard);
 }
 
-}  // namespace safetensors::inline SAFETENSORS_ABI
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

@@ -10,7 +10,8 @@
 
 #include "safetensors/error.hpp"
 
-namespace safetensors::inline SAFETENSORS_ABI {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
 
 /// A group of ranks that can broadcast and all-gather bytes. Every rank must make the same
 /// calls in the same order (as with MPI and NCCL collectives).
@@ -50,4 +51,5 @@ class Collective {
   }
 };
 
-}  // namespace safetensors::inline SAFETENSORS_ABI
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

@@ -16,14 +16,15 @@
 
 #include "safetensors/detail/allocate.hpp"
 #include "safetensors/detail/bridge.hpp"
-#include "safetensors/ffi/src/convert.rs.h"
-#include "safetensors/detail/overlap.hpp"
 #include "safetensors/detail/extent.hpp"
+#include "safetensors/detail/overlap.hpp"
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
+#include "safetensors/ffi/src/convert.rs.h"
 #include "safetensors/tensor.hpp"
 
-namespace safetensors::inline SAFETENSORS_ABI {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
 
 /// Whether `d` is a float dtype, i.e. a target `convert` accepts (F4 to F64; not C64).
 [[nodiscard]] constexpr bool is_float(Dtype d) {
@@ -225,4 +226,5 @@ inline void convert(const TensorView& src, Dtype to, std::span<std::byte> dst) {
   return nothrow::dequantize_mxfp4(blocks, scales, to).value();
 }
 
-}  // namespace safetensors::inline SAFETENSORS_ABI
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

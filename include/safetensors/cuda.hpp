@@ -45,7 +45,10 @@
 #include "safetensors/detail/overlap.hpp"
 #include "safetensors/request.hpp"
 
-namespace safetensors::inline SAFETENSORS_ABI::nothrow::cuda {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
+namespace nothrow {
+namespace cuda {
 using safetensors::cuda::DeviceTensor;
 
 /// `cuda::device_count` without exceptions.
@@ -58,7 +61,8 @@ Status copy_to_host(const void* src, std::span<std::byte> dst, int device = 0);
 [[nodiscard]] Expected<double> pinned_copy_seconds(std::size_t bytes, int device = 0);
 /// `cuda::plan` without exceptions.
 template <Readable From>
-[[nodiscard]] Expected<std::pair<std::size_t, std::vector<Placement>>> plan(const From& from, Requests requests = {},
+[[nodiscard]] Expected<std::pair<std::size_t, std::vector<Placement>>> plan(const From& from,
+                                                                            Requests requests = {},
                                                                             UploadOptions options = {});
 /// `cuda::load(from, device, options)` without exceptions.
 ///
@@ -70,9 +74,14 @@ template <Readable From>
 template <Readable From>
 [[nodiscard]] Expected<DeviceTensor> to_device(const From& from, std::string_view name, int device = 0,
                                                UploadOptions options = {});
-}  // namespace safetensors::inline SAFETENSORS_ABI::nothrow::cuda
+}  // namespace cuda
+}  // namespace nothrow
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors
 
-namespace safetensors::inline SAFETENSORS_ABI::cuda {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
+namespace cuda {
 
 /// Whether this build has the CUDA path (the `SAFETENSORS_CUDA` option).
 [[nodiscard]] inline bool built() noexcept {
@@ -134,9 +143,14 @@ template <Readable From>
   return nothrow::cuda::to_device(from, name, device, options).value();
 }
 
-}  // namespace safetensors::inline SAFETENSORS_ABI::cuda
+}  // namespace cuda
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors
 
-namespace safetensors::inline SAFETENSORS_ABI::nothrow::cuda {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
+namespace nothrow {
+namespace cuda {
 
 inline Expected<int> device_count() {
   auto n = detail::attempt([](ffi::Status& st) { return ffi::cuda_device_count(st); });
@@ -189,10 +203,14 @@ Expected<DeviceTensor> to_device(const From& from, std::string_view name, int de
   auto loaded = detail::upload::load_one_shot(from, std::span<const Request>(&one, 1), device, options);
   if (!loaded) return loaded.status();
   if (loaded->placements().empty()) {
-    return Status(ErrorKind::Internal, "to_device(\"" + std::string(name) + "\"): the upload placed no tensor");
+    return Status(ErrorKind::Internal,
+                  "to_device(\"" + std::string(name) + "\"): the upload placed no tensor");
   }
   auto p = loaded->placements().front();
   return DeviceTensor{p.dtype, std::move(p.shape), loaded->release_buffer()};
 }
 
-}  // namespace safetensors::inline SAFETENSORS_ABI::nothrow::cuda
+}  // namespace cuda
+}  // namespace nothrow
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

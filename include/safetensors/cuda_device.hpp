@@ -21,12 +21,19 @@
 #include "safetensors/detail/cuda.hpp"
 #include "safetensors/request.hpp"
 
-namespace safetensors::inline SAFETENSORS_ABI::cuda {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
+namespace cuda {
 class DeviceTensors;
 class Uploader;
-}  // namespace safetensors::inline SAFETENSORS_ABI::cuda
+}  // namespace cuda
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors
 
-namespace safetensors::inline SAFETENSORS_ABI::nothrow::cuda {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
+namespace nothrow {
+namespace cuda {
 using safetensors::cuda::DeviceTensors;
 using safetensors::cuda::LandingOptions;
 using safetensors::cuda::Placement;
@@ -52,26 +59,34 @@ template <Readable From>
                                            const OnLanded& on_landed, LandingOptions options = {});
 /// `Uploader::load_into` without exceptions.
 template <Readable From>
-[[nodiscard]] Expected<std::vector<Placement>> load_into(Uploader& uploader, const From& from, Requests requests,
-                                                         void* dst, std::size_t capacity, std::uintptr_t stream);
+[[nodiscard]] Expected<std::vector<Placement>> load_into(Uploader& uploader, const From& from,
+                                                         Requests requests, void* dst, std::size_t capacity,
+                                                         std::uintptr_t stream);
 /// `Uploader::load_into` with a landing callback, without exceptions.
 template <Readable From>
-[[nodiscard]] Expected<std::vector<Placement>> load_into(Uploader& uploader, const From& from, Requests requests,
-                                                         void* dst, std::size_t capacity, std::uintptr_t stream,
-                                                         const OnLanded& on_landed, LandingOptions options = {});
+[[nodiscard]] Expected<std::vector<Placement>> load_into(Uploader& uploader, const From& from,
+                                                         Requests requests, void* dst, std::size_t capacity,
+                                                         std::uintptr_t stream, const OnLanded& on_landed,
+                                                         LandingOptions options = {});
 /// `Uploader::stream` without exceptions: the scratch ring's size, or the error.
 template <Readable From>
-Expected<std::size_t> stream(Uploader& uploader, const From& from, Requests requests, std::size_t scratch_bytes,
-                             const OnLanded& on_landed, LandingOptions options = {});
+Expected<std::size_t> stream(Uploader& uploader, const From& from, Requests requests,
+                             std::size_t scratch_bytes, const OnLanded& on_landed,
+                             LandingOptions options = {});
 /// `Uploader::synchronize` without exceptions.
 Status synchronize(Uploader& uploader);
 /// `DeviceTensors::data` without exceptions.
 [[nodiscard]] Expected<void*> data(const DeviceTensors& tensors, std::string_view name);
 /// `DeviceTensors::at` without exceptions: a copy of `name`'s placement, or `TensorNotFound`.
 [[nodiscard]] Expected<Placement> at(const DeviceTensors& tensors, std::string_view name);
-}  // namespace safetensors::inline SAFETENSORS_ABI::nothrow::cuda
+}  // namespace cuda
+}  // namespace nothrow
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors
 
-namespace safetensors::inline SAFETENSORS_ABI::cuda {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
+namespace cuda {
 
 /// A device allocation this object owns (freed on destruction), unless released.
 class DeviceBuffer {
@@ -89,8 +104,9 @@ class DeviceBuffer {
     }
     return *this;
   }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(const DeviceBuffer&) = SAFETENSORS_DELETE("a DeviceBuffer owns its device memory: move it");
+  DeviceBuffer& operator=(const DeviceBuffer&) =
+      SAFETENSORS_DELETE("a DeviceBuffer owns its device memory: move it");
   ~DeviceBuffer() { reset(); }
 
   [[nodiscard]] void* data() const noexcept { return data_; }
@@ -228,7 +244,8 @@ class Uploader {
   /// `on_landed` as it lands. Returns once every copy has completed, successful or not.
   template <Readable From>
   std::vector<Placement> load_into(const From& from, Requests requests, void* dst, std::size_t capacity,
-                                   std::uintptr_t stream, const OnLanded& on_landed, LandingOptions options = {}) {
+                                   std::uintptr_t stream, const OnLanded& on_landed,
+                                   LandingOptions options = {}) {
     return detail::upload::rethrowing(on_landed, [&](const nothrow::cuda::OnLanded& cb) {
       return nothrow::cuda::load_into(*this, from, requests, dst, capacity, stream, cb, options);
     });
@@ -245,8 +262,8 @@ class Uploader {
   ///   cuda::Uploader up(0);
   ///   up.stream(f, {}, 64 << 20, [&](const cuda::Landed& t) { std::printf("%zu bytes\n", t.byte_size); });
   template <Readable From>
-  std::size_t stream(const From& from, Requests requests, std::size_t scratch_bytes, const OnLanded& on_landed,
-                     LandingOptions options = {}) {
+  std::size_t stream(const From& from, Requests requests, std::size_t scratch_bytes,
+                     const OnLanded& on_landed, LandingOptions options = {}) {
     return detail::upload::rethrowing(on_landed, [&](const nothrow::cuda::OnLanded& cb) {
       return nothrow::cuda::stream(*this, from, requests, scratch_bytes, cb, options);
     });
@@ -276,7 +293,9 @@ class Uploader {
   std::shared_ptr<const ffi::Uploader> impl_;
 };
 
-}  // namespace safetensors::inline SAFETENSORS_ABI::cuda
+}  // namespace cuda
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors
 
 // The private doors and the nothrow definitions (after the classes they need).
 #include "safetensors/detail/cuda_device_impl.hpp"

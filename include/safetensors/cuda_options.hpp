@@ -16,7 +16,9 @@
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
 
-namespace safetensors::inline SAFETENSORS_ABI::cuda {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
+namespace cuda {
 
 struct UploadOptions {
   /// Staging buffers (pinned host memory) and their size (0: the defaults, see cuda.hpp); at
@@ -85,11 +87,19 @@ struct LandingOptions {
 /// completed.
 using OnLanded = std::function<void(const Landed&)>;
 
-}  // namespace safetensors::inline SAFETENSORS_ABI::cuda
+}  // namespace cuda
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors
 
-namespace safetensors::inline SAFETENSORS_ABI::nothrow::cuda {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
+namespace nothrow {
+namespace cuda {
 /// A landing callback of the nothrow API: a `Status` that is not `ok()` stops the upload, which
 /// then returns that status. (An exception it throws anyway stops it too, as an `Error`'s own
 /// kind and message, or `Internal`.)
 using OnLanded = std::function<Status(const safetensors::cuda::Landed&)>;
-}  // namespace safetensors::inline SAFETENSORS_ABI::nothrow::cuda
+}  // namespace cuda
+}  // namespace nothrow
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

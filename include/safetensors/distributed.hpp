@@ -22,7 +22,8 @@
 #include "safetensors/slice.hpp"
 #include "safetensors/tensor.hpp"
 
-namespace safetensors::inline SAFETENSORS_ABI {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
 
 namespace detail {
 struct DeviceLoad;  // the device half of `LoadPlan::load` (safetensors/distributed_cuda.hpp)
@@ -185,4 +186,5 @@ class LoadPlan {
   std::vector<std::shared_ptr<const void>> owners_;  // keeps the files the plan reads open
 };
 
-}  // namespace safetensors::inline SAFETENSORS_ABI
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

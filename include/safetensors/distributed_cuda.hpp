@@ -18,10 +18,12 @@
 #include "safetensors/collective.hpp"
 #include "safetensors/cuda.hpp"
 #include "safetensors/distributed.hpp"
-#include "safetensors/ffi/src/distributed.rs.h"
 #include "safetensors/ffi/src/cuda.rs.h"
+#include "safetensors/ffi/src/distributed.rs.h"
 
-namespace safetensors::inline SAFETENSORS_ABI::cuda {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
+namespace cuda {
 
 /// How shared reads reach the ranks that need them.
 enum class Via {
@@ -40,9 +42,13 @@ struct DistributedOptions {
   std::size_t alignment = 256;
 };
 
-}  // namespace safetensors::inline SAFETENSORS_ABI::cuda
+}  // namespace cuda
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors
 
-namespace safetensors::inline SAFETENSORS_ABI::detail {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
+namespace detail {
 
 struct DeviceLoad {
   static cuda::DeviceTensors run(const LoadPlan& plan, Collective& c, const cuda::DistributedOptions& o) {
@@ -135,9 +141,13 @@ struct DeviceLoad {
   }
 };
 
-}  // namespace safetensors::inline SAFETENSORS_ABI::detail
+}  // namespace detail
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors
 
-namespace safetensors::inline SAFETENSORS_ABI::cuda {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
+namespace cuda {
 
 /// Runs this rank's share of `plan` (`c.rank()`: its reads and every broadcast, in which all
 /// ranks take part) and returns its tensors in one allocation on `options.device`, complete on
@@ -156,4 +166,6 @@ namespace safetensors::inline SAFETENSORS_ABI::cuda {
   return detail::DeviceLoad::run(plan, c, options);
 }
 
-}  // namespace safetensors::inline SAFETENSORS_ABI::cuda
+}  // namespace cuda
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

@@ -32,15 +32,16 @@
 #include <vector>
 
 #include "safetensors/cuda.hpp"
+#include "safetensors/detail/extent.hpp"
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
 #include "safetensors/tensor.hpp"
-#include "safetensors/detail/extent.hpp"
 
 static_assert(DLPACK_MAJOR_VERSION >= 1,
               "safetensors/dlpack.hpp needs DLPack 1.0 or later (DLManagedTensorVersioned)");
 
-namespace safetensors::inline SAFETENSORS_ABI {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
 
 /// Whether the DLPack header in use has type codes for the fp8, fp6 and fp4 formats (v1.1+).
 inline constexpr bool dlpack_has_narrow_floats = DLPACK_MAJOR_VERSION > 1 ||
@@ -310,4 +311,5 @@ inline Expected<DLPackTensor> nothrow::to_dlpack(cuda::DeviceTensor&& tensor) {
   return nothrow::to_dlpack(std::move(tensor)).value();
 }
 
-}  // namespace safetensors::inline SAFETENSORS_ABI
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

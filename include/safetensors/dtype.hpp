@@ -9,7 +9,8 @@
 #include <optional>
 #include <string_view>
 
-namespace safetensors::inline SAFETENSORS_ABI {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
 
 /// A tensor's element type. The enumerators are in the format's order (also its alignment
 /// order); their values match the Rust core's, which the bridge relies on.
@@ -70,4 +71,5 @@ inline constexpr std::array<std::uint8_t, dtype_count> dtype_bits = {
   return i < dtype_count ? detail::dtype_bits[i] : 0;
 }
 
-}  // namespace safetensors::inline SAFETENSORS_ABI
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

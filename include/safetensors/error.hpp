@@ -24,7 +24,8 @@
 #include <type_traits>
 #include <utility>
 
-namespace safetensors::inline SAFETENSORS_ABI {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
 
 /// What went wrong. The values match the Rust core's error kinds; see the README for when each
 /// one happens.
@@ -262,4 +263,5 @@ class [[nodiscard]] Expected {
   Status status_;
 };
 
-}  // namespace safetensors::inline SAFETENSORS_ABI
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

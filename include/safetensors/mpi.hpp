@@ -27,7 +27,8 @@
 #include "safetensors/detail/overlap.hpp"
 #include "safetensors/error.hpp"
 
-namespace safetensors::inline SAFETENSORS_ABI {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
 
 /// A `Collective` on an MPI communicator (not owned; `MPI_COMM_WORLD` by default). MPI must be
 /// initialised before and finalised after its use.
@@ -106,4 +107,5 @@ class MpiCollective final : public Collective {
   std::size_t size_ = 0;
 };
 
-}  // namespace safetensors::inline SAFETENSORS_ABI
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

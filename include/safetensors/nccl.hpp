@@ -16,7 +16,8 @@
 #include "safetensors/collective.hpp"
 #include "safetensors/error.hpp"
 
-namespace safetensors::inline SAFETENSORS_ABI {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
 
 /// The NCCL entry points this library uses, resolved from a shared library at run time. The
 /// signatures are NCCL's public C API (nccl.h, NCCL 2.x): `ncclResult_t` is an int, the
@@ -94,8 +95,9 @@ class NcclCollective final : public Collective {
   /// Wraps a communicator the caller made and keeps owning.
   NcclCollective(std::shared_ptr<const NcclLibrary> nccl, void* comm, std::size_t rank, std::size_t world)
       : nccl_(std::move(nccl)), comm_(comm), rank_(rank), size_(world) {}
-  NcclCollective(const NcclCollective&) = delete;
-  NcclCollective& operator=(const NcclCollective&) = delete;
+  NcclCollective(const NcclCollective&) = SAFETENSORS_DELETE("an NcclCollective owns its communicator");
+  NcclCollective& operator=(const NcclCollective&) =
+      SAFETENSORS_DELETE("an NcclCollective owns its communicator");
   ~NcclCollective() override {
     if (owned_ && comm_ != nullptr) nccl_->comm_destroy(comm_);
   }
@@ -134,4 +136,5 @@ class NcclCollective final : public Collective {
   bool owned_ = false;
 };
 
-}  // namespace safetensors::inline SAFETENSORS_ABI
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

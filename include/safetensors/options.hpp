@@ -5,7 +5,8 @@
 
 #include <cstdint>
 
-namespace safetensors::inline SAFETENSORS_ABI {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
 
 /// How tensor bytes are reached.
 enum class Backend : std::uint8_t {
@@ -42,4 +43,5 @@ struct CheckpointOptions {
   bool lenient = false;
 };
 
-}  // namespace safetensors::inline SAFETENSORS_ABI
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

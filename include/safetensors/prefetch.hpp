@@ -14,7 +14,8 @@
 #include "safetensors/request.hpp"
 #include "safetensors/safe_open.hpp"
 
-namespace safetensors::inline SAFETENSORS_ABI {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
 
 /// How a prefetch runs.
 struct PrefetchOptions {
@@ -43,7 +44,8 @@ namespace nothrow {
 ///   auto warming = safetensors::nothrow::prefetch(f);
 ///   if (warming) (void)safetensors::nothrow::wait(*warming);
 template <Readable From>
-[[nodiscard]] Expected<Prefetch> prefetch(const From& from, Requests requests = {}, PrefetchOptions options = {});
+[[nodiscard]] Expected<Prefetch> prefetch(const From& from, Requests requests = {},
+                                          PrefetchOptions options = {});
 /// `Prefetch::wait` without exceptions.
 Status wait(const Prefetch& prefetch);
 /// `safetensors::advise` without exceptions.
@@ -69,8 +71,8 @@ class Prefetch {
  public:
   Prefetch(Prefetch&&) noexcept = default;
   Prefetch& operator=(Prefetch&&) noexcept = default;
-  Prefetch(const Prefetch&) = delete;
-  Prefetch& operator=(const Prefetch&) = delete;
+  Prefetch(const Prefetch&) = SAFETENSORS_DELETE("a Prefetch owns its reader threads: move it, or share it");
+  Prefetch& operator=(const Prefetch&) = SAFETENSORS_DELETE("a Prefetch owns its reader threads: move it");
   ~Prefetch() = default;
 
   /// Bytes of the plan read into the page cache so far.
@@ -151,4 +153,5 @@ Status nothrow::advise(const From& from, Advice advice, Requests requests) {
       [&](ffi::Status& st) { ffi::advise(*r->source, *r->requests, static_cast<ffi::Advice>(advice), st); });
 }
 
-}  // namespace safetensors::inline SAFETENSORS_ABI
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

@@ -20,7 +20,8 @@
 #include "safetensors/safe_open.hpp"
 #include "safetensors/slice.hpp"
 
-namespace safetensors::inline SAFETENSORS_ABI {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
 
 /// One tensor to read, whole or a selection of it. A selection reads (and delivers) exactly
 /// what `get_slice(name).select(select).read()` gives: the selected bytes packed in row-major
@@ -48,15 +49,17 @@ class Requests {
  public:
   /// Every tensor.
   Requests() = default;
-  Requests(std::span<const Request> requests) : list_(requests) {}  // NOLINT: implicit on purpose
+  Requests(std::span<const Request> requests) : list_(requests) {}     // NOLINT: implicit on purpose
   Requests(const std::vector<Request>& requests) : list_(requests) {}  // NOLINT: implicit on purpose
-  Requests(std::initializer_list<Request> requests)  // NOLINT: implicit on purpose
+  Requests(std::initializer_list<Request> requests)                    // NOLINT: implicit on purpose
       : list_(std::span<const Request>(requests.begin(), requests.size())) {}
 
   /// Whether every tensor is read.
   [[nodiscard]] bool all() const noexcept { return !list_.has_value(); }
   /// The requests (empty for every tensor).
-  [[nodiscard]] std::span<const Request> list() const noexcept { return list_.value_or(std::span<const Request>{}); }
+  [[nodiscard]] std::span<const Request> list() const noexcept {
+    return list_.value_or(std::span<const Request>{});
+  }
 
  private:
   std::optional<std::span<const Request>> list_;
@@ -65,7 +68,8 @@ class Requests {
 /// What can be read: a `SafeOpen` or a `Checkpoint`. Every operation that reads from either is one
 /// template constrained by this (`prefetch`, `TensorStream`, `cuda::Uploader::load`, ...).
 template <class T>
-concept Readable = std::same_as<std::remove_cvref_t<T>, SafeOpen> || std::same_as<std::remove_cvref_t<T>, Checkpoint>;
+concept Readable =
+    std::same_as<std::remove_cvref_t<T>, SafeOpen> || std::same_as<std::remove_cvref_t<T>, Checkpoint>;
 
 namespace detail {
 /// Requests as the bridge takes them, all in one call. `InvalidSlice` for an index that does not
@@ -106,7 +110,8 @@ inline Expected<::rust::Box<ffi::Source>> bridge_source(const SafeOpen& file, co
 /// alone) opened first through the C++ side's own publication (see `Access<Checkpoint>`), so that
 /// ThreadSanitizer sees those opens ordered too. A shard that fails to open is left to the call
 /// that needs it, which reports the error of the first request it cannot serve.
-inline Expected<::rust::Box<ffi::Source>> bridge_source(const Checkpoint& ckpt, const ffi::RequestList& requests) {
+inline Expected<::rust::Box<ffi::Source>> bridge_source(const Checkpoint& ckpt,
+                                                        const ffi::RequestList& requests) {
   auto c = Access<Checkpoint>::checkpoint(ckpt);
   if (!c) return c.status();
   auto source = ffi::source_of_checkpoint(**c);
@@ -127,4 +132,5 @@ Expected<Reading> reading(const From& from, const Requests& requests) {
 }
 }  // namespace detail
 
-}  // namespace safetensors::inline SAFETENSORS_ABI
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

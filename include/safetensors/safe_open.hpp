@@ -29,7 +29,8 @@ extern "C" inline void safetensors_detail_release_keep_alive(void* owner) noexce
   delete static_cast<std::shared_ptr<const void>*>(owner);
 }
 
-namespace safetensors::inline SAFETENSORS_ABI {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
 
 class SafeOpen;
 
@@ -298,4 +299,5 @@ inline Status nothrow::read_data(const SafeOpen& file, std::size_t offset, std::
   return (*src)->read_data(offset, dst);
 }
 
-}  // namespace safetensors::inline SAFETENSORS_ABI
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

@@ -22,7 +22,8 @@
 #include "safetensors/detail/open_file.hpp"
 #include "safetensors/tensor.hpp"
 
-namespace safetensors::inline SAFETENSORS_ABI {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
 
 class LoadPlan;  // include/safetensors/distributed.hpp
 class Selection;
@@ -381,4 +382,5 @@ inline Expected<TensorView> nothrow::read_as(const Selection& selection, Dtype t
   return nothrow::convert(*view, to);
 }
 
-}  // namespace safetensors::inline SAFETENSORS_ABI
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

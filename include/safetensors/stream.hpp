@@ -43,7 +43,8 @@ extern "C" inline void safetensors_detail_tsan_handoff(void* token) {
 }
 #endif
 
-namespace safetensors::inline SAFETENSORS_ABI {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
 
 /// How a `TensorStream` runs.
 struct StreamOptions {
@@ -82,7 +83,8 @@ namespace nothrow {
 ///
 ///   auto stream = safetensors::nothrow::stream(f, {}, {.max_inflight_bytes = 64 << 20});
 template <Readable From>
-[[nodiscard]] Expected<TensorStream> stream(const From& from, Requests requests = {}, StreamOptions options = {});
+[[nodiscard]] Expected<TensorStream> stream(const From& from, Requests requests = {},
+                                            StreamOptions options = {});
 /// `TensorStream::next` without exceptions: the next item, `std::nullopt` at the end, or an
 /// error: `BudgetExceeded` (recoverable: drop what you hold and call again), or the error that
 /// ended the stream (reported again by every later call).
@@ -149,8 +151,10 @@ class TensorStream {
 
   TensorStream(TensorStream&&) noexcept = default;
   TensorStream& operator=(TensorStream&&) noexcept = default;
-  TensorStream(const TensorStream&) = delete;
-  TensorStream& operator=(const TensorStream&) = delete;
+  TensorStream(const TensorStream&) =
+      SAFETENSORS_DELETE("a TensorStream is an input stream, read once: move it");
+  TensorStream& operator=(const TensorStream&) =
+      SAFETENSORS_DELETE("a TensorStream is an input stream: move it");
   ~TensorStream() = default;
 
   /// The next item, or `std::nullopt` once every one was delivered. Throws `BudgetExceeded`
@@ -301,13 +305,13 @@ template <Readable From>
 Expected<TensorStream> nothrow::stream(const From& from, Requests requests, StreamOptions options) {
   auto r = detail::reading(from, requests);
   if (!r) return r.status();
-  return detail::Access<TensorStream>::open(options, [&](auto&&... args) {
-    return ffi::stream(*r->source, *r->requests, args...);
-  });
+  return detail::Access<TensorStream>::open(
+      options, [&](auto&&... args) { return ffi::stream(*r->source, *r->requests, args...); });
 }
 
 inline Expected<std::optional<StreamItem>> nothrow::next(TensorStream& stream) {
   return detail::Access<TensorStream>::next(stream);
 }
 
-}  // namespace safetensors::inline SAFETENSORS_ABI
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

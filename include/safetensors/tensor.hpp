@@ -19,7 +19,8 @@
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
 
-namespace safetensors::inline SAFETENSORS_ABI {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
 
 namespace detail {
 /// The product of `shape` (1 for a scalar): 0 when a dimension is 0, else `SIZE_MAX` when the
@@ -99,7 +100,8 @@ template <class T>
 [[nodiscard]] Expected<std::span<const T>> as(const TensorView& view);
 /// Not on a temporary view: the span would dangle (see `TensorView::as`).
 template <class T>
-void as(const TensorView&& view) = delete;
+void as(const TensorView&& view) =
+    SAFETENSORS_DELETE("as<T>() of a temporary view would dangle: keep the view in a variable");
 }  // namespace nothrow
 
 /// A tensor's dtype, shape and bytes.
@@ -170,7 +172,8 @@ struct TensorView {
     return nothrow::as<T>(*this).value();
   }
   template <class T>
-  std::span<const T> as() const&& = delete;
+  std::span<const T> as() const&& =
+      SAFETENSORS_DELETE("as<T>() of a temporary view would dangle: keep the view in a variable");
 };
 
 namespace detail {
@@ -219,4 +222,5 @@ Expected<std::span<const T>> nothrow::as(const TensorView& view) {
   }
 }
 
-}  // namespace safetensors::inline SAFETENSORS_ABI
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

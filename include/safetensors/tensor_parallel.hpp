@@ -15,7 +15,8 @@
 #include "safetensors/ffi/src/distributed.rs.h"
 #include "safetensors/slice.hpp"
 
-namespace safetensors::inline SAFETENSORS_ABI {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
 
 /// How a dimension the world may not divide is split.
 enum class Split : std::uint8_t {
@@ -114,8 +115,11 @@ inline ffi::TpRule attention_rule(Gqa g, Projection p, bool fused, std::size_t r
 ///
 ///   auto [q, k, v] = qkv_shard(f.get_slice("attn.qkv_proj.weight"), {32, 8, 128}, rank, world);
 [[nodiscard]] inline QkvSelection qkv_shard(const Slice& s, Gqa g, std::size_t rank, std::size_t world) {
-  auto part = [&](Projection p) { return detail::tp_select(s, detail::attention_rule(g, p, true, rank, world)); };
+  auto part = [&](Projection p) {
+    return detail::tp_select(s, detail::attention_rule(g, p, true, rank, world));
+  };
   return {part(Projection::Q), part(Projection::K), part(Projection::V)};
 }
 
-}  // namespace safetensors::inline SAFETENSORS_ABI
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

@@ -37,7 +37,8 @@
 /// Defined by the library (rust/cxx): its version packed as `major << 16 | minor << 8 | patch`.
 extern "C" std::uint32_t SAFETENSORS_DETAIL_LIBRARY_VERSION();
 
-namespace safetensors::inline SAFETENSORS_ABI {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
 
 /// A release number.
 struct Version {
@@ -71,4 +72,5 @@ namespace detail {
 inline const std::uint32_t linked_library_version = SAFETENSORS_DETAIL_LIBRARY_VERSION();
 }  // namespace detail
 
-}  // namespace safetensors::inline SAFETENSORS_ABI
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

@@ -22,12 +22,13 @@
 
 #include "safetensors/detail/allocate.hpp"
 #include "safetensors/detail/bridge.hpp"
-#include "safetensors/ffi/src/writer.rs.h"
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
+#include "safetensors/ffi/src/writer.rs.h"
 #include "safetensors/tensor.hpp"
 
-namespace safetensors::inline SAFETENSORS_ABI {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
 
 /// Metadata written as `__metadata__`: string keys to string values. Empty means none, unless
 /// `SaveOptions::empty_metadata` asks for an empty `__metadata__` object.
@@ -245,4 +246,5 @@ inline void save_file(const std::filesystem::path& path, detail::TensorList tens
   save_file<const detail::TensorList&>(path, tensors, metadata, options);
 }
 
-}  // namespace safetensors::inline SAFETENSORS_ABI
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

@@ -19,7 +19,9 @@
 
 #include "safetensors/error.hpp"
 
-namespace safetensors::inline SAFETENSORS_ABI::detail {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
+namespace detail {
 
 /// An uninitialised buffer, owned by a `shared_ptr`, for bytes copied out of a file (read
 /// backend, slices): 64-byte aligned, and for large buffers on Linux 2 MiB aligned and backed by
@@ -83,4 +85,6 @@ Expected<std::vector<T>> checked_vector(std::size_t n, std::string_view what, st
 #endif
 }
 
-}  // namespace safetensors::inline SAFETENSORS_ABI::detail
+}  // namespace detail
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

@@ -20,7 +20,9 @@
 #include "safetensors/ffi/src/status.rs.h"
 #include "safetensors/version.hpp"
 
-namespace safetensors::inline SAFETENSORS_ABI::detail {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
+namespace detail {
 
 /// The outcome a bridge call reported through its `ffi::Status`.
 inline Status status_of(const ffi::Status& s) {
@@ -87,4 +89,6 @@ std::shared_ptr<const T> share(::rust::Box<T> box) {
                                   [](const T* p) { ::rust::Box<T>::from_raw(const_cast<T*>(p)); });
 }
 
-}  // namespace safetensors::inline SAFETENSORS_ABI::detail
+}  // namespace detail
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

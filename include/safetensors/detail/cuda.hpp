@@ -18,13 +18,17 @@
 #include "safetensors/ffi/src/cuda.rs.h"
 #include "safetensors/request.hpp"
 
-namespace safetensors::inline SAFETENSORS_ABI::detail::upload {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
+namespace detail {
+namespace upload {
 
 /// A device ordinal for the bridge: a negative one is refused here, where its sign is still
 /// known (as a size_t it would name device 18446744073709551615).
 inline Expected<std::size_t> device_ordinal(int device) {
   if (device < 0) {
-    return Status(ErrorKind::Cuda, "no CUDA device " + std::to_string(device) + ": device ordinals start at 0");
+    return Status(ErrorKind::Cuda,
+                  "no CUDA device " + std::to_string(device) + ": device ordinals start at 0");
   }
   return static_cast<std::size_t>(device);
 }
@@ -67,7 +71,8 @@ struct Sink {
 inline bool deliver(std::uintptr_t context, const ffi::LandedTensor* t) noexcept {
   auto& sink = *reinterpret_cast<Sink*>(context);
   if (t == nullptr || t->index >= sink.placements->size()) {
-    sink.stopped = Status(ErrorKind::Internal, "a streaming upload handed over a tensor it was not asked for");
+    sink.stopped =
+        Status(ErrorKind::Internal, "a streaming upload handed over a tensor it was not asked for");
     return false;
   }
   const auto& p = (*sink.placements)[t->index];
@@ -141,4 +146,7 @@ auto rethrowing(const safetensors::cuda::OnLanded& on_landed, Call&& call) {
 #endif
 }
 
-}  // namespace safetensors::inline SAFETENSORS_ABI::detail::upload
+}  // namespace upload
+}  // namespace detail
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

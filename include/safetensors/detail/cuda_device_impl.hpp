@@ -15,7 +15,9 @@
 
 #include "safetensors/cuda_device.hpp"
 
-namespace safetensors::inline SAFETENSORS_ABI::detail {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
+namespace detail {
 
 template <>
 struct Access<cuda::DeviceTensors> {
@@ -26,7 +28,8 @@ struct Access<cuda::DeviceTensors> {
   static cuda::DeviceTensors make(std::uint64_t ptr, const ffi::UploadJob& job, int device) {
     // The buffer owns the allocation before the placements are built: they allocate, and a
     // failure there must free the device memory, not leak it.
-    cuda::DeviceBuffer buffer(reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr)), job.total_bytes(), device);
+    cuda::DeviceBuffer buffer(reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr)), job.total_bytes(),
+                              device);
     return make(std::move(buffer), upload::placements(job));
   }
   /// The placement of `name`, or `TensorNotFound`.
@@ -108,7 +111,7 @@ Expected<cuda::DeviceTensors> load_shared(int device, const From& from, const Re
 /// else through an uploader of `options`' own, made for this call.
 template <Readable From>
 Expected<cuda::DeviceTensors> load_one_shot(const From& from, const Requests& requests, int device,
-                                      const cuda::UploadOptions& options) {
+                                            const cuda::UploadOptions& options) {
   if (cuda::default_ring(options)) {
     return load_shared(device, from, requests, options.alignment);
   }
@@ -119,9 +122,14 @@ Expected<cuda::DeviceTensors> load_one_shot(const From& from, const Requests& re
 
 }  // namespace upload
 
-}  // namespace safetensors::inline SAFETENSORS_ABI::detail
+}  // namespace detail
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors
 
-namespace safetensors::inline SAFETENSORS_ABI::nothrow::cuda {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
+namespace nothrow {
+namespace cuda {
 
 inline Expected<Uploader> make_uploader(int device, UploadOptions options) {
   return detail::Access<Uploader>::make(device, options);
@@ -140,16 +148,16 @@ Expected<DeviceTensors> load(Uploader& uploader, const From& from, Requests requ
 }
 
 template <Readable From>
-Expected<DeviceTensors> load(Uploader& uploader, const From& from, Requests requests, const OnLanded& on_landed,
-                             LandingOptions options) {
+Expected<DeviceTensors> load(Uploader& uploader, const From& from, Requests requests,
+                             const OnLanded& on_landed, LandingOptions options) {
   const int device = detail::Access<Uploader>::device(uploader);
   std::size_t total = 0;
-  auto done = detail::upload::streaming(
-      uploader, from, requests, on_landed, options,
-      [&](const ffi::Uploader& impl, const ffi::UploadJob& job, const ffi::LandingSink& sink, ffi::Status& st) {
-        total = job.total_bytes();
-        return impl.upload_landing(job, sink, st);
-      });
+  auto done = detail::upload::streaming(uploader, from, requests, on_landed, options,
+                                        [&](const ffi::Uploader& impl, const ffi::UploadJob& job,
+                                            const ffi::LandingSink& sink, ffi::Status& st) {
+                                          total = job.total_bytes();
+                                          return impl.upload_landing(job, sink, st);
+                                        });
   if (!done) return done.status();
   auto* ptr = reinterpret_cast<void*>(static_cast<std::uintptr_t>(done->second));
   return detail::Access<DeviceTensors>::make(safetensors::cuda::DeviceBuffer(ptr, total, device),
@@ -173,26 +181,26 @@ Expected<std::vector<Placement>> load_into(Uploader& uploader, const From& from,
 
 template <Readable From>
 Expected<std::vector<Placement>> load_into(Uploader& uploader, const From& from, Requests requests, void* dst,
-                                           std::size_t capacity, std::uintptr_t stream, const OnLanded& on_landed,
-                                           LandingOptions options) {
-  auto done = detail::upload::streaming(
-      uploader, from, requests, on_landed, options,
-      [&](const ffi::Uploader& impl, const ffi::UploadJob& job, const ffi::LandingSink& sink, ffi::Status& st) {
-        impl.upload_into_landing(job, reinterpret_cast<std::uintptr_t>(dst), capacity, stream, sink, st);
-        return std::uint64_t{0};
-      });
+                                           std::size_t capacity, std::uintptr_t stream,
+                                           const OnLanded& on_landed, LandingOptions options) {
+  auto done = detail::upload::streaming(uploader, from, requests, on_landed, options,
+                                        [&](const ffi::Uploader& impl, const ffi::UploadJob& job,
+                                            const ffi::LandingSink& sink, ffi::Status& st) {
+                                          impl.upload_into_landing(job, reinterpret_cast<std::uintptr_t>(dst),
+                                                                   capacity, stream, sink, st);
+                                          return std::uint64_t{0};
+                                        });
   if (!done) return done.status();
   return std::move(done->first);
 }
 
 template <Readable From>
-Expected<std::size_t> stream(Uploader& uploader, const From& from, Requests requests, std::size_t scratch_bytes,
-                             const OnLanded& on_landed, LandingOptions options) {
+Expected<std::size_t> stream(Uploader& uploader, const From& from, Requests requests,
+                             std::size_t scratch_bytes, const OnLanded& on_landed, LandingOptions options) {
   auto done = detail::upload::streaming(
       uploader, from, requests, on_landed, options,
-      [&](const ffi::Uploader& impl, const ffi::UploadJob& job, const ffi::LandingSink& sink, ffi::Status& st) {
-        return impl.upload_scratch(job, scratch_bytes, sink, st);
-      });
+      [&](const ffi::Uploader& impl, const ffi::UploadJob& job, const ffi::LandingSink& sink,
+          ffi::Status& st) { return impl.upload_scratch(job, scratch_bytes, sink, st); });
   if (!done) return done.status();
   return static_cast<std::size_t>(done->second);
 }
@@ -213,4 +221,7 @@ inline Expected<Placement> at(const DeviceTensors& tensors, std::string_view nam
   return **p;
 }
 
-}  // namespace safetensors::inline SAFETENSORS_ABI::nothrow::cuda
+}  // namespace cuda
+}  // namespace nothrow
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

@@ -15,7 +15,9 @@
 #include "safetensors/error.hpp"
 #include "safetensors/ffi/src/convert.rs.h"
 
-namespace safetensors::inline SAFETENSORS_ABI::detail {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
+namespace detail {
 
 /// Bytes a tensor `name` of `dtype` and `shape` takes, by the core's tensor byte-length rule
 /// (`ValidationOverflow` when that overflows, `MisalignedSlice` when sub-byte elements end inside
@@ -43,4 +45,6 @@ inline Status check_extent(std::string_view what, Dtype dtype, const std::vector
                                                   ") make " + std::to_string(*want));
 }
 
-}  // namespace safetensors::inline SAFETENSORS_ABI::detail
+}  // namespace detail
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

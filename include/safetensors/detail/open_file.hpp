@@ -20,7 +20,9 @@
 #include "safetensors/ffi/src/file.rs.h"
 #include "safetensors/tensor.hpp"
 
-namespace safetensors::inline SAFETENSORS_ABI::detail {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
+namespace detail {
 
 /// The private door of a public type `T` (`SafeOpen`, `Checkpoint`, `Slice`, `Selection`,
 /// `Index`, ...): specialised right after `T`, and used by the `nothrow::` functions and by
@@ -136,4 +138,6 @@ struct OpenFile {
   }
 };
 
-}  // namespace safetensors::inline SAFETENSORS_ABI::detail
+}  // namespace detail
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

@@ -11,7 +11,9 @@
 
 #include "safetensors/error.hpp"
 
-namespace safetensors::inline SAFETENSORS_ABI::detail {
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
+namespace detail {
 
 /// Whether two byte ranges share a byte (without forming an address past either range).
 inline bool overlaps(std::span<const std::byte> a, std::span<const std::byte> b) {
@@ -38,4 +40,6 @@ inline Status refuse_overlap(std::string_view call, std::span<const std::byte> s
                     " bytes); write into a separate buffer");
 }
 
-}  // namespace safetensors::inline SAFETENSORS_ABI::detail
+}  // namespace detail
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors
