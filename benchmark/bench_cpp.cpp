@@ -44,7 +44,9 @@
 // iterations, the first one included, as in its table of 1, 10 and 100 iterations. The page
 // cache is warm unless --cold (needs root), which drops it before every run. A bad argument or a missing file
 // is a usage message and exit code 2; a file that is not valid safetensors, exit code 1.
+#include <safetensors/cuda.hpp>
 #include <safetensors/safetensors.hpp>
+#include <safetensors/stream.hpp>
 
 #include <algorithm>
 #include <charconv>

@@ -8,7 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <safetensors/prefetch.hpp>
 #include <safetensors/safetensors.hpp>
+#include <safetensors/stream.hpp>
 
 #include <cstdint>
 #include <cstdio>

@@ -15,6 +15,7 @@
 // The figure held against the goal ("added") is peak_rss_added for the read backend, where
 // nothing of the file is mapped, and peak_anon_added for mmap. Without a usable GPU it says why
 // and writes that to the JSON (exit code 0); a bad argument is exit code 2.
+#include <safetensors/cuda.hpp>
 #include <safetensors/safetensors.hpp>
 
 #include <algorithm>

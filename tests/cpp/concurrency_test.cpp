@@ -1,6 +1,7 @@
 // Sixteen threads reading one open file and one sharded checkpoint at once: views, slices,
 // copies into caller buffers and (with a GPU) device uploads, every byte checked. The tsan
 // preset runs these under ThreadSanitizer.
+#include <safetensors/cuda.hpp>
 #include <safetensors/safetensors.hpp>
 
 #include <gtest/gtest.h>

@@ -6,6 +6,7 @@
 // fail or throw) must end the upload with every copy completed, nothing leaked, the uploader
 // usable. Runs against the emulated driver (two devices, slow copies), whose cross-stream check
 // aborts on any device read or write not ordered after the copies it depends on.
+#include <safetensors/cuda.hpp>
 #include <safetensors/safetensors.hpp>
 
 #include <gtest/gtest.h>

@@ -1,5 +1,6 @@
 // The CUDA upload path. Without a GPU (CI) this checks the planner and the errors; with one, that
 // device bytes equal file bytes after copying them back, through every entry point.
+#include <safetensors/cuda.hpp>
 #include <safetensors/safetensors.hpp>
 
 #include <dlfcn.h>
@@ -194,7 +195,8 @@ TEST(CudaGpu, SubsetsSlicesAndSingleTensors) {
   if (!test::gpu_or_skip()) return;
   test::TempDir dir;
   SafeOpen f(make_file(dir));
-  std::vector<safetensors::Request> req{{"t4", {Index::all(), Index::range(1024, 2048)}}, {"t2", {}}, {"t0", {1}}};
+  std::vector<safetensors::Request> req{
+      {"t4", {Index::all(), Index::range(1024, 2048)}}, {"t2", {}}, {"t0", {1}}};
   auto loaded = cuda::Uploader(0).load(f, req);
   auto cols = f.get_slice("t4").select({Index::all(), Index::range(1024, 2048)}).read();
   expect_same(download(loaded.data("t4"), cols.data.size()), cols.data, "column slice");

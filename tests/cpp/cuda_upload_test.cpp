@@ -5,6 +5,7 @@
 // checked before anything is enqueued. Runs against the emulated driver (tests/cuda, two devices,
 // see tests/CMakeLists.txt), whose counters and injected failures it reads with dlsym; on a real
 // GPU the tests that need the emulator's controls skip.
+#include <safetensors/cuda.hpp>
 #include <safetensors/safetensors.hpp>
 
 #include <dlfcn.h>

@@ -7,6 +7,7 @@
 // same tests run (the emulator's counters are then skipped); NCCL itself is not exercised here.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <safetensors/cuda.hpp>
 #include <safetensors/distributed.hpp>
 #include <safetensors/distributed_cuda.hpp>
 #include <safetensors/safetensors.hpp>

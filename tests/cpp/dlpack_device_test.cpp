@@ -1,6 +1,7 @@
 // DLPack export of device tensors (kDLCUDA), against the emulated CUDA driver (and a real one
 // where present): metadata, the 256-byte data pointer rule, the bytes behind the pointer, and
 // that each deleter keeps the device allocation alive until the last one runs.
+#include <safetensors/cuda.hpp>
 #include <safetensors/dlpack.hpp>
 #include <safetensors/safetensors.hpp>
 

@@ -3,6 +3,7 @@
 // streamed; never a crash (the asan preset runs this under ASan + UBSan). Look-alikes that must
 // open do, and read back.
 #include <safetensors/safetensors.hpp>
+#include <safetensors/stream.hpp>
 
 #include <gtest/gtest.h>
 

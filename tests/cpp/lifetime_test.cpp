@@ -7,7 +7,9 @@
 // lets go, so a reader that outlives them delivers wrong bytes even without AddressSanitizer
 // (the asan preset also runs these, where it is a heap-use-after-free).
 #include <safetensors/distributed.hpp>
+#include <safetensors/prefetch.hpp>
 #include <safetensors/safetensors.hpp>
+#include <safetensors/stream.hpp>
 
 #include <gtest/gtest.h>
 

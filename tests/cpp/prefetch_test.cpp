@@ -2,6 +2,7 @@
 // (mincore); after prefetching some of its tensors (or a checkpoint's), their pages are
 // resident and the rest mostly is not; progress adds up; errors (a file gone, a request that
 // does not fit) are typed, and the nothrow twins agree with the throwing faces.
+#include <safetensors/prefetch.hpp>
 #include <safetensors/safetensors.hpp>
 
 #include <fcntl.h>

@@ -2,6 +2,7 @@
 // destination and the stream with the CUDA runtime (PyTorch, CuPy) or, without one, with driver
 // calls as the runtime makes them, and hands their addresses over through ctypes. The script
 // checks the bytes with the runtime's own copies, never with ours.
+#include <safetensors/cuda.hpp>
 #include <safetensors/safetensors.hpp>
 
 #include <cstdint>

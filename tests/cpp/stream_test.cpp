@@ -5,6 +5,7 @@
 // dropping; a stream dropped early returns promptly; a file that shrinks gives Io; the nothrow
 // twins agree. Labelled `concurrency`: the tsan preset runs these under ThreadSanitizer.
 #include <safetensors/safetensors.hpp>
+#include <safetensors/stream.hpp>
 
 #include <gtest/gtest.h>
 

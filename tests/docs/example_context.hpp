@@ -9,7 +9,9 @@
 #include <safetensors/distributed.hpp>
 #include <safetensors/distributed_cuda.hpp>
 #include <safetensors/nccl.hpp>
+#include <safetensors/prefetch.hpp>
 #include <safetensors/safetensors.hpp>
+#include <safetensors/stream.hpp>
 #include <safetensors/tensor_parallel.hpp>
 
 #include <cstddef>

@@ -2,6 +2,7 @@
 // line per file and way of opening it: `OK` or the error's kind. Built twice by this consumer
 // project: with -fno-exceptions -fno-rtti it uses the nothrow API; built the ordinary way it
 // uses the throwing API and catches `safetensors::Error`. check.cmake compares the two outputs.
+#include <safetensors/cuda.hpp>
 #include <safetensors/safetensors.hpp>
 
 #include <complex>

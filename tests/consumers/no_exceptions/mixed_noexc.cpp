@@ -1,5 +1,6 @@
 // Half of mixed_modes: a file built with -fno-exceptions -fno-rtti, on the nothrow API, that also
 // makes an `Error` value (so this mode's inline functions and `Error` vtable exist in the program).
+#include <safetensors/cuda.hpp>
 #include <safetensors/safetensors.hpp>
 
 #include <string>

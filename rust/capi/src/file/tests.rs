@@ -18,8 +18,7 @@ fn error() -> st_error {
 
 fn message(err: &st_error) -> String {
     // SAFETY: a message the library wrote, `message_len` bytes.
-    let bytes =
-        unsafe { std::slice::from_raw_parts(err.message.cast::<u8>(), err.message_len) };
+    let bytes = unsafe { std::slice::from_raw_parts(err.message.cast::<u8>(), err.message_len) };
     String::from_utf8_lossy(bytes).into_owned()
 }
 
