@@ -3,7 +3,7 @@
 
 #include "safetensors/abi.hpp"
 
-#include <complex>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -79,7 +79,12 @@ constexpr bool dtype_accepts(Dtype d) {
     return d == F32;
   else if constexpr (std::is_same_v<T, double>)
     return d == F64;
-  else if constexpr (std::is_same_v<T, std::complex<float>>)
+  // std::complex<float>, recognised by its members: <complex> (and the iostreams it pulls in)
+  // would cost every translation unit that reads tensors.
+  else if constexpr (requires(const T& t) {
+                       { t.real() } -> std::same_as<float>;
+                       { t.imag() } -> std::same_as<float>;
+                     })
     return d == C64;
   else
     return bit_size(d) == sizeof(T) * 8;

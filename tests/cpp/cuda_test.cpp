@@ -2,9 +2,12 @@
 // device bytes equal file bytes after copying them back, through every entry point.
 #include <safetensors/cuda.hpp>
 #include <safetensors/safetensors.hpp>
+#include <safetensors/stream.hpp>
 
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include <cstdlib>
 #include <cstring>
@@ -73,6 +76,30 @@ TEST(CudaPlan, PlacesEveryTensorAlignedWithoutAGpu) {
               (void)cuda::plan(f, std::vector<safetensors::Request>{{"nope", {}}});
             }),
             ErrorKind::TensorNotFound);
+}
+
+// Uploads read what prefetch and streams read from the same requests: `{}` is every tensor, an
+// explicit empty list nothing, and a checkpoint request pinned to a shard must be in that shard.
+TEST(CudaPlan, UploadsTakeTheSameRequestsAsStreamsShardPinsIncluded) {
+  auto dir = test::fixture("shards", "manifest.tsv");
+  if (!dir) return;
+  safetensors::Checkpoint ckpt(*dir / "model.safetensors.index.json");
+  EXPECT_EQ(cuda::plan(ckpt).second.size(), ckpt.size());
+  EXPECT_EQ(cuda::plan(ckpt, std::vector<safetensors::Request>{}).second.size(), 0u);
+  const std::string name = ckpt.keys().back();
+  const auto paths = ckpt.shard_paths();
+  const auto at = std::find(paths.begin(), paths.end(), ckpt.shard_of(name));
+  ASSERT_NE(at, paths.end());
+  const auto shard = static_cast<std::size_t>(at - paths.begin());
+  const std::size_t other = (shard + 1) % paths.size();
+  auto pinned = cuda::plan(ckpt, {{name, {}, shard}});
+  ASSERT_EQ(pinned.second.size(), 1u);
+  EXPECT_EQ(pinned.second[0].byte_size, ckpt.info(name).byte_size());
+  if (other != shard) {
+    const std::vector<safetensors::Request> wrong{{name, {}, other}};
+    EXPECT_EQ(kind_of([&] { (void)cuda::plan(ckpt, wrong); }), ErrorKind::TensorNotFound);
+    EXPECT_EQ(kind_of([&] { safetensors::TensorStream s(ckpt, wrong); }), ErrorKind::TensorNotFound);
+  }
 }
 
 TEST(CudaPlan, AnAbsurdAlignmentIsBlamedNotTheShape) {

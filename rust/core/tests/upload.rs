@@ -592,3 +592,73 @@ fn an_alignment_whose_padding_overflows_is_blamed_not_the_shape() {
             .all(|p| p.offset % alignment as u64 == 0));
     }
 }
+
+/// The upload of requests of a source, run through a host ring: its bytes, tensor by tensor.
+fn upload_of(
+    source: safetensors_core::Source<'_>,
+    requests: Option<&[safetensors_core::Request]>,
+) -> safetensors_core::Result<(UploadPlan, Vec<u8>)> {
+    let (plan, files) = UploadPlan::of(source, requests, 256)?;
+    let refs: Vec<&SafeFile> = files.iter().map(|f| f.as_ref()).collect();
+    let target = HostTarget::new(plan.total());
+    let ring = Ring::new(&target, RingOptions::default()).unwrap();
+    ring.run(&target, &refs, &plan)?;
+    ring.wait_all(&target)?;
+    Ok((plan, target.bytes()))
+}
+
+#[test]
+fn uploads_read_what_prefetch_and_streams_read_from_the_same_requests() {
+    use common::sharded::{write_sharded, Spec};
+    use safetensors_core::{Checkpoint, Request, Source};
+    let dir = scratch_dir("upload_of_requests");
+    let shards: Vec<Vec<Spec>> = (0..3)
+        .map(|s| {
+            (0..4)
+                .map(|t| (format!("s{s}.t{t}"), Dtype::U8, vec![2 + t, 5 + s]))
+                .collect()
+        })
+        .collect();
+    let index = write_sharded(&dir, &shards);
+    let ckpt = Checkpoint::open(&index, Backend::Read).unwrap();
+    let bytes_of = |name: &str| {
+        let (file, _) = ckpt.locate(name).unwrap();
+        file.tensor_bytes(name).unwrap().into_owned()
+    };
+    // Every tensor: placed in name order (as `keys()` lists them), each byte from its shard.
+    let (plan, got) = upload_of(Source::Checkpoint(&ckpt), None).unwrap();
+    let names: Vec<&str> = plan.placements().iter().map(|p| p.name.as_str()).collect();
+    let mut sorted = ckpt.names().to_vec();
+    sorted.sort();
+    assert_eq!(names, sorted);
+    for p in plan.placements() {
+        let at = p.offset as usize;
+        assert_eq!(
+            &got[at..at + p.len as usize],
+            &bytes_of(&p.name)[..],
+            "{}",
+            p.name
+        );
+    }
+    // Requests: in request order, a slice, and a shard pin that holds (shard 2).
+    let requests = [
+        Request::tensor("s2.t3").in_file(2),
+        Request::slice("s0.t1", vec![Indexer::range(1, 3)]),
+        Request::tensor("s1.t0"),
+    ];
+    let (plan, got) = upload_of(Source::Checkpoint(&ckpt), Some(&requests)).unwrap();
+    let names: Vec<&str> = plan.placements().iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["s2.t3", "s0.t1", "s1.t0"]);
+    let sliced = &plan.placements()[1];
+    assert_eq!(sliced.shape, [2, 5]);
+    let whole = bytes_of("s0.t1");
+    let at = sliced.offset as usize;
+    assert_eq!(&got[at..at + 10], &whole[5..15]);
+    // A pin to a shard that does not hold the tensor is refused, as prefetch and streams do.
+    let wrong = [Request::tensor("s2.t3").in_file(0)];
+    let err = upload_of(Source::Checkpoint(&ckpt), Some(&wrong)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TensorNotFound, "{err}");
+    // An explicit empty list uploads nothing.
+    let (plan, _) = upload_of(Source::Checkpoint(&ckpt), Some(&[])).unwrap();
+    assert_eq!((plan.total(), plan.placements().len()), (0, 0));
+}

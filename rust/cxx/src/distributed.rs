@@ -406,3 +406,49 @@ impl DistPlan {
         self.plan.naive_bytes_read()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use safetensors_core::ErrorKind;
+
+    use super::*;
+    use crate::status::outcome;
+
+    fn rule(kind: TpKind, projection: Projection) -> TpRule {
+        TpRule {
+            kind,
+            dim: 0,
+            rank: 0,
+            world: 2,
+            uneven: false,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 2,
+            projection,
+            fused: false,
+        }
+    }
+
+    /// A rule kind or projection C++ made with `static_cast` from any byte: an error, never a
+    /// silent choice of another rule.
+    #[test]
+    fn rule_codes_that_name_none_are_errors_not_guesses() {
+        let shape = [8usize, 3];
+        let err =
+            outcome(|s| tp_indices(b"w", &shape, &rule(TpKind { repr: 5 }, Projection::Q), s))
+                .unwrap_err();
+        assert_eq!(err.kind, ErrorKind::InvalidSlice as u8, "{}", err.message);
+        assert!(err.message.contains("rule kind value 5"), "{}", err.message);
+        let attention = TpKind::Attention;
+        let err =
+            outcome(|s| tp_indices(b"w", &shape, &rule(attention, Projection { repr: 3 }), s))
+                .unwrap_err();
+        assert!(
+            err.message.contains("projection value 3"),
+            "{}",
+            err.message
+        );
+        let split = outcome(|s| tp_indices(b"w", &shape, &rule(TpKind::Split, Projection::Q), s));
+        assert_eq!(split.unwrap().len(), shape.len());
+    }
+}

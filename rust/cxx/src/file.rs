@@ -634,3 +634,44 @@ impl SlicePlan {
         runs.next().is_none()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use safetensors_core::ErrorKind;
+
+    use super::*;
+    use crate::status::outcome;
+
+    /// What a C++ `static_cast` can make of any byte: a code that names nothing.
+    #[test]
+    fn a_backend_or_slice_kind_that_names_none_is_an_error_not_a_guess() {
+        for repr in [3u8, 7, 255] {
+            let err = outcome(|s| open_file(b"/nonexistent", Backend { repr }, false, s))
+                .map(|_| ())
+                .unwrap_err();
+            assert_eq!(err.kind, ErrorKind::InvalidSlice as u8, "{}", err.message);
+            assert!(
+                err.message.contains(&format!("backend value {repr}")),
+                "{}",
+                err.message
+            );
+        }
+        let odd = SliceIndex {
+            kind: SliceKind { repr: 2 },
+            start: 0,
+            stop: 0,
+            step: 1,
+            has_start: true,
+            has_stop: false,
+        };
+        let err = indexer(&odd).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidSlice);
+        assert!(err.to_string().contains("kind 2"), "{err}");
+        // The codes that do name something still work.
+        let range = SliceIndex {
+            kind: SliceKind::Range,
+            ..odd
+        };
+        assert_eq!(indexers(&[range]).unwrap().len(), 1);
+    }
+}

@@ -586,6 +586,18 @@ mod tests {
     }
 
     #[test]
+    fn advice_that_names_none_is_an_error_not_a_guess() {
+        let (dir, file) = sample("advice_code");
+        let all = adopt(outcome(|s| new_request_list(true, &[], &[], &[], s)).unwrap());
+        let err =
+            outcome(|s| advise(&source_of_file(&file), &all, Advice { repr: 9 }, s)).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::InvalidSlice as u8, "{}", err.message);
+        assert!(err.message.contains("advice value 9"), "{}", err.message);
+        outcome(|s| advise(&source_of_file(&file), &all, Advice::Sequential, s)).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn a_stream_delivers_and_then_ends() {
         let (dir, file) = sample("stream_ends");
         let all = adopt(outcome(|s| new_request_list(true, &[], &[], &[], s)).unwrap());
