@@ -1,22 +1,22 @@
 #!/usr/bin/env python3
-"""Compiles the C++ examples of the README and of the public headers, and the C examples of the
-documentation pages, so they cannot drift.
+"""Compiles the C++ examples of the README, of the documentation pages and of the public headers,
+and the C examples of the documentation pages, so they cannot drift.
 
     compile_examples.py --cxx C++ --out DIR [--cc CC] [--mpi-flags FLAGS] [--dlpack-flags FLAGS]
                         README.md HEADER... [docs/PAGE.md...] -- COMPILER FLAGS...
 
-Examples are the README's ```cpp blocks, and in headers every run of comment lines that start
-with `///` or `//` followed by three spaces (the doc-comment examples). Each becomes a
-function whose parameters are the objects examples take as given (tests/docs/example_context.hpp),
-with the example's code in a nested block, preceded by `#line` so that the compiler's messages
-point into the README or the header. Within an example:
+Examples are the ```cpp blocks of Markdown files (the README, docs/*.md), and in headers every
+run of comment lines that start with `///` or `//` followed by three spaces (the doc-comment
+examples). Each becomes a function whose parameters are the objects examples take as given
+(tests/docs/example_context.hpp), with the example's code in a nested block, preceded by `#line`
+so that the compiler's messages point into the page or the header. Within an example:
   - `#include` lines move to the top of the translation unit (a header's own examples include
     that header);
   - `...` outside comments and strings stands for the reader's own code: `= ...` becomes `= {}`,
     any other `...` is left out;
   - an example that names something the context does not give gets a preamble of declarations
-    in PREAMBLES below, keyed by its file and a piece of its text (a key that matches no
-    example is an error, so stale entries are noticed).
+    in PREAMBLES below, keyed by its file's name (`writing.md`, `request.hpp`) and a piece of its
+    text (a key that matches no example is an error, so stale entries are noticed).
 Examples that include mpi.hpp or dlpack.hpp are compiled in translation units of their own with
 --mpi-flags / --dlpack-flags (the include directories of mpi.h / dlpack.h); without those flags
 they are reported as skipped. The ```c blocks of Markdown files (docs/c.md) are complete
@@ -36,9 +36,10 @@ CONTEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "example_cont
 
 # (file name, a piece of the example's text) -> declarations the example takes as given.
 PREAMBLES = {
-    ("README.md", "{rows, cols}"): "std::size_t rows = 2, cols = 3;",
-    ("README.md", "repack("): "void repack(void*, std::size_t, void*);\n"
+    ("writing.md", "{rows, cols}"): "std::size_t rows = 2, cols = 3;",
+    ("gpu.md", "repack("): "void repack(void*, std::size_t, void*);\n"
     "void quantize(void*, std::string_view, void*);",
+    ("request.hpp", "prefetch(f, want)"): "std::vector<safetensors::Request> want;",
 }
 
 HEADER_EXAMPLE = re.compile(r"^\s*///? {3}(.*)$")

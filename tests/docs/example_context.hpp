@@ -1,8 +1,8 @@
-// What the README's and the public headers' C++ examples take as given, so that each compiles
-// as written (tests/docs/compile_examples.py turns every example into a function): the public
-// headers, `using namespace safetensors`, and the objects examples name without declaring them
-// (an open file `f`, a tensor `view`, this `rank` of a `world`, ...), passed as the function's
-// parameters. An example may declare the same names itself: its code sits in a nested block.
+// What the C++ examples of the README, of docs/ and of the public headers take as given, so that
+// each compiles as written (tests/docs/compile_examples.py turns every example into a function):
+// the public headers, `using namespace safetensors`, and the objects examples name without
+// declaring them (an open file `f`, a tensor `view`, this `rank` of a `world`, ...), passed as the
+// function's parameters. An example may declare the same names itself: its code sits in a nested block.
 #pragma once
 
 #include <safetensors/collective.hpp>
