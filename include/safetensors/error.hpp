@@ -27,7 +27,7 @@
 namespace safetensors {
 inline namespace SAFETENSORS_ABI {
 
-/// What went wrong. The values match the Rust core's error kinds; see the README for when each
+/// What went wrong. The values match the Rust core's error kinds; see docs/errors.md for when each
 /// one happens.
 enum class ErrorKind : std::uint8_t {
   HeaderTooSmall,                ///< The file is shorter than the 8-byte length prefix.

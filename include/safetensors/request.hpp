@@ -42,6 +42,7 @@ struct Request {
 /// What to read: every tensor (`{}`, the default), or the given requests, in their order (an
 /// empty list reads nothing). It borrows the list, which must outlive the call it is passed to.
 ///
+///   std::vector<safetensors::Request> want{{"wte.weight"}};
 ///   safetensors::prefetch(f);                          // every tensor
 ///   safetensors::prefetch(f, want);                    // a std::vector<Request> (or a span)
 ///   safetensors::TensorStream s(ckpt, {}, {.max_inflight_bytes = 64 << 20});   // every tensor

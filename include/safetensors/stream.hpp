@@ -131,7 +131,7 @@ template <Readable From>
 /// cancels the reads not yet started and returns once the read in progress reaches the end of
 /// its 64 MiB piece (a selection: the selection); items already delivered stay valid.
 ///
-/// An empty request list streams nothing (the overloads without requests stream every tensor).
+/// An empty request list streams nothing (`{}`, the default, streams every tensor).
 ///
 /// Threads: a TensorStream is used by one thread at a time (`next`, iteration and the byte
 /// counts are not synchronised with one another), like a `std::ifstream`; the items it delivers

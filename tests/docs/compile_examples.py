@@ -15,7 +15,7 @@ so that the compiler's messages point into the page or the header. Within an exa
   - `...` outside comments and strings stands for the reader's own code: `= ...` becomes `= {}`,
     any other `...` is left out;
   - an example that names something the context does not give gets a preamble of declarations
-    in PREAMBLES below, keyed by its file's name (`writing.md`, `request.hpp`) and a piece of its
+    in PREAMBLES below, keyed by its file's name (`writing.md`, `gpu.md`) and a piece of its
     text (a key that matches no example is an error, so stale entries are noticed).
 Examples that include mpi.hpp or dlpack.hpp are compiled in translation units of their own with
 --mpi-flags / --dlpack-flags (the include directories of mpi.h / dlpack.h); without those flags
@@ -39,7 +39,6 @@ PREAMBLES = {
     ("writing.md", "{rows, cols}"): "std::size_t rows = 2, cols = 3;",
     ("gpu.md", "repack("): "void repack(void*, std::size_t, void*);\n"
     "void quantize(void*, std::string_view, void*);",
-    ("request.hpp", "prefetch(f, want)"): "std::vector<safetensors::Request> want;",
 }
 
 HEADER_EXAMPLE = re.compile(r"^\s*///? {3}(.*)$")

@@ -1,7 +1,7 @@
 //! Replacing a file atomically: what happens to the target's path, mode, owner and to the
 //! temporary file on the way.
 //!
-//! Decisions (the README's "Writing" section states them for users):
+//! Decisions (docs/writing.md states them for users):
 //! - A symlink is followed to the file it names (as `open` would), and that file is replaced; the
 //!   link stays a link. A dangling link creates the file it points to.
 //! - A directory, FIFO, socket or device node is refused with `Io`: replacing `/dev/null` or a
