@@ -194,6 +194,11 @@ impl ShardedWriter {
         })
     }
 
+    /// Number of declared tensors.
+    pub fn tensor_count(&self) -> usize {
+        self.route.len()
+    }
+
     /// Bytes of the declared tensor at `index` (declaration order); 0 past the end.
     pub fn tensor_len(&self, index: usize) -> u64 {
         self.route
