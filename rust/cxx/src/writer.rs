@@ -70,6 +70,7 @@ pub mod ffi {
 
     extern "Rust" {
         /// A file, or a sharded checkpoint, written in pieces.
+        #[derive(ExternType)]
         type StreamingWriter;
         /// Declares every tensor at once: tensor `i`'s name is `names[name_ends[i-1]..name_ends[i]]`,
         /// its dtype (an index) `dtypes[i]`, its shape the next `ranks[i]` values of `dims`;
@@ -279,6 +280,7 @@ enum Target {
 }
 
 impl Target {
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     fn write_index(&self, index: usize, offset: u64, data: &[u8]) -> Result<(), Error> {
         match self {
             Target::File(w) => w.write_index(index, offset, data),
@@ -434,16 +436,22 @@ impl StreamingWriter {
     }
 
     /// Writes `data` at byte `offset` of the declared tensor at `index` (declaration order).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn write_index(&self, index: usize, offset: u64, data: &[u8]) -> Result<(), Error> {
         self.with_target(|t| t.write_index(index, offset, data))
     }
 
-    /// Bytes of each declared tensor, in declaration order.
-    pub(crate) fn tensor_lens(&self) -> Result<Vec<u64>, Error> {
+    /// The name and bytes of each declared tensor, in declaration order.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn declared(&self) -> Result<Vec<(String, u64)>, Error> {
         self.with_target(|t| {
             Ok(match t {
-                Target::File(w) => (0..w.tensor_count()).map(|i| w.tensor_len(i)).collect(),
-                Target::Sharded(w) => (0..w.tensor_count()).map(|i| w.tensor_len(i)).collect(),
+                Target::File(w) => (0..w.tensor_count())
+                    .map(|i| (w.tensor_name(i).to_owned(), w.tensor_len(i)))
+                    .collect(),
+                Target::Sharded(w) => (0..w.tensor_count())
+                    .map(|i| (w.tensor_name(i).to_owned(), w.tensor_len(i)))
+                    .collect(),
             })
         })
     }

@@ -206,6 +206,13 @@ impl ShardedWriter {
             .map_or(0, |&(s, k)| self.shards[s].tensor_len(k))
     }
 
+    /// The name of the declared tensor at `index` ("" past the end).
+    pub fn tensor_name(&self, index: usize) -> &str {
+        self.route
+            .get(index)
+            .map_or("", |&(s, k)| self.shards[s].tensor_name(k))
+    }
+
     /// Writes all of tensor `name` (see [`StreamWriter::write`]).
     pub fn write(&self, name: &str, bytes: &[u8]) -> Result<()> {
         let (s, k) = self.route[self.position(name)?];

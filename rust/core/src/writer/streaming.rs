@@ -199,6 +199,11 @@ impl StreamWriter {
         self.slots.get(index).map_or(0, |s| s.len)
     }
 
+    /// The name of the declared tensor at `index` ("" past the end).
+    pub fn tensor_name(&self, index: usize) -> &str {
+        self.slots.get(index).map_or("", |s| s.name.as_str())
+    }
+
     /// Where the declared tensor at `index` starts in the file; 0 past the end.
     pub fn tensor_file_offset(&self, index: usize) -> u64 {
         self.slots.get(index).map_or(0, |s| s.at)
