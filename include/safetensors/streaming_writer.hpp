@@ -208,36 +208,42 @@ struct Access<StreamingWriter> {
     return w.impl_.get();
   }
 
-  /// Declares `tensors` and `metadata` in one call: names, dtypes and shapes in flat buffers.
+  /// Declares `tensors` and `metadata` in one call: names, keys, values and the prefix in one
+  /// text buffer, the shapes in another.
   static Expected<StreamingWriter> make(const std::filesystem::path& target,
                                         const std::vector<TensorSpec>& tensors, const Metadata& metadata,
                                         SaveOptions options, const ShardOptions* shards) {
-    std::string names;
-    std::vector<std::size_t> name_ends, ranks, dims, meta_ends;
-    std::vector<std::uint8_t> dtypes;
-    name_ends.reserve(tensors.size());
+    std::string text;
+    std::vector<std::size_t> dims;
+    std::vector<ffi::TensorDecl> decls;
+    decls.reserve(tensors.size());
     for (const auto& t : tensors) {
-      names += t.name;
-      name_ends.push_back(names.size());
-      dtypes.push_back(static_cast<std::uint8_t>(t.dtype));
-      ranks.push_back(t.shape.size());
+      decls.push_back(
+          {text.size(), t.name.size(), static_cast<std::uint8_t>(t.dtype), dims.size(), t.shape.size()});
+      text += t.name;
       dims.insert(dims.end(), t.shape.begin(), t.shape.end());
     }
-    std::string meta;
+    std::vector<ffi::MetadataSpan> meta;
+    meta.reserve(metadata.size());
     for (const auto& entry : metadata) {
-      meta += entry.first;
-      meta_ends.push_back(meta.size());
-      meta += entry.second;
-      meta_ends.push_back(meta.size());
+      meta.push_back(
+          {text.size(), entry.first.size(), text.size() + entry.first.size(), entry.second.size()});
+      text += entry.first;
+      text += entry.second;
     }
-    const ffi::StreamingOptions o{options.sync, options.empty_metadata, options.alignment, shards != nullptr,
-                                  shards ? shards->max_shard_size : 0};
-    const std::string_view prefix = shards ? std::string_view(shards->prefix) : std::string_view();
+    const std::size_t prefix_start = text.size();
+    if (shards) text += shards->prefix;
+    const ffi::StreamingOptions o{options.sync,
+                                  options.empty_metadata,
+                                  options.alignment,
+                                  shards != nullptr,
+                                  shards ? shards->max_shard_size : 0,
+                                  prefix_start,
+                                  text.size() - prefix_start};
     auto made = adopt(attempt([&](ffi::Status& st) {
-      return ffi::new_streaming_writer(bytes(target.native()), bytes(names),
-                                       {name_ends.data(), name_ends.size()}, {dtypes.data(), dtypes.size()},
-                                       {ranks.data(), ranks.size()}, {dims.data(), dims.size()}, bytes(meta),
-                                       {meta_ends.data(), meta_ends.size()}, bytes(prefix), o, st);
+      return ffi::new_streaming_writer(bytes(target.native()), {decls.data(), decls.size()},
+                                       {meta.data(), meta.size()}, bytes(text), {dims.data(), dims.size()}, o,
+                                       st);
     }));
     if (!made) return made.status();
     return StreamingWriter(target, shards != nullptr, std::move(*made));

@@ -11,8 +11,8 @@ use safetensors_core::{
     ShardedWriter, StreamWriter, TensorSpec, TensorView, TextField, WriteOptions,
 };
 
-use crate::status::{guard, handed_over, Status};
-use ffi::StreamingOptions;
+use crate::status::{guard, handed_over, part, Status};
+use ffi::{MetadataSpan, StreamingOptions, TensorDecl};
 
 #[cxx::bridge(namespace = "safetensors::ffi")]
 pub mod ffi {
@@ -63,29 +63,46 @@ pub mod ffi {
         sync: bool,
         empty_metadata: bool,
         alignment: usize,
-        /// Shards in the directory `target` (else one file at `target`).
+        /// Shards in the directory `target` (else one file at `target`), named after the
+        /// prefix `text[prefix_start..][..prefix_len]`.
         sharded: bool,
         max_shard_size: u64,
+        prefix_start: usize,
+        prefix_len: usize,
+    }
+
+    /// One declared tensor: its name `text[name_start..][..name_len]`, its dtype (an index),
+    /// its shape `dims[dims_start..][..rank]`.
+    #[derive(Debug, Clone, Copy)]
+    struct TensorDecl {
+        name_start: usize,
+        name_len: usize,
+        dtype: u8,
+        dims_start: usize,
+        rank: usize,
+    }
+
+    /// One metadata entry: its key and value, spans of `text`.
+    #[derive(Debug, Clone, Copy)]
+    struct MetadataSpan {
+        key_start: usize,
+        key_len: usize,
+        value_start: usize,
+        value_len: usize,
     }
 
     extern "Rust" {
         /// A file, or a sharded checkpoint, written in pieces.
         #[derive(ExternType)]
         type StreamingWriter;
-        /// Declares every tensor at once: tensor `i`'s name is `names[name_ends[i-1]..name_ends[i]]`,
-        /// its dtype (an index) `dtypes[i]`, its shape the next `ranks[i]` values of `dims`;
-        /// metadata keys and values alternate in `meta`, split the same way by `meta_ends`;
-        /// `prefix` names the shards (sharded only). Null on failure.
+        /// Declares every tensor and metadata entry at once (names, keys, values and the prefix
+        /// in one `text` buffer, shapes in `dims`). Null on failure.
         fn new_streaming_writer(
             target: &[u8],
-            names: &[u8],
-            name_ends: &[usize],
-            dtypes: &[u8],
-            ranks: &[usize],
+            tensors: &[TensorDecl],
+            metadata: &[MetadataSpan],
+            text: &[u8],
             dims: &[usize],
-            meta: &[u8],
-            meta_ends: &[usize],
-            prefix: &[u8],
             options: &StreamingOptions,
             status: &mut Status,
         ) -> *mut StreamingWriter;
@@ -301,86 +318,63 @@ pub struct StreamingWriter {
     total_size: u64,
 }
 
-/// The pieces of one name (or key, or value) among `bytes`, split at `ends`.
-fn split_at_ends<'a>(
-    bytes: &'a [u8],
-    ends: &'a [usize],
-) -> impl Iterator<Item = Result<&'a [u8], Error>> + 'a {
-    let mut start = 0usize;
-    ends.iter().map(move |&end| {
-        let piece = bytes.get(start..end).ok_or_else(|| Error::Internal {
-            message: format!(
-                "a name list ends at {end} after {start}, past its {} bytes",
-                bytes.len()
-            ),
-        })?;
-        start = end;
-        Ok(piece)
-    })
+/// `__metadata__` to write: none, or a map (empty included).
+type MetadataMap = Option<BTreeMap<String, String>>;
+
+/// The declared tensors and the metadata, checked as the core's writers check them (names and
+/// metadata UTF-8, dtypes real, no key twice; the rest is the core's).
+fn declared(
+    tensors: &[TensorDecl],
+    metadata: &[MetadataSpan],
+    text: &[u8],
+    dims: &[usize],
+    empty_metadata: bool,
+) -> Result<(Vec<TensorSpec>, MetadataMap), Error> {
+    let mut specs = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        let name = text_to_write(part(text, t.name_start, t.name_len)?, TextField::TensorName)?;
+        let dtype = dtype_to_write(&name, t.dtype)?;
+        let shape = part(dims, t.dims_start, t.rank)?;
+        specs.push(TensorSpec::new(name, dtype, shape));
+    }
+    let mut map = empty_metadata.then(BTreeMap::new);
+    for m in metadata {
+        let key = text_to_write(part(text, m.key_start, m.key_len)?, TextField::MetadataKey)?;
+        let value = text_to_write(
+            part(text, m.value_start, m.value_len)?,
+            TextField::MetadataValue,
+        )?;
+        let map = map.get_or_insert_with(BTreeMap::new);
+        if map.contains_key(&key) {
+            return Err(Error::DuplicateKey {
+                key,
+                in_metadata: true,
+            });
+        }
+        map.insert(key, value);
+    }
+    Ok((specs, map))
 }
 
-#[allow(clippy::too_many_arguments)]
 pub fn new_streaming_writer(
     target: &[u8],
-    names: &[u8],
-    name_ends: &[usize],
-    dtypes: &[u8],
-    ranks: &[usize],
+    tensors: &[TensorDecl],
+    metadata: &[MetadataSpan],
+    text: &[u8],
     dims: &[usize],
-    meta: &[u8],
-    meta_ends: &[usize],
-    prefix: &[u8],
     options: &StreamingOptions,
     status: &mut Status,
 ) -> *mut StreamingWriter {
     let path = crate::status::native_path(target);
     guard(status, || {
-        let declared = || -> Result<(Vec<TensorSpec>, Option<BTreeMap<String, String>>), Error> {
-            if dtypes.len() != name_ends.len() || ranks.len() != name_ends.len() {
-                return Err(Error::Internal {
-                    message: "the tensor lists of a streaming writer differ in length".into(),
-                });
-            }
-            let mut specs = Vec::with_capacity(dtypes.len());
-            let mut at = 0usize;
-            for (i, name) in split_at_ends(names, name_ends).enumerate() {
-                let name = text_to_write(name?, TextField::TensorName)?;
-                let dtype = dtype_to_write(&name, dtypes[i])?;
-                let shape = at
-                    .checked_add(ranks[i])
-                    .and_then(|end| dims.get(at..end))
-                    .ok_or_else(|| Error::Internal {
-                        message: "the shapes of a streaming writer's tensors pass their list"
-                            .into(),
-                    })?;
-                at += ranks[i];
-                specs.push(TensorSpec::new(name, dtype, shape));
-            }
-            let mut metadata = options.empty_metadata.then(BTreeMap::new);
-            let mut pieces = split_at_ends(meta, meta_ends);
-            while let Some(key) = pieces.next() {
-                let key = text_to_write(key?, TextField::MetadataKey)?;
-                let value = pieces.next().ok_or_else(|| Error::Internal {
-                    message: "a metadata key without a value".into(),
-                })??;
-                let value = text_to_write(value, TextField::MetadataValue)?;
-                let map = metadata.get_or_insert_with(BTreeMap::new);
-                if map.contains_key(&key) {
-                    return Err(Error::DuplicateKey {
-                        key,
-                        in_metadata: true,
-                    });
-                }
-                map.insert(key, value);
-            }
-            Ok((specs, metadata))
-        };
-        let (specs, metadata) = declared().map_err(|e| e.in_file(path))?;
+        let (specs, metadata) = declared(tensors, metadata, text, dims, options.empty_metadata)
+            .map_err(|e| e.in_file(path))?;
         let write = WriteOptions {
             durability: durability(options.sync),
             alignment: options.alignment,
         };
         let target = if options.sharded {
+            let prefix = part(text, options.prefix_start, options.prefix_len)?;
             let prefix =
                 text_to_write(prefix, TextField::TensorName).map_err(|e| e.in_file(path))?;
             Target::Sharded(ShardedWriter::create(
