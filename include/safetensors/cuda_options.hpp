@@ -1,5 +1,6 @@
 // What the GPU calls take and give (safetensors/cuda.hpp): upload options, where each tensor
-// lands, and how a streaming upload hands tensors to its callback.
+// lands, how a streaming upload hands tensors to its callback, and what a save from the GPU
+// takes.
 #pragma once
 
 #include "safetensors/abi.hpp"
@@ -36,6 +37,24 @@ struct UploadOptions {
 [[nodiscard]] inline bool default_ring(const UploadOptions& o) noexcept {
   return o.staging_slots == 0 && o.slot_bytes == 0 && o.readers == 0;
 }
+
+/// The pinned staging ring a save from the GPU copies through (`cuda::save`,
+/// `cuda::write_tensors`): host memory stays at most `staging_slots` × `slot_bytes`, whatever the
+/// tensors' size.
+struct SaveStaging {
+  /// Pinned buffers (0: 4) and their size (0: 16 MiB, less when every tensor is smaller).
+  std::size_t staging_slots = 0;
+  std::size_t slot_bytes = 0;
+};
+
+/// A tensor in device memory to save: its name, dtype, shape and device address (memory of the
+/// device the save reads from, holding dtype × shape bytes).
+struct DeviceTensorView {
+  std::string name;
+  Dtype dtype{};
+  std::vector<std::size_t> shape;
+  const void* data = nullptr;
+};
 
 /// Where an uploaded tensor lives, relative to the start of the destination.
 struct Placement {

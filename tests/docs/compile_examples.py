@@ -39,6 +39,15 @@ PREAMBLES = {
     ("writing.md", "{rows, cols}"): "std::size_t rows = 2, cols = 3;",
     ("gpu.md", "repack("): "void repack(void*, std::size_t, void*);\n"
     "void quantize(void*, std::string_view, void*);",
+    ("streaming_writer.hpp", "first_half"): "std::span<const std::byte> first_half, second_half;",
+    ("streaming_writer.hpp", "make_streaming_writer("): "std::vector<TensorSpec> specs;",
+    ("streaming_writer.hpp", "std::span(bytes)"): "std::vector<std::uint8_t> bytes(4);",
+    ("streaming_writer.hpp", "bytes_of("): "std::vector<TensorSpec> specs;\n"
+    "std::span<const std::byte> bytes_of(const std::string&);",
+    ("streaming_writer.hpp", "save_sharded(\"ckpt\""): "std::map<std::string, TensorView> tensors;",
+    ("cuda.hpp", "nothrow::cuda::save("): "std::vector<cuda::DeviceTensorView> tensors;",
+    ("cuda.hpp", "w_device_ptr"): "const void* w_device_ptr = nullptr;",
+    ("cuda.hpp", "dev_ptr}}"): "std::size_t n = 1;\nconst void* dev_ptr = nullptr;",
 }
 
 HEADER_EXAMPLE = re.compile(r"^\s*///? {3}(.*)$")

@@ -12,7 +12,8 @@
 //! - `error.rs`: the one error enum and its messages; `dtype.rs`: the element types;
 //! - `fallible.rs`: fallible allocation for sizes a file or a caller chooses;
 //! - `file.rs` (with `direct.rs`): opening files and reading bytes; `view.rs`: files in memory;
-//! - `slice.rs`: slice plans; `writer.rs` (with `writer/atomic.rs`): writing;
+//! - `slice.rs`: slice plans; `writer.rs` (with `writer/`): writing, at once or in pieces, one
+//!   file or a sharded checkpoint;
 //! - `checkpoint/`: sharded checkpoints (the index file, shard paths, lazy shards);
 //! - `convert/`: dtype conversion and dequantization;
 //! - `distributed/`: tensor-parallel rules and multi-rank plans; `upload.rs`: the staged upload
@@ -54,7 +55,7 @@ pub use byte_len::tensor_byte_len;
 pub use checkpoint::{Checkpoint, CheckpointOptions};
 pub use direct::{AlignedBuf, DIRECT_ALIGN};
 pub use dtype::{Dtype, UnknownDtype};
-pub use error::{Error, ErrorKind, HeaderContents, Result, TextField};
+pub use error::{Error, ErrorKind, HeaderContents, PieceProblem, Result, TextField};
 pub use file::{Backend, MemoryBytes, OpenOptions, SafeFile};
 pub use format::{LENGTH_PREFIX_SIZE, MAX_HEADER_SIZE, MAX_RANK, METADATA_KEY};
 pub use header::{read_header_len, test_hooks, Header, TensorInfo};
@@ -64,6 +65,7 @@ pub use slice::{Indexer, Placed, Runs, SlicePlan};
 pub use stream::{HandOver, StreamOptions, StreamTensor, TensorStream};
 pub use view::{SafeTensors, TensorView};
 pub use writer::{
-    dtype_to_write, serialize, serialize_to_file, text_to_write, write_atomically,
-    write_atomically_with, Durability, PreparedFile,
+    dtype_to_write, plan_shards, serialize, serialize_to_file, text_to_write, write_atomically,
+    write_atomically_with, Durability, PreparedFile, ShardOptions, ShardPlan, ShardedWriter,
+    StreamWriter, TensorSpec, WriteOptions, DEFAULT_MAX_SHARD_SIZE, MAX_ALIGNMENT,
 };

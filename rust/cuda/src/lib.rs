@@ -22,12 +22,14 @@
 //! - `pinned.rs`: pinned staging slots and the ring's target on a device;
 //! - `uploader.rs`: [`Uploader`], whole uploads through the ring;
 //! - `landing.rs`: streaming uploads (each tensor handed to the caller as it lands, or through
-//!   a bounded device scratch ring); `stage.rs`: one rank's staging for multi-rank loads.
+//!   a bounded device scratch ring); `stage.rs`: one rank's staging for multi-rank loads;
+//! - `save.rs`: saving device memory, through a small pinned ring, into a writer.
 
 mod driver;
 mod landing;
 mod memory;
 mod pinned;
+mod save;
 mod stage;
 mod uploader;
 
@@ -35,6 +37,7 @@ pub use driver::{device_count, Current, Gpu};
 pub use landing::{Delivery, LandedTensor};
 pub use memory::{free, DeviceBuffer};
 pub use pinned::PinnedSlot;
+pub use save::{save_from_device, DeviceSource};
 pub use stage::Stager;
 pub use uploader::Uploader;
 

@@ -244,7 +244,7 @@ mod tests {
         let mut writer = crate::writer::new_writer(&raw);
         outcome(|s| writer.add_tensor(b"w", Dtype::U8 as u8, &[2], &[5, 6], s)).unwrap();
         // SAFETY: the tensor bytes are a static array that outlives the writer.
-        outcome(|s| unsafe { writer.write_file(&raw, false, s) }).unwrap();
+        outcome(|s| unsafe { writer.write_file(&raw, false, 0, s) }).unwrap();
         let names: Vec<Vec<u8>> = std::fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().as_bytes().to_vec())

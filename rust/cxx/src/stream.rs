@@ -14,7 +14,7 @@ use safetensors_core::{
 use crate::checkpoint::Checkpoint;
 use crate::file::{indexers, File};
 use crate::status::handed_over;
-use crate::status::{guard, Status};
+use crate::status::{guard, part, Status};
 use ffi::{Advice, RequestSpan, SliceIndex};
 
 #[cxx::bridge(namespace = "safetensors::ffi")]
@@ -262,19 +262,6 @@ pub fn new_request_list(
             .collect::<Result<Vec<_>, Error>>()?;
         Ok(handed_over(RequestList { all, wanted }))
     })
-}
-
-/// `items[start..start + len]`, or an `Internal` error (the C++ header builds the spans).
-fn part<T>(items: &[T], start: usize, len: usize) -> Result<&[T], Error> {
-    start
-        .checked_add(len)
-        .and_then(|end| items.get(start..end))
-        .ok_or_else(|| Error::Internal {
-            message: format!(
-                "a request span [{start}, +{len}) lies outside its buffer of {}",
-                items.len()
-            ),
-        })
 }
 
 impl RequestList {

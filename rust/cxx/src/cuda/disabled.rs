@@ -91,6 +91,17 @@ pub fn cuda_pinned_copy_seconds(_: usize, _: usize, s: &mut Status) -> f64 {
     unavailable(s)
 }
 
+pub fn cuda_save(
+    _: &crate::writer::StreamingWriter,
+    _: usize,
+    _: &[u64],
+    _: usize,
+    _: usize,
+    s: &mut Status,
+) {
+    unavailable(s)
+}
+
 /// Never constructed in a build without CUDA.
 pub struct DeviceStage(());
 
