@@ -155,7 +155,7 @@ class Checkpoint {
   /// fails to open, a failed read) is thrown when the loop reaches it, and `nothrow::tensors`
   /// gives it as a value.
   ///
-  ///   for (const auto& [name, view] : ckpt) engine_load(name, view);
+  ///   for (const auto& [name, view] : ckpt) transform(view);
   [[nodiscard]] detail::TensorIterator<detail::ShardCursor, false> begin() const;
   [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
 

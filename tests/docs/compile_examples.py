@@ -141,7 +141,9 @@ def translation_unit(examples, used):
         functions.append(
             f"void example_{i}(SAFETENSORS_EXAMPLE_GIVEN) {{\n  {{\n" + "".join(p + "\n" for p in preamble) +
             f'#line {ex.line} "{ex.path}"\n' + "\n".join(body_line(l) for l in ex.lines) + "\n  }\n}\n")
-    head = f'#include "{CONTEXT}"\n' + "\n".join(includes) + "\n\n"
+    # The examples' own includes first: the context's `using namespace safetensors` would make
+    # names such as `Backend` ambiguous inside other libraries' headers (libtorch's c10::Backend).
+    head = "\n".join(includes) + f'\n#include "{CONTEXT}"\n\n'
     return head + "\n".join(functions)
 
 
