@@ -18,8 +18,9 @@
 //   load_cached_after        the file's data in the page cache after that release
 //   locked_added, unlocked_added  VmLck added by lock_pages(f), and after unlock_pages(f)
 //                            (skipped, with the reason, where RLIMIT_MEMLOCK refuses)
-//   huge_file_pmd_mapped     FilePmdMapped after touching a mapping opened with huge_pages: the
-//                            file's bytes mapped with huge pages (0 where the filesystem has none)
+//   file_pmd_mapped          FilePmdMapped added by the first touch: the file's bytes mapped with
+//                            huge pages without asking (filesystems caching in large folios)
+//   huge_file_pmd_mapped     the same for a mapping opened with huge_pages (MADV_HUGEPAGE)
 // Timings (seconds, medians of --runs runs, default 5): a first touch of every page
 //   lazy_touch_s             of a fresh mapping (page faults), cache warm
 //   populate_open_s, populated_touch_s   the open with Populate::AtOpen, then the touch
@@ -138,10 +139,12 @@ struct Figures {
 void release_after_touch(const fs::path& path, Figures& out) {
   warm(path);
   const auto rss = status("VmRSS");
+  const auto pmd = rollup("FilePmdMapped");
   SafeOpen f(path);
   volatile auto sum = touch(f);
   (void)sum;
   out.set("mapped_rss_added", added(rss, status("VmRSS")));
+  out.set("file_pmd_mapped", added(pmd, rollup("FilePmdMapped")));
   out.set("cached_before", static_cast<double>(cached(path)));
   safetensors::release_pages(f);
   out.set("released_rss_added", added(rss, status("VmRSS")));

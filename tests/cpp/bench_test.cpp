@@ -11,6 +11,7 @@
 
 #include <array>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -225,6 +226,13 @@ TEST(BenchOutputs, ReportAndFileMakerFailOnAnOutputThatCannotBeWritten) {
   EXPECT_TRUE(has(std::string(err.begin(), err.end()), "make_bench_files: cannot write to standard output"));
 }
 
+// Every figure bench_memory documents, separated by spaces.
+constexpr const char* kMemoryFigures =
+    "mapped_rss_added file_pmd_mapped released_rss_added cached_before cached_after load_rss_added "
+    "load_anon_added load_anon_huge load_released_rss_added load_cached_after locked_added "
+    "huge_file_pmd_mapped lazy_touch_s populate_open_s populated_touch_s background_open_s "
+    "background_touch_s huge_touch_s load_s cold_lazy_touch_s cold_populate_open_s";
+
 // bench_memory, once at the smallest size: every figure it documents is measured and written to
 // the JSON (a lock RLIMIT_MEMLOCK refuses is a skipped figure, with the reason), the file it made
 // is gone, and bad arguments are usage errors. Its figures are the benchmark's, not asserted here.
@@ -237,18 +245,10 @@ TEST(BenchMemory, ASmokeRunWritesEveryFigureAndRemovesItsFile) {
   auto bytes = test::read_bytes(json);
   std::string text(bytes.begin(), bytes.end());
   EXPECT_TRUE(has(text, "\"tool\": \"bench_memory\"")) << text;
-  for (const char* figure : {"mapped_rss_added",     "released_rss_added",
-                             "cached_before",        "cached_after",
-                             "load_rss_added",       "load_anon_added",
-                             "load_anon_huge",       "load_released_rss_added",
-                             "load_cached_after",    "locked_added",
-                             "huge_file_pmd_mapped", "lazy_touch_s",
-                             "populate_open_s",      "populated_touch_s",
-                             "background_open_s",    "background_touch_s",
-                             "huge_touch_s",         "load_s",
-                             "cold_lazy_touch_s",    "cold_populate_open_s"}) {
-    EXPECT_TRUE(has(text, std::string("\"") + figure + "\"")) << figure << " missing from " << text;
-    EXPECT_TRUE(has(r.out, std::string("  ") + figure + " ")) << figure << " missing from " << r.out;
+  std::istringstream figures(kMemoryFigures);
+  for (std::string figure; figures >> figure;) {
+    EXPECT_TRUE(has(text, "\"" + figure + "\"")) << figure << " missing from " << text;
+    EXPECT_TRUE(has(r.out, "  " + figure + " ")) << figure << " missing from " << r.out;
   }
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), {}), 1)
       << "the file bench_memory made is left behind";
