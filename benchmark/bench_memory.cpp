@@ -202,14 +202,19 @@ std::pair<double, double> open_then_touch(const fs::path& path, OpenOptions opti
 }
 
 void timings(const fs::path& path, int runs, Figures& out) {
-  std::vector<std::vector<double>> t(10);
+  const char* names[] = {
+      "lazy_touch_s", "populate_open_s", "populated_touch_s", "background_open_s",   "background_touch_s",
+      "huge_touch_s", "load_s",          "cold_lazy_touch_s", "cold_populate_open_s"};
+  std::vector<std::vector<double>> t(std::size(names));
+  auto both = [&](std::size_t open, std::size_t then, std::pair<double, double> s) {
+    t[open].push_back(s.first);
+    t[then].push_back(s.second);
+  };
   for (int r = 0; r < runs; ++r) {
     warm(path);
     t[0].push_back(open_then_touch(path, {}).second);
-    std::tie(t[1].emplace_back(), t[2].emplace_back()) =
-        open_then_touch(path, {.populate = Populate::AtOpen});
-    std::tie(t[3].emplace_back(), t[4].emplace_back()) =
-        open_then_touch(path, {.populate = Populate::Background});
+    both(1, 2, open_then_touch(path, {.populate = Populate::AtOpen}));
+    both(3, 4, open_then_touch(path, {.populate = Populate::Background}));
     t[5].push_back(open_then_touch(path, {.huge_pages = true}).second);
     {
       SafeOpen f(path);
@@ -222,9 +227,6 @@ void timings(const fs::path& path, int runs, Figures& out) {
     chill(path);
     t[8].push_back(open_then_touch(path, {.populate = Populate::AtOpen}).first);
   }
-  const char* names[] = {
-      "lazy_touch_s", "populate_open_s", "populated_touch_s", "background_open_s",   "background_touch_s",
-      "huge_touch_s", "load_s",          "cold_lazy_touch_s", "cold_populate_open_s"};
   for (std::size_t k = 0; k < std::size(names); ++k) out.set(names[k], median(t[k]));
 }
 
