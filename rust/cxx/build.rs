@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 /// Every bridge, in the order their headers include one another.
-const BRIDGES: [&str; 8] = [
+const BRIDGES: [&str; 9] = [
     "src/status.rs",
     "src/file.rs",
     "src/checkpoint.rs",
@@ -17,6 +17,7 @@ const BRIDGES: [&str; 8] = [
     "src/convert.rs",
     "src/stream.rs",
     "src/cuda.rs",
+    "src/memory.rs",
     "src/distributed.rs",
 ];
 

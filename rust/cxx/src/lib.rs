@@ -25,7 +25,9 @@
 //! - `checkpoint.rs`: `Checkpoint`;
 //! - `writer.rs`: `Writer`; `convert.rs`: dtype conversion and dequantization;
 //! - `stream.rs`: `Source` (a file or a checkpoint), `RequestList`, prefetch, advice, streams;
-//! - `cuda.rs` (with `cuda/`): uploads; `distributed.rs`: tensor-parallel rules, load plans;
+//! - `cuda.rs` (with `cuda/`): uploads; `memory.rs`: host loads into one allocation, locking
+//!   and releasing pages (it reuses `cuda.rs`'s placements); `distributed.rs`: tensor-parallel
+//!   rules, load plans;
 //! - `version.rs`: the versioned symbol.
 
 pub mod checkpoint;
@@ -33,6 +35,7 @@ pub mod convert;
 pub mod cuda;
 pub mod distributed;
 pub mod file;
+pub mod memory;
 pub mod status;
 pub mod stream;
 mod version;

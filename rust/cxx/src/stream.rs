@@ -197,6 +197,20 @@ impl Source {
         }
     }
 
+    /// Runs `f` on each file of the source that is open: the file, or the checkpoint's shards
+    /// opened so far (a plan of the source opens those its requests touch).
+    pub(crate) fn each_file(
+        &self,
+        mut f: impl FnMut(&SafeFile) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        match &self.from {
+            From::File(file) => f(file),
+            From::Checkpoint(c) => (0..c.shard_count())
+                .filter(|&i| c.shard_is_open(i))
+                .try_for_each(|i| f(c.shard(i)?)),
+        }
+    }
+
     pub fn files_for(&self, requests: &RequestList) -> Vec<usize> {
         let ckpt = match &self.from {
             From::File(_) => return vec![0],
@@ -349,13 +363,7 @@ pub fn advise(source: &Source, requests: &RequestList, advice: Advice, status: &
         };
         let requests = requests.core(source.path())?;
         let plan = source.with(|s| Plan::of(s, requests.as_deref()))?;
-        // Each file the plan covers: the file, or the shards of a checkpoint (opened by the plan).
-        match &source.from {
-            From::File(file) => safetensors_core::advise(file, &plan, advice),
-            From::Checkpoint(c) => (0..c.shard_count())
-                .filter(|&i| c.shard_is_open(i))
-                .try_for_each(|i| safetensors_core::advise(c.shard(i)?, &plan, advice)),
-        }
+        source.each_file(|file| safetensors_core::advise(file, &plan, advice))
     })
 }
 
@@ -526,6 +534,8 @@ mod tests {
                 crate::file::open_file(
                     path.as_os_str().as_bytes(),
                     crate::file::ffi::Backend::Read,
+                    false,
+                    crate::file::ffi::Populate::Lazy,
                     false,
                     s,
                 )
