@@ -141,7 +141,7 @@ static void test_piece_errors(void) {
   t[1].name.ptr = "x";
   FAILS(ST_ERR_TYPE_MISMATCH, st_writer_create(path_in(dir, "a.safetensors"), t, n, NULL, 0, NULL, &w, err));
   {
-    char missing[4096];
+    char missing[4200];
     snprintf(missing, sizeof missing, "%s/missing/a.safetensors", dir);
     FAILS(ST_ERR_IO, st_writer_create(missing, t, 1, NULL, 0, NULL, &w, err));
   }
