@@ -198,6 +198,11 @@ pub(crate) fn convert_on(
     if store == streaming::Store::Plain {
         return convert_plain(k, from, src, to, dst);
     }
+    #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+    if k == Kernels::Avx512 && to == Dtype::F32 && from.bits() == 8 && is_float(from) {
+        // SAFETY: `Kernels::Avx512` is only chosen where the CPU has AVX-512F, AVX2 and F16C.
+        return unsafe { simd::float8_to_f32_streamed(from, src, dst) };
+    }
     streaming::convert_streamed(store, from, src, to, dst, |s, d| {
         convert_plain(k, from, s, to, d)
     });

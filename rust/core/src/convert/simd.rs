@@ -75,20 +75,50 @@ pub(crate) unsafe fn to_f32_avx512(from: Dtype, src: &[u8], dst: &mut [u8]) {
     use Dtype::*;
     match from {
         F8_E5M2 | F8_E4M3 | F8_E8M0 | F8_E4M3FNUZ | F8_E5M2FNUZ => {
-            lookup8_avx512(super::formats::table_f32(from), src, dst)
+            lookup8_avx512(super::formats::table_f32(from), src, dst, false)
         }
         // SAFETY: AVX2 and F16C, as the caller guarantees.
         _ => unsafe { to_f32(from, src, dst) },
     }
 }
 
-/// Each source byte's entry of `table` (its F32 bits, copied as they are: NaN payloads
-/// included). The 256 entries live in sixteen registers; `vpermt2d` picks among 32 entries by
-/// the index's low five bits, and bits 5 to 7 choose among the eight results.
+/// [`to_f32_avx512`] for an 8-bit float source, whose 64-byte steps are whole cache lines:
+/// streamed straight from the registers (see `streaming.rs` for why) rather than staged, which
+/// measured slower than plain stores for this kernel.
+///
+/// # Safety
+/// The CPU must have AVX-512F, AVX2 and F16C ([`avx512_available`]); `from` is an 8-bit float.
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
 #[allow(clippy::incompatible_msrv)] // compiled only by a Rust that has them (build.rs)
 #[target_feature(enable = "avx512f,avx2,f16c")]
-unsafe fn lookup8_avx512(table: &[f32; 256], src: &[u8], dst: &mut [u8]) {
+pub(crate) unsafe fn float8_to_f32_streamed(from: Dtype, src: &[u8], dst: &mut [u8]) {
+    let table = super::formats::table_f32(from);
+    // Plain stores up to the first line boundary of `dst` (all of it when its elements do not
+    // start on 4-byte boundaries, which never meet one).
+    let head = match dst.as_ptr().align_offset(64) {
+        h if h % 4 == 0 => (h / 4).min(src.len()),
+        _ => src.len(),
+    };
+    map::<1, 4>(&src[..head], &mut dst[..4 * head], |[b]| {
+        table[usize::from(b)].to_le_bytes()
+    });
+    let rest = &mut dst[4 * head..];
+    let on_line = rest.as_ptr().align_offset(64) == 0;
+    // SAFETY: the caller's guarantees; streaming only where `rest` starts on a line.
+    unsafe { lookup8_avx512(table, &src[head..], rest, on_line) };
+    // Streaming stores are weakly ordered: the fence orders them before later stores.
+    _mm_sfence();
+}
+
+/// Each source byte's entry of `table` (its F32 bits, copied as they are: NaN payloads
+/// included). The 256 entries live in sixteen registers; `vpermt2d` picks among 32 entries by
+/// the index's low five bits, and bits 5 to 7 choose among the eight results. With `stream`,
+/// `dst` starts on a 64-byte boundary and every whole step is a streaming store.
+#[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+#[allow(clippy::incompatible_msrv)] // compiled only by a Rust that has them (build.rs)
+#[target_feature(enable = "avx512f,avx2,f16c")]
+unsafe fn lookup8_avx512(table: &[f32; 256], src: &[u8], dst: &mut [u8], stream: bool) {
+    debug_assert!(!stream || dst.as_ptr().align_offset(64) == 0);
     // SAFETY: 256 entries are 16 registers of 16; unaligned loads.
     let t: [__m512i; 16] =
         std::array::from_fn(|i| unsafe { _mm512_loadu_si512(table[16 * i..].as_ptr().cast()) });
@@ -106,7 +136,12 @@ unsafe fn lookup8_avx512(table: &[f32; 256], src: &[u8], dst: &mut [u8]) {
         let b0 = _mm512_mask_blend_epi32(m6, a[0], a[1]);
         let b1 = _mm512_mask_blend_epi32(m6, a[2], a[3]);
         let v = _mm512_mask_blend_epi32(m7, b0, b1);
-        unsafe { _mm512_storeu_si512(d.as_mut_ptr().cast(), v) };
+        if stream {
+            // SAFETY: `d` is a whole line (`dst` starts on one and steps are 64 bytes).
+            unsafe { _mm512_stream_si512(d.as_mut_ptr().cast(), v) };
+        } else {
+            unsafe { _mm512_storeu_si512(d.as_mut_ptr().cast(), v) };
+        }
     }
     map::<1, 4>(s.remainder(), d.into_remainder(), |[b]| {
         table[usize::from(b)].to_le_bytes()
