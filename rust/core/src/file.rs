@@ -111,8 +111,8 @@ enum Handle<'a> {
 impl Handle<'_> {
     fn read_exact_at(&self, dst: &mut [u8], at: u64) -> io::Result<()> {
         match self {
-            Handle::Borrowed(f) => f.read_exact_at(dst, at),
-            Handle::Owned(f) => f.read_exact_at(dst, at),
+            Handle::Borrowed(f) => parallel::read_exact_at(f, dst, at),
+            Handle::Owned(f) => parallel::read_exact_at(f, dst, at),
             Handle::Direct(d) => d.read_exact_at(dst, at),
         }
     }
@@ -707,5 +707,6 @@ pub(crate) fn parse_allowing(head: &[u8], len: u64, allow_trailing: bool) -> Res
     }
 }
 
+mod parallel;
 #[cfg(test)]
 mod tests;
