@@ -520,7 +520,7 @@ impl SafeFile {
         }
         let want = head..head + len;
         if let Storage::Direct(d) = &self.storage {
-            if len > 0 && dst.as_ptr() as usize % DIRECT_ALIGN == 0 {
+            if len > 0 && (dst.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN) {
                 let op = d.op().map_err(|e| Error::io(&self.path, "open", e))?;
                 let got = op
                     .read_span(&mut dst[..span], start)
