@@ -501,6 +501,10 @@ TEST(CudaStream, InjectedFailuresEndTheUploadCleanly) {
     return st;
   };
   int fired = 0;
+  // A failed upload waits for its own stream and the consumer's, never for the whole context
+  // (every stream of it, the caller's others too: a deadlock when one of them waits for work
+  // the caller enqueues after the call returns).
+  const auto context_waits = calls("cuCtxSynchronize");
   for (Mode mode : {load, into, scratch}) {
     Counts clean, made;
     std::size_t delivered = 0;
@@ -524,6 +528,7 @@ TEST(CudaStream, InjectedFailuresEndTheUploadCleanly) {
           EXPECT_TRUE(st.ok()) << what << ": " << st.message();
         }
         before.expect_none(what);
+        EXPECT_EQ(calls("cuCtxSynchronize"), context_waits) << what;
         // The next upload works.
         delivered = 0;
         EXPECT_TRUE(upload(mode, "", delivered, made).ok()) << what;

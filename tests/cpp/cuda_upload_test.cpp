@@ -250,6 +250,8 @@ TEST(CudaUpload, AnUntrackedCopyIsNeverWaitedForThroughTheCallersStreamLater) {
   cuda::Uploader up(0, kSmallRing);
   const std::size_t bytes = cuda::plan(f).first;
   CallersDestination dst(drv, bytes);
+  const auto context_waits = drv.calls("cuCtxSynchronize");
+  const int pinned = drv.counter("fakecuda_live_pinned_allocations");
   drv.fail("cuEventRecord:1,cuStreamSynchronize:1");
   EXPECT_EQ(kind_of([&] { (void)up.load_into(f, {}, dst.at(), bytes, dst.on()); }), ErrorKind::Cuda);
   drv.fail("");
@@ -257,6 +259,10 @@ TEST(CudaUpload, AnUntrackedCopyIsNeverWaitedForThroughTheCallersStreamLater) {
   dst.destroy_stream();
   up.synchronize();
   EXPECT_TRUE(same_as_file(f, up.load(f)));
+  // Nor through the whole context, which would wait for every stream of it, the caller's too:
+  // the untracked copy's buffer is abandoned (never reused or freed) and replaced.
+  EXPECT_EQ(drv.calls("cuCtxSynchronize"), context_waits);
+  EXPECT_EQ(drv.counter("fakecuda_live_pinned_allocations"), pinned + 1);
 }
 
 TEST(CudaUpload, PinnedSlotsAreFreedWhenConstructionFails) {

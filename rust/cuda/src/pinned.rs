@@ -44,10 +44,13 @@ pub(crate) enum Pending {
     /// The slot's event, recorded after the copy.
     Event,
     /// The copy was enqueued but its event could not be recorded, and waiting for its stream
-    /// failed too: the whole context (current wherever a slot is waited for) must be waited
-    /// for. Never the stream itself: a caller's stream may be destroyed once the call that
-    /// enqueued the copy has returned, and its handle must not be used after that.
-    Context,
+    /// failed too: when it is done cannot be known. The buffer is abandoned (leaked, never
+    /// reused or freed) and the slot takes a fresh one before its next use. Never waited for
+    /// through the stream (a caller's stream may be destroyed once the call that enqueued the
+    /// copy has returned, and its handle must not be used after that), nor through
+    /// `cuCtxSynchronize`, which waits for every stream of the context, the caller's too: a
+    /// deadlock if one of them waits for work the caller enqueues only after we return.
+    Lost,
     /// Copies on a stream this library created and still owns (the multi-rank stager's), waited
     /// for through that stream. Never a caller's stream (see `Context`).
     OwnStream(sys::CUstream),
@@ -75,7 +78,7 @@ unsafe impl Send for PinnedSlot {}
 
 impl PinnedSlot {
     pub(crate) fn new(gpu: &Gpu, len: usize) -> Result<PinnedSlot> {
-        let memory = pool::take(gpu, len)?;
+        let memory = pool::take(gpu.ctx, gpu.ordinal(), len)?;
         Ok(PinnedSlot {
             host: memory.host,
             event: memory.event,
@@ -100,7 +103,13 @@ impl PinnedSlot {
             Pending::Event => call("cuEventSynchronize", || unsafe {
                 cu::event::synchronize(self.event)
             })?,
-            Pending::Context => call("cuCtxSynchronize", cu::ctx::synchronize)?,
+            Pending::Lost => {
+                let fresh = pool::take(self.ctx, self.ordinal, self.len)?;
+                self.host = fresh.host;
+                self.event = fresh.event;
+                // The copy engine may still read the old buffer: never freed nor reused.
+                std::mem::forget(self.memory.replace(fresh));
+            }
             // SAFETY: the stream is owned by whoever marked the slot, and outlives the slot's use.
             Pending::OwnStream(stream) => call("cuStreamSynchronize", || unsafe {
                 cu::stream::synchronize(stream)
@@ -116,6 +125,10 @@ impl Drop for PinnedSlot {
         let Some(memory) = self.memory.take() else {
             return;
         };
+        if self.pending == Pending::Lost {
+            std::mem::forget(memory);
+            return;
+        }
         let waited = Current::enter(self.ctx).and_then(|_current| self.wait());
         if waited.is_err() {
             // The copy engine may still read the buffer: leak it rather than reuse or free it.
@@ -171,7 +184,7 @@ impl UploadTarget for GpuTarget<'_> {
             Err(e) => {
                 // The copy is queued but untracked: wait for its stream now, while the handle is
                 // certainly valid, before the slot can be refilled; if even that fails, track
-                // the whole context instead (see `Pending::Context`).
+                // the buffer as lost instead (see `Pending::Lost`).
                 // SAFETY: the stream this call enqueued the copy on.
                 let drained = call("cuStreamSynchronize", || unsafe {
                     cu::stream::synchronize(self.stream)
@@ -179,7 +192,7 @@ impl UploadTarget for GpuTarget<'_> {
                 slot.pending = if drained.is_ok() {
                     Pending::None
                 } else {
-                    Pending::Context
+                    Pending::Lost
                 };
                 return Err(e);
             }

@@ -17,7 +17,7 @@ use cudarc::driver::result as cu;
 use cudarc::driver::sys;
 use safetensors_core::{Error, Result};
 
-use crate::driver::{call, Current, Gpu};
+use crate::driver::{call, Current};
 
 /// The most pinned buffers a device keeps idle between uploads.
 pub const IDLE_SLOTS: usize = 16;
@@ -37,8 +37,8 @@ pub(crate) struct Pinned {
 unsafe impl Send for Pinned {}
 
 impl Pinned {
-    fn alloc(gpu: &Gpu, bytes: usize) -> Result<Pinned> {
-        let _current = gpu.enter()?;
+    fn alloc(ctx: sys::CUcontext, bytes: usize) -> Result<Pinned> {
+        let _current = Current::enter(ctx)?;
         // Flags 0: page-locked, cached host memory (not write-combined, which CPU writes of file
         // data would pay for).
         // SAFETY: the context is current; the memory is only read after being written.
@@ -52,7 +52,7 @@ impl Pinned {
             host,
             capacity: bytes,
             event: std::ptr::null_mut(),
-            ctx: gpu.ctx,
+            ctx,
         };
         // Blocking sync: a reader waiting for its slot sleeps rather than spinning.
         let flags = sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32
@@ -90,14 +90,15 @@ fn idle() -> std::sync::MutexGuard<'static, Vec<(usize, VecDeque<Pinned>)>> {
     IDLE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A pinned buffer of at least `bytes` for `gpu`: an idle one when one fits, else a new one.
-/// An idle buffer more than twice `bytes` is left idle: the slot would hold memory its ring does
-/// not count, and a small slot kept for long (a one-shot ring's) would keep a large buffer pinned.
-pub(crate) fn take(gpu: &Gpu, bytes: usize) -> Result<Pinned> {
+/// A pinned buffer of at least `bytes` for device `ordinal` (primary context `ctx`): an idle one
+/// when one fits, else a new one. An idle buffer more than twice `bytes` is left idle: the slot
+/// would hold memory its ring does not count, and a small slot kept for long (a one-shot ring's)
+/// would keep a large buffer pinned.
+pub(crate) fn take(ctx: sys::CUcontext, ordinal: usize, bytes: usize) -> Result<Pinned> {
     let found = {
         let mut idle = idle();
         idle.iter_mut()
-            .find(|(o, _)| *o == gpu.ordinal())
+            .find(|(o, _)| *o == ordinal)
             .and_then(|(_, list)| {
                 let fits = |p: &Pinned| p.capacity >= bytes && p.capacity / 2 <= bytes;
                 let best = list
@@ -111,7 +112,7 @@ pub(crate) fn take(gpu: &Gpu, bytes: usize) -> Result<Pinned> {
     };
     match found {
         Some(p) => Ok(p),
-        None => Pinned::alloc(gpu, bytes),
+        None => Pinned::alloc(ctx, bytes),
     }
 }
 
