@@ -52,7 +52,7 @@ pub(crate) enum Pending {
     /// deadlock if one of them waits for work the caller enqueues only after we return.
     Lost,
     /// Copies on a stream this library created and still owns (the multi-rank stager's), waited
-    /// for through that stream. Never a caller's stream (see `Context`).
+    /// for through that stream. Never a caller's stream (see `Lost`).
     OwnStream(sys::CUstream),
 }
 
