@@ -66,6 +66,8 @@ using safetensors::cuda::SaveStaging;
 Status copy_to_host(const void* src, std::span<std::byte> dst, int device = 0);
 /// `cuda::pinned_copy_seconds` without exceptions.
 [[nodiscard]] Expected<double> pinned_copy_seconds(std::size_t bytes, int device = 0);
+/// `cuda::release_staging` without exceptions.
+Expected<std::size_t> release_staging(int device = 0);
 /// `cuda::plan` without exceptions.
 template <Readable From>
 [[nodiscard]] Expected<std::pair<std::size_t, std::vector<Placement>>> plan(const From& from,
@@ -141,6 +143,18 @@ inline void copy_to_host(const void* src, std::span<std::byte> dst, int device =
   return nothrow::cuda::pinned_copy_seconds(bytes, device).value();
 }
 
+/// Unpins the staging memory `device` keeps idle between uploads and returns its size in bytes.
+/// Pinned staging is reused across calls, whatever the ring options (page-locking is slow and
+/// stalls the device): a device keeps up to 16 buffers and 256 MiB idle once no uploader holds
+/// them. Call this to hand that memory back, e.g. once a model is loaded; uploaders alive keep
+/// their own slots.
+///
+///   cuda::DeviceTensors w = cuda::load(f, 0, {.staging_slots = 8});
+///   cuda::release_staging(0);   // the ring's pinned memory goes back to the system
+inline std::size_t release_staging(int device = 0) {
+  return nothrow::cuda::release_staging(device).value();
+}
+
 /// Where each of `requests` (`{}`: every tensor) would go in one allocation, and the bytes it
 /// needs. Needs no GPU: use it to size your own buffer for `Uploader::load_into`.
 template <Readable From>
@@ -150,7 +164,8 @@ template <Readable From>
 }
 
 /// Every tensor of a file or a (sharded) checkpoint on `device`, in one allocation. Uses the
-/// device's shared uploader unless `options` sets a ring of its own.
+/// device's shared uploader unless `options` sets a ring of its own (whose pinned slots are
+/// reused by the next call: see `release_staging`).
 template <Readable From>
 [[nodiscard]] DeviceTensors load(const From& from, int device = 0, UploadOptions options = {}) {
   return nothrow::cuda::load(from, device, options).value();
@@ -240,6 +255,12 @@ inline Expected<double> pinned_copy_seconds(std::size_t bytes, int device) {
   auto ordinal = detail::upload::device_ordinal(device);
   if (!ordinal) return ordinal.status();
   return detail::attempt([&](ffi::Status& st) { return ffi::cuda_pinned_copy_seconds(*ordinal, bytes, st); });
+}
+
+inline Expected<std::size_t> release_staging(int device) {
+  auto ordinal = detail::upload::device_ordinal(device);
+  if (!ordinal) return ordinal.status();
+  return detail::attempt([&](ffi::Status& st) { return ffi::cuda_release_staging(*ordinal, st); });
 }
 
 template <Readable From>

@@ -96,6 +96,8 @@ pub mod ffi {
         fn cuda_download(device: usize, src: u64, dst: &mut [u8], status: &mut Status);
         /// Seconds for one copy of `bytes` from pinned memory to the device.
         fn cuda_pinned_copy_seconds(device: usize, bytes: usize, status: &mut Status) -> f64;
+        /// Unpins the staging memory `device` keeps idle between uploads; the bytes unpinned.
+        fn cuda_release_staging(device: usize, status: &mut Status) -> usize;
         /// Writes every tensor `writer` declared from device memory of `device`: tensor `i`
         /// (declaration order) from address `ptrs[i]`, through `slots` pinned staging slots of
         /// `slot_bytes` each (0: 4 slots of 16 MiB). The writer is not finished.

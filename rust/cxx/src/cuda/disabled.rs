@@ -90,6 +90,9 @@ pub fn cuda_download(_: usize, _: u64, _: &mut [u8], s: &mut Status) {
 pub fn cuda_pinned_copy_seconds(_: usize, _: usize, s: &mut Status) -> f64 {
     unavailable(s)
 }
+pub fn cuda_release_staging(_: usize, s: &mut Status) -> usize {
+    unavailable(s)
+}
 
 pub fn cuda_save(
     _: &crate::writer::StreamingWriter,

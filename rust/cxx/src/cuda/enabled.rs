@@ -212,6 +212,10 @@ pub fn cuda_pinned_copy_seconds(device: usize, bytes: usize, status: &mut Status
     })
 }
 
+pub fn cuda_release_staging(device: usize, status: &mut Status) -> usize {
+    guard(status, || Ok(safetensors_cuda::release_idle(device)))
+}
+
 pub fn cuda_save(
     writer: &StreamingWriter,
     device: usize,
