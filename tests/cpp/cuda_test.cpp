@@ -300,16 +300,7 @@ TEST(CudaGpu, ShardedCheckpointsLoadIntoOneAllocation) {
 }
 
 /// The driver entry points a test needs to make its own buffer and stream, as an engine would.
-struct Driver {
-  Driver() : lib(::dlopen("libcuda.so.1", RTLD_NOW)) {
-    if (!lib) lib = ::dlopen("libcuda.so", RTLD_NOW);
-  }
-  template <class F>
-  F get(const char* name) const {
-    return reinterpret_cast<F>(::dlsym(lib, name));
-  }
-  void* lib;
-};
+using test::Driver;
 
 TEST(CudaGpu, CallerBufferAndStream) {
   if (!test::gpu_or_skip()) return;

@@ -42,8 +42,8 @@ std::filesystem::path make_file(const test::TempDir& dir) {
 /// The live device allocations the emulated driver counts (-1 on a real driver).
 int live_allocations() {
   test::Driver d;
-  auto f = d.get<int (*)()>("fakecuda_live_device_allocations");
-  return f ? f() : -1;
+  auto* f = reinterpret_cast<int (*)()>(d.find("fakecuda_live_device_allocations"));
+  return f != nullptr ? f() : -1;
 }
 
 /// The bytes a DLPack device tensor describes, copied back to the host.

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <iostream>
+#include <stdexcept>
+#include <string>
 #include <string_view>
 
 #ifndef SAFETENSORS_TEST_EMULATED_DRIVER
@@ -48,11 +50,29 @@ struct Driver {
   Driver() : lib(::dlopen("libcuda.so.1", RTLD_NOW)) {
     if (!lib) lib = ::dlopen("libcuda.so", RTLD_NOW);
   }
+  /// The entry point `name`, or null where this driver lacks it. With
+  /// SAFETENSORS_TEST_HIDE_EMULATED_CONTROLS set, the emulated driver's controls (fakecuda_*)
+  /// are hidden, so that the emulated driver stands in for a real one: what every test does
+  /// on a real GPU is checked in CI (the `*_as_real_driver` tests).
+  [[nodiscard]] void* find(const char* name) const {
+    const char* hide = std::getenv("SAFETENSORS_TEST_HIDE_EMULATED_CONTROLS");
+    if (hide != nullptr && *hide != '\0' && std::string_view(name).starts_with("fakecuda_")) return nullptr;
+    return lib ? ::dlsym(lib, name) : nullptr;
+  }
+  /// The entry point `name`; one this driver lacks (an emulated driver's control on a real
+  /// driver) throws, which fails the calling test with the name instead of calling null: a
+  /// test that needs the emulated driver checks `emulated()` and skips.
   template <class F>
   F get(const char* name) const {
-    return lib ? reinterpret_cast<F>(::dlsym(lib, name)) : nullptr;
+    void* p = find(name);
+    if (p == nullptr) {
+      throw std::runtime_error(std::string(name) + " is not in this CUDA driver (" +
+                               (emulated() ? "the emulated one" : "a real one") +
+                               "): a test calling an emulated driver's control must skip unless emulated()");
+    }
+    return reinterpret_cast<F>(p);
   }
-  [[nodiscard]] bool emulated() const { return get<void*>("fakecuda_hold") != nullptr; }
+  [[nodiscard]] bool emulated() const { return find("fakecuda_hold") != nullptr; }
 
   Ctx current() const {
     Ctx c = nullptr;
