@@ -13,6 +13,7 @@ finish in the run's budget says so while the rest go on.
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -61,6 +62,20 @@ def main(argv):
               "lib/libruntime_interop.so", "scripts/run.py", "scripts/report.py", "scripts/peers.py",
               "scripts/bench.py", "scripts/runtime_interop.py", "scripts/interop.py"):
         check(os.path.exists(os.path.join(kit, f)), f"the kit has no {f}")
+    # Every GPU test program CMake declares runs in the kit (a program left out runs on no GPU).
+    sys.path.insert(0, os.path.join(a.source, "benchmark", "gpu"))
+    from steps import EXPECTED_API_ERRORS, TEST_PROGRAMS  # noqa: E402 (found through the source tree given)
+    with open(os.path.join(a.source, "tests", "CMakeLists.txt")) as f:
+        declared = re.findall(r"^\s*safetensors_gpu_test\((\w+)", f.read(), re.M)
+    check(sorted(declared) == sorted(TEST_PROGRAMS),
+          f"benchmark/gpu/steps.py TEST_PROGRAMS {sorted(TEST_PROGRAMS)} != tests/CMakeLists.txt's {sorted(declared)}")
+    for prog in TEST_PROGRAMS:
+        check(os.path.exists(os.path.join(kit, "bin", prog)) or prog == "dlpack_device_test", f"the kit has no bin/{prog}")
+    for prog, name in EXPECTED_API_ERRORS.items():  # the sanitizer step names these tests
+        listed = subprocess.run([os.path.join(kit, "bin", prog), "--gtest_list_tests"], capture_output=True,
+                                text=True).stdout
+        suite, _, test = name.partition(".")
+        check(f"{suite}." in listed and f"  {test}" in listed, f"{prog} has no test {name}: {listed}")
     manifest = json.load(open(os.path.join(kit, "MANIFEST.json")))
     check(manifest.get("wheels_why") == "the kit was built with --no-wheels", f"manifest wheels_why: {manifest}")
     check(manifest.get("kit_bytes", 0) > 0, "the manifest gives the kit's size")
@@ -95,7 +110,7 @@ def main(argv):
     check(env_data.get("emulated_driver") is True, f"the environment step sees the emulated driver: {env_data}")
     check(step(results, "files")["data"].get("files", {}).get("20k.safetensors", 0) > 1_000_000, "the 20k file")
     programs = step(results, "tests")["data"].get("programs", {})
-    for prog in ("cuda_test", "cuda_upload_test", "cuda_stream_test", "distributed_cuda_test"):
+    for prog in ("cuda_test", "cuda_upload_test", "cuda_stream_test", "cuda_save_test", "distributed_cuda_test"):
         entry = programs.get(prog, {})
         check(entry.get("status") == "passed" and entry.get("tests", 0) > 0, f"tests {prog}: {entry}")
     checked = programs.get("cuda_test", {}).get("bytes_checked", [])
