@@ -44,6 +44,11 @@
 // iterations, the first one included, as in its table of 1, 10 and 100 iterations. The page
 // cache is warm unless --cold (needs root), which drops it before every run. A bad argument or a missing file
 // is a usage message and exit code 2; a file that is not valid safetensors, exit code 1.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <safetensors/cuda.hpp>
 #include <safetensors/safetensors.hpp>
 #include <safetensors/stream.hpp>
@@ -57,6 +62,8 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <cstring>
+#include <thread>
 
 #include "bench_convert.hpp"
 #include "checked_output.hpp"
@@ -180,11 +187,143 @@ std::size_t rss_anon() {
   return 0;
 }
 
+/// `threads` threads copying the file's bytes, mapped once (the page cache as `setup` leaves
+/// it), each its contiguous share in 16 MiB pieces into a buffer of its own touched beforehand:
+/// what the host can put into staging slots per second, with no GPU.
+std::vector<double> parallel_copy(const std::filesystem::path& path, unsigned threads, int runs,
+                                  const std::function<void()>& setup) {
+  constexpr std::size_t kPiece = 16u << 20;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error("cannot open " + path.string());
+  const std::size_t size = std::filesystem::file_size(path);
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) throw std::runtime_error("cannot map " + path.string());
+  const std::span<const std::byte> bytes(static_cast<const std::byte*>(map), size);
+  struct Unmap {
+    void* p;
+    std::size_t n;
+    ~Unmap() { ::munmap(p, n); }
+  } unmap{map, size};
+  std::vector<std::vector<std::byte>> slots(threads, std::vector<std::byte>(kPiece, std::byte{1}));
+  return measure::repeat(
+      runs,
+      [&] {
+        std::vector<std::thread> pool;
+        const std::size_t share = (bytes.size() + threads - 1) / threads;
+        for (unsigned t = 0; t < threads; ++t) {
+          pool.emplace_back([&, t] {
+            const std::size_t begin = std::min(bytes.size(), t * share);
+            const std::size_t end = std::min(bytes.size(), begin + share);
+            for (std::size_t at = begin; at < end; at += kPiece) {
+              std::memcpy(slots[t].data(), bytes.data() + at, std::min(kPiece, end - at));
+            }
+          });
+        }
+        for (auto& th : pool) th.join();
+        for (auto& sl : slots) sink += static_cast<std::uint64_t>(sl[0]);
+      },
+      setup);
+}
+
+/// What a load without the host copy would take: the file's mapping registered with the driver
+/// (`cuMemHostRegister`, read-only: the page cache's own pages, pinned where they are), one
+/// host-to-device copy straight out of it, then unregistered. Measured through the driver
+/// itself (not a library path): whether skipping the readers' copy pays for the registration.
+/// `register_only` gets the registration and unregistration alone. Skipped where the driver
+/// lacks an entry point (the emulated one) or refuses.
+struct RegisteredCopy {
+  Result whole{"registered mapping H2D", {}, 0, "not measured"};
+  Result register_only{"register + unregister the mapping", {}, 0, "not measured"};
+};
+
+RegisteredCopy registered_copy(const std::filesystem::path& path, int runs, const std::function<void()>& setup) {
+  RegisteredCopy r;
+  void* lib = ::dlopen("libcuda.so.1", RTLD_NOW);
+  if (lib == nullptr) return r;
+  using CtxRetain = int (*)(void**, int);
+  using CtxSet = int (*)(void*);
+  using CtxGet = int (*)(void**);
+  using Alloc = int (*)(std::uint64_t*, std::size_t);
+  using Free = int (*)(std::uint64_t);
+  using Register = int (*)(void*, std::size_t, unsigned);
+  using Unregister = int (*)(void*);
+  using HtoD = int (*)(std::uint64_t, const void*, std::size_t);
+  auto sym = [&](const char* name) { return ::dlsym(lib, name); };
+  auto retain = reinterpret_cast<CtxRetain>(sym("cuDevicePrimaryCtxRetain"));
+  auto set = reinterpret_cast<CtxSet>(sym("cuCtxSetCurrent"));
+  auto get = reinterpret_cast<CtxGet>(sym("cuCtxGetCurrent"));
+  auto alloc = reinterpret_cast<Alloc>(sym("cuMemAlloc_v2"));
+  auto free_ = reinterpret_cast<Free>(sym("cuMemFree_v2"));
+  auto reg = reinterpret_cast<Register>(sym("cuMemHostRegister_v2"));
+  auto unreg = reinterpret_cast<Unregister>(sym("cuMemHostUnregister"));
+  auto htod = reinterpret_cast<HtoD>(sym("cuMemcpyHtoD_v2"));
+  if (!retain || !set || !get || !alloc || !free_ || !reg || !unreg || !htod) {
+    r.whole.skipped = r.register_only.skipped = "the driver lacks cuMemHostRegister or a call it needs";
+    return r;
+  }
+  void* previous = nullptr;
+  void* ctx = nullptr;
+  if (get(&previous) != 0 || retain(&ctx, 0) != 0 || set(ctx) != 0) {
+    r.whole.skipped = r.register_only.skipped = "no context on device 0";
+    return r;
+  }
+  const std::size_t size = std::filesystem::file_size(path);
+  std::uint64_t dst = 0;
+  if (alloc(&dst, size) == 0) {
+    constexpr unsigned kReadOnly = 0x08;  // CU_MEMHOSTREGISTER_READ_ONLY
+    const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    const std::size_t span = (size + page - 1) / page * page;
+    int failed = 0;
+    auto once = [&](bool copy) {
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      void* map = fd < 0 ? MAP_FAILED : ::mmap(nullptr, span, PROT_READ, MAP_SHARED, fd, 0);
+      if (fd >= 0) ::close(fd);
+      if (map == MAP_FAILED) {
+        failed = -1;
+        return;
+      }
+      if (int rc = reg(map, span, kReadOnly); rc != 0) {
+        failed = rc;
+      } else {
+        if (copy && htod(dst, map, size) != 0) failed = -2;
+        unreg(map);
+      }
+      ::munmap(map, span);
+    };
+    std::vector<double> whole = measure::repeat(runs, [&] { once(true); }, setup);
+    std::vector<double> only = measure::repeat(runs, [&] { once(false); }, setup);
+    if (failed != 0) {
+      r.whole.skipped = r.register_only.skipped = "the driver refused (CUresult " + std::to_string(failed) + ")";
+    } else {
+      r.whole = {r.whole.item, std::move(whole), size, {}};
+      r.register_only = {r.register_only.item, std::move(only), size, {}};
+    }
+    free_(dst);
+  } else {
+    r.whole.skipped = r.register_only.skipped = "cuMemAlloc failed";
+  }
+  set(previous);
+  return r;
+}
+
 /// The `gpu` items of one file and what they are compared with.
 struct GpuResults {
   Result gpu;
   Result one_shot{"gpu one-shot", {}, 0, "no GPU"};
+  // The same load with the read or direct backend, and with the file opened once, outside the
+  // timed body (its mapping's page faults paid once): which part of the host side costs what.
+  Result read_backend{"gpu (read backend)", {}, 0, "no GPU"};
+  Result direct_backend{"gpu (direct backend)", {}, 0, "no GPU"};
+  Result kept_open{"gpu (file kept open)", {}, 0, "no GPU"};
+  Result every_core{"gpu (a reader per core)", {}, 0, "no GPU"};
   Result pinned{"pinned H2D", {}, 0, "no GPU"};
+  // The host side's own limit: as many threads as the ring has readers by default (half the
+  // cores, at most 8), and as the machine has cores, copying the file's mapped bytes, page cache warm, into 16 MiB buffers of their own,
+  // as the readers fill staging slots; no GPU involved.
+  Result host_copy{"host copy, ring's readers", {}, 0, "no GPU"};
+  Result host_copy_all{"host copy, every core", {}, 0, "no GPU"};
+  RegisteredCopy registered;
   std::size_t host_extra = 0;  // host memory the upload added (RssAnon), in bytes
 };
 
@@ -196,9 +335,14 @@ struct GpuResults {
 /// before the next run. Also reports the host memory the upload adds.
 GpuResults gpu_item(const std::filesystem::path& path, int runs, const std::function<void()>& setup) {
   namespace cuda = safetensors::cuda;
-  if (!cuda::available()) return {{"gpu", {}, 0, "no usable GPU: " + cuda::why_unavailable()}};
+  if (!cuda::available()) {
+    GpuResults none;
+    none.gpu = {"gpu", {}, 0, "no usable GPU: " + cuda::why_unavailable()};
+    return none;
+  }
   std::size_t size = std::filesystem::file_size(path);
-  GpuResults g{{"gpu", {}, size, {}}};
+  GpuResults g;
+  g.gpu = {"gpu", {}, size, {}};
   std::size_t before = rss_anon();
   std::optional<cuda::DeviceTensors> loaded;  // freed by the untimed setup of the next run
   auto free_then = [&] {
@@ -218,6 +362,30 @@ GpuResults gpu_item(const std::filesystem::path& path, int runs, const std::func
                 {}};
   loaded.reset();
   g.host_extra = rss_anon() - std::min(before, rss_anon());
+  auto variant = [&](Result& r, auto&& load) {
+    try {
+      r = {r.item, measure::repeat(runs, load, free_then), size, {}};
+    } catch (const safetensors::Error& e) {
+      r.skipped = e.what();
+    }
+    loaded.reset();
+  };
+  {
+    cuda::Uploader up(0);
+    variant(g.read_backend, [&] { loaded = up.load(SafeOpen(path, {safetensors::Backend::Read})); });
+    variant(g.direct_backend, [&] { loaded = up.load(SafeOpen(path, {safetensors::Backend::Direct})); });
+    SafeOpen kept(path);
+    variant(g.kept_open, [&] { loaded = up.load(kept); });
+  }
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  {
+    cuda::Uploader up(0, {.readers = cores});
+    variant(g.every_core, [&] { loaded = up.load(SafeOpen(path)); });
+  }
+  const unsigned readers = std::clamp(cores / 2, 1u, 8u);  // the ring's default (cuda.hpp)
+  g.host_copy = {g.host_copy.item, parallel_copy(path, readers, runs, setup), size, {}};
+  g.host_copy_all = {g.host_copy_all.item, parallel_copy(path, cores, runs, setup), size, {}};
+  g.registered = registered_copy(path, runs, setup);
   // pinned_copy_seconds times the copy itself, not the allocation around it.
   g.pinned = {"pinned H2D", {}, size, {}};
   (void)cuda::pinned_copy_seconds(size);
@@ -454,7 +622,18 @@ void run_items(const Options& opt, const fs::path& path, int runs, const std::fu
     out.gpu = gpu_item(path, runs, setup);
     bool ran = out.gpu.pinned.skipped.empty();
     out.items.push_back({out.gpu.gpu, ran ? &out.gpu.pinned : nullptr});
-    if (ran) out.items.push_back({out.gpu.one_shot, &out.gpu.pinned});
+    if (ran) {
+      out.items.push_back({out.gpu.one_shot, &out.gpu.pinned});
+      for (const auto* r : {&out.gpu.read_backend, &out.gpu.direct_backend, &out.gpu.kept_open, &out.gpu.every_core}) {
+        out.items.push_back({*r, &out.gpu.pinned});
+      }
+      out.items.push_back({out.gpu.host_copy, nullptr});
+      out.items.push_back({out.gpu.host_copy_all, nullptr});
+      if (out.gpu.registered.whole.skipped.empty()) {
+        out.items.push_back({out.gpu.registered.whole, &out.gpu.pinned});
+        out.items.push_back({out.gpu.registered.register_only, nullptr});
+      }
+    }
   }
 }
 
