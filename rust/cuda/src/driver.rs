@@ -61,6 +61,26 @@ fn driver() -> Result<()> {
     .map_err(|message| Error::Cuda { message })
 }
 
+/// The NUMA node of device `ordinal` (see [`crate::numa`]), looked up once per device.
+pub(crate) fn node_of(ordinal: usize) -> Option<crate::numa::Node> {
+    crate::numa::gpu_node(ordinal, || {
+        let device = call("cuDeviceGet", || cu::device::get(ordinal as i32)).ok()?;
+        let attr = |a| {
+            // SAFETY: a device handle the driver returned.
+            call("cuDeviceGetAttribute", || unsafe {
+                cu::device::get_attribute(device, a)
+            })
+            .ok()
+        };
+        use sys::CUdevice_attribute as A;
+        Some((
+            attr(A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?,
+            attr(A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?,
+            attr(A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?,
+        ))
+    })
+}
+
 /// Number of CUDA devices (an error when there is no driver).
 pub fn device_count() -> Result<usize> {
     driver()?;
@@ -126,6 +146,8 @@ pub struct Gpu {
     ordinal: usize,
     device: sys::CUdevice,
     pub(crate) ctx: sys::CUcontext,
+    /// The NUMA node the device hangs off, where there is one to place work on.
+    node: Option<crate::numa::Node>,
 }
 
 // SAFETY: a CUcontext handle may be used from any thread once made current there.
@@ -147,7 +169,15 @@ impl Gpu {
             ordinal,
             device,
             ctx,
+            node: node_of(ordinal),
         }))
+    }
+
+    /// The NUMA node the device hangs off, with the CPUs of it this process may use; `None` on
+    /// a machine with one node, where the kernel does not know it, or with `SAFETENSORS_NUMA=0`.
+    /// Reader threads run there and pinned staging is allocated from its memory.
+    pub fn numa_node(&self) -> Option<&crate::numa::Node> {
+        self.node.as_ref()
     }
 
     /// Makes this device's context current on the calling thread until the guard drops.

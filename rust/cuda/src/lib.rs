@@ -17,6 +17,8 @@
 //! thread.
 //!
 //! The layers, each importing only those above it:
+//! - `numa.rs`: the NUMA node a GPU hangs off, where its readers run and its pinned memory
+//!   is allocated;
 //! - `driver.rs`: the driver library, devices, primary contexts, [`Current`];
 //! - `memory.rs`: device allocations, streams, the event pool;
 //! - `pool.rs`: pinned memory, and each device's idle list of it, reused across uploads;
@@ -29,6 +31,7 @@
 mod driver;
 mod landing;
 mod memory;
+mod numa;
 mod pinned;
 mod pool;
 mod save;
@@ -38,6 +41,7 @@ mod uploader;
 pub use driver::{device_count, Current, Gpu};
 pub use landing::{Delivery, LandedTensor};
 pub use memory::{free, DeviceBuffer};
+pub use numa::Node;
 pub use pinned::PinnedSlot;
 pub use pool::{release_idle, IDLE_BYTES, IDLE_SLOTS};
 pub use save::{save_from_device, DeviceSource};

@@ -205,6 +205,10 @@ impl UploadTarget for GpuTarget<'_> {
     }
 
     fn enter_thread(&self) -> Result<()> {
+        // A reader thread (it ends with its run): on the CPUs of the device's NUMA node.
+        if let Some(node) = self.gpu.numa_node() {
+            crate::numa::run_on(node);
+        }
         let current = self.gpu.enter()?;
         READER_CONTEXT.with(|c| *c.borrow_mut() = Some(current));
         Ok(())

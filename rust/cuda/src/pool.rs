@@ -112,7 +112,11 @@ pub(crate) fn take(ctx: sys::CUcontext, ordinal: usize, bytes: usize) -> Result<
     };
     match found {
         Some(p) => Ok(p),
-        None => Pinned::alloc(ctx, bytes),
+        None => {
+            // Allocated from the memory of the device's NUMA node, where it has one.
+            let _there = crate::numa::PreferNode::new(crate::driver::node_of(ordinal).as_ref());
+            Pinned::alloc(ctx, bytes)
+        }
     }
 }
 
