@@ -1510,6 +1510,14 @@ int st_cuda_device_count(size_t *count, struct st_error *err);
 int st_cuda_load(size_t device, const struct st_upload_plan *plan, void **device_ptr, struct st_error *err);
 
 /**
+ * Unpins the staging buffers no upload to `device` holds now (pinned memory that uploads
+ * keep idle for the next one: at most 16 buffers and 256 MiB per device) and puts their number
+ * into `*released` (may be NULL). Uploads after it pin afresh. Errors: `ST_ERR_CUDA` in a
+ * build without CUDA.
+ */
+int st_cuda_release_staging(size_t device, size_t *released, struct st_error *err);
+
+/**
  * Makes an uploader for `device` with its staging ring: `slots` pinned buffers of
  * `slot_bytes` each, filled by `readers` threads (0 for each: the defaults, sized for a PCIe
  * Gen5 link). Free it with `st_uploader_free`.

@@ -110,6 +110,15 @@ static void test_gpu(const char* path) {
   FAILS(ST_ERR_CUDA, st_uploader_load_into(u, plan, at(dst, 1), (size_t)total - 1, 0, err));
   OK(st_cuda_free(0, dst, err));
   st_uploader_free(u);
+  /* Its two pinned buffers wait idle for the next upload until released. */
+  {
+    size_t released = 0;
+    OK(st_cuda_release_staging(0, &released, err));
+    CHECK(released >= 2);
+    OK(st_cuda_release_staging(0, &released, err));
+    CHECK(released == 0);
+    OK(st_cuda_release_staging(0, NULL, err));
+  }
 
   /* A selection of a checkpoint's tensor, on the second device when there is one. */
   OK(st_checkpoint_open(path, ST_BACKEND_READ, &c, err));
@@ -157,6 +166,13 @@ static void test_unavailable(const char* path) {
   FAILS(ST_ERR_CUDA, st_cuda_free(0, (void*)(uintptr_t)4096, err));
   FAILS(ST_ERR_CUDA, st_cuda_copy_to_host(0, (void*)(uintptr_t)4096, host, sizeof host, err));
   FAILS(ST_ERR_INTERNAL, st_uploader_synchronize(NULL, err));
+  if (st_cuda_built()) {
+    size_t released = 7;
+    OK(st_cuda_release_staging(0, &released, err)); /* nothing was ever pinned */
+    CHECK(released == 0);
+  } else {
+    FAILS(ST_ERR_CUDA, st_cuda_release_staging(0, NULL, err));
+  }
   st_upload_plan_free(plan);
   st_file_free(f);
 }

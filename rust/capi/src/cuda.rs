@@ -339,6 +339,10 @@ mod enabled {
     pub(super) fn download(device: usize, src: u64, dst: &mut [u8]) -> Res<()> {
         Ok(safetensors_cuda::Gpu::open(device)?.download(src, dst)?)
     }
+
+    pub(super) fn release_staging(device: usize) -> Res<usize> {
+        Ok(safetensors_cuda::release_idle(device))
+    }
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -385,6 +389,9 @@ mod enabled {
     pub(super) fn download(_: usize, _: u64, _: &mut [u8]) -> Res<()> {
         unavailable()
     }
+    pub(super) fn release_staging(_: usize) -> Res<usize> {
+        unavailable()
+    }
 }
 
 /// The number of CUDA devices into `*count`. Errors: `ST_ERR_CUDA` without a driver (saying
@@ -417,6 +424,27 @@ pub unsafe extern "C" fn st_cuda_load(
         // SAFETY: the header's contract for each argument.
         let (plan, out) = unsafe { (c.handle(plan, "plan")?, c.out(device_ptr, "device_ptr")?) };
         *out = enabled::load(device, plan)? as usize as *mut c_void;
+        Ok(())
+    })
+}
+
+/// Unpins the staging buffers no upload to `device` holds now (pinned memory that uploads
+/// keep idle for the next one: at most 16 buffers and 256 MiB per device) and puts their number
+/// into `*released` (may be NULL). Uploads after it pin afresh. Errors: `ST_ERR_CUDA` in a
+/// build without CUDA.
+#[no_mangle]
+pub unsafe extern "C" fn st_cuda_release_staging(
+    device: usize,
+    released: *mut usize,
+    err: *mut st_error,
+) -> c_int {
+    let c = Call("st_cuda_release_staging");
+    run(err, || {
+        let n = enabled::release_staging(device)?;
+        if !released.is_null() {
+            // SAFETY: the header's contract: NULL or a writable size_t.
+            unsafe { *c.out(released, "released")? = n };
+        }
         Ok(())
     })
 }
