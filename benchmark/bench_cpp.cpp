@@ -58,6 +58,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <ctime>
+#include <deque>
 #include <map>
 #include <optional>
 #include <set>
@@ -79,7 +80,7 @@ using safetensors::SafeOpen;
 using safetensors::TensorView;
 
 constexpr const char* kUsage =
-    "usage: bench_cpp [--runs N] [--items open,load,load_copy,slice,save,gpu,convert] [--cold] [--json OUT] "
+    "usage: bench_cpp [--runs N] [--items open,load,load_copy,slice,save,gpu,convert,ring] [--cold] [--json OUT] "
     "FILE...\n"
     "       bench_cpp --cold [--runs N] [--items disk,mmap,read,direct,prefetch,stream] [--json OUT] "
     "FILE...\n"
@@ -93,7 +94,7 @@ constexpr const char* kUsage =
 
 const std::set<std::string> kColdItems{"disk", "mmap", "read", "direct", "prefetch", "stream"};
 const std::set<std::string> kAllItems = [] {
-  std::set<std::string> all{"open", "load", "load_copy", "slice", "save", "gpu", "convert"};
+  std::set<std::string> all{"open", "load", "load_copy", "slice", "save", "gpu", "convert", "ring"};
   all.insert(kColdItems.begin(), kColdItems.end());
   return all;
 }();
@@ -598,7 +599,75 @@ struct FileResults {
   Limits limits;
   bool with_save = false;
   GpuResults gpu;
+  std::deque<Result> ring_limits;  // the `ring` item's limits (a deque: items point at them)
 };
+
+/// `threads` threads `pread`ing the file, each its contiguous share in 16 MiB pieces into a
+/// buffer of its own touched beforehand: the host-side limit for the `ring` item.
+std::vector<double> parallel_pread(const fs::path& path, unsigned threads, int runs,
+                                   const std::function<void()>& setup) {
+  constexpr std::size_t kPiece = 16u << 20;
+  const std::size_t size = fs::file_size(path);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error("cannot open " + path.string());
+  struct Close {
+    int fd;
+    ~Close() { ::close(fd); }
+  } close_fd{fd};
+  std::vector<std::vector<std::byte>> bufs(threads, std::vector<std::byte>(kPiece, std::byte{1}));
+  return measure::repeat(
+      runs,
+      [&] {
+        std::vector<std::thread> pool;
+        const std::size_t share = (size + threads - 1) / threads;
+        for (unsigned t = 0; t < threads; ++t) {
+          pool.emplace_back([&, t] {
+            const std::size_t begin = std::min(size, t * share);
+            const std::size_t end = std::min(size, begin + share);
+            for (std::size_t at = begin; at < end;) {
+              const ssize_t got = ::pread(fd, bufs[t].data(), std::min(kPiece, end - at), static_cast<off_t>(at));
+              if (got <= 0) throw std::runtime_error("pread failed on " + path.string());
+              at += static_cast<std::size_t>(got);
+            }
+          });
+        }
+        for (auto& th : pool) th.join();
+      },
+      setup);
+}
+
+/// The host side of the GPU ring alone, on the emulated driver with free copies
+/// (SAFETENSORS_FAKE_CUDA_FREE_COPIES=1, latency 0: benchmark/run sets both): what the ring's
+/// readers put into pinned slots per second (`Uploader::load` with `Backend::Read`, N readers),
+/// against N threads `pread`ing the same file into plain memory, for N = 1, 2, 4, 8.
+void ring_items(const fs::path& path, int runs, const std::function<void()>& setup, FileResults& out) {
+  namespace cuda = safetensors::cuda;
+  const std::size_t size = fs::file_size(path);
+  for (unsigned readers : {1u, 2u, 4u, 8u}) {
+    const std::string n = std::to_string(readers);
+    Result ring{"ring, " + n + " readers", {}, size, {}};
+    const char* free = std::getenv("SAFETENSORS_FAKE_CUDA_FREE_COPIES");
+    if (!cuda::available()) {
+      ring.skipped = "no usable GPU: " + cuda::why_unavailable();
+    } else if (free == nullptr || std::string_view(free) != "1") {
+      ring.skipped = "needs the emulated driver with SAFETENSORS_FAKE_CUDA_FREE_COPIES=1 (benchmark/run --ring)";
+    } else {
+      // Into one destination made once, outside the timing: the emulated driver's allocations
+      // are host memory, zero-filled and faulted in, which a real cuMemAlloc is not.
+      cuda::Uploader up(0, {.readers = readers});
+      cuda::DeviceTensors dst = up.load(SafeOpen(path, {Backend::Read}));
+      ring.runs = measure::repeat(
+          runs,
+          [&] {
+            up.load_into(SafeOpen(path, {Backend::Read}), {}, dst.buffer().data(), dst.buffer().size(), 0);
+            up.synchronize();
+          },
+          setup);
+    }
+    out.ring_limits.push_back({"pread, " + n + " threads", parallel_pread(path, readers, runs, setup), size, {}});
+    out.items.push_back({ring, ring.skipped.empty() ? &out.ring_limits.back() : nullptr});
+  }
+}
 
 void run_items(const Options& opt, const fs::path& path, int runs, const std::function<void()>& setup,
                FileResults& out) {
@@ -618,6 +687,7 @@ void run_items(const Options& opt, const fs::path& path, int runs, const std::fu
     out.items.push_back({save_item(path, runs, setup, true), &out.limits.write_sync});
     out.items.push_back({save_item(path, runs, setup, false), &out.limits.write_nosync});
   }
+  if (opt.items.count("ring")) ring_items(path, runs, setup, out);
   if (opt.items.count("gpu")) {
     out.gpu = gpu_item(path, runs, setup);
     bool ran = out.gpu.pinned.skipped.empty();
@@ -669,6 +739,7 @@ std::string file_json(const fs::path& path, std::size_t size, std::size_t tensor
     if (r.with_save)
       json << "," << json_result(r.limits.write_sync) << "," << json_result(r.limits.write_nosync);
     if (r.gpu.pinned.skipped.empty()) json << "," << json_result(r.gpu.pinned);
+    for (const auto& l : r.ring_limits) json << "," << json_result(l);
   }
   json << "],\"gpu_host_extra_bytes\":" << r.gpu.host_extra;
   if (!cold.second.empty()) json << ",\"disk\":" << cold.second;

@@ -51,6 +51,8 @@
 //   run on the legacy stream and wait. Asynchronous copies from pageable memory take the source
 //   at once (the real driver stages it before returning); to pageable memory they wait.
 //   cuStreamDestroy returns at once and the stream's queued work still runs, as documented.
+//   SAFETENSORS_FAKE_CUDA_FREE_COPIES=1 (for benchmarks of the host side only) makes a
+//   host-to-device copy from pinned memory move and check nothing: the device keeps its bytes.
 // - Events record a position in a stream; query/synchronize look at that stream's progress.
 //   cuStreamWaitEvent may join contexts (documented as allowed); cuEventRecord may not.
 //
@@ -150,6 +152,7 @@ struct Op {
   std::size_t n = 0;
   int fill = -1;
   std::unique_ptr<std::uint8_t[]> staged;  // a pageable source, taken at enqueue
+  bool free = false;                        // SAFETENSORS_FAKE_CUDA_FREE_COPIES: nothing moved
   bool check = false;                      // a pinned source: compare checksums at completion
   std::uint64_t sum = 0;
   // Keys of the allocations whose pending counts this copy holds (0: none).
@@ -250,6 +253,8 @@ struct Driver {
   bool initialized = false;
   int devices = 1;
   unsigned latency_us = 100;
+  bool free_copies = false;  // SAFETENSORS_FAKE_CUDA_FREE_COPIES=1: host-to-device copies from
+                             // pinned memory move nothing and check nothing (benchmarks only)
   bool held = false;
   std::vector<std::unique_ptr<CUctx_st>> primaries;
   std::vector<std::unique_ptr<CUctx_st>> created;
@@ -396,7 +401,9 @@ void worker_main(CUstream s) {
       lk.unlock();
       if (latency) std::this_thread::sleep_for(std::chrono::microseconds(latency));
       const std::uint8_t* src = op.staged ? op.staged.get() : op.src;
-      if (op.fill >= 0) {
+      if (op.free) {
+        // Benchmarks of the host side: the copy takes no time and moves nothing.
+      } else if (op.fill >= 0) {
         std::memset(op.dst, op.fill, op.n);
       } else {
         std::memmove(op.dst, src, op.n);
@@ -712,8 +719,9 @@ CUresult make_copy(const char* fn, CUstream s, bool async, CUdeviceptr dst_dev, 
     op.src = static_cast<const std::uint8_t*>(src_host);
     if (pinned_range(fn, src_host, n, &base)) {
       op.src_pin = base;
-      op.check = true;
-      op.sum = checksum(op.src, n);
+      op.free = d.free_copies && op.dst_dev != 0;
+      op.check = !op.free;
+      if (op.check) op.sum = checksum(op.src, n);
     } else {
       // Legal, but the real driver then copies synchronously through its own staging buffer:
       // counted, so that tests can check an upload never does this.
@@ -763,6 +771,7 @@ CUresult cuInit(unsigned int flags) {
     if (d.devices < 0 || d.devices > 64) d.devices = 0;
     if (const char* l = std::getenv("SAFETENSORS_FAKE_CUDA_LATENCY_US"))
       d.latency_us = static_cast<unsigned>(std::strtoul(l, nullptr, 10));
+    if (const char* f = std::getenv("SAFETENSORS_FAKE_CUDA_FREE_COPIES")) d.free_copies = std::strcmp(f, "1") == 0;
     if (!parse_failures(std::getenv("SAFETENSORS_FAKE_CUDA_FAIL"), d.failures)) {
       std::fprintf(stderr, "emulated libcuda: malformed SAFETENSORS_FAKE_CUDA_FAIL (want fn:N[:code],...)\n");
       std::abort();
