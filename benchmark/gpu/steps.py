@@ -46,6 +46,21 @@ def step_environment(run, limit):
         for line in out.splitlines():
             if "CUDA Version" in line:
                 d["nvidia_smi_header"] = " ".join(line.strip("| ").split())
+        # NUMA: the nodes online and each GPU's node, as the library finds it (numa.rs).
+        rc, out = command(run, "environment", [smi, "--query-gpu=pci.bus_id", "--format=csv,noheader"], 30)
+        try:
+            with open("/sys/devices/system/node/online") as f:
+                numa = [f"nodes online {f.read().strip()}"]
+        except OSError:
+            numa = ["no /sys/devices/system/node"]
+        for bus in (l.strip() for l in out.splitlines() if rc == 0 and l.strip()):
+            addr = bus.lower()[-12:]  # 00000000:3B:00.0 -> 0000:3b:00.0
+            try:
+                with open(f"/sys/bus/pci/devices/{addr}/numa_node") as f:
+                    numa.append(f"GPU {addr}: node {f.read().strip()}")
+            except OSError as e:
+                numa.append(f"GPU {addr}: {e.strerror}")
+        d["numa"] = "; ".join(numa)
     else:
         d["gpus"] = "nvidia-smi not found"
     probe = ("import ctypes, json\n"
@@ -89,7 +104,7 @@ def step_environment(run, limit):
     wheel_python = run.manifest.get("wheels_python")
     if wheel_python and platform.python_version().rsplit(".", 1)[0] != wheel_python:
         d["wheels_note"] = f"the kit's wheels are for Python {wheel_python}; this is {platform.python_version()}"
-    for k in ("gpus", "nvidia_smi_header", "cuda_driver_api", "torch", "torch_cuda", "torch_device", "cupy", "nvcc",
+    for k in ("gpus", "numa", "nvidia_smi_header", "cuda_driver_api", "torch", "torch_cuda", "torch_device", "cupy", "nvcc",
               "compute-sanitizer", "python", "work_disk", "drop_caches", "driver_under_test", "wheels_note"):
         if k in d:
             run.say(f"    {k}: {d[k]}")
