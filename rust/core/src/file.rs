@@ -170,6 +170,19 @@ impl SafeFile {
         })
     }
 
+    /// Validates the first bytes of a file (at least its `8 + N` header bytes) against the
+    /// file's length `len`, with every check [`SafeFile::open`] makes, in the same order; returns
+    /// the header and the count of bytes after the last tensor (non-zero only when
+    /// `allow_trailing_bytes`). For sources that fetch the header before the data (remote
+    /// objects), so that a hostile header is refused before any data is fetched or allocated.
+    pub fn validate_header(
+        head: &[u8],
+        len: u64,
+        allow_trailing_bytes: bool,
+    ) -> Result<(Header, u64)> {
+        parse_allowing(head, len, allow_trailing_bytes)
+    }
+
     /// [`SafeFile::open`] for a checkpoint shard: with the read backend, no descriptor is kept
     /// between reads (see [`Reader::Reopen`]). `path` should be absolute, since it is opened
     /// again later.
