@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 /// Every bridge, in the order their headers include one another.
-const BRIDGES: [&str; 8] = [
+const BRIDGES: [&str; 9] = [
     "src/status.rs",
     "src/file.rs",
     "src/checkpoint.rs",
@@ -18,6 +18,7 @@ const BRIDGES: [&str; 8] = [
     "src/stream.rs",
     "src/cuda.rs",
     "src/distributed.rs",
+    "src/remote.rs",
 ];
 
 fn main() {

@@ -1,5 +1,6 @@
 //! The C++ bridge: one `#[cxx::bridge]` per area, each beside its glue, over
-//! `safetensors-core` (and `safetensors-cuda` with the `cuda` feature).
+//! `safetensors-core` (and `safetensors-cuda` with the `cuda` feature, `safetensors-remote` with
+//! the `remote` feature).
 //!
 //! Users never see these types: `include/safetensors/*.hpp` wraps them in the public C++20 API.
 //! Each bridge generates its own header (`safetensors/ffi/src/<area>.rs.h`), so a public header
@@ -26,6 +27,7 @@
 //! - `writer.rs`: `Writer`; `convert.rs`: dtype conversion and dequantization;
 //! - `stream.rs`: `Source` (a file or a checkpoint), `RequestList`, prefetch, advice, streams;
 //! - `cuda.rs` (with `cuda/`): uploads; `distributed.rs`: tensor-parallel rules, load plans;
+//! - `remote.rs` (with `remote/`): remote files (`s3://`, `http(s)://`) opened into memory;
 //! - `version.rs`: the versioned symbol.
 
 pub mod checkpoint;
@@ -33,6 +35,7 @@ pub mod convert;
 pub mod cuda;
 pub mod distributed;
 pub mod file;
+pub mod remote;
 pub mod status;
 pub mod stream;
 mod version;

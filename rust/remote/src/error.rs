@@ -43,7 +43,11 @@ pub(crate) const NOT_PARTIAL: &str =
 pub(crate) fn store_error(name: &str, op: &'static str, e: object_store::Error) -> Error {
     use object_store::Error as E;
     let (kind, summary) = match &e {
-        E::NotFound { .. } => (io::ErrorKind::NotFound, "no such object (HTTP 404)"),
+        // The rest of the text (the request, the server's 404 page) adds nothing.
+        E::NotFound { .. } => {
+            let what = "no such object (HTTP 404 Not Found)".to_owned();
+            return remote(name, op, io::ErrorKind::NotFound, what);
+        }
         E::Precondition { .. } => {
             return changed(name, "the server refused the pinned version: HTTP 412");
         }
