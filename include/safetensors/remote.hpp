@@ -35,6 +35,9 @@ struct RemoteOptions {
   std::size_t max_retries = 3;
   /// Longest the whole open may take; zero for no limit beyond each request's timeout.
   std::chrono::milliseconds deadline{0};
+  /// Fetch and validate the header only: keys, info and metadata work, and every read of
+  /// tensor bytes is an `Io` error saying so (what `safetensors inspect URL` does).
+  bool header_only = false;
 };
 
 /// Whether `s` names a remote file rather than a local path: it starts with `s3://`, `http://`
@@ -54,8 +57,14 @@ inline ffi::RemoteOptions remote_options(const RemoteOptions& o) {
   auto ms = [](std::chrono::milliseconds d) {
     return static_cast<std::uint64_t>(d.count() < 0 ? 0 : d.count());
   };
-  return ffi::RemoteOptions{o.concurrency,         o.part_size,   o.first_read,  ms(o.request_timeout),
-                            ms(o.connect_timeout), o.max_retries, ms(o.deadline)};
+  return ffi::RemoteOptions{.concurrency = o.concurrency,
+                            .part_size = o.part_size,
+                            .first_read = o.first_read,
+                            .request_timeout_ms = ms(o.request_timeout),
+                            .connect_timeout_ms = ms(o.connect_timeout),
+                            .max_retries = o.max_retries,
+                            .deadline_ms = ms(o.deadline),
+                            .header_only = o.header_only};
 }
 }  // namespace detail
 

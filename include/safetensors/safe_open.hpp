@@ -109,7 +109,8 @@ class SafeOpen {
   /// ranged GETs of the version whose header was read (its ETag pinned: an object replaced
   /// meanwhile is an `Io` error, never bytes of two versions). The result is a file in memory,
   /// as `from_bytes` makes: everything a SafeOpen does works on it, and nothing is fetched
-  /// later. S3 credentials, region and endpoint come from the AWS_* environment variables.
+  /// later (with `remote.header_only`, only the header is fetched, and tensor reads are `Io`
+  /// errors). S3 credentials, region and endpoint come from the AWS_* environment variables.
   /// Errors (`Io` for everything the network or the server does) name the URL, never a
   /// credential. See docs/remote.md.
   ///

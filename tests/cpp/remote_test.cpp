@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "program.hpp"
 #include "support.hpp"
 
 extern char** environ;
@@ -174,6 +175,17 @@ TEST(Remote, OpensAsTheLocalFileWithEveryReadingOperation) {
   EXPECT_EQ(std::memcmp(rows.data.data(), want.data.data(), rows.data.size()), 0);
 }
 
+TEST(Remote, HeaderOnlyDescribesTensorsAndRefusesReads) {
+  SERVE_OR_SKIP(s);
+  auto f = safetensors::SafeOpen::open_remote(s.server->url("model.safetensors"), {.header_only = true});
+  EXPECT_EQ(f.info("w").shape, (std::vector<std::size_t>{250, 200}));
+  EXPECT_EQ(f.metadata().at("format"), "pt");
+  auto read = safetensors::nothrow::get_tensor(f, "b");
+  ASSERT_FALSE(read);
+  EXPECT_EQ(read.status().kind(), safetensors::ErrorKind::Io);
+  EXPECT_NE(read.status().message().find("header"), std::string::npos) << read.status().message();
+}
+
 TEST(Remote, AMissingObjectIsAnIoErrorNamingTheUrlOnBothFaces) {
   SERVE_OR_SKIP(s);
   const auto url = s.server->url("absent.safetensors");
@@ -196,5 +208,26 @@ TEST(Remote, AHostileHeaderIsTheKindItIsFromDisk) {
   ASSERT_FALSE(remote);
   EXPECT_EQ(remote.status().kind(), local.kind()) << remote.status().message();
 }
+
+#ifdef SAFETENSORS_CLI
+TEST(RemoteCli, InspectReadsTheHeaderOfAUrlAndValidateEveryByte) {
+  SERVE_OR_SKIP(s);
+  const auto url = s.server->url("model.safetensors");
+  auto inspected = test::cli({"inspect", url, "--json"});
+  ASSERT_EQ(inspected.code, 0) << inspected.err;
+  EXPECT_TRUE(test::has(inspected.out, "\"path\":\"" + url + "\"")) << inspected.out;
+  EXPECT_TRUE(test::has(inspected.out, "\"shape\":[250,200]")) << inspected.out;
+  auto valid = test::cli({"validate", url});
+  ASSERT_EQ(valid.code, 0) << valid.out << valid.err;
+  EXPECT_TRUE(test::has(valid.out, "OK   " + url + " (2 tensors")) << valid.out;
+  // A shard index behind a URL is refused before anything opens it as a local path.
+  auto index = test::cli({"validate", s.server->url("model.safetensors.index.json")});
+  EXPECT_EQ(index.code, 1);
+  EXPECT_TRUE(test::has(index.out, "remote checkpoint indexes are not supported")) << index.out;
+  auto missing = test::cli({"inspect", s.server->url("absent.safetensors")});
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_TRUE(test::has(missing.err + missing.out, "404")) << missing.err << missing.out;
+}
+#endif
 
 }  // namespace

@@ -27,6 +27,7 @@ pub mod ffi {
         connect_timeout_ms: u64,
         max_retries: usize,
         deadline_ms: u64,
+        header_only: bool,
     }
 
     extern "Rust" {

@@ -24,6 +24,10 @@ pub struct RemoteOptions {
     /// Longest the whole operation (an open: header and data) may take; `None` for no limit
     /// beyond each request's timeout and retries. Default `None`.
     pub deadline: Option<Duration>,
+    /// Fetch and validate the header only: tensors can be listed and described, and every
+    /// read of their bytes is an `Io` error saying so. For tools that describe a file
+    /// (`safetensors inspect`). Default false.
+    pub header_only: bool,
 }
 
 impl Default for RemoteOptions {
@@ -36,6 +40,7 @@ impl Default for RemoteOptions {
             connect_timeout: Duration::from_secs(5),
             max_retries: 3,
             deadline: None,
+            header_only: false,
         }
     }
 }

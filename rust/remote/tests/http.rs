@@ -128,6 +128,31 @@ fn header_only_open_fetches_the_header_and_validates_it() {
 }
 
 #[test]
+fn a_header_only_file_describes_tensors_and_refuses_reads() {
+    let bytes = sample();
+    let Some(s) = serve("header-file", &bytes) else {
+        return;
+    };
+    let options = RemoteOptions {
+        header_only: true,
+        ..many_parts()
+    };
+    let u = url(s.server.port, "model.safetensors");
+    let f = open(&u, &options, OpenOptions::default()).unwrap();
+    assert_eq!(f.info("big").unwrap().shape, &[300_000]);
+    assert_eq!(f.header().metadata().unwrap()["format"], "pt");
+    assert!(!f.is_in_memory() && f.mapped_data().is_none());
+    let e = f.tensor_bytes("small").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    assert!(
+        e.to_string().contains(&u) && e.to_string().contains("header"),
+        "{e}"
+    );
+    let mut dst = [0u8; 4];
+    assert_eq!(f.read_data(0, &mut dst).unwrap_err().kind(), ErrorKind::Io);
+}
+
+#[test]
 fn a_missing_object_is_an_io_error_naming_the_url() {
     let Some(s) = serve("missing", &sample()) else {
         return;

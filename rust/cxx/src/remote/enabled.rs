@@ -22,6 +22,7 @@ fn options(o: &RemoteOptions) -> safetensors_remote::RemoteOptions {
         connect_timeout: Duration::from_millis(o.connect_timeout_ms),
         max_retries: o.max_retries,
         deadline: (o.deadline_ms != 0).then(|| Duration::from_millis(o.deadline_ms)),
+        header_only: o.header_only,
     }
 }
 
