@@ -14,11 +14,10 @@
 namespace safetensors {
 inline namespace SAFETENSORS_ABI {
 
-/// How a remote file is read: `SafeOpen::open_remote(url, remote)`. The defaults suit a model
+/// How a remote file is read: `SafeOpen::open_remote(url, remote)` (safe_open.hpp). The defaults suit a model
 /// on S3 or a CDN; docs/remote.md says when to change them.
 ///
-///   auto f = safetensors::SafeOpen::open_remote("s3://models/gpt2/model.safetensors",
-///                                               {.concurrency = 32});
+///   safetensors::RemoteOptions remote{.concurrency = 32, .deadline = std::chrono::minutes(5)};
 struct RemoteOptions {
   /// Ranged GETs in flight at once.
   std::size_t concurrency = 16;
