@@ -101,3 +101,31 @@ pub(crate) fn scrub(text: &str) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scrub_cuts_credentials_from_the_environment_out_of_server_texts() {
+        // A variable no other test of this crate sets or reads.
+        std::env::set_var("AWS_CONTAINER_AUTHORIZATION_TOKEN", "tok-0123456789-secret");
+        let text = scrub("403 Forbidden: <Error>\n  <Token>tok-0123456789-secret</Token></Error>");
+        assert!(!text.contains("tok-0123456789-secret"), "{text}");
+        assert_eq!(
+            text,
+            "403 Forbidden: <Error> <Token><redacted></Token></Error>"
+        );
+        std::env::remove_var("AWS_CONTAINER_AUTHORIZATION_TOKEN");
+    }
+
+    #[test]
+    fn scrub_bounds_the_length_on_a_character_boundary() {
+        let text = scrub(&"é".repeat(1000));
+        assert!(
+            text.len() <= MAX_MESSAGE + 4 && text.ends_with(" ..."),
+            "{}",
+            text.len()
+        );
+    }
+}
