@@ -18,6 +18,7 @@ first N requests (default 0) pass untouched; from then on every GET gets FAULT:
     etag      If-Match dropped upstream, the answer's ETag changed (the object was replaced)
     hang      the request read, then nothing sent until the client gives up
     status500 503 with an HTML body (a failing server; the client retries, then fails)
+    redirect  302 back to the same URL (a redirect loop)
 """
 import http.client
 import socketserver
@@ -77,6 +78,8 @@ class Handler(BaseHTTPRequestHandler):
         if fault == "html":
             page = b"<html><head><title>Error</title></head><body>Service unavailable</body></html>"
             return self.send(200, [("Content-Type", "text/html")], page)
+        if fault == "redirect":
+            return self.send(302, [("Location", self.path)], b"")
         if fault == "status500":
             page = b"<html><body><h1>503 Service Unavailable</h1></body></html>"
             return self.send(503, [("Content-Type", "text/html")], page)

@@ -348,6 +348,14 @@ fn a_failing_server_is_retried_then_refused_with_its_status() {
 }
 
 #[test]
+fn a_redirect_loop_is_refused() {
+    let Some(text) = fault("redirect", 0, impatient()) else {
+        return;
+    };
+    assert!(text.contains("too many redirects"), "{text}");
+}
+
+#[test]
 fn a_hung_connection_ends_at_the_deadline() {
     let options = RemoteOptions {
         request_timeout: Duration::from_secs(60),
