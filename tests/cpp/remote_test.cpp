@@ -154,6 +154,20 @@ TEST(RemoteUrl, CredentialsInAUrlAreRefusedAndNeverShown) {
       << opened.status().message();
 }
 
+// The build is what CMake configured: with SAFETENSORS_REMOTE=OFF a URL is an Io error that
+// says so (and names the URL without its credentials), never an attempt to open a local path.
+TEST(RemoteUrl, TheBuildOpensRemoteFilesExactlyWhenConfiguredTo) {
+  EXPECT_EQ(safetensors::remote_built(), static_cast<bool>(SAFETENSORS_TEST_REMOTE));
+  if (safetensors::remote_built()) return;
+  auto opened = safetensors::nothrow::open_remote("https://user:hunter2@example.com/m.safetensors");
+  ASSERT_FALSE(opened);
+  EXPECT_EQ(opened.status().kind(), safetensors::ErrorKind::Io);
+  const auto& message = opened.status().message();
+  EXPECT_NE(message.find("-DSAFETENSORS_REMOTE=ON"), std::string::npos) << message;
+  EXPECT_NE(message.find("https://example.com/m.safetensors"), std::string::npos) << message;
+  EXPECT_EQ(message.find("hunter2"), std::string::npos) << message;
+}
+
 TEST(Remote, OpensAsTheLocalFileWithEveryReadingOperation) {
   SERVE_OR_SKIP(s);
   safetensors::SafeOpen local(s.root / "model.safetensors");
