@@ -4,6 +4,7 @@
 use std::io;
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Instant;
 
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
@@ -27,6 +28,9 @@ pub struct Object {
     /// The object's first bytes: the length prefix, the header, and what the first read
     /// fetched beyond it.
     head: Vec<u8>,
+    /// When [`RemoteOptions::deadline`] runs out: it bounds the header reads and the data
+    /// fetch together, counted from the start of [`Object::open`].
+    deadline_at: Option<Instant>,
 }
 
 /// The version every GET after the first must find: the ETag when the server gives one, else
@@ -167,6 +171,7 @@ impl Object {
     /// Reads and validates the header of the object at `url` and pins its version.
     pub fn open(url: &str, options: &RemoteOptions, allow_trailing_bytes: bool) -> Result<Object> {
         let options = options.sane();
+        let deadline_at = options.deadline.map(|d| Instant::now() + d);
         let location = locate(url, &options)?;
         let getter = Getter {
             name: location.name.clone().into(),
@@ -206,6 +211,7 @@ impl Object {
             header,
             trailing,
             head,
+            deadline_at,
         })
     }
 
@@ -258,7 +264,10 @@ impl Object {
         };
         let pin = self.pin.clone();
         let concurrency = self.options.concurrency;
-        runtime::run(&self.name, self.options.deadline, async move {
+        let left = self
+            .deadline_at
+            .map(|at| at.saturating_duration_since(Instant::now()));
+        runtime::run(&self.name, left, async move {
             fetch_parts(&getter, &pin, &parts, concurrency, &mut bytes, 0).await?;
             Ok(bytes)
         })

@@ -21,8 +21,8 @@ pub struct RemoteOptions {
     /// Retries of a failed request (connection errors, timeouts, 5xx, 429), with exponential
     /// backoff from 100 ms. Default 3.
     pub max_retries: usize,
-    /// Longest the whole operation (an open: header and data) may take; `None` for no limit
-    /// beyond each request's timeout and retries. Default `None`.
+    /// Longest the whole operation (an open: header and data, counted from its start) may take;
+    /// `None` for no limit beyond each request's timeout and retries. Default `None`.
     pub deadline: Option<Duration>,
     /// Fetch and validate the header only: tensors can be listed and described, and every
     /// read of their bytes is an `Io` error saying so. For tools that describe a file
