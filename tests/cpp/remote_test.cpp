@@ -3,6 +3,7 @@
 // hostile files over HTTP) are rust/remote/tests/http.rs. Without nginx the server tests skip,
 // unless SAFETENSORS_REQUIRE_SERVERS=1, which makes that a failure.
 #include <safetensors/safetensors.hpp>
+#include <safetensors/stream.hpp>
 
 #include <gtest/gtest.h>
 
@@ -187,6 +188,26 @@ TEST(Remote, OpensAsTheLocalFileWithEveryReadingOperation) {
   auto want = local.get_slice("w").select({safetensors::Index::range(10, 12)}).read();
   ASSERT_EQ(rows.data.size(), want.data.size());
   EXPECT_EQ(std::memcmp(rows.data.data(), want.data.data(), rows.data.size()), 0);
+}
+
+// A remote file is a file in memory that the core owns: a stream made from it keeps its bytes
+// alive after the SafeOpen is gone (the asan preset runs this).
+TEST(Remote, AStreamOutlivesTheSafeOpenItCameFrom) {
+  SERVE_OR_SKIP(s);
+  safetensors::SafeOpen local(s.root / "model.safetensors");
+  std::optional<safetensors::TensorStream> stream;
+  {
+    auto remote = safetensors::SafeOpen::open_remote(s.server->url("model.safetensors"), {.part_size = 1000});
+    stream.emplace(remote);
+  }
+  std::size_t seen = 0;
+  for (auto& item : *stream) {
+    auto want = local.get_tensor(item.name);
+    ASSERT_EQ(item.view.data.size(), want.data.size()) << item.name;
+    EXPECT_EQ(std::memcmp(item.view.data.data(), want.data.data(), want.data.size()), 0) << item.name;
+    ++seen;
+  }
+  EXPECT_EQ(seen, local.size());
 }
 
 TEST(Remote, HeaderOnlyDescribesTensorsAndRefusesReads) {
