@@ -43,10 +43,9 @@ constexpr Command kCommands[] = {
     {"validate", validate_command,
      R"(  safetensors validate [--header-only] [--lenient] [--allow-trailing-bytes] [--json] FILE|URL|INDEX...
       Checks each file: every header rule, then every data byte readable (unless
-      --header-only); for an index, every shard against the index, each shard opened once.
-      A URL (s3://, http://, https://) is fetched whole into memory (its header only with
-      --header-only).
-      Prints OK or the error kind and message, one line per file; shows progress on a terminal.
+      --header-only); for an index, every shard against the index, each shard opened once; a
+      URL (s3://, http(s)://) is fetched into memory. Prints OK or the error kind and message,
+      one line per file; shows progress on a terminal.
       --lenient reads an index as an allow-list (tensors its shards lack are listed, not fatal;
       copies in other shards ignored); --allow-trailing-bytes accepts bytes after the last
       tensor and reports how many.
