@@ -32,7 +32,7 @@ else()
 endif()
 
 # The bridges of rust/cxx/build.rs (BRIDGES), whose generated headers the C++ API includes.
-set(SAFETENSORS_BRIDGE_AREAS status file checkpoint writer convert stream cuda distributed remote)
+set(SAFETENSORS_BRIDGE_AREAS status file checkpoint writer convert stream cuda memory distributed remote)
 
 # SAFETENSORS_BRIDGE_HEADERS for the SAFETENSORS_GENERATED_INCLUDE_DIR just chosen.
 macro(_st_list_bridge_headers)

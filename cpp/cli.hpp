@@ -31,6 +31,7 @@ int validate_command(const std::vector<std::string>& args);  // cli_validate.cpp
 int metadata_command(const std::vector<std::string>& args);  // cli_metadata.cpp
 int bench_command(const std::vector<std::string>& args);     // cli_bench.cpp
 int stats_command(const std::vector<std::string>& args);     // cli_stats.cpp
+int reshard_command(const std::vector<std::string>& args);   // cli_reshard.cpp
 
 // ---- output: everything a file controls goes through one of these (cli_output.cpp) ------------
 
@@ -45,6 +46,11 @@ std::size_t display_width(std::string_view text);
 std::string padded(std::string text, std::size_t width);
 
 std::string with_commas(std::uint64_t n);
+
+/// Whether a command shows progress on stderr: only when someone watches, that is when standard
+/// output and standard error are both terminals and no --json was asked for. Output piped to a
+/// file or a program, or a document a program reads, gets no control characters.
+bool shows_progress(bool json);
 /// `[2, 3]`.
 std::string shape_text(const std::vector<std::size_t>& shape);
 

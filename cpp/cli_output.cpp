@@ -1,7 +1,9 @@
 // How the `safetensors` tool prints what a file controls (names, metadata, paths, messages that
 // embed them): escaped for a terminal by `printable`, or as JSON by `json_text`, by one rule of
 // what counts as a control character, so a file can neither forge output nor drive the terminal.
-// Also the small formatting helpers every command's tables use.
+// Also the small formatting helpers every command's tables use, and when progress is shown.
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <type_traits>
@@ -172,6 +174,10 @@ std::string padded(std::string text, std::size_t width) {
   std::size_t w = display_width(text);
   if (w < width) text.append(width - w, ' ');
   return text;
+}
+
+bool shows_progress(bool json) {
+  return !json && ::isatty(STDOUT_FILENO) == 1 && ::isatty(STDERR_FILENO) == 1;
 }
 
 std::string with_commas(std::uint64_t n) {

@@ -174,10 +174,10 @@ std::optional<Summary> stats_of(const safetensors::TensorView& t,
   }
 }
 
-/// Percent done of one tensor on stderr when it is a terminal, at most ten updates a second.
+/// Percent done of one tensor on stderr when `shows_progress`, at most ten updates a second.
 class Progress {
  public:
-  Progress() : on_(::isatty(2) == 1) {}
+  explicit Progress(bool json) : on_(shows_progress(json)) {}
   /// The callback for tensor `i` of `count`.
   std::function<void(std::size_t)> of(std::size_t i, std::size_t count, const std::string& name,
                                       std::size_t numel) {
@@ -277,7 +277,7 @@ int stats_command(const std::vector<std::string>& args) {
   safetensors::Checkpoint ckpt(a.path);
   if (names.empty()) names = ckpt.keys();
   for (const auto& n : names) (void)ckpt.info(n);  // TensorNotFound before any work
-  Progress progress;
+  Progress progress(json);
   // With --json the document is printed whole at the end, so that a failure midway leaves
   // only the error document on stdout, never half of this one.
   std::string doc = "{\"tensors\": [";

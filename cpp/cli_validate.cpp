@@ -1,8 +1,8 @@
 // `safetensors validate [--header-only] [--lenient] [--allow-trailing-bytes] [--json] FILE|URL|INDEX...`:
 // every header rule, then every data byte readable (unless --header-only); for an index, every
 // shard against the index, each shard opened once. One OK or FAIL line per file (the error kind
-// and message), what a lenient read accepted listed under its OK line, progress on stderr when it
-// is a terminal; with --json one document, a line per file.
+// and message), what a lenient read accepted listed under its OK line, progress on stderr when output
+// is watched (`shows_progress`); with --json one document, a line per file.
 #include <safetensors/safetensors.hpp>
 
 #include <unistd.h>
@@ -24,10 +24,10 @@ namespace {
 using safetensors::Backend;
 using safetensors::SafeOpen;
 
-/// Progress on stderr when it is a terminal, at most ten updates a second.
+/// Progress on stderr when `shows_progress`, at most ten updates a second.
 class Progress {
  public:
-  explicit Progress(std::size_t files) : on_(::isatty(2) == 1), files_(files) {}
+  Progress(std::size_t files, bool json) : on_(shows_progress(json)), files_(files) {}
   void update(std::size_t index, const fs::path& path, std::uint64_t done, std::uint64_t total) {
     if (!on_) return;
     auto now = std::chrono::steady_clock::now();
@@ -183,7 +183,7 @@ Json error_json(const fs::path& path, const safetensors::Error& e) {
 
 int validate_command(const std::vector<std::string>& args) {
   Arguments a = read_arguments(args);
-  Progress progress(a.paths.size());
+  Progress progress(a.paths.size(), a.json);
   std::size_t bad = 0;
   std::string files;  // --json: one line per file
   for (std::size_t i = 0; i < a.paths.size(); ++i) {

@@ -1,4 +1,4 @@
-// `safetensors`: inspect, validate, edit the metadata of, and time safetensors files, through
+// `safetensors`: inspect, validate, edit the metadata of, reshard and time safetensors files, through
 // the public API only. This file holds the usage text and the dispatch to the commands (one
 // file each, cli_<command>.cpp), and turns what they throw into a message and an exit code:
 // 0 success, 1 a file is invalid or an operation failed (a failed write to standard output
@@ -63,6 +63,15 @@ constexpr Command kCommands[] = {
       Per tensor: min, max, mean, std of the finite values (an integer tensor's min and max
       exactly); counts of NaN, +Inf, -Inf, zeros.
 )"},
+    {"reshard", reshard_command,
+     R"(  safetensors reshard FILE|INDEX OUT [--max-shard-size SIZE] [--align N] [--prefix NAME] [--no-sync] [--json]
+      Rewrites a file or a checkpoint as a checkpoint in the directory OUT (made if missing):
+      shards of at most SIZE bytes of tensors (default 5GB; 500MB, 2GiB, or bytes), split and
+      named as huggingface_hub does (model-00001-of-0000N.safetensors and
+      model.safetensors.index.json, or one model.safetensors), published together once complete.
+      --align N starts each shard's data on a multiple of N bytes (a power of two); --prefix
+      names the files (default model); --no-sync skips the fsync. Shows progress on a terminal.
+)"},
 };
 
 constexpr const char* kExitCodes = R"(
@@ -97,7 +106,8 @@ const Command* find_command(const std::string& name) {
 /// Whether `args` hold `flag` other than as an option's value (`--set --json` sets a key).
 bool has_flag(const std::vector<std::string>& args, std::initializer_list<std::string_view> flags) {
   for (std::size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--set" || args[i] == "--delete" || args[i] == "--runs") {
+    if (args[i] == "--set" || args[i] == "--delete" || args[i] == "--runs" || args[i] == "--max-shard-size" ||
+        args[i] == "--align" || args[i] == "--prefix") {
       ++i;  // the next argument is a value, even if it reads "--help"
     } else if (std::find(flags.begin(), flags.end(), args[i]) != flags.end()) {
       return true;

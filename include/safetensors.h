@@ -459,6 +459,15 @@ typedef struct st_upload_plan st_upload_plan;
 typedef struct st_uploader st_uploader;
 
 /**
+ * A file or sharded checkpoint being written (`st_writer_create`,
+ * `st_writer_create_sharded`). `st_writer_write` may be called from several threads at once;
+ * `st_writer_finish` and `st_writer_free` from one, once every write has returned. Nothing
+ * appears under the target's name before `st_writer_finish` succeeds; a writer freed, or a
+ * process killed, before that leaves nothing behind.
+ */
+typedef struct st_writer st_writer;
+
+/**
  * Why a call failed, filled by the call when the caller passes one (every `st_error*`
  * parameter may be NULL). Caller-owned: start it zeroed (`st_error err = ST_ERROR_INIT;`),
  * and free its message with `st_error_clear`. A call that fails frees the message the struct
@@ -701,6 +710,34 @@ typedef struct st_metadata_entry {
    */
   struct st_str value;
 } st_metadata_entry;
+
+/**
+ * How an `st_writer` writes. A NULL `st_write_options*` means every field's default (all
+ * zero).
+ */
+typedef struct st_write_options {
+  /**
+   * `ST_SAVE_NO_SYNC`, `ST_SAVE_EMPTY_METADATA` (as for `st_save_file`).
+   */
+  uint32_t flags;
+  /**
+   * The boundary each file's data buffer starts on: 0 for the reference's layout
+   * (byte-identical to Python's `save_file`), or a power of two up to 64 MiB (e.g. 4096
+   * for direct I/O); the header is padded with spaces, as the format allows.
+   */
+  size_t alignment;
+  /**
+   * Sharded checkpoints only: the most tensor bytes in one shard (a larger tensor gets a
+   * shard of its own); 0 for `huggingface_hub`'s default, 5 GB (5,000,000,000 bytes).
+   */
+  uint64_t max_shard_size;
+  /**
+   * Sharded checkpoints only: the files' common name (`{prefix}.safetensors` for one shard,
+   * else `{prefix}-00001-of-0000N.safetensors` and `{prefix}.safetensors.index.json`); empty
+   * (`ptr` may then be NULL) for `model`.
+   */
+  struct st_str prefix;
+} st_write_options;
 
 /**
  * One requested tensor: whole (`index_count` 0), or the bytes a selection of it takes, packed
@@ -1192,6 +1229,96 @@ int st_serialize(const struct st_tensor *tensors,
  * Frees bytes `st_serialize` returned (NULL is ignored).
  */
 void st_bytes_free(void *data);
+
+/**
+ * Starts writing one safetensors file at `path`: `count` tensors declared (name, dtype,
+ * shape; their `data` and `byte_size` are ignored) and `metadata_count` metadata entries.
+ * The header is laid out now, exactly as `st_save_file` would write these tensors, and the
+ * whole file is reserved on the disk where the filesystem allows (a disk too small fails
+ * here). On success `*out` is the writer; give every byte of every tensor with
+ * `st_writer_write`, then call `st_writer_finish`.
+ *
+ * Errors: those of `st_save_file` for the declarations (`ST_ERR_INVALID_TENSOR_NAME`,
+ * `ST_ERR_DUPLICATE_KEY`, `ST_ERR_TYPE_MISMATCH`, `ST_ERR_VALIDATION_OVERFLOW`,
+ * `ST_ERR_HEADER_TOO_LARGE`), `ST_ERR_INVALID_SLICE` for an alignment that is not a power of
+ * two up to 64 MiB, `ST_ERR_IO` (the directory, or no space for the file).
+ */
+int st_writer_create(const char *path,
+                     const struct st_tensor *tensors,
+                     size_t count,
+                     const struct st_metadata_entry *metadata,
+                     size_t metadata_count,
+                     const struct st_write_options *options,
+                     struct st_writer **out,
+                     struct st_error *err);
+
+/**
+ * Starts writing a sharded checkpoint into the existing directory `dir`, cut and named as
+ * `huggingface_hub` does (`split_state_dict_into_shards_factory`: tensors in the order
+ * declared, a new shard when the next tensor would pass `options->max_shard_size`), with
+ * `{prefix}.safetensors.index.json` when there is more than one shard. Arguments and errors
+ * as `st_writer_create`, and `ST_ERR_INVALID_SHARD_PATH` for a prefix that is not a plain
+ * file name. `st_writer_file_count` and `st_writer_file_name` say which files it will write.
+ */
+int st_writer_create_sharded(const char *dir,
+                             const struct st_tensor *tensors,
+                             size_t count,
+                             const struct st_metadata_entry *metadata,
+                             size_t metadata_count,
+                             const struct st_write_options *options,
+                             struct st_writer **out,
+                             struct st_error *err);
+
+/**
+ * Writes `len` bytes at `data` as the bytes of tensor `name` (`name_len` bytes) from byte
+ * `offset` of that tensor on. Pieces may come in any order and from several threads at once;
+ * each byte of a tensor must be given exactly once. The bytes are in the file (or the kernel's
+ * cache) when the call returns; `data` is not used after it.
+ *
+ * Errors: `ST_ERR_TENSOR_NOT_FOUND` (not declared); `ST_ERR_TENSOR_INVALID_INFO` (a piece
+ * past the tensor's end); `ST_ERR_INVALID_OFFSET` (bytes already given); `ST_ERR_IO` (the
+ * disk: the writer is then failed, and every later call reports that error).
+ */
+int st_writer_write(const struct st_writer *writer,
+                    const char *name,
+                    size_t name_len,
+                    uint64_t offset,
+                    const void *data,
+                    size_t len,
+                    struct st_error *err);
+
+/**
+ * Checks that every byte of every declared tensor was given, syncs (unless `ST_SAVE_NO_SYNC`)
+ * and publishes: renames the file over its target, or for a sharded checkpoint the shards
+ * then the index (docs/writing.md says what a reader sees meanwhile). The writer is freed
+ * whatever the outcome: do not use or free it afterwards. On an error nothing was published
+ * and nothing is left behind.
+ *
+ * Errors: `ST_ERR_METADATA_INCOMPLETE_BUFFER` (a tensor with bytes missing, named with the
+ * first missing range), the error a failed write reported, `ST_ERR_IO`.
+ */
+int st_writer_finish(struct st_writer *writer, struct st_error *err);
+
+/**
+ * Frees a writer without publishing anything: its temporary files are removed and the
+ * targets are untouched (NULL is ignored).
+ */
+void st_writer_free(struct st_writer *writer);
+
+/**
+ * The number of files the writer publishes: 1 for `st_writer_create`; the shards plus the
+ * index (when there is more than one shard) for `st_writer_create_sharded`.
+ */
+size_t st_writer_file_count(const struct st_writer *writer);
+
+/**
+ * The name (not the path) of file `index` of the writer, shards in order then the index;
+ * valid while the writer lives. Errors: an `index` out of range.
+ */
+int st_writer_file_name(const struct st_writer *writer,
+                        size_t index,
+                        struct st_str *out,
+                        struct st_error *err);
 
 /**
  * Streams `requests` (`count` of them; NULL with 0 for every tensor, in file order; a non-NULL

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "safetensors/detail/bridge.hpp"
+#include "safetensors/detail/iteration.hpp"
 #include "safetensors/detail/open_file.hpp"
 #include "safetensors/ffi/src/checkpoint.rs.h"
 #include "safetensors/options.hpp"
@@ -27,6 +28,10 @@ namespace safetensors {
 inline namespace SAFETENSORS_ABI {
 
 class Checkpoint;
+
+namespace detail {
+struct ShardCursor;
+}  // namespace detail
 
 /// The lengths of one shard as opened and validated: its header (the 8-byte prefix included),
 /// its data buffer, and the bytes after its last tensor (0 unless `allow_trailing_bytes`).
@@ -67,6 +72,15 @@ namespace nothrow {
 /// `Checkpoint::read_shard_data` without exceptions.
 Status read_shard_data(const Checkpoint& ckpt, std::size_t shard, std::size_t offset,
                        std::span<std::byte> dst);
+/// `Checkpoint::get_tensor_into` without exceptions.
+Status get_tensor_into(const Checkpoint& ckpt, std::string_view name, std::span<std::byte> dst);
+/// `Checkpoint::get_tensor_as` (into a buffer) without exceptions.
+Status get_tensor_as(const Checkpoint& ckpt, std::string_view name, Dtype to, std::span<std::byte> dst);
+/// `Checkpoint::get_tensor_as` (into a new buffer) without exceptions.
+[[nodiscard]] Expected<TensorView> get_tensor_as(const Checkpoint& ckpt, std::string_view name, Dtype to);
+/// The tensors of `ckpt` in file order, as iterating over it gives them, each an
+/// `Expected<NamedTensor>`: an error (a shard that fails to open, a failed read) is the last item.
+[[nodiscard]] detail::TensorRange<detail::ShardCursor, true> tensors(const Checkpoint& ckpt);
 }  // namespace nothrow
 
 /// A checkpoint split over several files by a Hugging Face index (`{"metadata": {...},
@@ -120,6 +134,30 @@ class Checkpoint {
   [[nodiscard]] Slice get_slice(std::string_view name) const {
     return nothrow::get_slice(*this, name).value();
   }
+  /// As `SafeOpen::get_tensor_into`: tensor `name` copied into `dst` (exactly its bytes).
+  void get_tensor_into(std::string_view name, std::span<std::byte> dst) const {
+    nothrow::get_tensor_into(*this, name, dst).throw_if_error();
+  }
+  /// As `SafeOpen::get_tensor_as`: tensor `name` converted to `to` into `dst`.
+  void get_tensor_as(std::string_view name, Dtype to, std::span<std::byte> dst) const {
+    nothrow::get_tensor_as(*this, name, to, dst).throw_if_error();
+  }
+  /// Tensor `name` converted to `to`, in a buffer the returned view owns.
+  [[nodiscard]] TensorView get_tensor_as(std::string_view name, Dtype to) const {
+    return nothrow::get_tensor_as(*this, name, to).value();
+  }
+
+  /// Iterating gives each tensor's name and view in file order: shard by shard (in
+  /// `shard_paths()` order), each shard's tensors in offset order, so that the loop reads each
+  /// shard front to back and opens it when it gets there. Only the tensors the index assigns
+  /// to a shard come from it (a lenient checkpoint's missing tensors are not there; `missing()`
+  /// lists them). `keys()` stays sorted. The loop holds the checkpoint; an error (a shard that
+  /// fails to open, a failed read) is thrown when the loop reaches it, and `nothrow::tensors`
+  /// gives it as a value.
+  ///
+  ///   for (const auto& [name, view] : ckpt) transform(view);
+  [[nodiscard]] detail::TensorIterator<detail::ShardCursor, false> begin() const;
+  [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
 
   /// Number of shard files.
   [[nodiscard]] std::size_t shard_count() const { return ckpt().shard_count(); }
@@ -197,7 +235,8 @@ struct Access<Checkpoint> {
   static Expected<Checkpoint> open(const std::filesystem::path& path, CheckpointOptions options) {
     auto c = adopt(attempt([&](ffi::Status& st) {
       return ffi::open_checkpoint(bytes(path.native()), static_cast<ffi::Backend>(options.backend),
-                                  options.lenient, options.allow_trailing_bytes, st);
+                                  options.lenient, options.allow_trailing_bytes,
+                                  static_cast<ffi::Populate>(options.populate), options.huge_pages, st);
     }));
     if (!c) return c.status();
     return Checkpoint(std::make_shared<const Checkpoint::Handle>(std::move(*c)));
@@ -223,6 +262,13 @@ struct Access<Checkpoint> {
       return held.status();
     }
     return OpenFile::of(**opened, ckpt.state_);
+  }
+
+  /// Shard `shard` as a source, opened through `open_shard`; `ShardMissing` past the last one.
+  static Expected<OpenFile> shard_source(const Checkpoint& ckpt, std::size_t index) {
+    auto f = shard(ckpt, index);
+    if (!f) return f.status();
+    return OpenFile::of(**f, ckpt.state_);
   }
 
   /// Shard `shard`, opened through `open_shard`; `ShardMissing` past the last one.
@@ -261,6 +307,49 @@ struct Access<Checkpoint> {
       slot.store(file, std::memory_order_release);
     }
     return file;
+  }
+};
+
+/// The tensors of a checkpoint in file order: shard by shard, each shard's in offset order,
+/// those the index assigns to it. The cursor of iterating over a `Checkpoint`; it holds a copy
+/// of it (and with it the shards).
+struct ShardCursor {
+  Checkpoint ckpt;
+  std::size_t shard = 0;
+  std::optional<FileCursor> in_shard;
+
+  Status next(std::optional<NamedTensor>& out) {
+    out.reset();
+    auto c = Access<Checkpoint>::checkpoint(ckpt);
+    if (!c) return c.status();
+    const ffi::Checkpoint& index = **c;
+    for (;;) {
+      if (!in_shard) {
+        if (shard >= index.shard_count()) return {};
+        auto src = Access<Checkpoint>::shard_source(ckpt, shard);
+        if (!src) return src.status();
+        in_shard.emplace(FileCursor{std::move(*src), 0});
+      }
+      const ffi::File& file = *in_shard->file.file;
+      if (in_shard->next_index >= file.tensor_count()) {
+        in_shard.reset();
+        ++shard;
+        continue;
+      }
+      // A tensor the index does not list, or assigns to another shard, is not this shard's.
+      auto name = bytes(view(file.name_at(in_shard->next_index)));
+      if (index.position(name) < 0) {
+        ++in_shard->next_index;
+        continue;
+      }
+      auto assigned = attempt([&](ffi::Status& st) { return index.shard_of(name, st); });
+      if (!assigned) return assigned.status();
+      if (*assigned != shard) {
+        ++in_shard->next_index;
+        continue;
+      }
+      return in_shard->next(out);
+    }
   }
 };
 }  // namespace detail
@@ -350,6 +439,34 @@ inline Expected<std::filesystem::path> nothrow::shard_of(const Checkpoint& ckpt,
   auto shard = detail::attempt([&](ffi::Status& st) { return (*c)->shard_of(detail::bytes(name), st); });
   if (!shard) return shard.status();
   return detail::Access<Checkpoint>::shard_path(**c, *shard);
+}
+
+inline Status nothrow::get_tensor_into(const Checkpoint& ckpt, std::string_view name,
+                                       std::span<std::byte> dst) {
+  auto src = detail::Access<Checkpoint>::open_file_for(ckpt, name);
+  if (!src) return src.status();
+  return src->get_tensor_into(name, dst);
+}
+
+inline Status nothrow::get_tensor_as(const Checkpoint& ckpt, std::string_view name, Dtype to,
+                                     std::span<std::byte> dst) {
+  auto src = detail::Access<Checkpoint>::open_file_for(ckpt, name);
+  if (!src) return src.status();
+  return detail::get_tensor_as(*src, name, to, dst);
+}
+
+inline Expected<TensorView> nothrow::get_tensor_as(const Checkpoint& ckpt, std::string_view name, Dtype to) {
+  auto view = nothrow::get_tensor(ckpt, name);
+  if (!view) return view.status();
+  return nothrow::convert(*view, to);
+}
+
+inline detail::TensorRange<detail::ShardCursor, true> nothrow::tensors(const Checkpoint& ckpt) {
+  return detail::TensorRange<detail::ShardCursor, true>(detail::ShardCursor{ckpt, 0, std::nullopt});
+}
+
+inline detail::TensorIterator<detail::ShardCursor, false> Checkpoint::begin() const {
+  return detail::TensorIterator<detail::ShardCursor, false>(detail::ShardCursor{*this, 0, std::nullopt});
 }
 
 }  // namespace SAFETENSORS_ABI

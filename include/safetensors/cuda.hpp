@@ -18,6 +18,11 @@
 // One-shot calls (`cuda::load`, `to_device`) share one uploader per device, created on first
 // use, whose staging grows only to what uploads need.
 //
+// Saving: `cuda::save` writes tensors that live in device memory to a file, and
+// `cuda::write_tensors` fills any `StreamingWriter` (a sharded checkpoint too) from device
+// memory, through a small ring of pinned buffers (device -> pinned -> file), without the caller
+// staging them.
+//
 // Streaming: `Uploader::load`, `load_into` and `stream` with a callback hand each tensor over as
 // it lands in device memory (or as soon as its copies are enqueued, with an event to wait on), so
 // an engine can transform it on its own stream while the rest is in flight; `stream` lands them
@@ -44,12 +49,14 @@
 #include "safetensors/detail/cuda.hpp"
 #include "safetensors/detail/overlap.hpp"
 #include "safetensors/request.hpp"
+#include "safetensors/streaming_writer.hpp"
 
 namespace safetensors {
 inline namespace SAFETENSORS_ABI {
 namespace nothrow {
 namespace cuda {
 using safetensors::cuda::DeviceTensor;
+using safetensors::cuda::SaveStaging;
 
 /// `cuda::device_count` without exceptions.
 [[nodiscard]] Expected<int> device_count();
@@ -59,6 +66,8 @@ using safetensors::cuda::DeviceTensor;
 Status copy_to_host(const void* src, std::span<std::byte> dst, int device = 0);
 /// `cuda::pinned_copy_seconds` without exceptions.
 [[nodiscard]] Expected<double> pinned_copy_seconds(std::size_t bytes, int device = 0);
+/// `cuda::release_staging` without exceptions.
+Expected<std::size_t> release_staging(int device = 0);
 /// `cuda::plan` without exceptions.
 template <Readable From>
 [[nodiscard]] Expected<std::pair<std::size_t, std::vector<Placement>>> plan(const From& from,
@@ -74,6 +83,19 @@ template <Readable From>
 template <Readable From>
 [[nodiscard]] Expected<DeviceTensor> to_device(const From& from, std::string_view name, int device = 0,
                                                UploadOptions options = {});
+/// `cuda::write_tensors` without exceptions.
+Status write_tensors(const StreamingWriter& writer, std::span<const void* const> data, int device = 0,
+                     SaveStaging staging = {});
+/// `cuda::save(path, tensors, ...)` without exceptions.
+///
+///   auto saved = safetensors::nothrow::cuda::save("out.safetensors", tensors);
+///   if (!saved.ok()) std::puts(saved.message().c_str());
+Status save(const std::filesystem::path& path, std::span<const safetensors::cuda::DeviceTensorView> tensors,
+            const Metadata& metadata = {}, SaveOptions options = {}, int device = 0,
+            SaveStaging staging = {});
+/// `cuda::save(path, device_tensors, ...)` without exceptions.
+Status save(const std::filesystem::path& path, const DeviceTensors& tensors, const Metadata& metadata = {},
+            SaveOptions options = {}, SaveStaging staging = {});
 }  // namespace cuda
 }  // namespace nothrow
 }  // namespace SAFETENSORS_ABI
@@ -121,6 +143,18 @@ inline void copy_to_host(const void* src, std::span<std::byte> dst, int device =
   return nothrow::cuda::pinned_copy_seconds(bytes, device).value();
 }
 
+/// Unpins the staging memory `device` keeps idle between uploads and returns its size in bytes.
+/// Pinned staging is reused across calls, whatever the ring options (page-locking is slow and
+/// stalls the device): a device keeps up to 16 buffers and 256 MiB idle once no uploader holds
+/// them. Call this to hand that memory back, e.g. once a model is loaded; uploaders alive keep
+/// their own slots.
+///
+///   cuda::DeviceTensors w = cuda::load(f, 0, {.staging_slots = 8});
+///   cuda::release_staging(0);   // the ring's pinned memory goes back to the system
+inline std::size_t release_staging(int device = 0) {
+  return nothrow::cuda::release_staging(device).value();
+}
+
 /// Where each of `requests` (`{}`: every tensor) would go in one allocation, and the bytes it
 /// needs. Needs no GPU: use it to size your own buffer for `Uploader::load_into`.
 template <Readable From>
@@ -130,7 +164,8 @@ template <Readable From>
 }
 
 /// Every tensor of a file or a (sharded) checkpoint on `device`, in one allocation. Uses the
-/// device's shared uploader unless `options` sets a ring of its own.
+/// device's shared uploader unless `options` sets a ring of its own (whose pinned slots are
+/// reused by the next call: see `release_staging`).
 template <Readable From>
 [[nodiscard]] DeviceTensors load(const From& from, int device = 0, UploadOptions options = {}) {
   return nothrow::cuda::load(from, device, options).value();
@@ -141,6 +176,44 @@ template <Readable From>
 [[nodiscard]] DeviceTensor to_device(const From& from, std::string_view name, int device = 0,
                                      UploadOptions options = {}) {
   return nothrow::cuda::to_device(from, name, device, options).value();
+}
+
+/// Fills `writer` from device memory of `device`: `data[i]` holds the bytes of the `i`-th tensor
+/// declared to the writer (declaration order), copied off the device in pieces through a small
+/// pinned ring (`staging`) and written as each copy completes. The tensors must be complete
+/// (synchronise the stream that made them first). The writer is not finished: call
+/// `writer.finish()` (after an error, destroy it instead: nothing is published). Errors: `Cuda`
+/// (an address that is not memory of `device` holding its tensor's bytes, checked before any
+/// copy; a failed copy), and the writer's own (`Io`, a full disk).
+///
+///   std::vector<safetensors::TensorSpec> specs{{"w", safetensors::Dtype::BF16, {4096, 4096}}};
+///   safetensors::ShardedWriter out("ckpt", specs, {{"format", "pt"}});
+///   std::vector<const void*> data{w_device_ptr};
+///   safetensors::cuda::write_tensors(out, data);
+///   out.finish();
+inline void write_tensors(const StreamingWriter& writer, std::span<const void* const> data, int device = 0,
+                          SaveStaging staging = {}) {
+  nothrow::cuda::write_tensors(writer, data, device, staging).throw_if_error();
+}
+
+/// Saves tensors that live in device memory of `device` to `path`, as `save_file` saves tensors
+/// in host memory (byte-identical, atomic, `options` alike), through a pinned ring of at most
+/// `staging.staging_slots` × `staging.slot_bytes` bytes (64 MiB by default): the host never
+/// holds a tensor whole. On any error nothing is written under `path`.
+///
+///   std::vector<safetensors::cuda::DeviceTensorView> t{{"w", safetensors::Dtype::F32, {n}, dev_ptr}};
+///   safetensors::cuda::save("out.safetensors", t, {{"format", "pt"}});
+inline void save(const std::filesystem::path& path, std::span<const DeviceTensorView> tensors,
+                 const Metadata& metadata = {}, SaveOptions options = {}, int device = 0,
+                 SaveStaging staging = {}) {
+  nothrow::cuda::save(path, tensors, metadata, options, device, staging).throw_if_error();
+}
+
+/// Saves tensors uploaded into one allocation (`cuda::load`, `Uploader::load`), from their
+/// device, as `save(path, views, ...)` does.
+inline void save(const std::filesystem::path& path, const DeviceTensors& tensors,
+                 const Metadata& metadata = {}, SaveOptions options = {}, SaveStaging staging = {}) {
+  nothrow::cuda::save(path, tensors, metadata, options, staging).throw_if_error();
 }
 
 }  // namespace cuda
@@ -184,6 +257,12 @@ inline Expected<double> pinned_copy_seconds(std::size_t bytes, int device) {
   return detail::attempt([&](ffi::Status& st) { return ffi::cuda_pinned_copy_seconds(*ordinal, bytes, st); });
 }
 
+inline Expected<std::size_t> release_staging(int device) {
+  auto ordinal = detail::upload::device_ordinal(device);
+  if (!ordinal) return ordinal.status();
+  return detail::attempt([&](ffi::Status& st) { return ffi::cuda_release_staging(*ordinal, st); });
+}
+
 template <Readable From>
 Expected<std::pair<std::size_t, std::vector<Placement>>> plan(const From& from, Requests requests,
                                                               UploadOptions options) {
@@ -208,6 +287,51 @@ Expected<DeviceTensor> to_device(const From& from, std::string_view name, int de
   }
   auto p = loaded->placements().front();
   return DeviceTensor{p.dtype, std::move(p.shape), loaded->release_buffer()};
+}
+
+inline Status write_tensors(const StreamingWriter& writer, std::span<const void* const> data, int device,
+                            SaveStaging staging) {
+  auto ordinal = detail::upload::device_ordinal(device);
+  if (!ordinal) return ordinal.status();
+  auto impl = detail::Access<StreamingWriter>::impl(writer);
+  if (!impl) return impl.status();
+  std::vector<std::uint64_t> ptrs;
+  ptrs.reserve(data.size());
+  for (const void* p : data) ptrs.push_back(reinterpret_cast<std::uintptr_t>(p));
+  return detail::attempt([&](ffi::Status& st) {
+    ffi::cuda_save(**impl, *ordinal, {ptrs.data(), ptrs.size()}, staging.staging_slots, staging.slot_bytes,
+                   st);
+  });
+}
+
+inline Status save(const std::filesystem::path& path,
+                   std::span<const safetensors::cuda::DeviceTensorView> tensors, const Metadata& metadata,
+                   SaveOptions options, int device, SaveStaging staging) {
+  std::vector<TensorSpec> specs;
+  std::vector<const void*> data;
+  specs.reserve(tensors.size());
+  for (const auto& t : tensors) {
+    specs.push_back({t.name, t.dtype, t.shape});
+    data.push_back(t.data);
+  }
+  auto writer = nothrow::make_streaming_writer(path, specs, metadata, options);
+  if (!writer) return writer.status();
+  if (auto st = nothrow::cuda::write_tensors(*writer, data, device, staging); !st.ok()) return st;
+  return nothrow::finish(*writer);
+}
+
+inline Status save(const std::filesystem::path& path, const DeviceTensors& tensors, const Metadata& metadata,
+                   SaveOptions options, SaveStaging staging) {
+  const auto* base = static_cast<const std::byte*>(tensors.buffer().data());
+  if (base == nullptr && !tensors.placements().empty()) {
+    return Status(ErrorKind::Internal,
+                  "cuda::save: this DeviceTensors holds no device memory (its buffer was released or moved "
+                  "away); save from the buffer's own address with DeviceTensorView instead");
+  }
+  std::vector<safetensors::cuda::DeviceTensorView> views;
+  views.reserve(tensors.placements().size());
+  for (const auto& p : tensors.placements()) views.push_back({p.name, p.dtype, p.shape, base + p.offset});
+  return nothrow::cuda::save(path, views, metadata, options, tensors.buffer().device(), staging);
 }
 
 }  // namespace cuda

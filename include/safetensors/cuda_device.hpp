@@ -195,7 +195,8 @@ struct DeviceTensor {
   [[nodiscard]] std::size_t byte_size() const noexcept { return buffer.size(); }
 };
 
-/// Uploads to one device through a reusable pinned staging ring, allocated when it is made.
+/// Uploads to one device through a reusable pinned staging ring, allocated when it is made (from
+/// the device's idle pinned memory where it fits: see `cuda::release_staging`).
 /// Safe to share between threads; uploads through one `Uploader` take turns (they share one
 /// link to the device, which one upload already keeps busy). Every method reads `requests` of a
 /// file or a checkpoint (`{}`: every tensor, in `keys()` order; else in request order), as

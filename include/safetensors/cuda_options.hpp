@@ -1,5 +1,6 @@
 // What the GPU calls take and give (safetensors/cuda.hpp): upload options, where each tensor
-// lands, and how a streaming upload hands tensors to its callback.
+// lands, how a streaming upload hands tensors to its callback, and what a save from the GPU
+// takes.
 #pragma once
 
 #include "safetensors/abi.hpp"
@@ -37,6 +38,24 @@ struct UploadOptions {
   return o.staging_slots == 0 && o.slot_bytes == 0 && o.readers == 0;
 }
 
+/// The pinned staging ring a save from the GPU copies through (`cuda::save`,
+/// `cuda::write_tensors`): host memory stays at most `staging_slots` × `slot_bytes`, whatever the
+/// tensors' size.
+struct SaveStaging {
+  /// Pinned buffers (0: 4) and their size (0: 16 MiB, less when every tensor is smaller).
+  std::size_t staging_slots = 0;
+  std::size_t slot_bytes = 0;
+};
+
+/// A tensor in device memory to save: its name, dtype, shape and device address (memory of the
+/// device the save reads from, holding dtype × shape bytes).
+struct DeviceTensorView {
+  std::string name;
+  Dtype dtype{};
+  std::vector<std::size_t> shape;
+  const void* data = nullptr;
+};
+
 /// Where an uploaded tensor lives, relative to the start of the destination.
 struct Placement {
   std::string name;
@@ -66,8 +85,12 @@ struct Landed {
   /// Its bytes in device memory: in the destination, or in the scratch ring.
   void* data = nullptr;
   std::size_t byte_size = 0;
-  /// A `CUevent` (`cudaEvent_t`) recorded on the copy stream after its last copy: wait on it
-  /// (`cuStreamWaitEvent`) before the callback returns; the library reuses it afterwards.
+  /// A `CUevent` (`cudaEvent_t`) recorded on the copy stream after its last copy (tensors that
+  /// became complete together share it). It marks this tensor only until the callback returns:
+  /// wait on it there, with `cuStreamWaitEvent` (which takes the event's state when called, so
+  /// the wait stays right after the event is reused) or `cuEventSynchronize`. Afterwards the
+  /// library records it again for later tensors, and destroys it with the `Uploader` (the
+  /// one-shot calls' never): do not keep it, query it later, or destroy it.
   std::uintptr_t event = 0;
 };
 
@@ -78,7 +101,10 @@ struct LandingOptions {
   /// `cudaStreamPerThread` too) that the library makes wait for each tensor's event before the
   /// callback runs, so that work the callback enqueues there sees the bytes. With `stream`'s
   /// scratch ring, the library records an event there after the callback returns and refills
-  /// the tensor's region only once that event has completed.
+  /// the tensor's region only once that event has completed. If the upload fails, a new
+  /// allocation or the scratch ring is freed once the library's copies and the work enqueued
+  /// on this stream by then have completed: work the callback enqueues on the tensors on any
+  /// other stream must be done (or ordered before work on this stream) when it returns.
   std::optional<std::uintptr_t> consumer_stream = std::nullopt;
 };
 

@@ -1,10 +1,12 @@
-// Export tensors as DLPack tensors (the versioned ABI, `DLManagedTensorVersioned`, DLPack >= 1.0),
-// so that NumPy, PyTorch, JAX, CuPy, TVM or any DLPack consumer can borrow them without a copy.
+// Export tensors as DLPack tensors (the versioned ABI, `DLManagedTensorVersioned`, DLPack >= 1.0;
+// and for host views the unversioned `DLManagedTensor`, which libtorch before 2.9 reads), so that
+// NumPy, PyTorch, JAX, CuPy, TVM or any DLPack consumer can borrow them without a copy.
 //
 // Not included by <safetensors/safetensors.hpp>: include this header where you have DLPack's own
-// `dlpack/dlpack.h` on the include path (PyTorch, TVM, CuPy and the `apache-tvm-ffi` Python
-// package ship it; our tests use the last). We use the consumer's header rather than defining the
-// structs ourselves, so that both can be included in one program.
+// `dlpack/dlpack.h` on the include path (TVM, CuPy and the `apache-tvm-ffi` Python package ship
+// it; our tests use the last), or after libtorch's `ATen/DLConvertor.h`, which brings its copy.
+// We use the consumer's header rather than defining the structs ourselves, so that both can be
+// included in one program.
 //
 //   safetensors::DLPackTensor t = safetensors::to_dlpack(view);   // owns one reference
 //   consumer_takes_ownership(t.release());                        // the consumer calls the deleter
@@ -21,7 +23,11 @@
 
 #include "safetensors/abi.hpp"
 
+// DLPack's header, unless one is included already: libtorch ships its copy as ATen/dlpack.h
+// (under DLPack's own include guard), so including <ATen/DLConvertor.h> first is enough there.
+#if !defined(DLPACK_DLPACK_H_)
 #include <dlpack/dlpack.h>
+#endif
 
 #include <cstddef>
 #include <cstdint>
@@ -287,6 +293,64 @@ inline Expected<DLPackTensor> nothrow::to_dlpack(cuda::DeviceTensor&& tensor) {
 ///   auto t = safetensors::to_dlpack(f.get_tensor("wte.weight"));
 [[nodiscard]] inline DLPackTensor to_dlpack(const TensorView& view) {
   return nothrow::to_dlpack(view).value();
+}
+
+/// Calls an unversioned DLPack tensor's deleter: what a `DLPackUnversionedTensor` does when it is
+/// destroyed.
+struct DLPackUnversionedDeleter {
+  void operator()(DLManagedTensor* t) const noexcept {
+    if (t != nullptr && t->deleter != nullptr) t->deleter(t);
+  }
+};
+
+/// An unversioned DLPack tensor (`DLManagedTensor`, the ABI before DLPack 1.0) this program still
+/// owns; `release()` hands it to a consumer, which must call its deleter exactly once.
+using DLPackUnversionedTensor = std::unique_ptr<DLManagedTensor, DLPackUnversionedDeleter>;
+
+namespace detail {
+/// What an unversioned DLPack tensor's `manager_ctx` holds, as `DLPackExport` for the versioned.
+struct DLPackUnversionedExport {
+  DLManagedTensor managed{};
+  std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> strides;
+  std::shared_ptr<const void> owner;
+};
+}  // namespace detail
+
+namespace nothrow {
+/// `safetensors::to_dlpack_unversioned` without exceptions.
+[[nodiscard]] inline Expected<DLPackUnversionedTensor> to_dlpack_unversioned(const TensorView& view) {
+  // The versioned export makes every check and every array once; its parts move over.
+  auto versioned = nothrow::to_dlpack(view);
+  if (!versioned) return versioned.status();
+  auto* from = static_cast<detail::DLPackExport*>((*versioned)->manager_ctx);
+  auto out = std::make_unique<detail::DLPackUnversionedExport>();
+  out->shape = std::move(from->shape);
+  out->strides = std::move(from->strides);
+  out->owner = std::move(from->owner);
+  DLManagedTensor& m = out->managed;
+  m.dl_tensor = from->managed.dl_tensor;
+  m.dl_tensor.shape = out->shape.empty() ? nullptr : out->shape.data();
+  m.dl_tensor.strides = out->strides.empty() ? nullptr : out->strides.data();
+  m.manager_ctx = out.get();
+  m.deleter = [](DLManagedTensor* self) {
+    delete static_cast<detail::DLPackUnversionedExport*>(self->manager_ctx);
+  };
+  return DLPackUnversionedTensor(&out.release()->managed);
+}
+}  // namespace nothrow
+
+/// Exports a view (CPU memory) as an unversioned DLPack tensor (`DLManagedTensor`), for consumers
+/// that read only the ABI before DLPack 1.0: libtorch before 2.9 (`at::fromDLPack`), older
+/// NumPy, CuPy and TVM. Everything else is as `to_dlpack`: the deleter keeps the view's bytes
+/// alive, the strides are explicit, the checks the same. One difference the old ABI imposes: it
+/// has no read-only flag, so the consumer cannot be told that the bytes must not be written.
+/// A mapped file's pages are read-only (writing them faults, `SIGSEGV`): copy the tensor on the
+/// consumer's side before writing to it (`at::fromDLPack(t).clone()`).
+///
+///   consumer_takes_ownership(safetensors::to_dlpack_unversioned(f.get_tensor("wte.weight")).release());
+[[nodiscard]] inline DLPackUnversionedTensor to_dlpack_unversioned(const TensorView& view) {
+  return nothrow::to_dlpack_unversioned(view).value();
 }
 
 /// Exports tensor `name` of an upload as a `kDLCUDA` DLPack tensor on the upload's device. The

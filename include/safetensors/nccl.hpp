@@ -26,11 +26,13 @@ class NcclLibrary {
  public:
   using Id = std::array<char, 128>;
 
-  /// Loads `library` (default `libnccl.so.2`). Throws `Cuda` naming it when it cannot be loaded
-  /// or lacks an entry point.
-  explicit NcclLibrary(const std::string& library = "libnccl.so.2") {
-    handle_.reset(::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL));
-    if (!handle_) {
+  /// Loads `library` (default `libnccl.so.2`), for the rest of the process: it is never
+  /// unloaded, not even when the last `NcclLibrary` is gone, as NCCL's own threads may still be
+  /// running its code then. Throws `Cuda` naming it when it cannot be loaded or lacks an entry
+  /// point.
+  explicit NcclLibrary(const std::string& library = "libnccl.so.2")
+      : handle_(::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)) {
+    if (handle_ == nullptr) {
       const char* why = ::dlerror();
       detail::raise(ErrorKind::Cuda, "NCCL is not available: cannot load " + library + " (" +
                                          (why != nullptr ? why : "unknown reason") +
@@ -62,12 +64,9 @@ class NcclLibrary {
   }
 
  private:
-  struct Close {
-    void operator()(void* h) const { ::dlclose(h); }
-  };
   template <class F>
   void sym(F& f, const char* name, const std::string& library) {
-    void* p = ::dlsym(handle_.get(), name);
+    void* p = ::dlsym(handle_, name);
     if (p == nullptr) {
       detail::raise(ErrorKind::Cuda,
                     "NCCL library " + library + " has no " + name + "; NCCL 2.x is required");
@@ -75,7 +74,8 @@ class NcclLibrary {
     f = reinterpret_cast<F>(p);
   }
   const char* (*get_error_string)(int) = nullptr;
-  std::unique_ptr<void, Close> handle_;
+  // Never dlclose'd (and loaded RTLD_NODELETE, so that no other handle's dlclose unloads it).
+  void* handle_ = nullptr;
 };
 
 /// A `Collective` on an NCCL communicator: device memory only (host calls throw `Cuda`).

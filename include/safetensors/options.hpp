@@ -21,12 +21,36 @@ enum class Backend : std::uint8_t {
   Direct = 2,
 };
 
+/// When a mapped file's pages are read in and mapped into the process (`OpenOptions::populate`).
+enum class Populate : std::uint8_t {
+  /// On first touch, page by page (the kernel's page faults). The default.
+  Lazy = 0,
+  /// At open (`MAP_POPULATE`): the open returns once every page is read and mapped, so no later
+  /// access waits for the disk or faults.
+  AtOpen = 1,
+  /// After the open, by a thread of the library's (`MADV_POPULATE_READ`, 64 MiB at a time;
+  /// `MADV_WILLNEED` before Linux 5.14) while the program goes on. It stops when the file is
+  /// closed; it reports nothing (a file truncated meanwhile ends it, and the access that meets
+  /// the missing pages fails as it would without it).
+  Background = 2,
+};
+
+/// Options for `SafeOpen`.
+///
+///   safetensors::SafeOpen f("model.safetensors", {.populate = safetensors::Populate::AtOpen});
 struct OpenOptions {
   Backend backend = Backend::Mmap;
   /// Open a file with bytes after its last tensor (some tools append them) instead of refusing
   /// it with `MetadataIncompleteBuffer`; `SafeOpen::trailing_bytes()` reports how many. Every
   /// other check still runs, and no view or read reaches those bytes.
   bool allow_trailing_bytes = false;
+  /// When the mapping's pages are brought in. Only `Backend::Mmap` maps anything: the read and
+  /// direct backends and files in memory ignore it.
+  Populate populate = Populate::Lazy;
+  /// Ask for transparent huge pages on the mapping (`MADV_HUGEPAGE`): fewer faults and TLB
+  /// misses where the kernel and the filesystem back file mappings with huge pages, no effect
+  /// elsewhere (never an error). Ignored as `populate` is.
+  bool huge_pages = false;
 };
 
 /// Options for `Checkpoint`. The default is strict: the index must match its shards exactly.
@@ -41,6 +65,10 @@ struct CheckpointOptions {
   /// lacks is `ShardMissing` only when asked for (`Checkpoint::missing()` lists them), and
   /// copies of a tensor in shards the index does not assign it to are ignored.
   bool lenient = false;
+  /// `OpenOptions::populate` for each mapped shard, from the shard's (lazy) open on.
+  Populate populate = Populate::Lazy;
+  /// `OpenOptions::huge_pages` for each mapped shard.
+  bool huge_pages = false;
 };
 
 }  // namespace SAFETENSORS_ABI

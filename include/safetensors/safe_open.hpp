@@ -16,6 +16,7 @@
 
 #include "safetensors/detail/allocate.hpp"
 #include "safetensors/detail/bridge.hpp"
+#include "safetensors/detail/iteration.hpp"
 #include "safetensors/detail/open_file.hpp"
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
@@ -68,6 +69,20 @@ namespace nothrow {
 [[nodiscard]] Expected<Slice> get_slice(const SafeOpen& file, std::string_view name);
 /// `SafeOpen::read_data` without exceptions.
 Status read_data(const SafeOpen& file, std::size_t offset, std::span<std::byte> dst);
+/// `SafeOpen::get_tensor_into` without exceptions.
+Status get_tensor_into(const SafeOpen& file, std::string_view name, std::span<std::byte> dst);
+/// `SafeOpen::get_tensor_as` (into a buffer) without exceptions.
+Status get_tensor_as(const SafeOpen& file, std::string_view name, Dtype to, std::span<std::byte> dst);
+/// `SafeOpen::get_tensor_as` (into a new buffer) without exceptions.
+[[nodiscard]] Expected<TensorView> get_tensor_as(const SafeOpen& file, std::string_view name, Dtype to);
+/// The tensors of `file` in file order, as iterating over it gives them, each an
+/// `Expected<NamedTensor>`: an error (a failed read, a moved-from SafeOpen) is the last item.
+///
+///   for (const auto& item : safetensors::nothrow::tensors(f)) {
+///     if (!item) { std::puts(item.status().message().c_str()); break; }
+///     std::printf("%s\n", item->name.c_str());
+///   }
+[[nodiscard]] detail::TensorRange<detail::FileCursor, true> tensors(const SafeOpen& file);
 }  // namespace nothrow
 
 /// An open, validated safetensors file.
@@ -77,6 +92,7 @@ Status read_data(const SafeOpen& file, std::size_t offset, std::span<std::byte> 
 ///     safetensors::TensorView w = f.get_tensor(name);  // the view keeps the mapping alive
 ///     std::span<const float> values = w.as<float>();   // so the span needs it in a variable
 ///   }
+///   for (const auto& [name, view] : f) std::printf("%s\n", name.c_str());   // in file order
 ///
 /// Opening reads and validates the whole header (every check of the format) and nothing else.
 /// Copies share one open file. Views returned by `get_tensor` keep it alive on their own.
@@ -133,7 +149,8 @@ class SafeOpen {
   /// Tensor names sorted byte-wise, like Python's `safe_open(...).keys()`.
   [[nodiscard]] std::vector<std::string> keys() const { return nothrow::keys(*this).value(); }
 
-  /// Tensor names in file (offset) order.
+  /// Tensor names in file (offset) order: the order of their bytes in the file, and of
+  /// iterating over the file. Reading in this order reads the file front to back.
   [[nodiscard]] std::vector<std::string> offset_keys() const {
     const auto& f = file();
     std::vector<std::string> out;
@@ -165,6 +182,38 @@ class SafeOpen {
   [[nodiscard]] TensorView get_tensor(std::string_view name) const {
     return nothrow::get_tensor(*this, name).value();
   }
+
+  /// Copies tensor `name` into `dst`, a buffer the caller owns (an engine's weight buffer),
+  /// which must hold exactly its bytes (`info(name).byte_size()`). Throws `TensorNotFound`,
+  /// `InvalidSlice` for a `dst` of another size or one that overlaps the file's memory, `Io`.
+  ///
+  ///   std::vector<std::byte> mine(f.info("wte.weight").byte_size());
+  ///   f.get_tensor_into("wte.weight", mine);
+  void get_tensor_into(std::string_view name, std::span<std::byte> dst) const {
+    nothrow::get_tensor_into(*this, name, dst).throw_if_error();
+  }
+
+  /// Tensor `name` converted to `to` into `dst` (numel × size(to) bytes), as
+  /// `safetensors::convert` converts: straight out of the mapping, with no intermediate copy
+  /// when mapped. Throws what `get_tensor` and `convert` throw, and `InvalidSlice` for a `dst`
+  /// that overlaps the file's memory.
+  ///
+  ///   std::vector<float> w(f.info("wte.weight").numel());
+  ///   f.get_tensor_as("wte.weight", safetensors::Dtype::F32, std::as_writable_bytes(std::span(w)));
+  void get_tensor_as(std::string_view name, Dtype to, std::span<std::byte> dst) const {
+    nothrow::get_tensor_as(*this, name, to, dst).throw_if_error();
+  }
+  /// Tensor `name` converted to `to`, in a buffer the returned view owns.
+  [[nodiscard]] TensorView get_tensor_as(std::string_view name, Dtype to) const {
+    return nothrow::get_tensor_as(*this, name, to).value();
+  }
+
+  /// Iterating gives each tensor's name and view in file order (`offset_keys()`), taking each
+  /// view when the loop reaches it (with the read backend, reading it then): `for (const auto&
+  /// [name, view] : f)`. The loop holds the file, as views do. An error (a failed read) is
+  /// thrown when the loop reaches that tensor; `nothrow::tensors(f)` gives it as a value.
+  [[nodiscard]] detail::TensorIterator<detail::FileCursor, false> begin() const;
+  [[nodiscard]] std::default_sentinel_t end() const noexcept { return {}; }
 
   /// A lazily read slice of a tensor (see `Slice`); nothing is read until you select.
   ///
@@ -228,11 +277,19 @@ struct Access<SafeOpen> {
     return &f.open_file_;
   }
 
+  /// The walk over the file's tensors in file order.
+  static Expected<FileCursor> cursor(const SafeOpen& f) {
+    auto src = open_file(f);
+    if (!src) return src.status();
+    return FileCursor{**src};
+  }
+
   static Expected<SafeOpen> open(const std::filesystem::path& path, OpenOptions options) {
     const auto& native = path.native();
     auto file = adopt(attempt([&](ffi::Status& st) {
       return ffi::open_file(bytes(native), static_cast<ffi::Backend>(options.backend),
-                            options.allow_trailing_bytes, st);
+                            options.allow_trailing_bytes, static_cast<ffi::Populate>(options.populate),
+                            options.huge_pages, st);
     }));
     if (!file) return file.status();
     return SafeOpen(std::make_shared<const FileHandle>(FileHandle{std::move(*file), native}));
@@ -335,6 +392,34 @@ inline Status nothrow::read_data(const SafeOpen& file, std::size_t offset, std::
   auto src = detail::Access<SafeOpen>::open_file(file);
   if (!src) return src.status();
   return (*src)->read_data(offset, dst);
+}
+
+inline Status nothrow::get_tensor_into(const SafeOpen& file, std::string_view name,
+                                       std::span<std::byte> dst) {
+  auto src = detail::Access<SafeOpen>::open_file(file);
+  if (!src) return src.status();
+  return (*src)->get_tensor_into(name, dst);
+}
+
+inline Status nothrow::get_tensor_as(const SafeOpen& file, std::string_view name, Dtype to,
+                                     std::span<std::byte> dst) {
+  auto src = detail::Access<SafeOpen>::open_file(file);
+  if (!src) return src.status();
+  return detail::get_tensor_as(**src, name, to, dst);
+}
+
+inline Expected<TensorView> nothrow::get_tensor_as(const SafeOpen& file, std::string_view name, Dtype to) {
+  auto view = nothrow::get_tensor(file, name);
+  if (!view) return view.status();
+  return nothrow::convert(*view, to);
+}
+
+inline detail::TensorRange<detail::FileCursor, true> nothrow::tensors(const SafeOpen& file) {
+  return detail::TensorRange<detail::FileCursor, true>(detail::Access<SafeOpen>::cursor(file));
+}
+
+inline detail::TensorIterator<detail::FileCursor, false> SafeOpen::begin() const {
+  return detail::TensorIterator<detail::FileCursor, false>(detail::Access<SafeOpen>::cursor(*this));
 }
 
 }  // namespace SAFETENSORS_ABI

@@ -16,6 +16,7 @@
 #include "safetensors/options.hpp"
 #include "safetensors/safe_open.hpp"
 #include "safetensors/slice.hpp"
+#include "safetensors/streaming_writer.hpp"
 #include "safetensors/tensor.hpp"
 #include "safetensors/version.hpp"
 #include "safetensors/writer.hpp"

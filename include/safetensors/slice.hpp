@@ -382,5 +382,17 @@ inline Expected<TensorView> nothrow::read_as(const Selection& selection, Dtype t
   return nothrow::convert(*view, to);
 }
 
+namespace detail {
+/// Tensor `name` of `src` converted to `to` into `dst` (`get_tensor_as` of a file or a
+/// checkpoint): `dst` refused when it overlaps the file's memory, as `read_as` refuses it, then
+/// the tensor's view converted (straight out of the mapping when mapped).
+inline Status get_tensor_as(const OpenFile& src, std::string_view name, Dtype to, std::span<std::byte> dst) {
+  if (auto st = refuse_overlap("get_tensor_as", src.memory, dst); !st.ok()) return st;
+  auto view = src.get_tensor(name);
+  if (!view) return view.status();
+  return nothrow::convert(*view, to, dst);
+}
+}  // namespace detail
+
 }  // namespace SAFETENSORS_ABI
 }  // namespace safetensors

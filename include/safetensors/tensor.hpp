@@ -181,6 +181,15 @@ struct TensorView {
       SAFETENSORS_DELETE("as<T>() of a temporary view would dangle: keep the view in a variable");
 };
 
+/// A tensor and its name: what iterating over a `SafeOpen`, a `Checkpoint` or `LoadedTensors`
+/// gives, one at a time.
+///
+///   for (const auto& [name, view] : f) std::printf("%s: %zu bytes\n", name.c_str(), view.data.size());
+struct NamedTensor {
+  std::string name;
+  TensorView view;
+};
+
 namespace detail {
 /// Why a BOOL tensor's bytes cannot be read as C++ `bool` (one is neither 0 nor 1), if so.
 inline Status check_bool_bytes(std::span<const std::byte> data) {

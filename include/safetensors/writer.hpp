@@ -44,6 +44,12 @@ struct SaveOptions {
   /// `save_file(tensors, path, metadata={})` does (byte-identical). Without tensors the
   /// reference's own output for that case is not valid JSON, so the object is left out there.
   bool empty_metadata = false;
+  /// Start the data buffer on a multiple of this many bytes of the file (a power of two up to
+  /// 2^26; 4096 for direct I/O, 64 for SIMD) by padding the header with spaces, as the format
+  /// allows. 0, the default, is the reference's layout (8), byte-identical to Python's
+  /// `save_file`. Tensors stay back to back (the format allows no gaps), each at a multiple of
+  /// its element size. Another value is refused with `InvalidSlice`.
+  std::size_t alignment = 0;
 };
 
 namespace detail {
@@ -95,14 +101,14 @@ namespace detail {
 template <class R>
 using KeptTensors = std::deque<std::remove_cvref_t<tensor_ref_t<std::ranges::range_reference_t<R>>>>;
 
-/// Hands one tensor to the writer. Dimensions are converted to `size_t` here, where their
-/// type is known; the dtype value, the name and the byte length are checked by the core.
+/// The dimensions of `tensor` as `size_t`, converted here, where their type is known: a negative
+/// dimension is `TensorInvalidInfo`, one past 64 bits `ValidationOverflow`, both naming the file
+/// being written (`target`, empty for bytes in memory) and the tensor.
 template <class Tensor>
-Status add_tensor(ffi::Writer& writer, std::string_view target, std::string_view name, const Tensor& tensor,
-                  std::vector<std::size_t>& shape) {
+Status dims_of(std::string_view target, std::string_view name, const Tensor& tensor,
+               std::vector<std::size_t>& shape) {
   // Errors found here name the file being written, as the core's do.
   const std::string in = target.empty() ? std::string() : std::string(target) + ": ";
-  Dtype dtype{tensor.dtype};
   shape.clear();
   for (auto d : tensor.shape) {
     if constexpr (std::is_signed_v<decltype(d)>) {
@@ -119,12 +125,48 @@ Status add_tensor(ffi::Writer& writer, std::string_view target, std::string_view
     }
     shape.push_back(static_cast<std::size_t>(d));
   }
+  return {};
+}
+
+/// Hands one tensor to the writer. The dtype value, the name and the byte length are checked
+/// by the core.
+template <class Tensor>
+Status add_tensor(ffi::Writer& writer, std::string_view target, std::string_view name, const Tensor& tensor,
+                  std::vector<std::size_t>& shape) {
+  Dtype dtype{tensor.dtype};
+  if (auto st = dims_of(target, name, tensor, shape); !st.ok()) return st;
   auto data = std::as_bytes(std::span(tensor.data));
   ::rust::Slice<const std::uint8_t> raw{reinterpret_cast<const std::uint8_t*>(data.data()), data.size()};
   ::rust::Slice<const std::size_t> dims{shape.data(), shape.size()};
   return attempt([&](ffi::Status& st) {
     writer.add_tensor(bytes(name), static_cast<std::uint8_t>(dtype), dims, raw, st);
   });
+}
+
+/// Calls `f(name, tensor)` for every element of `tensors`, in order, until one returns a status
+/// that is not ok. `name` is valid during the call only; `tensor` stays valid while `kept` and
+/// the range live: the range's own when it outlives the call (see `borrows_tensors`), else a
+/// copy kept in `kept` (moved from a temporary element).
+template <NamedTensorRange R, class F>
+Status for_each_tensor(R&& tensors, KeptTensors<R>& kept, F&& f) {
+  using Ref = std::ranges::range_reference_t<R>;
+  for (auto it = std::ranges::begin(tensors); it != std::ranges::end(tensors); ++it) {
+    // `auto&&` extends the life of a temporary element (and of a name `get` returns by value)
+    // to the end of this iteration; the tensor itself must live longer (see `KeptTensors`).
+    auto&& entry = *it;
+    auto&& name_holder = std::get<0>(entry);
+    std::string_view name(name_holder);
+    Status added;
+    if constexpr (borrows_tensors<R>) {
+      added = f(name, std::get<1>(entry));
+    } else if constexpr (std::is_reference_v<Ref>) {
+      added = f(name, kept.emplace_back(std::get<1>(entry)));  // a copy: the range owns it
+    } else {
+      added = f(name, kept.emplace_back(std::get<1>(std::move(entry))));
+    }
+    if (!added.ok()) return added;
+  }
+  return {};
 }
 
 /// Feeds a writer for the file at `target` (empty for bytes in memory), which its errors name.
@@ -135,30 +177,17 @@ Expected<::rust::Box<ffi::Writer>> make_writer(std::string_view target, R&& tens
                                                bool empty_metadata, KeptTensors<R>& kept) {
   auto writer = ffi::new_writer(bytes(target));
   std::vector<std::size_t> shape;
-  using Ref = std::ranges::range_reference_t<R>;
-  for (auto it = std::ranges::begin(tensors); it != std::ranges::end(tensors); ++it) {
-    // `auto&&` extends the life of a temporary element (and of a name `get` returns by value)
-    // to the end of this iteration; the tensor itself must live longer (see `KeptTensors`).
-    auto&& entry = *it;
-    auto&& name_holder = std::get<0>(entry);
-    std::string_view name(name_holder);
-    Status added;
-    if constexpr (borrows_tensors<R>) {
-      added = add_tensor(*writer, target, name, std::get<1>(entry), shape);
-    } else if constexpr (std::is_reference_v<Ref>) {
-      added = add_tensor(*writer, target, name, kept.emplace_back(std::get<1>(entry)),
-                         shape);  // a copy: the range owns it
-    } else {
-      added = add_tensor(*writer, target, name, kept.emplace_back(std::get<1>(std::move(entry))), shape);
-    }
-    if (!added.ok()) return added;
-  }
+  auto added =
+      for_each_tensor(std::forward<R>(tensors), kept, [&](std::string_view name, const auto& tensor) {
+        return add_tensor(*writer, target, name, tensor, shape);
+      });
+  if (!added.ok()) return added;
   if (empty_metadata) writer->keep_metadata();
   // Not a structured binding: clang before 16 cannot capture one in a lambda.
   for (const auto& entry : metadata) {
-    auto added =
+    auto meta =
         attempt([&](ffi::Status& st) { writer->add_metadata(bytes(entry.first), bytes(entry.second), st); });
-    if (!added.ok()) return added;
+    if (!meta.ok()) return meta;
   }
   return writer;
 }
@@ -177,7 +206,7 @@ template <NamedTensorRange R>
   auto writer = detail::make_writer({}, std::forward<R>(tensors), metadata, options.empty_metadata, kept);
   if (!writer) return writer.status();
   // Laid out once: `prepare` checks everything and keeps the layout that `write_into` writes.
-  auto len = detail::attempt([&](ffi::Status& st) { return (*writer)->prepare(st); });
+  auto len = detail::attempt([&](ffi::Status& st) { return (*writer)->prepare(options.alignment, st); });
   if (!len) return len.status();
   auto out = detail::checked_vector<std::byte>(*len, "the serialized file",
                                                "write to a file with save_file instead");
@@ -203,8 +232,9 @@ Status save_file(const std::filesystem::path& path, R&& tensors, const Metadata&
   auto writer =
       detail::make_writer(path.native(), std::forward<R>(tensors), metadata, options.empty_metadata, kept);
   if (!writer) return writer.status();
-  return detail::attempt(
-      [&](ffi::Status& st) { (*writer)->write_file(detail::bytes(path.native()), options.sync, st); });
+  return detail::attempt([&](ffi::Status& st) {
+    (*writer)->write_file(detail::bytes(path.native()), options.sync, options.alignment, st);
+  });
 }
 inline Status save_file(const std::filesystem::path& path, detail::TensorList tensors,
                         const Metadata& metadata = {}, SaveOptions options = {}) {
@@ -232,8 +262,10 @@ template <NamedTensorRange R>
 /// synced and renamed over `path`. On any error `path` is left as it was. Errors, each naming
 /// `path`: `TensorInvalidInfo` (data length disagrees with dtype × shape), `TypeMismatch` (a
 /// dtype value outside `Dtype`), `InvalidTensorName` (`__metadata__`, or a name that is not
-/// UTF-8), `InvalidHeader` (metadata that is not UTF-8), `DuplicateKey`, `HeaderTooLarge`, `Io`
-/// (for example an unwritable directory).
+/// UTF-8), `InvalidHeader` (metadata that is not UTF-8), `DuplicateKey`, `HeaderTooLarge`,
+/// `InvalidSlice` (an alignment that is not a power of two), `Io` (for example an unwritable
+/// directory). For tensors that arrive over time, or a checkpoint larger than memory, see
+/// `StreamingWriter` (safetensors/streaming_writer.hpp).
 ///
 ///   safetensors::save_file("out.safetensors", std::map<std::string, TensorView>{{"w", view}});
 template <NamedTensorRange R>

@@ -17,6 +17,7 @@ const BRIDGES: [&str; 9] = [
     "src/convert.rs",
     "src/stream.rs",
     "src/cuda.rs",
+    "src/memory.rs",
     "src/distributed.rs",
     "src/remote.rs",
 ];

@@ -1,7 +1,8 @@
 // The benchmark programs, bench_cpp and bench.py, run as programs: the seed README's form
 // `MODEL ITERATIONS` prints the time per iteration of each load, and a bad argument or a missing
 // file is a usage message with exit code 2 (never a traceback, or an error about a file named
-// like the number), a file that is not safetensors exit code 1. The same cases for both.
+// like the number), a file that is not safetensors exit code 1. The same cases for both. And a
+// smoke run of bench_memory.
 #include <safetensors/safetensors.hpp>
 
 #include <unistd.h>
@@ -10,6 +11,7 @@
 
 #include <array>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -17,9 +19,9 @@
 
 #if !defined(SAFETENSORS_BENCH_CPP) || !defined(SAFETENSORS_BENCH_PY) ||    \
     !defined(SAFETENSORS_TEST_PYTHON) || !defined(SAFETENSORS_REPORT_PY) || \
-    !defined(SAFETENSORS_MAKE_BENCH_FILES)
+    !defined(SAFETENSORS_MAKE_BENCH_FILES) || !defined(SAFETENSORS_BENCH_MEMORY)
 #error \
-    "SAFETENSORS_BENCH_CPP, _BENCH_PY, _REPORT_PY, _MAKE_BENCH_FILES and _TEST_PYTHON must name the programs"
+    "SAFETENSORS_BENCH_CPP, _BENCH_PY, _REPORT_PY, _MAKE_BENCH_FILES, _BENCH_MEMORY and _TEST_PYTHON must name the programs"
 #endif
 
 namespace {
@@ -222,4 +224,43 @@ TEST(BenchOutputs, ReportAndFileMakerFailOnAnOutputThatCannotBeWritten) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
   auto err = test::read_bytes(dir / "err");
   EXPECT_TRUE(has(std::string(err.begin(), err.end()), "make_bench_files: cannot write to standard output"));
+}
+
+// Every figure bench_memory documents, separated by spaces.
+constexpr const char* kMemoryFigures =
+    "mapped_rss_added file_pmd_mapped released_rss_added cached_before cached_after load_rss_added "
+    "load_anon_added load_anon_huge load_released_rss_added load_cached_after locked_added "
+    "huge_file_pmd_mapped lazy_touch_s populate_open_s populated_touch_s background_open_s "
+    "background_touch_s huge_touch_s load_s cold_lazy_touch_s cold_populate_open_s";
+
+// bench_memory, once at the smallest size: every figure it documents is measured and written to
+// the JSON (a lock RLIMIT_MEMLOCK refuses is a skipped figure, with the reason), the file it made
+// is gone, and bad arguments are usage errors. Its figures are the benchmark's, not asserted here.
+TEST(BenchMemory, ASmokeRunWritesEveryFigureAndRemovesItsFile) {
+  test::TempDir dir;
+  auto json = dir / "memory.json";
+  auto r = test::run(SAFETENSORS_BENCH_MEMORY,
+                     {"--make", "1", "--dir", dir.path().string(), "--runs", "1", "--json", json.string()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto bytes = test::read_bytes(json);
+  std::string text(bytes.begin(), bytes.end());
+  EXPECT_TRUE(has(text, "\"tool\": \"bench_memory\"")) << text;
+  std::istringstream figures(kMemoryFigures);
+  for (std::string figure; figures >> figure;) {
+    EXPECT_TRUE(has(text, "\"" + figure + "\"")) << figure << " missing from " << text;
+    EXPECT_TRUE(has(r.out, "  " + figure + " ")) << figure << " missing from " << r.out;
+  }
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), {}), 1)
+      << "the file bench_memory made is left behind";
+
+  for (std::vector<std::string> bad : {std::vector<std::string>{},
+                                       {"--runs", "0", "--make", "1"},
+                                       {"--make", "x"},
+                                       {"--make", "1", "--dir", (dir / "none").string()},
+                                       {"--frobnicate"},
+                                       {(dir / "missing.safetensors").string()}}) {
+    auto u = test::run(SAFETENSORS_BENCH_MEMORY, bad);
+    EXPECT_EQ(u.code, 2) << u.err;
+    EXPECT_TRUE(has(u.err, "usage: bench_memory")) << u.err;
+  }
 }

@@ -47,11 +47,20 @@ class CliJson : public ::testing::Test {
   std::filesystem::path good_ = dir_ / "good.safetensors", bad_ = dir_ / "bad.safetensors";
 };
 
-const std::vector<std::string> kCommands = {"inspect", "validate", "metadata", "bench", "stats"};
+const std::vector<std::string> kCommands = {"inspect", "validate", "metadata", "bench", "stats", "reshard"};
+
+/// `command` run on `file` with `more` arguments (reshard also takes an output directory).
+std::vector<std::string> on(const std::string& command, const std::filesystem::path& file,
+                            const std::filesystem::path& dir, std::vector<std::string> more) {
+  std::vector<std::string> args{command, file.string()};
+  if (command == "reshard") args.push_back((dir / "resharded").string());
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
 
 TEST_F(CliJson, EveryCommandPrintsOneJsonDocument) {
   for (const auto& command : kCommands) {
-    std::vector<std::string> args{command, good_.string(), "--json"};
+    std::vector<std::string> args = on(command, good_, dir_.path(), {"--json"});
     if (command == "bench") args.insert(args.end(), {"--runs", "1"});
     auto r = cli(args);
     EXPECT_EQ(r.code, 0) << command << ": " << r.err;
@@ -62,6 +71,8 @@ TEST_F(CliJson, EveryCommandPrintsOneJsonDocument) {
   EXPECT_TRUE(has(cli({"metadata", good_.string(), "--json"}).out, R"("metadata":{"format":"pt"})"));
   auto bench = cli({"bench", good_.string(), "--json", "--runs", "1"});
   EXPECT_TRUE(has(bench.out, R"({"item":"load","median_s":)") && has(bench.out, R"("runs":1,)")) << bench.out;
+  auto reshard = cli(on("reshard", good_, dir_.path(), {"--json"}));
+  EXPECT_TRUE(has(reshard.out, R"("shards": 1, "tensors": 1, "total_size": 16})")) << reshard.out;
 }
 
 TEST_F(CliJson, MetadataEditsReportWhatTheFileNowHolds) {
@@ -87,13 +98,13 @@ TEST_F(CliJson, ValidateListsEveryFileValidOrNot) {
 TEST_F(CliJson, AFailureIsOneJsonDocumentAndOneLineOnStderr) {
   for (const auto& command : kCommands) {
     if (command == "validate") continue;  // lists failures per file (above)
-    auto r = cli({command, bad_.string(), "--json"});
+    auto r = cli(on(command, bad_, dir_.path(), {"--json"}));
     EXPECT_EQ(r.code, 1) << command;
     EXPECT_TRUE(is_one_json_document(r.out)) << command;
     EXPECT_TRUE(has(r.out, R"({"error":{"kind":"InvalidOffset","message":")")) << command << ": " << r.out;
     EXPECT_EQ(lines_in(r.err), 1u) << command << ": " << r.err;
     EXPECT_TRUE(has(r.err, "safetensors: InvalidOffset: ")) << r.err;
-    auto text = cli({command, bad_.string()});
+    auto text = cli(on(command, bad_, dir_.path(), {}));
     EXPECT_EQ(text.code, 1) << command;
     EXPECT_EQ(lines_in(text.err), 1u) << command << ": " << text.err;
   }

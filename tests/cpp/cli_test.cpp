@@ -62,7 +62,7 @@ TEST_F(Cli, HelpVersionAndUsageErrors) {
 }
 
 TEST_F(Cli, EveryCommandTakesHelpAndRefusesUnknownOptions) {
-  for (const char* command : {"inspect", "validate", "metadata", "bench"}) {
+  for (const char* command : {"inspect", "validate", "metadata", "bench", "stats", "reshard"}) {
     auto help = cli({command, "--help"});
     EXPECT_EQ(help.code, 0) << command;
     EXPECT_TRUE(has(help.out, "usage:")) << command << ": " << help.out;

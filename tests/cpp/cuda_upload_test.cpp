@@ -250,6 +250,8 @@ TEST(CudaUpload, AnUntrackedCopyIsNeverWaitedForThroughTheCallersStreamLater) {
   cuda::Uploader up(0, kSmallRing);
   const std::size_t bytes = cuda::plan(f).first;
   CallersDestination dst(drv, bytes);
+  const auto context_waits = drv.calls("cuCtxSynchronize");
+  const int pinned = drv.counter("fakecuda_live_pinned_allocations");
   drv.fail("cuEventRecord:1,cuStreamSynchronize:1");
   EXPECT_EQ(kind_of([&] { (void)up.load_into(f, {}, dst.at(), bytes, dst.on()); }), ErrorKind::Cuda);
   drv.fail("");
@@ -257,13 +259,19 @@ TEST(CudaUpload, AnUntrackedCopyIsNeverWaitedForThroughTheCallersStreamLater) {
   dst.destroy_stream();
   up.synchronize();
   EXPECT_TRUE(same_as_file(f, up.load(f)));
+  // Nor through the whole context, which would wait for every stream of it, the caller's too:
+  // the untracked copy's buffer is abandoned (never reused or freed) and replaced.
+  EXPECT_EQ(drv.calls("cuCtxSynchronize"), context_waits);
+  EXPECT_EQ(drv.counter("fakecuda_live_pinned_allocations"), pinned + 1);
 }
 
 TEST(CudaUpload, PinnedSlotsAreFreedWhenConstructionFails) {
   Driver drv;
   if (!test::gpu_or_skip()) return;
   if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's injected failures";
-  // Relative counts: the one-shot uploader of other tests in this process may be alive.
+  // Relative counts: the one-shot uploader of other tests in this process may be alive. Their
+  // idle staging is unpinned first: it would serve the slots whose allocation should fail.
+  (void)cuda::release_staging(0);
   const int pinned = drv.counter("fakecuda_live_pinned_allocations");
   const int events = drv.counter("fakecuda_live_events");
   const int streams = drv.counter("fakecuda_live_streams");
@@ -271,6 +279,9 @@ TEST(CudaUpload, PinnedSlotsAreFreedWhenConstructionFails) {
     drv.fail(spec);
     EXPECT_EQ(kind_of([] { cuda::Uploader up(0, kSmallRing); }), ErrorKind::Cuda) << spec;
     drv.fail("");
+    // The slots made before the failure wait, idle, for the next ring (the first time, two
+    // slots of 1 MiB; the second, they serve the new ring, whose third fails again).
+    EXPECT_EQ(cuda::release_staging(0), std::size_t{2} << 20) << spec;
     EXPECT_EQ(drv.counter("fakecuda_live_pinned_allocations"), pinned) << spec;
     EXPECT_EQ(drv.counter("fakecuda_live_events"), events) << spec;
     EXPECT_EQ(drv.counter("fakecuda_live_streams"), streams) << spec;
@@ -287,16 +298,90 @@ TEST(CudaUpload, OneShotCallsShareOneUploaderAndStageOnlyWhatTheyNeed) {
   safetensors::save_file(dir / "tiny.safetensors",
                          {{"x", TensorView{Dtype::U8, {100}, std::as_bytes(std::span(tiny)), {}}}});
   SafeOpen small(dir / "tiny.safetensors");
+  // Relative counts: other tests of this process may have made the one-shot uploader, left
+  // staging idle (unpinned here) or abandoned a buffer.
+  (void)cuda::release_staging(0);
+  const int live = drv.counter("fakecuda_live_pinned_allocations");
+  const auto peak = drv.get<std::size_t (*)(int)>("fakecuda_peak_pinned_bytes");
+  const std::size_t pinned_bytes = peak(1);
   auto t = cuda::to_device(small, "x");
   // A 100-byte tensor stages through one small slot, not the default ring.
-  EXPECT_EQ(drv.counter("fakecuda_live_pinned_allocations"), 1);
+  EXPECT_LE(drv.counter("fakecuda_live_pinned_allocations"), live + 1);
+  EXPECT_LE(peak(0) - pinned_bytes, 4096u);
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(same_as_file(f, cuda::load(f)));
-  // One stream and at most one slot per chunk, kept across calls.
+  // One stream and at most one slot per chunk, kept across calls (the small slot it grew from
+  // waits idle).
   EXPECT_EQ(drv.counter("fakecuda_live_streams"), 1);
-  EXPECT_LE(drv.counter("fakecuda_live_pinned_allocations"), 5);
+  (void)cuda::release_staging(0);
+  EXPECT_LE(drv.counter("fakecuda_live_pinned_allocations"), live + 5);
   const int after = drv.counter("fakecuda_live_pinned_allocations");
   for (int i = 0; i < 2; ++i) EXPECT_TRUE(same_as_file(f, cuda::load(f)));
   EXPECT_EQ(drv.counter("fakecuda_live_pinned_allocations"), after);
+}
+
+TEST(CudaUpload, OneShotCallsWithRingOptionsPinTheirSlotsOnce) {
+  // Ring options give each call an uploader of its own; its slots must not be pinned and
+  // unpinned per call (page-locking is slow and stalls the device), whatever the options.
+  Driver drv;
+  if (!test::gpu_or_skip()) return;
+  if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's counters";
+  test::TempDir dir;
+  SafeOpen f(make_file(dir));
+  // Relative counts: other tests of this process may leave the one-shot uploader alive (its
+  // slots count as live) and staging idle (unpinned here, so that this test pins its own).
+  (void)cuda::release_staging(0);
+  const int live = drv.counter("fakecuda_live_pinned_allocations");
+  const auto pins_before = drv.calls("cuMemHostAlloc");
+  EXPECT_TRUE(same_as_file(f, cuda::load(f, 0, kSmallRing)));
+  const auto pins = drv.calls("cuMemHostAlloc");
+  const auto unpins = drv.calls("cuMemFreeHost");
+  EXPECT_EQ(pins - pins_before, 3u) << "the ring's three slots";
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(same_as_file(f, cuda::load(f, 0, kSmallRing)));
+    auto t = cuda::to_device(f, "t3", 0, kSmallRing);
+    std::vector<std::byte> got(t.byte_size());
+    cuda::copy_to_host(t.data(), got);
+    auto want = f.get_tensor("t3");
+    EXPECT_EQ(std::memcmp(got.data(), want.data.data(), got.size()), 0);
+  }
+  // Other options, same slot size: the same idle slots serve them.
+  EXPECT_TRUE(same_as_file(f, cuda::load(f, 0, {.staging_slots = 2, .slot_bytes = 1u << 20, .readers = 1})));
+  EXPECT_EQ(drv.calls("cuMemHostAlloc"), pins);
+  EXPECT_EQ(drv.calls("cuMemFreeHost"), unpins);
+  // Nothing is leaked: the idle slots are what release_staging unpins.
+  EXPECT_EQ(drv.counter("fakecuda_live_pinned_allocations"), live + 3);
+  EXPECT_EQ(cuda::release_staging(0), std::size_t{3} << 20);
+  EXPECT_EQ(drv.counter("fakecuda_live_pinned_allocations"), live);
+  EXPECT_EQ(cuda::release_staging(0), 0u);
+  EXPECT_EQ(kind_of([] { (void)cuda::release_staging(-1); }), ErrorKind::Cuda);
+}
+
+TEST(CudaUpload, IdleStagingIsBounded) {
+  // A ring of more slots than a device keeps idle: the excess is unpinned when the call returns.
+  Driver drv;
+  if (!test::gpu_or_skip()) return;
+  if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's counters";
+  test::TempDir dir;
+  SafeOpen f(make_file(dir));
+  const cuda::UploadOptions many{.staging_slots = 20, .slot_bytes = 4096, .readers = 2};
+  // Relative counts, with no staging idle (other tests of this process may leave some).
+  (void)cuda::release_staging(0);
+  const int live = drv.counter("fakecuda_live_pinned_allocations");
+  EXPECT_TRUE(same_as_file(f, cuda::load(f, 0, many)));
+  EXPECT_EQ(drv.counter("fakecuda_live_pinned_allocations"), live + 16);
+  // The 16 kept serve the next call; 4 more are pinned (and unpinned) for it.
+  const auto pins = drv.calls("cuMemHostAlloc");
+  EXPECT_TRUE(same_as_file(f, cuda::load(f, 0, many)));
+  EXPECT_EQ(drv.calls("cuMemHostAlloc"), pins + 4);
+  // A slot takes an idle buffer only if it fits and is at most twice the slot: 1 MiB slots pin
+  // anew (and their return unpins the 3 small buffers idle the longest), and then 4 KiB slots
+  // leave the 1 MiB buffers idle: 13 small ones serve, 7 are pinned.
+  EXPECT_TRUE(same_as_file(f, cuda::load(f, 0, kSmallRing)));
+  EXPECT_EQ(drv.calls("cuMemHostAlloc"), pins + 4 + 3);
+  EXPECT_TRUE(same_as_file(f, cuda::load(f, 0, many)));
+  EXPECT_EQ(drv.calls("cuMemHostAlloc"), pins + 4 + 3 + 7);
+  // Idle now: the last ring's 16 kept (the 1 MiB ones idled longest, so they went first).
+  EXPECT_EQ(cuda::release_staging(0), std::size_t{16} * 4096);
 }
 
 TEST(CudaUpload, ACallersStreamAndDestinationAreChecked) {

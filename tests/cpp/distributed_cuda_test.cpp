@@ -241,12 +241,15 @@ TEST_F(DeviceLayer, InjectedDriverFailuresAreCudaErrorsAndLeakNothing) {
   DeviceGroup solo(1);
   DeviceGroup::DeviceMember me(solo, 0);
   const int live = drv.counter("fakecuda_live_device_allocations");
+  // Pinned memory no load holds waits idle for the next one: not a leak, unpinned on request.
+  (void)cuda::release_staging(0);
   const int pinned = drv.counter("fakecuda_live_pinned_allocations");
   for (const char* spec :
        {"cuMemAlloc:1", "cuMemHostAlloc:1", "cuMemcpyHtoDAsync:3", "cuStreamSynchronize:1"}) {
     drv.fail(spec);
     EXPECT_EQ(kind_of([&] { (void)cuda::load(plan, me); }), ErrorKind::Cuda) << spec;
     drv.fail("");
+    (void)cuda::release_staging(0);
     EXPECT_EQ(drv.counter("fakecuda_live_device_allocations"), live) << spec;
     EXPECT_EQ(drv.counter("fakecuda_live_pinned_allocations"), pinned) << spec;
   }
@@ -269,6 +272,33 @@ TEST_F(DeviceLayer, StagingIsNotRefilledUnderAPendingCopy) {
   run_world(2, layer_wants(), cuda::Via::Host);
   run_world(2, layer_wants(), cuda::Via::Device);
   drv.get<void (*)(unsigned)>("fakecuda_set_latency_us")(0);
+}
+
+TEST_F(DeviceLayer, ARefillWaitsForTheCopiesOutOfTheBufferNotTheStream) {
+  // The staging buffer is refilled once the copies out of it are done (its event), not once
+  // the whole stream is (broadcasts and device copies queued behind them): a load of many small
+  // steps synchronises the stream no more often than a load of one step.
+  if (!test::gpu_or_skip()) return;
+  Driver drv;
+  if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's call counts";
+  SafeOpen f(path());
+  const auto needs = test::needs_of(f, layer_wants(), 1);
+  DeviceGroup solo(1);
+  DeviceGroup::DeviceMember me(solo, 0);
+  auto stream_waits = [&](std::size_t step_bytes, std::size_t& steps) {
+    LoadPlan plan(needs, {step_bytes});
+    const auto before = drv.calls("cuStreamSynchronize");
+    (void)cuda::load(plan, me);
+    const auto waits = drv.calls("cuStreamSynchronize") - before;
+    steps = plan.reads_here().size();  // one rank: it reads every step
+    return waits;
+  };
+  std::size_t one = 0, many = 0;
+  const auto waits_one = stream_waits(std::size_t{1} << 30, one);
+  const auto waits_many = stream_waits(64, many);
+  ASSERT_EQ(one, 1u);
+  ASSERT_GT(many, 10u);
+  EXPECT_EQ(waits_many, waits_one) << many << " steps";
 }
 
 TEST(DeviceStrided, AStepOfManyPiecesLandsWhole) {

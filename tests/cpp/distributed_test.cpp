@@ -2,6 +2,7 @@
 // equal a single-process slice, and the reads of all ranks together cover the bytes the ranks need
 // exactly once (with the gaps of less than a page between them). Also the tensor-parallel
 // helpers, and the "no NCCL" path.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <safetensors/distributed.hpp>
 #include <safetensors/nccl.hpp>
@@ -357,6 +358,21 @@ TEST(Nccl, LibraryWithoutNcclSymbolsIsACudaError) {
     EXPECT_EQ(e.kind(), ErrorKind::Cuda);
     EXPECT_NE(std::string(e.what()).find("ncclGetErrorString"), std::string::npos) << e.what();
   }
+}
+
+TEST(Nccl, TheLibraryStaysLoadedForTheProcess) {
+  // NCCL's threads (proxy, watchdog) may still be exiting when the last NcclLibrary goes: the
+  // library must never be unloaded under them.
+  const char* stub = SAFETENSORS_TEST_STUB_NCCL;
+  ASSERT_EQ(::dlopen(stub, RTLD_NOW | RTLD_NOLOAD), nullptr) << "loaded before the test";
+  {
+    auto nccl = std::make_shared<NcclLibrary>(stub);
+    NcclCollective comm(nccl, NcclCollective::unique_id(*nccl), 0, 1);
+    EXPECT_EQ(comm.size(), 1u);
+  }
+  void* still = ::dlopen(stub, RTLD_NOW | RTLD_NOLOAD);
+  EXPECT_NE(still, nullptr) << "unloaded once the last NcclLibrary was gone";
+  if (still != nullptr) ::dlclose(still);  // the reference taken just above
 }
 
 TEST(Collective, HostOnlyCollectivesRefuseDeviceMemory) {

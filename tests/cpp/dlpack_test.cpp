@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "support.hpp"
@@ -145,6 +146,61 @@ TEST(DLPack, AViewWhoseBytesDisagreeWithItsShapeIsRefused) {
               (void)safetensors::to_dlpack({Dtype::U8, {std::size_t{1} << 40, std::size_t{1} << 40}, bytes});
             }),
             ErrorKind::ValidationOverflow);
+}
+
+// ---- the unversioned ABI (DLManagedTensor), for consumers before DLPack 1.0 ------------------
+
+TEST(DLPackUnversioned, AViewExportsWithTheSameMetadataAndKeepsTheFileAlive) {
+  test::TempDir dir;
+  std::vector<float> values(2 * 3);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) + 0.25f;
+  safetensors::save_file(
+      dir / "m.safetensors",
+      {{"w", safetensors::TensorView{Dtype::F32, {2, 3}, std::as_bytes(std::span(values))}}});
+  for (auto backend : {safetensors::Backend::Mmap, safetensors::Backend::Read}) {
+    safetensors::DLPackUnversionedTensor t;
+    {
+      safetensors::SafeOpen f(dir / "m.safetensors", {.backend = backend});
+      t = safetensors::to_dlpack_unversioned(f.get_tensor("w"));
+    }  // the export alone keeps the bytes alive
+    const DLTensor& d = t->dl_tensor;
+    EXPECT_EQ(d.device.device_type, kDLCPU);
+    EXPECT_EQ(d.dtype.code, kDLFloat);
+    EXPECT_EQ(d.dtype.bits, 32);
+    ASSERT_EQ(d.ndim, 2);
+    EXPECT_EQ(std::vector<std::int64_t>(d.shape, d.shape + 2), (std::vector<std::int64_t>{2, 3}));
+    EXPECT_EQ(std::vector<std::int64_t>(d.strides, d.strides + 2), (std::vector<std::int64_t>{3, 1}));
+    EXPECT_EQ(std::memcmp(d.data, values.data(), values.size() * sizeof(float)), 0);
+  }
+}
+
+TEST(DLPackUnversioned, TheConsumerCallsTheDeleterOnceAndOwnershipEndsThere) {
+  auto bytes = std::make_shared<std::vector<std::uint8_t>>(4, 7);
+  std::weak_ptr<std::vector<std::uint8_t>> watch = bytes;
+  safetensors::TensorView v{Dtype::U8, {4}, std::as_bytes(std::span(*bytes)), bytes};
+  DLManagedTensor* raw = safetensors::to_dlpack_unversioned(v).release();
+  v = {};
+  bytes.reset();
+  EXPECT_FALSE(watch.expired()) << "the export holds the bytes";
+  EXPECT_EQ(static_cast<const std::uint8_t*>(raw->dl_tensor.data)[3], 7);
+  raw->deleter(raw);  // as a consumer does, once
+  EXPECT_TRUE(watch.expired());
+}
+
+TEST(DLPackUnversioned, RefusesWhatTheVersionedExportRefuses) {
+  auto bytes = std::vector<std::byte>(10);
+  auto st = safetensors::nothrow::to_dlpack_unversioned({Dtype::F32, {3}, bytes}).status();
+  EXPECT_EQ(st.kind(), ErrorKind::TensorInvalidInfo);
+  test::expect_same(st, safetensors::nothrow::to_dlpack({Dtype::F32, {3}, bytes}).status());
+  EXPECT_EQ(test::kind_of([&] {
+              (void)safetensors::to_dlpack_unversioned(
+                  {Dtype::U8, {0, std::size_t{1} << 40, std::size_t{1} << 40}});
+            }),
+            ErrorKind::ValidationOverflow);
+  auto empty = safetensors::to_dlpack_unversioned({Dtype::F16, {3, 0}, {}});
+  EXPECT_EQ(empty->dl_tensor.data, nullptr);
+  auto scalar = std::vector<std::byte>(8);
+  EXPECT_EQ(safetensors::to_dlpack_unversioned({Dtype::I64, {}, scalar})->dl_tensor.shape, nullptr);
 }
 
 }  // namespace

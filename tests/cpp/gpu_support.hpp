@@ -96,6 +96,10 @@ struct Driver {
   void sync(Stream s) const { EXPECT_EQ(get<int (*)(Stream)>("cuStreamSynchronize")(s), 0); }
   void destroy(Stream s) const { EXPECT_EQ(get<int (*)(Stream)>("cuStreamDestroy_v2")(s), 0); }
   int counter(const char* name) const { return get<int (*)()>(name)(); }
+  /// Calls of driver entry point `fn` so far (its name with or without _v2).
+  [[nodiscard]] unsigned long long calls(const char* fn) const {
+    return get<unsigned long long (*)(const char*)>("fakecuda_calls")(fn);
+  }
   [[nodiscard]] unsigned long long pageable_copies() const {
     return get<unsigned long long (*)()>("fakecuda_pageable_async_copies")();
   }

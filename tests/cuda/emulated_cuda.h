@@ -141,6 +141,9 @@ FAKECUDA_API int fakecuda_live_pinned_allocations(void);
 /* The most device bytes (all devices) live at once since the last reset; a non-zero `reset`
  * first restarts the count from the bytes live now. */
 FAKECUDA_API size_t fakecuda_peak_device_bytes(int reset);
+/* The most pinned host bytes live at once since the last reset; a non-zero `reset` first
+ * restarts the count from the bytes live now. */
+FAKECUDA_API size_t fakecuda_peak_pinned_bytes(int reset);
 /* Live streams (created by cuStreamCreate, not destroyed) and events. */
 FAKECUDA_API int fakecuda_live_streams(void);
 FAKECUDA_API int fakecuda_live_events(void);

@@ -16,7 +16,7 @@
 //   cuCtxGetCurrent, cuCtxSetCurrent*, cuCtxPushCurrent_v2, cuCtxPopCurrent_v2, cuCtxGetDevice,
 //   cuCtxSynchronize, cuMemAlloc_v2*, cuMemFree_v2*, cuMemGetInfo_v2, cuMemHostAlloc*,
 //   cuMemAllocHost_v2, cuMemFreeHost*, cuPointerGetAttribute, cuMemcpyHtoD_v2,
-//   cuMemcpyDtoH_v2*, cuMemcpyDtoD_v2, cuMemcpyHtoDAsync_v2*, cuMemcpyDtoHAsync_v2,
+//   cuMemcpyDtoH_v2*, cuMemcpyDtoD_v2, cuMemcpyHtoDAsync_v2*, cuMemcpyDtoHAsync_v2*,
 //   cuMemcpyDtoDAsync_v2, cuMemsetD8_v2, cuMemsetD8Async, cuMemcpy, cuMemcpyAsync,
 //   cuLaunchHostFunc, cuStreamCreate*,
 //   cuStreamCreateWithPriority, cuStreamDestroy_v2*, cuStreamSynchronize, cuStreamQuery,
@@ -267,6 +267,7 @@ struct Driver {
   unsigned long long pageable_async = 0;
   unsigned long long copies_done = 0;
   std::size_t live_device_bytes = 0, peak_device_bytes = 0;
+  std::size_t live_pinned_bytes = 0, peak_pinned_bytes = 0;
   std::vector<std::unique_ptr<ThreadState>> threads;  // never freed: see me()
 };
 
@@ -631,6 +632,7 @@ void same_context(const char* fn, CUstream s, const DevAlloc& a, CUdeviceptr bas
 
 void kill_pinned(std::uintptr_t base, PinAlloc& a, std::string why) {
   void* p = reinterpret_cast<void*>(base);
+  drv().live_pinned_bytes -= a.size;
   // Kept reserved and inaccessible: a later host access faults instead of reading new data.
   ::madvise(p, a.mapped, MADV_DONTNEED);
   ::mprotect(p, a.mapped, PROT_NONE);
@@ -1154,6 +1156,8 @@ CUresult host_alloc(const char* fn, void** pp, std::size_t bytes) {
   a.ctx = c;
   a.gen = c->gen;
   drv().pin.emplace(reinterpret_cast<std::uintptr_t>(p), a);
+  drv().live_pinned_bytes += bytes;
+  drv().peak_pinned_bytes = std::max(drv().peak_pinned_bytes, drv().live_pinned_bytes);
   *pp = p;
   return CUDA_SUCCESS;
 }
@@ -1570,6 +1574,12 @@ std::size_t fakecuda_peak_device_bytes(int reset) {
   Lock lk(drv().mu);
   if (reset) drv().peak_device_bytes = drv().live_device_bytes;
   return drv().peak_device_bytes;
+}
+
+std::size_t fakecuda_peak_pinned_bytes(int reset) {
+  Lock lk(drv().mu);
+  if (reset) drv().peak_pinned_bytes = drv().live_pinned_bytes;
+  return drv().peak_pinned_bytes;
 }
 
 unsigned long long fakecuda_copies_completed(void) {

@@ -3,6 +3,7 @@
 and the C examples of the documentation pages, so they cannot drift.
 
     compile_examples.py --cxx C++ --out DIR [--cc CC] [--mpi-flags FLAGS] [--dlpack-flags FLAGS]
+                        [--eigen-flags FLAGS] [--torch-flags FLAGS]
                         README.md HEADER... [docs/PAGE.md...] -- COMPILER FLAGS...
 
 Examples are the ```cpp blocks of Markdown files (the README, docs/*.md), and in headers every
@@ -17,9 +18,11 @@ so that the compiler's messages point into the page or the header. Within an exa
   - an example that names something the context does not give gets a preamble of declarations
     in PREAMBLES below, keyed by its file's name (`writing.md`, `gpu.md`) and a piece of its
     text (a key that matches no example is an error, so stale entries are noticed).
-Examples that include mpi.hpp or dlpack.hpp are compiled in translation units of their own with
---mpi-flags / --dlpack-flags (the include directories of mpi.h / dlpack.h); without those flags
-they are reported as skipped. The ```c blocks of Markdown files (docs/c.md) are complete
+Examples that include mpi.hpp, Eigen (<Eigen/...>), libtorch (<torch/...>, <ATen/...>) or
+dlpack.hpp are compiled in translation units of their own, with --mpi-flags, --eigen-flags,
+--torch-flags or --dlpack-flags (the include directories of mpi.h, Eigen, libtorch, dlpack.h;
+an example that includes libtorch's and dlpack.hpp belongs to libtorch's, which brings a
+dlpack.h); without those flags they are reported as skipped. The ```c blocks of Markdown files (docs/c.md) are complete
 translation units, each compiled on its own by --cc as C99 with warnings as errors (-std=c99
 -pedantic-errors -Wall -Wextra -Werror); without --cc they are reported as skipped. Everything
 is compiled with -fsyntax-only: nothing is linked or run. Exit code 0 when every example
@@ -39,6 +42,15 @@ PREAMBLES = {
     ("writing.md", "{rows, cols}"): "std::size_t rows = 2, cols = 3;",
     ("gpu.md", "repack("): "void repack(void*, std::size_t, void*);\n"
     "void quantize(void*, std::string_view, void*);",
+    ("streaming_writer.hpp", "first_half"): "std::span<const std::byte> first_half, second_half;",
+    ("streaming_writer.hpp", "make_streaming_writer("): "std::vector<TensorSpec> specs;",
+    ("streaming_writer.hpp", "std::span(bytes)"): "std::vector<std::uint8_t> bytes(4);",
+    ("streaming_writer.hpp", "bytes_of("): "std::vector<TensorSpec> specs;\n"
+    "std::span<const std::byte> bytes_of(const std::string&);",
+    ("streaming_writer.hpp", "save_sharded(\"ckpt\""): "std::map<std::string, TensorView> tensors;",
+    ("cuda.hpp", "nothrow::cuda::save("): "std::vector<cuda::DeviceTensorView> tensors;",
+    ("cuda.hpp", "w_device_ptr"): "const void* w_device_ptr = nullptr;",
+    ("cuda.hpp", "dev_ptr}}"): "std::size_t n = 1;\nconst void* dev_ptr = nullptr;",
 }
 
 HEADER_EXAMPLE = re.compile(r"^\s*///? {3}(.*)$")
@@ -58,6 +70,10 @@ class Example:
         own = " ".join(self.includes)
         if "mpi.hpp" in own:
             return "mpi"
+        if "<Eigen/" in own:
+            return "eigen"
+        if "<torch/" in own or "<ATen/" in own:
+            return "torch"
         return "dlpack" if "dlpack.hpp" in own else "core"
 
 
@@ -134,7 +150,9 @@ def translation_unit(examples, used):
         functions.append(
             f"void example_{i}(SAFETENSORS_EXAMPLE_GIVEN) {{\n  {{\n" + "".join(p + "\n" for p in preamble) +
             f'#line {ex.line} "{ex.path}"\n' + "\n".join(body_line(l) for l in ex.lines) + "\n  }\n}\n")
-    head = f'#include "{CONTEXT}"\n' + "\n".join(includes) + "\n\n"
+    # The examples' own includes first: the context's `using namespace safetensors` would make
+    # names such as `Backend` ambiguous inside other libraries' headers (libtorch's c10::Backend).
+    head = "\n".join(includes) + f'\n#include "{CONTEXT}"\n\n'
     return head + "\n".join(functions)
 
 
@@ -149,15 +167,18 @@ def main(argv):
     p.add_argument("--out", required=True)
     p.add_argument("--mpi-flags")
     p.add_argument("--dlpack-flags")
+    p.add_argument("--eigen-flags")
+    p.add_argument("--torch-flags")
     p.add_argument("sources", nargs="+")
     a = p.parse_args(argv)
     examples = []
     for src in a.sources:
         examples += readme_examples(src) if src.endswith(".md") else header_examples(src)
-    groups = {"core": [], "mpi": [], "dlpack": []}
+    groups = {"core": [], "mpi": [], "dlpack": [], "eigen": [], "torch": []}
     for ex in examples:
         groups[ex.group()].append(ex)
-    extra = {"core": "", "mpi": a.mpi_flags, "dlpack": a.dlpack_flags}
+    extra = {"core": "", "mpi": a.mpi_flags, "dlpack": a.dlpack_flags, "eigen": a.eigen_flags,
+             "torch": a.torch_flags}
     os.makedirs(a.out, exist_ok=True)
     used, failed, compiled = set(), False, 0
     for group, members in groups.items():

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -132,9 +133,58 @@ struct OpenFile {
   [[nodiscard]] Expected<TensorView> get_tensor(std::string_view name) const {
     auto m = find(name);
     if (!m) return m.status();
-    auto bytes = bytes_at(m->begin, m->end - m->begin, "tensor `" + std::string(name) + "`");
+    return view_of(*m, name);
+  }
+
+  /// The tensor at position `index` in file order (below `file->tensor_count()`), with its name.
+  [[nodiscard]] Expected<NamedTensor> tensor_at(std::size_t index) const {
+    const ffi::TensorMeta m = file->meta_at(index);
+    std::string name(view(file->name_at(index)));
+    auto v = view_of(m, name);
+    if (!v) return v.status();
+    return NamedTensor{std::move(name), std::move(*v)};
+  }
+
+  /// Copies tensor `name` into `dst`, which holds exactly its bytes (else `InvalidSlice`, the
+  /// kind of every unfit output buffer) and lies outside the file's memory.
+  [[nodiscard]] Status get_tensor_into(std::string_view name, std::span<std::byte> dst) const {
+    auto m = find(name);
+    if (!m) return m.status();
+    const std::size_t len = m->end - m->begin;
+    if (dst.size() != len) {
+      return Status(ErrorKind::InvalidSlice,
+                    "get_tensor_into: the destination holds " + std::to_string(dst.size()) +
+                        " bytes but tensor `" + std::string(name) + "` (" +
+                        std::string(to_string(static_cast<Dtype>(m->dtype))) + " " +
+                        shape_text(shape_of(*m)) + ") has " + std::to_string(len) + "; pass exactly " +
+                        std::to_string(len) + " bytes (info(name).byte_size())");
+    }
+    if (auto st = refuse_overlap("get_tensor_into", memory, dst); !st.ok()) return st;
+    if (len == 0) return {};
+    return read_data(m->begin, dst);
+  }
+
+ private:
+  [[nodiscard]] Expected<TensorView> view_of(const ffi::TensorMeta& m, std::string_view name) const {
+    auto bytes = bytes_at(m.begin, m.end - m.begin, "tensor `" + std::string(name) + "`");
     if (!bytes) return bytes.status();
-    return TensorView{static_cast<Dtype>(m->dtype), shape_of(*m), bytes->first, std::move(bytes->second)};
+    return TensorView{static_cast<Dtype>(m.dtype), shape_of(m), bytes->first, std::move(bytes->second)};
+  }
+};
+
+/// The tensors of one open file in file (offset) order, one at a time: the cursor of iterating
+/// over a `SafeOpen` (see `detail/iteration.hpp`). It holds the file (`OpenFile::owner`).
+struct FileCursor {
+  OpenFile file;
+  std::size_t next_index = 0;
+
+  Status next(std::optional<NamedTensor>& out) {
+    out.reset();
+    if (next_index >= file.file->tensor_count()) return {};
+    auto item = file.tensor_at(next_index++);
+    if (!item) return item.status();
+    out.emplace(std::move(*item));
+    return {};
   }
 };
 

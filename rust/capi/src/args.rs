@@ -88,7 +88,7 @@ pub(crate) fn static_c_str(name: &'static str) -> *const c_char {
 pub(crate) struct Call(pub &'static str);
 
 impl Call {
-    fn null(&self, what: &str) -> Fail {
+    pub(crate) fn null(&self, what: &str) -> Fail {
         Fail::careless(format!("{}: `{what}` is NULL", self.0))
     }
 

@@ -74,6 +74,7 @@ pub unsafe extern "C" fn st_checkpoint_open(
             backend: backend(c, flags)?,
             lenient: flags & ST_OPEN_LENIENT != 0,
             allow_trailing_bytes: flags & ST_OPEN_ALLOW_TRAILING_BYTES != 0,
+            ..CheckpointOptions::default()
         };
         let inner = Checkpoint::open_with(path, options)?;
         *out = Box::into_raw(Box::new(st_checkpoint {

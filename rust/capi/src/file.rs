@@ -136,6 +136,7 @@ pub unsafe extern "C" fn st_file_open(
         let options = OpenOptions {
             backend: backend(c, flags)?,
             allow_trailing_bytes: flags & ST_OPEN_ALLOW_TRAILING_BYTES != 0,
+            ..OpenOptions::default()
         };
         let file = SafeFile::open_with(path, options)?;
         *out = Box::into_raw(Box::new(st_file::new(file)));

@@ -45,6 +45,8 @@ mod convert;
 
 mod write;
 
+mod writer;
+
 mod stream;
 
 mod cuda;
@@ -73,3 +75,4 @@ pub use stream::*;
 pub use tensor::st_tensor;
 pub use version::*;
 pub use write::*;
+pub use writer::*;

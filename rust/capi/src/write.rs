@@ -1,8 +1,6 @@
 //! Writing a file all at once: `st_save_file` (atomic replace on disk) and `st_serialize` (into
-//! memory the library allocates). The layout is the reference's, byte for byte.
-//!
-//! A streaming writer (tensors written as they are produced) does not exist in the core yet;
-//! when it does, it will come here as an `st_writer` handle.
+//! memory the library allocates). The layout is the reference's, byte for byte. Writing tensor
+//! by tensor, one file or a sharded checkpoint, is `writer.rs` (`st_writer`).
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_void};
@@ -59,7 +57,25 @@ unsafe fn input<'a>(
         let dtype = to_write(&name, t.dtype)?;
         out.push((name, TensorView::new(dtype, t.shape, t.data)));
     }
-    // SAFETY: as above.
+    Ok(Input {
+        tensors: out,
+        // SAFETY: as above.
+        metadata: unsafe { metadata_of(c, metadata, metadata_count, flags)? },
+    })
+}
+
+/// The caller's metadata entries, checked: UTF-8, keys not repeated; `None` when there are
+/// none and `ST_SAVE_EMPTY_METADATA` is not in `flags`.
+///
+/// # Safety
+/// `metadata` points to `metadata_count` entries, each describing memory as the header says.
+pub(crate) unsafe fn metadata_of(
+    c: Call,
+    metadata: *const st_metadata_entry,
+    metadata_count: usize,
+    flags: u32,
+) -> Res<Option<BTreeMap<String, String>>> {
+    // SAFETY: the caller's promise.
     let entries = unsafe { c.array(metadata, metadata_count, "metadata")? };
     let mut map = (metadata_count > 0 || flags & ST_SAVE_EMPTY_METADATA != 0).then(BTreeMap::new);
     for (i, e) in entries.iter().enumerate() {
@@ -86,10 +102,7 @@ unsafe fn input<'a>(
         }
         map.insert(key, value);
     }
-    Ok(Input {
-        tensors: out,
-        metadata: map,
-    })
+    Ok(map)
 }
 
 /// Writes `count` tensors (each: name, dtype, shape, `byte_size` bytes at `data`) and

@@ -276,8 +276,8 @@ fn read_direct(file: &File, dst: &mut [u8], at: u64) -> io::Result<usize> {
     while done < dst.len() {
         let pos = at + done as u64;
         let rest = &mut dst[done..];
-        let aligned_pos = pos % DIRECT_ALIGN as u64 == 0;
-        let aligned_mem = (rest.as_ptr() as usize) % DIRECT_ALIGN == 0;
+        let aligned_pos = pos.is_multiple_of(DIRECT_ALIGN as u64);
+        let aligned_mem = (rest.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN);
         let whole = rest.len() / DIRECT_ALIGN * DIRECT_ALIGN;
         let got = if aligned_pos && aligned_mem && whole > 0 {
             pread_some(file, &mut rest[..whole], pos)?

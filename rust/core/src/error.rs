@@ -230,6 +230,24 @@ pub enum Error {
         /// Bytes the next tensor (or slice) needs.
         next: u64,
     },
+    /// A piece of a tensor handed to a streaming writer does not fit what was declared, or a
+    /// tensor was not completely written when the writer finished. Its kind depends on the
+    /// problem (see [`PieceProblem`]).
+    Piece {
+        /// The tensor concerned.
+        tensor: String,
+        /// What is wrong.
+        problem: PieceProblem,
+    },
+    /// An alignment a writer was asked for that it cannot give (not a power of two, or one
+    /// whose padding would pass the header's size limit); its kind is
+    /// [`ErrorKind::InvalidSlice`], as for a device load's alignment.
+    BadAlignment {
+        /// The alignment asked for.
+        alignment: u64,
+        /// Why it cannot be had.
+        reason: &'static str,
+    },
     /// A broken internal contract: a defect in this library (please report it), or a Rust
     /// caller that ran a plan on other inputs than it was made for.
     Internal {
@@ -277,6 +295,49 @@ impl TextField {
             TextField::MetadataValue => "metadata value",
         }
     }
+}
+
+/// What is wrong with a piece handed to a streaming writer (see [`Error::Piece`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PieceProblem {
+    /// The piece `[offset, offset + len)` ends past the tensor's `tensor_len` bytes, or a whole
+    /// tensor given at once has `len` bytes instead of `tensor_len`; its kind is
+    /// [`ErrorKind::TensorInvalidInfo`].
+    Long {
+        /// Where the piece starts in the tensor (0 for a whole tensor).
+        offset: u64,
+        /// Its bytes.
+        len: u64,
+        /// The tensor's bytes (dtype × shape).
+        tensor_len: u64,
+        /// `true` for a whole tensor given at once, which must have exactly `tensor_len` bytes.
+        whole: bool,
+    },
+    /// The piece `[offset, offset + len)` overlaps bytes of the tensor already written
+    /// (`[written_begin, written_end)`); its kind is [`ErrorKind::InvalidOffset`].
+    Overlap {
+        /// Where the piece starts in the tensor.
+        offset: u64,
+        /// Its bytes.
+        len: u64,
+        /// The written range it overlaps.
+        written_begin: u64,
+        /// One past its end.
+        written_end: u64,
+    },
+    /// The writer finished with bytes of the tensor never written: `written` of `tensor_len`,
+    /// the first gap being `[gap_begin, gap_end)`; its kind is
+    /// [`ErrorKind::MetadataIncompleteBuffer`].
+    Missing {
+        /// Bytes written.
+        written: u64,
+        /// The tensor's bytes.
+        tensor_len: u64,
+        /// The first byte never written.
+        gap_begin: u64,
+        /// One past the end of that gap.
+        gap_end: u64,
+    },
 }
 
 /// The stable identity of an [`Error`], without its details.
@@ -437,6 +498,12 @@ impl Error {
             Error::WrongBufferLength { .. } => ErrorKind::InvalidSlice,
             Error::LayoutOverflow { .. } => ErrorKind::ValidationOverflow,
             Error::BudgetExceeded { .. } => ErrorKind::BudgetExceeded,
+            Error::Piece { problem, .. } => match problem {
+                PieceProblem::Long { .. } => ErrorKind::TensorInvalidInfo,
+                PieceProblem::Overlap { .. } => ErrorKind::InvalidOffset,
+                PieceProblem::Missing { .. } => ErrorKind::MetadataIncompleteBuffer,
+            },
+            Error::BadAlignment { .. } => ErrorKind::InvalidSlice,
             Error::Internal { .. } => ErrorKind::Internal,
             Error::InFile { source, .. } => source.kind(),
         }
@@ -797,6 +864,12 @@ impl fmt::Display for Error {
                      max_inflight_bytes (set wait_for_release when other threads drop them)"
                 )
             }
+            Error::Piece { tensor, problem } => fmt_piece(f, tensor, problem),
+            Error::BadAlignment { alignment, reason } => write!(
+                f,
+                "cannot align the data to {alignment} bytes: {reason}; use a power of two such \
+                 as 64 (SIMD) or 4096 (direct I/O), or 0 for the reference layout"
+            ),
             Error::Internal { message } => write!(
                 f,
                 "internal error in the safetensors library (please report): {message}"
@@ -957,6 +1030,14 @@ impl Clone for Error {
                 bound: *bound,
                 next: *next,
             },
+            Error::Piece { tensor, problem } => Error::Piece {
+                tensor: tensor.clone(),
+                problem: *problem,
+            },
+            Error::BadAlignment { alignment, reason } => Error::BadAlignment {
+                alignment: *alignment,
+                reason,
+            },
             Error::Internal { message } => Error::Internal {
                 message: message.clone(),
             },
@@ -965,6 +1046,59 @@ impl Clone for Error {
                 source: source.clone(),
             },
         }
+    }
+}
+
+/// The message of an [`Error::Piece`].
+fn fmt_piece(f: &mut fmt::Formatter<'_>, tensor: &str, problem: &PieceProblem) -> fmt::Result {
+    match *problem {
+        PieceProblem::Long {
+            len,
+            tensor_len,
+            whole: true,
+            ..
+        } => write!(
+            f,
+            "tensor `{tensor}` was declared with a dtype and shape of {} but {} were given as \
+             the whole tensor; give exactly its bytes, or write it in pieces at their offsets",
+            plural(tensor_len, "byte"),
+            plural(len, "byte")
+        ),
+        PieceProblem::Long {
+            offset,
+            len,
+            tensor_len,
+            ..
+        } => write!(
+            f,
+            "the piece [{offset}, {}) of tensor `{tensor}` ends past its {} (dtype × shape as \
+             declared)",
+            offset.saturating_add(len),
+            plural(tensor_len, "byte")
+        ),
+        PieceProblem::Overlap {
+            offset,
+            len,
+            written_begin,
+            written_end,
+        } => write!(
+            f,
+            "the piece [{offset}, {}) of tensor `{tensor}` overlaps bytes [{written_begin}, \
+             {written_end}) already written; each byte is written once",
+            offset.saturating_add(len)
+        ),
+        PieceProblem::Missing {
+            written,
+            tensor_len,
+            gap_begin,
+            gap_end,
+        } => write!(
+            f,
+            "tensor `{tensor}` is incomplete: {written} of its {} were written, the first \
+             missing being [{gap_begin}, {gap_end}); write every byte before finishing \
+             (nothing was published)",
+            plural(tensor_len, "byte")
+        ),
     }
 }
 

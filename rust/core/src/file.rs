@@ -10,8 +10,9 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
-use memmap2::Mmap;
+use memmap2::{Mmap, MmapOptions};
 
 use crate::direct::{DirectFile, DirectOp, DIRECT_ALIGN};
 use crate::error::{Error, Result};
@@ -39,6 +40,23 @@ pub enum Backend {
     Direct = 2,
 }
 
+/// When a mapped file's pages are read in and mapped into the process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum Populate {
+    /// On first touch, page by page (the kernel's page faults). The default.
+    #[default]
+    Lazy = 0,
+    /// At open (`MAP_POPULATE`): the open returns once every page of the file is read and
+    /// mapped, so that no later access faults.
+    AtOpen = 1,
+    /// After the open, by a thread of its own (`MADV_POPULATE_READ`, 64 MiB at a time; on
+    /// kernels before 5.14, `MADV_WILLNEED`), while the program goes on. It stops when the
+    /// file is closed; a failure (a file truncated meanwhile) ends it quietly, and the access
+    /// that meets the missing pages reports it as without populating.
+    Background = 2,
+}
+
 /// Options for [`SafeFile::open_with`] and [`SafeFile::from_memory`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct OpenOptions {
@@ -49,6 +67,13 @@ pub struct OpenOptions {
     /// written wrongly. When on, the count is kept and reported by
     /// [`SafeFile::trailing_bytes`], never silently dropped; every other check still runs.
     pub allow_trailing_bytes: bool,
+    /// When the mapping's pages are brought in. Only the mapped backend maps anything: the
+    /// read and direct backends and bytes in memory ignore it.
+    pub populate: Populate,
+    /// Ask for transparent huge pages on the mapping (`MADV_HUGEPAGE`): fewer page faults and
+    /// TLB misses where the kernel and the filesystem back file mappings with huge pages, no
+    /// effect elsewhere (the advice is never an error). Ignored as `populate` is.
+    pub huge_pages: bool,
 }
 
 /// Bytes a caller holds, for [`SafeFile::from_memory`]: anything that can lend a byte slice
@@ -56,7 +81,8 @@ pub struct OpenOptions {
 pub type MemoryBytes = Box<dyn AsRef<[u8]> + Send + Sync>;
 
 enum Storage {
-    Mapped(Mmap),
+    /// Shared with a background population thread, which holds it weakly (see `populate`).
+    Mapped(Arc<Mmap>),
     Reader(Reader),
     Direct(DirectFile),
     /// A complete file in memory; views borrow it like the mapping.
@@ -88,8 +114,8 @@ enum Handle<'a> {
 impl Handle<'_> {
     fn read_exact_at(&self, dst: &mut [u8], at: u64) -> io::Result<()> {
         match self {
-            Handle::Borrowed(f) => f.read_exact_at(dst, at),
-            Handle::Owned(f) => f.read_exact_at(dst, at),
+            Handle::Borrowed(f) => parallel::read_exact_at(f, dst, at),
+            Handle::Owned(f) => parallel::read_exact_at(f, dst, at),
             Handle::Direct(d) => d.read_exact_at(dst, at),
         }
     }
@@ -243,10 +269,7 @@ impl SafeFile {
                 // size between any two measurements, and only the mapping's length bounds what a
                 // view may touch. A header checked against an earlier `fstat` could describe
                 // bytes past the end of the mapping.
-                // SAFETY: the mapping is read-only. Another process truncating the file while it
-                // is mapped makes later accesses fault; that is documented, and the read backend
-                // exists for files that may change.
-                let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, "mmap", e))?;
+                let map = map_file(&file, path, options)?;
                 let len = map.len() as u64;
                 if len < LENGTH_PREFIX_SIZE as u64 {
                     return Err(Error::HeaderTooSmall { len });
@@ -262,6 +285,9 @@ impl SafeFile {
                     }
                     _ => parse_allowing(&map, len, allow)?,
                 };
+                if options.populate == Populate::Background {
+                    populate_in_background(&map, path)?;
+                }
                 (header, Storage::Mapped(map))
             }
             Backend::Read => {
@@ -556,7 +582,7 @@ impl SafeFile {
         }
         let want = head..head + len;
         if let Storage::Direct(d) = &self.storage {
-            if len > 0 && dst.as_ptr() as usize % DIRECT_ALIGN == 0 {
+            if len > 0 && (dst.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN) {
                 let op = d.op().map_err(|e| Error::io(&self.path, "open", e))?;
                 let got = op
                     .read_span(&mut dst[..span], start)
@@ -600,16 +626,21 @@ impl SafeFile {
     ) -> Result<()> {
         plan.check_fits(info, dst.len())
             .map_err(|e| e.in_file(&self.path))?;
+        self.read_runs(info.data_offsets.0 as u64, plan, dst)
+    }
+
+    /// The runs of `plan`, a slice of the tensor whose bytes start at data offset `base`, packed
+    /// into `dst` (exactly [`SlicePlan::byte_len`] bytes, checked by the caller).
+    pub(crate) fn read_runs(&self, base: u64, plan: &SlicePlan, dst: &mut [u8]) -> Result<()> {
         // One descriptor for the whole slice, however many runs it has.
         let handle = self.handle()?;
-        let base = info.data_offsets.0 as u64;
         let mut at = 0usize;
         for (offset, len) in plan.runs() {
-            self.read_with(
-                handle.as_ref(),
-                base + offset as u64,
-                &mut dst[at..at + len],
-            )?;
+            let out = at
+                .checked_add(len)
+                .and_then(|end| dst.get_mut(at..end))
+                .ok_or_else(|| self.outside(base + offset as u64, len))?;
+            self.read_with(handle.as_ref(), base + offset as u64, out)?;
             at += len;
         }
         Ok(())
@@ -620,6 +651,75 @@ impl SafeFile {
     pub fn bytes_read(&self) -> u64 {
         self.bytes_read.load(Ordering::Relaxed)
     }
+}
+
+/// Maps `file` read-only as `options` ask: populated at open, with huge pages advised.
+fn map_file(file: &File, path: &Path, options: OpenOptions) -> Result<Arc<Mmap>> {
+    let mut how = MmapOptions::new();
+    if options.populate == Populate::AtOpen {
+        how.populate();
+    }
+    // SAFETY: the mapping is read-only. Another process truncating the file while it is
+    // mapped makes later accesses fault; that is documented, and the read backend exists for
+    // files that may change.
+    let map = unsafe { how.map(file) }.map_err(|e| Error::io(path, "mmap", e))?;
+    if options.huge_pages && !map.is_empty() {
+        // Advice only: a kernel without transparent huge pages refuses it (EINVAL), and the
+        // mapping works the same either way.
+        // SAFETY: the whole of this live mapping; the advice does not change its contents.
+        unsafe {
+            libc::madvise(
+                map.as_ptr() as *mut libc::c_void,
+                map.len(),
+                libc::MADV_HUGEPAGE,
+            )
+        };
+    }
+    Ok(Arc::new(map))
+}
+
+/// Bytes the background population asks the kernel for at a time: small enough that closing
+/// the file waits at most for one such step, large enough that the calls cost nothing.
+const POPULATE_STEP: usize = 64 << 20;
+
+/// Starts a thread that populates `map` step by step, holding it only during each step, so
+/// that the file closes (and unmaps) when its owners let go, whatever the thread is doing.
+fn populate_in_background(map: &Arc<Mmap>, path: &Path) -> Result<()> {
+    let weak: Weak<Mmap> = Arc::downgrade(map);
+    let len = map.len();
+    std::thread::Builder::new()
+        .name("st-populate".into())
+        .spawn(move || {
+            let mut advice = libc::MADV_POPULATE_READ;
+            let mut at = 0usize;
+            while at < len {
+                let Some(map) = weak.upgrade() else {
+                    return;
+                };
+                let n = (len - at).min(POPULATE_STEP);
+                // SAFETY: `[at, at + n)` lies inside the live mapping `map` holds; neither
+                // piece of advice changes its contents.
+                let rc =
+                    unsafe { libc::madvise(map.as_ptr().add(at) as *mut libc::c_void, n, advice) };
+                if rc != 0 {
+                    let e = io::Error::last_os_error();
+                    match e.raw_os_error() {
+                        Some(libc::EINTR) => continue,
+                        // Before Linux 5.14: read the pages in ahead, without mapping them.
+                        Some(libc::EINVAL) if advice == libc::MADV_POPULATE_READ => {
+                            advice = libc::MADV_WILLNEED;
+                            continue;
+                        }
+                        // A file truncated meanwhile (EFAULT), no memory: the accesses that
+                        // follow meet the same condition and report it.
+                        _ => return,
+                    }
+                }
+                at += n;
+            }
+        })
+        .map(drop)
+        .map_err(|e| Error::io(path, "start a populate thread", e))
 }
 
 /// The first block of the file (up to 64 KiB).
@@ -669,5 +769,6 @@ pub(crate) fn parse_allowing(head: &[u8], len: u64, allow_trailing: bool) -> Res
     }
 }
 
+mod parallel;
 #[cfg(test)]
 mod tests;

@@ -12,7 +12,8 @@
 //! - `error.rs`: the one error enum and its messages; `dtype.rs`: the element types;
 //! - `fallible.rs`: fallible allocation for sizes a file or a caller chooses;
 //! - `file.rs` (with `direct.rs`): opening files and reading bytes; `view.rs`: files in memory;
-//! - `slice.rs`: slice plans; `writer.rs` (with `writer/atomic.rs`): writing;
+//! - `slice.rs`: slice plans; `writer.rs` (with `writer/`): writing, at once or in pieces, one
+//!   file or a sharded checkpoint;
 //! - `checkpoint/`: sharded checkpoints (the index file, shard paths, lazy shards);
 //! - `convert/`: dtype conversion and dequantization;
 //! - `distributed/`: tensor-parallel rules and multi-rank plans; `upload.rs`: the staged upload
@@ -46,6 +47,7 @@ mod header;
 mod open;
 mod prefetch;
 mod request;
+pub mod residency;
 mod slice;
 mod stream;
 pub mod upload;
@@ -57,8 +59,8 @@ pub use byte_len::tensor_byte_len;
 pub use checkpoint::{Checkpoint, CheckpointOptions};
 pub use direct::{AlignedBuf, DIRECT_ALIGN};
 pub use dtype::{Dtype, UnknownDtype};
-pub use error::{Error, ErrorKind, HeaderContents, Result, TextField};
-pub use file::{Backend, MemoryBytes, OpenOptions, SafeFile};
+pub use error::{Error, ErrorKind, HeaderContents, PieceProblem, Result, TextField};
+pub use file::{Backend, MemoryBytes, OpenOptions, Populate, SafeFile};
 pub use format::{LENGTH_PREFIX_SIZE, MAX_HEADER_SIZE, MAX_RANK, METADATA_KEY};
 pub use header::{read_header_len, test_hooks, Header, TensorInfo};
 pub use prefetch::{advise, Advice, Plan, Prefetch, PrefetchOptions, MAX_REQUEST_BYTES};
@@ -68,6 +70,7 @@ pub use stream::{HandOver, StreamOptions, StreamTensor, TensorStream};
 pub use url::{is_url, redact_url, url_scheme};
 pub use view::{SafeTensors, TensorView};
 pub use writer::{
-    dtype_to_write, serialize, serialize_to_file, text_to_write, write_atomically,
-    write_atomically_with, Durability, PreparedFile,
+    dtype_to_write, plan_shards, serialize, serialize_to_file, text_to_write, write_atomically,
+    write_atomically_with, Durability, PreparedFile, ShardOptions, ShardPlan, ShardedWriter,
+    StreamWriter, TensorSpec, WriteOptions, DEFAULT_MAX_SHARD_SIZE, MAX_ALIGNMENT,
 };

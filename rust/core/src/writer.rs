@@ -1,24 +1,37 @@
-//! Writing files laid out exactly as the reference writes them: the check of every tensor
-//! (name, byte length), the header layout ([`PreparedFile`]), the entry points `serialize` and
-//! `serialize_to_file`, and the checks of bytes and dtype values handed over by C++. Replacing
-//! the file on disk is `writer/atomic.rs`.
+//! Writing files laid out exactly as the reference writes them. This module holds the entry
+//! points for tensors given at once (`serialize`, `serialize_to_file`, [`PreparedFile`]) and the
+//! checks of bytes and dtype values handed over by C++; its files hold the rest:
+//! - `layout.rs`: the header and where each tensor goes, from names, dtypes, shapes and
+//!   metadata alone (the reference's order, the optional alignment of the data);
+//! - `atomic.rs`: replacing a file atomically (the temporary file, owner, mode, xattrs);
+//! - `streaming.rs`: [`StreamWriter`], a file written tensor by tensor, in pieces, from any
+//!   thread, with positioned writes; `pieces.rs`: which bytes of each tensor have arrived;
+//! - `sharded.rs`: [`ShardedWriter`], a checkpoint of shards and its index, published as a set;
+//!   `shards.rs`: which tensor goes to which shard, and the index file's text.
 //!
-//! Tensors are sorted by dtype, descending (so that large elements come first and stay aligned),
-//! then by name; the header is compact JSON with `__metadata__` first and its keys sorted; the
-//! header is padded with spaces to a multiple of 8. The reference keeps metadata in a hash map,
-//! so with two or more keys its output order varies; ours does not.
+//! The reference keeps metadata in a hash map, so with two or more keys its output order
+//! varies; ours is sorted.
 
 mod atomic;
+mod layout;
+mod pieces;
+mod sharded;
+mod shards;
+mod streaming;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::path::Path;
 
-use crate::byte_len::check_tensor_byte_len;
 use crate::dtype::Dtype;
-use crate::error::{Error, HeaderContents, Result, TextField};
-use crate::format::{LENGTH_PREFIX_SIZE, MAX_HEADER_SIZE, METADATA_KEY};
+use crate::error::{Error, Result, TextField};
 use crate::view::TensorView;
+use layout::{lay_out, Entry};
+
+pub use layout::MAX_ALIGNMENT;
+pub use sharded::{ShardOptions, ShardedWriter};
+pub use shards::{plan_shards, ShardPlan, DEFAULT_MAX_SHARD_SIZE};
+pub use streaming::{StreamWriter, TensorSpec, WriteOptions};
 
 /// A file ready to be written: every tensor checked, the header laid out, the data borrowed.
 ///
@@ -38,7 +51,33 @@ impl<'a> PreparedFile<'a> {
         tensors: impl IntoIterator<Item = (S, TensorView<'a>)>,
         metadata: Option<&BTreeMap<String, String>>,
     ) -> Result<PreparedFile<'a>> {
-        layout(tensors, metadata)
+        PreparedFile::aligned(tensors, metadata, 0)
+    }
+
+    /// [`PreparedFile::new`] with the data buffer starting on a multiple of `alignment` bytes
+    /// (0: the reference's 8; see `writer/layout.rs`). Also refuses a bad alignment
+    /// (`BadAlignment`).
+    pub fn aligned<S: AsRef<str>>(
+        tensors: impl IntoIterator<Item = (S, TensorView<'a>)>,
+        metadata: Option<&BTreeMap<String, String>>,
+        alignment: usize,
+    ) -> Result<PreparedFile<'a>> {
+        let items: Vec<(S, TensorView<'a>)> = tensors.into_iter().collect();
+        let entries: Vec<Entry<'_>> = items
+            .iter()
+            .map(|(name, t)| Entry {
+                name: name.as_ref(),
+                dtype: t.dtype,
+                shape: t.shape,
+                given: Some(t.data.len()),
+            })
+            .collect();
+        let layout = lay_out(&entries, metadata, alignment)?;
+        Ok(PreparedFile {
+            tensors: layout.order.iter().map(|&i| items[i].1.data).collect(),
+            head: layout.head,
+            data_len: layout.data_len,
+        })
     }
 
     /// Length of the whole file in bytes.
@@ -87,106 +126,6 @@ impl<'a> PreparedFile<'a> {
     }
 }
 
-/// Checks every tensor and lays out the header.
-fn layout<'a, S: AsRef<str>>(
-    tensors: impl IntoIterator<Item = (S, TensorView<'a>)>,
-    metadata: Option<&BTreeMap<String, String>>,
-) -> Result<PreparedFile<'a>> {
-    let mut items: Vec<(S, TensorView<'a>)> = tensors.into_iter().collect();
-    let mut seen = HashSet::with_capacity(items.len());
-    for (name, t) in &items {
-        check_tensor(name.as_ref(), t)?;
-        if !seen.insert(name.as_ref()) {
-            return Err(Error::DuplicateKey {
-                key: name.as_ref().to_owned(),
-                in_metadata: false,
-            });
-        }
-    }
-    drop(seen);
-    items.sort_by(|(ln, lt), (rn, rt)| {
-        rt.dtype
-            .cmp(&lt.dtype)
-            .then_with(|| ln.as_ref().cmp(rn.as_ref()))
-    });
-
-    let mut json = Vec::with_capacity(64 + items.len() * 96);
-    json.push(b'{');
-    let mut first = true;
-    // An empty map is written as the reference writes it, except in the one case where the
-    // reference's own output is invalid JSON (no tensors): there we write `{}`.
-    if let Some(meta) = metadata.filter(|m| !m.is_empty() || !items.is_empty()) {
-        write_json_str(&mut json, METADATA_KEY);
-        json.extend_from_slice(b":{");
-        write_separated(&mut json, meta, |json, (k, v)| {
-            write_json_str(json, k);
-            json.push(b':');
-            write_json_str(json, v);
-        });
-        json.push(b'}');
-        first = false;
-    }
-    let mut offset = 0usize;
-    let mut data = Vec::with_capacity(items.len());
-    for (name, t) in &items {
-        if !first {
-            json.push(b',');
-        }
-        first = false;
-        let end = offset
-            .checked_add(t.data.len())
-            .ok_or_else(|| Error::ValidationOverflow {
-                tensor: name.as_ref().to_owned(),
-                shape: t.shape.to_vec(),
-            })?;
-        write_json_str(&mut json, name.as_ref());
-        json.extend_from_slice(b":{\"dtype\":\"");
-        json.extend_from_slice(t.dtype.name().as_bytes());
-        json.extend_from_slice(b"\",\"shape\":[");
-        write_separated(&mut json, t.shape, |json, d| write_usize(json, *d));
-        json.extend_from_slice(b"],\"data_offsets\":[");
-        write_usize(&mut json, offset);
-        json.push(b',');
-        write_usize(&mut json, end);
-        json.extend_from_slice(b"]}");
-        offset = end;
-        data.push(t.data);
-    }
-    json.push(b'}');
-    let padded = json.len().next_multiple_of(LENGTH_PREFIX_SIZE);
-    if padded > MAX_HEADER_SIZE {
-        return Err(Error::HeaderTooLarge {
-            header_len: padded as u64,
-            lfs_pointer: false,
-            writing: Some(HeaderContents {
-                tensors: items.len(),
-                name_bytes: items.iter().map(|(n, _)| n.as_ref().len()).sum(),
-                metadata_bytes: metadata
-                    .map_or(0, |m| m.iter().map(|(k, v)| k.len() + v.len()).sum()),
-            }),
-        });
-    }
-    let mut head = Vec::with_capacity(LENGTH_PREFIX_SIZE + padded);
-    head.extend_from_slice(&(padded as u64).to_le_bytes());
-    head.extend_from_slice(&json);
-    head.resize(LENGTH_PREFIX_SIZE + padded, b' ');
-    Ok(PreparedFile {
-        head,
-        tensors: data,
-        data_len: offset,
-    })
-}
-
-/// Refuses a reserved name and data whose length disagrees with dtype × shape.
-fn check_tensor(name: &str, t: &TensorView<'_>) -> Result<()> {
-    if name == METADATA_KEY {
-        return Err(Error::InvalidTensorName {
-            name: name.to_owned(),
-        });
-    }
-    check_tensor_byte_len(name, t.dtype, t.shape, t.data.len())
-}
-
 /// Header text handed over as bytes (a tensor name, a metadata key or value, from C++), as
 /// UTF-8: the header is UTF-8 JSON, so other bytes cannot be written ([`Error::NotUtf8`]).
 pub fn text_to_write(bytes: &[u8], field: TextField) -> Result<String> {
@@ -210,30 +149,6 @@ pub fn dtype_to_write(tensor: &str, value: u8) -> Result<Dtype> {
     })
 }
 
-/// serde_json's string escaping: `"`, `\` and control characters escaped, the rest verbatim.
-fn write_json_str(out: &mut Vec<u8>, s: &str) {
-    // Writing into a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut *out, s);
-}
-
-/// Writes `items` with `write_one`, separated by commas.
-fn write_separated<T>(
-    out: &mut Vec<u8>,
-    items: impl IntoIterator<Item = T>,
-    mut write_one: impl FnMut(&mut Vec<u8>, T),
-) {
-    for (i, item) in items.into_iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        write_one(out, item);
-    }
-}
-
-fn write_usize(out: &mut Vec<u8>, n: usize) {
-    let _ = write!(out, "{n}");
-}
-
 /// Serializes tensors and optional metadata into the bytes of a safetensors file.
 ///
 /// ```
@@ -246,7 +161,7 @@ pub fn serialize<'a, S: AsRef<str>>(
     tensors: impl IntoIterator<Item = (S, TensorView<'a>)>,
     metadata: Option<&BTreeMap<String, String>>,
 ) -> Result<Vec<u8>> {
-    let prepared = layout(tensors, metadata)?;
+    let prepared = PreparedFile::new(tensors, metadata)?;
     let mut out = vec![0u8; prepared.len()];
     prepared.write_into(&mut out)?;
     Ok(out)
@@ -262,7 +177,7 @@ pub fn serialize_to_file<'a, S: AsRef<str>>(
     path: impl AsRef<Path>,
 ) -> Result<()> {
     let path = path.as_ref();
-    layout(tensors, metadata)
+    PreparedFile::new(tensors, metadata)
         .and_then(|p| p.write_file(path))
         .map_err(|e| e.in_file(path))
 }

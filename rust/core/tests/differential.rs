@@ -55,10 +55,10 @@ fn random_shape(rng: &mut Rng, dtype: Dtype) -> Vec<u64> {
     let mut shape: Vec<u64> = (0..rank).map(|_| rng.below(5)).collect();
     // Mostly keep sub-byte tensors whole bytes; sometimes leave them misaligned on purpose.
     let numel: u64 = shape.iter().product();
-    if (numel * dtype.bits() as u64) % 8 != 0 && rng.chance(85) {
+    if !(numel * dtype.bits() as u64).is_multiple_of(8) && rng.chance(85) {
         shape.push(8 / gcd(dtype.bits() as u64, 8));
         let last = shape.len() - 1;
-        if (shape.iter().product::<u64>() * dtype.bits() as u64) % 8 != 0 {
+        if !(shape.iter().product::<u64>() * dtype.bits() as u64).is_multiple_of(8) {
             shape[last] = 8;
         }
     }

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use common::scratch_dir;
 use safetensors_core::{
-    serialize, Backend, Checkpoint, CheckpointOptions, Dtype, ErrorKind, OpenOptions, SafeFile,
-    TensorView,
+    serialize, Backend, Checkpoint, CheckpointOptions, Dtype, ErrorKind, OpenOptions, Populate,
+    SafeFile, TensorView,
 };
 
 fn file_of(names: &[&str], fill: u8) -> Vec<u8> {
@@ -38,6 +38,8 @@ const LENIENT: CheckpointOptions = CheckpointOptions {
     backend: Backend::Mmap,
     lenient: true,
     allow_trailing_bytes: false,
+    populate: Populate::Lazy,
+    huge_pages: false,
 };
 
 #[test]
@@ -86,6 +88,7 @@ fn trailing_bytes_are_refused_by_default_and_counted_when_allowed() {
         let allow = OpenOptions {
             backend,
             allow_trailing_bytes: true,
+            ..OpenOptions::default()
         };
         let f = SafeFile::open_with(&path, allow).unwrap();
         assert_eq!(f.trailing_bytes(), 9, "{backend:?}");

@@ -228,22 +228,46 @@ impl Gpu {
 
     /// Checks that `[dst, dst + capacity)` is device memory of this device, in one allocation.
     pub(crate) fn check_destination(&self, dst: u64, capacity: usize) -> Result<()> {
-        let attribute = |what: &str, attr: sys::CUpointer_attribute| -> Result<u64> {
+        let what = format!("the destination {dst:#x}");
+        self.check_range(
+            &what,
+            "this uploader writes to",
+            dst,
+            capacity,
+            "bytes of capacity given",
+        )
+    }
+
+    /// Checks that `[src, src + len)` is device memory of this device, in one allocation: the
+    /// bytes of tensor `tensor` to save.
+    pub(crate) fn check_source(&self, tensor: &str, src: u64, len: usize) -> Result<()> {
+        self.check_range(
+            &format!("the bytes of tensor `{tensor}` at {src:#x}"),
+            "these tensors are saved from",
+            src,
+            len,
+            "bytes of the tensor",
+        )
+    }
+
+    /// Checks that `[ptr, ptr + len)` (`what`, for messages) is device memory of this device
+    /// (`role` says what the device is to the call; `bytes` what `len` counts), in one
+    /// allocation.
+    fn check_range(&self, what: &str, role: &str, ptr: u64, len: usize, bytes: &str) -> Result<()> {
+        let attribute = |name: &str, attr: sys::CUpointer_attribute| -> Result<u64> {
             let mut value = 0u64;
             // SAFETY: every attribute read here fits in 8 bytes (an int is read into the low
             // bytes on little-endian hosts, the only ones CUDA supports).
-            call(what, || unsafe {
+            call(name, || unsafe {
                 sys::cuPointerGetAttribute(
                     &mut value as *mut u64 as *mut c_void,
                     attr,
-                    dst as sys::CUdeviceptr,
+                    ptr as sys::CUdeviceptr,
                 )
                 .result()
             })
             .map_err(|e| Error::Cuda {
-                message: format!(
-                    "{e}: the destination {dst:#x} is not device memory this driver knows"
-                ),
+                message: format!("{e}: {what} is not device memory this driver knows"),
             })?;
             Ok(value)
         };
@@ -255,8 +279,7 @@ impl Gpu {
         if ordinal != self.ordinal {
             return Err(Error::Cuda {
                 message: format!(
-                    "the destination {dst:#x} is memory of CUDA device {ordinal}, not of device \
-                     {} that this uploader writes to",
+                    "{what} is memory of CUDA device {ordinal}, not of device {} that {role}",
                     self.ordinal
                 ),
             });
@@ -269,14 +292,13 @@ impl Gpu {
             "cuPointerGetAttribute(RANGE_SIZE)",
             A::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
         )?;
-        // Compared as what is left, never as `dst - start + capacity`: a caller's capacity near
-        // 2^64 (SIZE_MAX for "unknown") would wrap that sum into "fits".
-        let left = size.saturating_sub(dst.saturating_sub(start));
-        if capacity as u64 > left {
+        // Compared as what is left, never as `ptr - start + len`: a caller's length near 2^64
+        // (SIZE_MAX for "unknown") would wrap that sum into "fits".
+        let left = size.saturating_sub(ptr.saturating_sub(start));
+        if len as u64 > left {
             return Err(Error::Cuda {
                 message: format!(
-                    "the destination {dst:#x} has {left} bytes left in its allocation, not the \
-                     {capacity} bytes of capacity given"
+                    "{what} has {left} bytes left in its allocation, not the {len} {bytes}"
                 ),
             });
         }

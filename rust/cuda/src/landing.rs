@@ -118,8 +118,8 @@ impl Uploader {
 
     /// Uploads `plan` into a new allocation, handing each tensor over as it lands (see
     /// [`Delivery`]); every copy has completed on return. On an error, the allocation is freed
-    /// once the device's primary context is idle (so that work the receiver enqueued on it
-    /// completes first), or leaked if that cannot be known.
+    /// once the copies and the work enqueued on the consumer stream by then have completed, or
+    /// leaked if that cannot be known.
     pub fn upload_landing(
         &self,
         files: &[&SafeFile],
@@ -128,12 +128,13 @@ impl Uploader {
     ) -> Result<DeviceBuffer> {
         self.not_from_own_callback()?;
         self.check_delivery(&delivery, false)?;
+        let consumer = delivery.consumer;
         let buffer = self.gpu.alloc(plan.total() as usize)?;
         let layout = StreamLayout::destination(plan, self.ring.slot_bytes());
         match self.stream_layout(self.stream.handle, buffer.ptr(), files, &layout, delivery) {
             Ok(_) => Ok(buffer),
             Err(e) => {
-                self.free_when_idle(buffer);
+                self.free_after_failure(buffer, consumer);
                 Err(e)
             }
         }
@@ -172,13 +173,14 @@ impl Uploader {
     ) -> Result<u64> {
         self.not_from_own_callback()?;
         self.check_delivery(&delivery, true)?;
+        let consumer = delivery.consumer;
         let layout = StreamLayout::scratch(plan, scratch_bytes, self.ring.slot_bytes())?;
         let bytes = layout.device_bytes();
         let scratch = self.gpu.alloc(bytes as usize)?;
         match self.stream_layout(self.stream.handle, scratch.ptr(), files, &layout, delivery) {
             Ok(_) => Ok(bytes),
             Err(e) => {
-                self.free_when_idle(scratch);
+                self.free_after_failure(scratch, consumer);
                 Err(e)
             }
         }
@@ -208,14 +210,25 @@ impl Uploader {
         Ok(())
     }
 
-    /// Frees `buffer` once the context is idle; leaks it when that cannot be known (freeing
-    /// memory a copy or the receiver's work may still use would be worse).
-    fn free_when_idle(&self, buffer: DeviceBuffer) {
-        let idle = self
-            .gpu
-            .enter()
-            .and_then(|_current| call("cuCtxSynchronize", cu::ctx::synchronize));
-        if idle.is_err() {
+    /// Frees `buffer` after a failed upload, once the copies into it (on this uploader's
+    /// stream) and the work enqueued on the consumer stream by now have completed; leaks it
+    /// when that cannot be known (freeing memory a copy or the receiver's work may still use
+    /// would be worse). Never `cuCtxSynchronize`: it would wait for every stream of the
+    /// context, the caller's others too, a deadlock if one of them waits for work the caller
+    /// enqueues only after this call returns. Work the receiver ordered elsewhere on the
+    /// tensors is its own to finish before its callback returns (`cuda.hpp` says so).
+    fn free_after_failure(&self, buffer: DeviceBuffer, consumer: Option<u64>) {
+        let done = self.gpu.enter().and_then(|_current| {
+            self.stream.synchronize()?;
+            match consumer {
+                // SAFETY: the caller's stream, checked, and valid while its call runs.
+                Some(c) => call("cuStreamSynchronize", || unsafe {
+                    cu::stream::synchronize(c as sys::CUstream)
+                }),
+                None => Ok(()),
+            }
+        });
+        if done.is_err() {
             let _ = buffer.release();
         }
     }

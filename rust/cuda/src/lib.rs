@@ -19,15 +19,19 @@
 //! The layers, each importing only those above it:
 //! - `driver.rs`: the driver library, devices, primary contexts, [`Current`];
 //! - `memory.rs`: device allocations, streams, the event pool;
+//! - `pool.rs`: pinned memory, and each device's idle list of it, reused across uploads;
 //! - `pinned.rs`: pinned staging slots and the ring's target on a device;
 //! - `uploader.rs`: [`Uploader`], whole uploads through the ring;
 //! - `landing.rs`: streaming uploads (each tensor handed to the caller as it lands, or through
-//!   a bounded device scratch ring); `stage.rs`: one rank's staging for multi-rank loads.
+//!   a bounded device scratch ring); `stage.rs`: one rank's staging for multi-rank loads;
+//! - `save.rs`: saving device memory, through a small pinned ring, into a writer.
 
 mod driver;
 mod landing;
 mod memory;
 mod pinned;
+mod pool;
+mod save;
 mod stage;
 mod uploader;
 
@@ -35,6 +39,8 @@ pub use driver::{device_count, Current, Gpu};
 pub use landing::{Delivery, LandedTensor};
 pub use memory::{free, DeviceBuffer};
 pub use pinned::PinnedSlot;
+pub use pool::{release_idle, IDLE_BYTES, IDLE_SLOTS};
+pub use save::{save_from_device, DeviceSource};
 pub use stage::Stager;
 pub use uploader::Uploader;
 

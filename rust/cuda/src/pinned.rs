@@ -2,16 +2,16 @@
 //! the copy engine reads them), each with the event that marks its last copy done, and
 //! [`GpuTarget`], the core ring's view of one upload's destination on a device.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::result as cu;
 use cudarc::driver::sys;
 use safetensors_core::upload::UploadTarget;
-use safetensors_core::{Error, Result};
+use safetensors_core::Result;
 
 use crate::driver::{call, Current, Gpu};
 use crate::memory::{EventPool, Stream};
+use crate::pool::{self, Pinned};
 
 impl Gpu {
     /// Seconds for one copy of `bytes` from pinned host memory to the device: the link's
@@ -44,24 +44,32 @@ pub(crate) enum Pending {
     /// The slot's event, recorded after the copy.
     Event,
     /// The copy was enqueued but its event could not be recorded, and waiting for its stream
-    /// failed too: the whole context (current wherever a slot is waited for) must be waited
-    /// for. Never the stream itself: a caller's stream may be destroyed once the call that
-    /// enqueued the copy has returned, and its handle must not be used after that.
-    Context,
+    /// failed too: when it is done cannot be known. The buffer is abandoned (leaked, never
+    /// reused or freed) and the slot takes a fresh one before its next use. Never waited for
+    /// through the stream (a caller's stream may be destroyed once the call that enqueued the
+    /// copy has returned, and its handle must not be used after that), nor through
+    /// `cuCtxSynchronize`, which waits for every stream of the context, the caller's too: a
+    /// deadlock if one of them waits for work the caller enqueues only after we return.
+    Lost,
     /// Copies on a stream this library created and still owns (the multi-rank stager's), waited
-    /// for through that stream. Never a caller's stream (see `Context`).
+    /// for through that stream. Never a caller's stream (see `Lost`).
     OwnStream(sys::CUstream),
 }
 
 /// A pinned staging buffer and the event that marks its last copy done. Dropping it waits for
-/// that copy and frees both; a buffer whose copy could not be waited for is leaked rather than
-/// freed under the copy engine.
+/// that copy and hands both to the device's idle list (`pool.rs`), for the next slot to reuse
+/// without pinning anew; a buffer whose copy could not be waited for is leaked rather than
+/// reused or freed under the copy engine.
 pub struct PinnedSlot {
+    /// `None` only once dropped.
+    memory: Option<Pinned>,
     host: *mut u8,
+    /// Bytes asked for: the buffer may be larger (an idle one reused), never used past this.
     pub(crate) len: usize,
     pub(crate) event: sys::CUevent,
     pub(crate) pending: Pending,
     ctx: sys::CUcontext,
+    ordinal: usize,
 }
 
 // SAFETY: the pinned buffer and event are owned by the slot, which the ring hands to one thread
@@ -70,31 +78,16 @@ unsafe impl Send for PinnedSlot {}
 
 impl PinnedSlot {
     pub(crate) fn new(gpu: &Gpu, len: usize) -> Result<PinnedSlot> {
-        let _current = gpu.enter()?;
-        // Flags 0: page-locked, cached host memory (not write-combined, which CPU writes of file
-        // data would pay for).
-        // SAFETY: the context is current; the memory is only read after being written.
-        let host = call("cuMemHostAlloc", || unsafe { cu::malloc_host(len, 0) }).map_err(|e| {
-            Error::Cuda {
-                message: format!("{e} (allocating {len} bytes of pinned staging memory)"),
-            }
-        })? as *mut u8;
-        // From here on, `Drop` frees what was allocated if the event cannot be created.
-        let mut slot = PinnedSlot {
-            host,
+        let memory = pool::take(gpu.ctx, gpu.ordinal(), len)?;
+        Ok(PinnedSlot {
+            host: memory.host,
+            event: memory.event,
+            memory: Some(memory),
             len,
-            event: std::ptr::null_mut(),
             pending: Pending::None,
             ctx: gpu.ctx,
-        };
-        // Blocking sync: a reader waiting for its slot sleeps rather than spinning.
-        let flags = sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32
-            | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: writes one event handle.
-        call("cuEventCreate", || unsafe {
-            sys::cuEventCreate(&mut slot.event, flags).result()
-        })?;
-        Ok(slot)
+            ordinal: gpu.ordinal(),
+        })
     }
 
     pub(crate) fn buffer(&mut self) -> &mut [u8] {
@@ -110,7 +103,13 @@ impl PinnedSlot {
             Pending::Event => call("cuEventSynchronize", || unsafe {
                 cu::event::synchronize(self.event)
             })?,
-            Pending::Context => call("cuCtxSynchronize", cu::ctx::synchronize)?,
+            Pending::Lost => {
+                let fresh = pool::take(self.ctx, self.ordinal, self.len)?;
+                self.host = fresh.host;
+                self.event = fresh.event;
+                // The copy engine may still read the old buffer: never freed nor reused.
+                std::mem::forget(self.memory.replace(fresh));
+            }
             // SAFETY: the stream is owned by whoever marked the slot, and outlives the slot's use.
             Pending::OwnStream(stream) => call("cuStreamSynchronize", || unsafe {
                 cu::stream::synchronize(stream)
@@ -123,23 +122,20 @@ impl PinnedSlot {
 
 impl Drop for PinnedSlot {
     fn drop(&mut self) {
-        let Ok(_current) = Current::enter(self.ctx) else {
+        let Some(memory) = self.memory.take() else {
             return;
         };
-        if self.wait().is_err() {
-            // The copy engine may still read the buffer: leak it rather than free it.
+        if self.pending == Pending::Lost {
+            std::mem::forget(memory);
             return;
         }
-        if !self.event.is_null() {
-            // SAFETY: owned by this slot, destroyed once, no copy pending.
-            let _ = call("cuEventDestroy", || unsafe {
-                cu::event::destroy(self.event)
-            });
+        let waited = Current::enter(self.ctx).and_then(|_current| self.wait());
+        if waited.is_err() {
+            // The copy engine may still read the buffer: leak it rather than reuse or free it.
+            std::mem::forget(memory);
+            return;
         }
-        // SAFETY: owned by this slot, freed once, no copy pending.
-        let _ = call("cuMemFreeHost", || unsafe {
-            cu::free_host(self.host as *mut c_void)
-        });
+        pool::give_back(self.ordinal, memory);
     }
 }
 
@@ -188,7 +184,7 @@ impl UploadTarget for GpuTarget<'_> {
             Err(e) => {
                 // The copy is queued but untracked: wait for its stream now, while the handle is
                 // certainly valid, before the slot can be refilled; if even that fails, track
-                // the whole context instead (see `Pending::Context`).
+                // the buffer as lost instead (see `Pending::Lost`).
                 // SAFETY: the stream this call enqueued the copy on.
                 let drained = call("cuStreamSynchronize", || unsafe {
                     cu::stream::synchronize(self.stream)
@@ -196,7 +192,7 @@ impl UploadTarget for GpuTarget<'_> {
                 slot.pending = if drained.is_ok() {
                     Pending::None
                 } else {
-                    Pending::Context
+                    Pending::Lost
                 };
                 return Err(e);
             }

@@ -73,7 +73,8 @@ impl Stager {
         self.stream.handle as u64
     }
 
-    /// The pinned staging buffer, at least `len` bytes, once every copy out of it is done.
+    /// The pinned staging buffer, at least `len` bytes, once every copy out of it is done (and
+    /// only those: device work queued after them on the stream may still run).
     pub fn host(&mut self, len: usize) -> Result<&mut [u8]> {
         let _current = self.gpu.enter()?;
         let grow = self.slot.as_ref().is_none_or(|s| s.len < len);
@@ -162,14 +163,26 @@ impl Stager {
         let _current = self.gpu.enter()?;
         let src = &slot.buffer()[src_offset..src_offset + len];
         // SAFETY: the source is pinned memory this stager owns, left untouched until `host`
-        // or drop has waited for the stream (`pending` below); the destination range was
+        // or drop has waited for its copies (`pending` below); the destination range was
         // checked by the caller.
         let queued = call("cuMemcpyHtoDAsync", || unsafe {
             cu::memcpy_htod_async(dst, src, stream)
         });
         // Marked even on failure: a copy the driver may have queued must be waited for.
         slot.pending = Pending::OwnStream(stream);
-        queued
+        queued?;
+        // The slot's event, recorded after this copy (so after every earlier one: they share
+        // the stream), lets a refill wait for the copies out of the buffer only, not for the
+        // broadcasts and device copies queued behind them. Unrecorded, the stream is waited for.
+        // SAFETY: the slot's event, in this context; our own stream.
+        if call("cuEventRecord", || unsafe {
+            cu::event::record(slot.event, stream)
+        })
+        .is_ok()
+        {
+            slot.pending = Pending::Event;
+        }
+        Ok(())
     }
 
     /// Waits for every copy, then hands the destination to the caller (who frees it with

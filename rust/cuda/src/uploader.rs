@@ -159,7 +159,7 @@ impl Uploader {
                 ),
             });
         }
-        if dst % plan.alignment() != 0 {
+        if !dst.is_multiple_of(plan.alignment()) {
             return Err(Error::Cuda {
                 message: format!(
                     "the destination {dst:#x} is not a multiple of {} bytes, the alignment the \

@@ -5,10 +5,10 @@ use std::sync::{Arc, OnceLock};
 
 use safetensors_core::{CheckpointOptions, Error};
 
-use crate::file::{backend, File, Metadata};
+use crate::file::{backend, populate, File, Metadata};
 use crate::status::{guard, Status};
 use crate::status::{handed_over, native_path};
-use ffi::Backend;
+use ffi::{Backend, Populate};
 
 #[cxx::bridge(namespace = "safetensors::ffi")]
 pub mod ffi {
@@ -17,6 +17,7 @@ pub mod ffi {
         include!("safetensors/ffi/src/file.rs.h");
         type Status = crate::status::ffi::Status;
         type Backend = crate::file::ffi::Backend;
+        type Populate = crate::file::ffi::Populate;
         type File = crate::file::File;
         type Metadata = crate::file::Metadata;
     }
@@ -25,12 +26,15 @@ pub mod ffi {
         /// A sharded checkpoint (an index and its shards) or a single file.
         #[derive(ExternType)]
         type Checkpoint;
-        /// Opens an index (`.json`) or a single safetensors file. Null on failure.
+        /// Opens an index (`.json`) or a single safetensors file; `populate` and `huge_pages`
+        /// are each mapped shard's controls, from its open on. Null on failure.
         fn open_checkpoint(
             path: &[u8],
             backend: Backend,
             lenient: bool,
             allow_trailing_bytes: bool,
+            populate: Populate,
+            huge_pages: bool,
             status: &mut Status,
         ) -> *mut Checkpoint;
         /// The shard holding `name`, opened, with `ShardMissing` when (lenient) it lacks it.
@@ -80,6 +84,8 @@ pub fn open_checkpoint(
     backend: Backend,
     lenient: bool,
     allow_trailing_bytes: bool,
+    populate: Populate,
+    huge_pages: bool,
     status: &mut Status,
 ) -> *mut Checkpoint {
     guard(status, || {
@@ -87,6 +93,8 @@ pub fn open_checkpoint(
             backend: self::backend(backend)?,
             lenient,
             allow_trailing_bytes,
+            populate: self::populate(populate)?,
+            huge_pages,
         };
         let inner = safetensors_core::Checkpoint::open_with(native_path(path), options)?;
         let files = (0..inner.shard_count()).map(|_| OnceLock::new()).collect();
@@ -200,7 +208,7 @@ mod tests {
 
     use safetensors_core::{serialize_to_file, Dtype, TensorView};
 
-    use super::{open_checkpoint, Backend};
+    use super::{open_checkpoint, Backend, Populate};
     use crate::status::{adopt, outcome};
 
     fn scratch(name: &str) -> PathBuf {
@@ -222,7 +230,15 @@ mod tests {
         serialize_to_file(views, None, &path).unwrap();
         let ckpt = adopt(
             outcome(|s| {
-                open_checkpoint(path.as_os_str().as_bytes(), Backend::Mmap, false, false, s)
+                open_checkpoint(
+                    path.as_os_str().as_bytes(),
+                    Backend::Mmap,
+                    false,
+                    false,
+                    Populate::Lazy,
+                    false,
+                    s,
+                )
             })
             .unwrap(),
         );
@@ -244,17 +260,25 @@ mod tests {
         let mut writer = crate::writer::new_writer(&raw);
         outcome(|s| writer.add_tensor(b"w", Dtype::U8 as u8, &[2], &[5, 6], s)).unwrap();
         // SAFETY: the tensor bytes are a static array that outlives the writer.
-        outcome(|s| unsafe { writer.write_file(&raw, false, s) }).unwrap();
+        outcome(|s| unsafe { writer.write_file(&raw, false, 0, s) }).unwrap();
         let names: Vec<Vec<u8>> = std::fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().as_bytes().to_vec())
             .collect();
         assert_eq!(names, [b"caf\xe9-\xe0\xe8.safetensors".to_vec()]);
-        let file =
-            adopt(outcome(|s| crate::file::open_file(&raw, Backend::Read, false, s)).unwrap());
+        let file = adopt(
+            outcome(|s| {
+                crate::file::open_file(&raw, Backend::Read, false, Populate::Lazy, false, s)
+            })
+            .unwrap(),
+        );
         assert_eq!(file.tensor_count(), 1);
-        let ckpt =
-            adopt(outcome(|s| open_checkpoint(&raw, Backend::Mmap, false, false, s)).unwrap());
+        let ckpt = adopt(
+            outcome(|s| {
+                open_checkpoint(&raw, Backend::Mmap, false, false, Populate::Lazy, false, s)
+            })
+            .unwrap(),
+        );
         assert_eq!(ckpt.shard_path(0), raw.as_slice());
         assert_eq!(OsStr::from_bytes(ckpt.shard_path(0)).len(), raw.len());
         std::fs::remove_dir_all(&dir).unwrap();

@@ -1,6 +1,6 @@
 //! Uploads to the GPU (bridge and glue): `UploadJob` is what an upload reads, planned from the
 //! same requests as prefetch and streams; `Uploader` runs it; streaming uploads hand each tensor
-//! to a C++ function as it lands. The driver side is `cuda/enabled.rs`; without the `cuda`
+//! to a C++ function as it lands. Saves go the other way: device memory into a writer. The driver side is `cuda/enabled.rs`; without the `cuda`
 //! feature `cuda/disabled.rs` gives every entry point a `Cuda` error saying so, so the C++ API
 //! is the same in every build.
 
@@ -19,9 +19,11 @@ pub mod ffi {
     unsafe extern "C++" {
         include!("safetensors/ffi/src/status.rs.h");
         include!("safetensors/ffi/src/stream.rs.h");
+        include!("safetensors/ffi/src/writer.rs.h");
         type Status = crate::status::ffi::Status;
         type Source = crate::stream::Source;
         type RequestList = crate::stream::RequestList;
+        type StreamingWriter = crate::writer::StreamingWriter;
     }
 
     /// Where one uploaded tensor lives in the destination (every placement of a job crosses
@@ -94,6 +96,19 @@ pub mod ffi {
         fn cuda_download(device: usize, src: u64, dst: &mut [u8], status: &mut Status);
         /// Seconds for one copy of `bytes` from pinned memory to the device.
         fn cuda_pinned_copy_seconds(device: usize, bytes: usize, status: &mut Status) -> f64;
+        /// Unpins the staging memory `device` keeps idle between uploads; the bytes unpinned.
+        fn cuda_release_staging(device: usize, status: &mut Status) -> usize;
+        /// Writes every tensor `writer` declared from device memory of `device`: tensor `i`
+        /// (declaration order) from address `ptrs[i]`, through `slots` pinned staging slots of
+        /// `slot_bytes` each (0: 4 slots of 16 MiB). The writer is not finished.
+        fn cuda_save(
+            writer: &StreamingWriter,
+            device: usize,
+            ptrs: &[u64],
+            slots: usize,
+            slot_bytes: usize,
+            status: &mut Status,
+        );
 
         /// One rank's device staging for a multi-rank load: a destination allocation, a
         /// pinned staging buffer, a device scratch buffer and a stream.

@@ -9,7 +9,7 @@ use safetensors_core::{fallible, Error, Indexer, OpenOptions, SafeFile, TensorIn
 
 use crate::status::{guard, Fallback, Status};
 use crate::status::{handed_over, native_path};
-use ffi::{Backend, ByteRun, SliceIndex, SliceKind, TensorMeta};
+use ffi::{Backend, ByteRun, Populate, SliceIndex, SliceKind, TensorMeta};
 
 #[cxx::bridge(namespace = "safetensors::ffi")]
 pub mod ffi {
@@ -25,6 +25,15 @@ pub mod ffi {
         Mmap = 0,
         Read = 1,
         Direct = 2,
+    }
+
+    /// When a mapped file's pages are brought in: `safetensors::Populate`'s values.
+    #[derive(Debug)]
+    #[repr(u8)]
+    enum Populate {
+        Lazy = 0,
+        AtOpen = 1,
+        Background = 2,
     }
 
     /// One tensor: position in file order, dtype index, data offsets, and where its shape is in
@@ -84,11 +93,14 @@ pub mod ffi {
         type File;
 
         /// Opens and validates `path` (raw bytes of a native path) with `backend`;
-        /// `allow_trailing_bytes` accepts bytes after the last tensor. Null on failure.
+        /// `allow_trailing_bytes` accepts bytes after the last tensor; `populate` and
+        /// `huge_pages` are the mapping's controls. Null on failure.
         fn open_file(
             path: &[u8],
             backend: Backend,
             allow_trailing_bytes: bool,
+            populate: Populate,
+            huge_pages: bool,
             status: &mut Status,
         ) -> *mut File;
         /// Validates a complete file in memory. The File borrows `data` and owns `owner`, which
@@ -253,6 +265,19 @@ pub(crate) fn backend(b: Backend) -> Result<safetensors_core::Backend, Error> {
     }
 }
 
+/// The core's `Populate`; a value that names none is an error, as for `backend`.
+pub(crate) fn populate(p: Populate) -> Result<safetensors_core::Populate, Error> {
+    match p {
+        Populate::Lazy => Ok(safetensors_core::Populate::Lazy),
+        Populate::AtOpen => Ok(safetensors_core::Populate::AtOpen),
+        Populate::Background => Ok(safetensors_core::Populate::Background),
+        Populate { repr } => Err(Error::InvalidSlice {
+            tensor: String::new(),
+            reason: format!("populate value {repr} is not Lazy (0), AtOpen (1) or Background (2)"),
+        }),
+    }
+}
+
 impl File {
     pub(crate) fn wrap(inner: Arc<SafeFile>) -> File {
         let metadata = Metadata::new(inner.header().metadata());
@@ -264,17 +289,21 @@ impl File {
     }
 }
 
-/// Opens `path` with `backend`, accepting trailing bytes when asked.
+/// Opens `path` with `backend`, accepting trailing bytes when asked, with the mapping's controls.
 pub fn open_file(
     path: &[u8],
     backend: Backend,
     allow_trailing_bytes: bool,
+    populate: Populate,
+    huge_pages: bool,
     status: &mut Status,
 ) -> *mut File {
     guard(status, || {
         let options = OpenOptions {
             backend: self::backend(backend)?,
             allow_trailing_bytes,
+            populate: self::populate(populate)?,
+            huge_pages,
         };
         let inner = SafeFile::open_with(native_path(path), options)?;
         Ok(handed_over(File::wrap(Arc::new(inner))))
@@ -646,12 +675,39 @@ mod tests {
     #[test]
     fn a_backend_or_slice_kind_that_names_none_is_an_error_not_a_guess() {
         for repr in [3u8, 7, 255] {
-            let err = outcome(|s| open_file(b"/nonexistent", Backend { repr }, false, s))
-                .map(|_| ())
-                .unwrap_err();
+            let err = outcome(|s| {
+                open_file(
+                    b"/nonexistent",
+                    Backend { repr },
+                    false,
+                    Populate::Lazy,
+                    false,
+                    s,
+                )
+            })
+            .map(|_| ())
+            .unwrap_err();
             assert_eq!(err.kind, ErrorKind::InvalidSlice as u8, "{}", err.message);
             assert!(
                 err.message.contains(&format!("backend value {repr}")),
+                "{}",
+                err.message
+            );
+            let err = outcome(|s| {
+                open_file(
+                    b"/nonexistent",
+                    Backend::Read,
+                    false,
+                    Populate { repr },
+                    false,
+                    s,
+                )
+            })
+            .map(|_| ())
+            .unwrap_err();
+            assert_eq!(err.kind, ErrorKind::InvalidSlice as u8, "{}", err.message);
+            assert!(
+                err.message.contains(&format!("populate value {repr}")),
                 "{}",
                 err.message
             );

@@ -26,7 +26,9 @@
 //! - `checkpoint.rs`: `Checkpoint`;
 //! - `writer.rs`: `Writer`; `convert.rs`: dtype conversion and dequantization;
 //! - `stream.rs`: `Source` (a file or a checkpoint), `RequestList`, prefetch, advice, streams;
-//! - `cuda.rs` (with `cuda/`): uploads; `distributed.rs`: tensor-parallel rules, load plans;
+//! - `cuda.rs` (with `cuda/`): uploads; `memory.rs`: host loads into one allocation, locking
+//!   and releasing pages (it reuses `cuda.rs`'s placements); `distributed.rs`: tensor-parallel
+//!   rules, load plans;
 //! - `remote.rs` (with `remote/`): remote files (`s3://`, `http(s)://`) opened into memory;
 //! - `version.rs`: the versioned symbol.
 
@@ -35,6 +37,7 @@ pub mod convert;
 pub mod cuda;
 pub mod distributed;
 pub mod file;
+pub mod memory;
 pub mod remote;
 pub mod status;
 pub mod stream;

@@ -52,6 +52,20 @@ pub(crate) fn native_path(bytes: &[u8]) -> &std::path::Path {
     std::path::Path::new(std::ffi::OsStr::from_bytes(bytes))
 }
 
+/// `items[start..start + len]`, or an `Internal` error: the span of one name (or shape) among
+/// the flat buffers a C++ header built for one call.
+pub(crate) fn part<T>(items: &[T], start: usize, len: usize) -> Result<&[T], Error> {
+    start
+        .checked_add(len)
+        .and_then(|end| items.get(start..end))
+        .ok_or_else(|| Error::Internal {
+            message: format!(
+                "a span [{start}, +{len}) lies outside its buffer of {}",
+                items.len()
+            ),
+        })
+}
+
 /// A Rust object handed to C++ by address; C++ adopts it with `rust::Box::from_raw`.
 pub(crate) fn handed_over<T>(value: T) -> *mut T {
     Box::into_raw(Box::new(value))

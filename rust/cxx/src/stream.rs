@@ -14,7 +14,7 @@ use safetensors_core::{
 use crate::checkpoint::Checkpoint;
 use crate::file::{indexers, File};
 use crate::status::handed_over;
-use crate::status::{guard, Status};
+use crate::status::{guard, part, Status};
 use ffi::{Advice, RequestSpan, SliceIndex};
 
 #[cxx::bridge(namespace = "safetensors::ffi")]
@@ -197,6 +197,20 @@ impl Source {
         }
     }
 
+    /// Runs `f` on each file of the source that is open: the file, or the checkpoint's shards
+    /// opened so far (a plan of the source opens those its requests touch).
+    pub(crate) fn each_file(
+        &self,
+        mut f: impl FnMut(&SafeFile) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        match &self.from {
+            From::File(file) => f(file),
+            From::Checkpoint(c) => (0..c.shard_count())
+                .filter(|&i| c.shard_is_open(i))
+                .try_for_each(|i| f(c.shard(i)?)),
+        }
+    }
+
     pub fn files_for(&self, requests: &RequestList) -> Vec<usize> {
         let ckpt = match &self.from {
             From::File(_) => return vec![0],
@@ -262,19 +276,6 @@ pub fn new_request_list(
             .collect::<Result<Vec<_>, Error>>()?;
         Ok(handed_over(RequestList { all, wanted }))
     })
-}
-
-/// `items[start..start + len]`, or an `Internal` error (the C++ header builds the spans).
-fn part<T>(items: &[T], start: usize, len: usize) -> Result<&[T], Error> {
-    start
-        .checked_add(len)
-        .and_then(|end| items.get(start..end))
-        .ok_or_else(|| Error::Internal {
-            message: format!(
-                "a request span [{start}, +{len}) lies outside its buffer of {}",
-                items.len()
-            ),
-        })
 }
 
 impl RequestList {
@@ -362,13 +363,7 @@ pub fn advise(source: &Source, requests: &RequestList, advice: Advice, status: &
         };
         let requests = requests.core(source.path())?;
         let plan = source.with(|s| Plan::of(s, requests.as_deref()))?;
-        // Each file the plan covers: the file, or the shards of a checkpoint (opened by the plan).
-        match &source.from {
-            From::File(file) => safetensors_core::advise(file, &plan, advice),
-            From::Checkpoint(c) => (0..c.shard_count())
-                .filter(|&i| c.shard_is_open(i))
-                .try_for_each(|i| safetensors_core::advise(c.shard(i)?, &plan, advice)),
-        }
+        source.each_file(|file| safetensors_core::advise(file, &plan, advice))
     })
 }
 
@@ -539,6 +534,8 @@ mod tests {
                 crate::file::open_file(
                     path.as_os_str().as_bytes(),
                     crate::file::ffi::Backend::Read,
+                    false,
+                    crate::file::ffi::Populate::Lazy,
                     false,
                     s,
                 )

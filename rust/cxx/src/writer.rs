@@ -1,13 +1,18 @@
-//! `Writer`: tensors handed over one by one from C++, then written in one go (bridge and glue).
+//! Writing (bridge and glue): `Writer`, tensors handed over one by one from C++ and written in
+//! one go (`save_file`, `serialize`); `StreamingWriter`, a file or a sharded checkpoint whose
+//! tensors are declared in one call and whose bytes arrive in pieces, from any thread.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::RwLock;
 
 use safetensors_core::{
-    dtype_to_write, text_to_write, Dtype, Durability, Error, PreparedFile, TensorView, TextField,
+    dtype_to_write, text_to_write, Dtype, Durability, Error, PreparedFile, ShardOptions,
+    ShardedWriter, StreamWriter, TensorSpec, TensorView, TextField, WriteOptions,
 };
 
-use crate::status::{guard, Status};
+use crate::status::{guard, handed_over, part, Status};
+use ffi::{MetadataSpan, StreamingOptions, TensorDecl};
 
 #[cxx::bridge(namespace = "safetensors::ffi")]
 pub mod ffi {
@@ -35,14 +40,92 @@ pub mod ffi {
         fn keep_metadata(self: &mut Writer);
         /// Adds a metadata entry (refuses a repeated key).
         fn add_metadata(self: &mut Writer, key: &[u8], value: &[u8], status: &mut Status);
-        /// Checks everything, lays the file out once, and returns its length; `write_into` then
-        /// writes that layout.
-        unsafe fn prepare(self: &mut Writer, status: &mut Status) -> usize;
+        /// Checks everything, lays the file out once (the data starting on a multiple of
+        /// `alignment`, 0 for the reference's layout), and returns its length; `write_into`
+        /// then writes that layout.
+        unsafe fn prepare(self: &mut Writer, alignment: usize, status: &mut Status) -> usize;
         /// Writes the prepared file into `dst` (exactly `prepare`'s length).
         unsafe fn write_into(self: &Writer, dst: &mut [u8], status: &mut Status);
-        /// Writes the file atomically at `path`, fsynced when `sync`.
-        unsafe fn write_file(self: &Writer, path: &[u8], sync: bool, status: &mut Status);
+        /// Writes the file atomically at `path`, fsynced when `sync`, the data starting on a
+        /// multiple of `alignment` (0: the reference's layout).
+        unsafe fn write_file(
+            self: &Writer,
+            path: &[u8],
+            sync: bool,
+            alignment: usize,
+            status: &mut Status,
+        );
     }
+
+    /// How a streaming writer writes (C++'s `SaveOptions` and `ShardOptions`).
+    #[derive(Debug, Clone, Copy)]
+    struct StreamingOptions {
+        sync: bool,
+        empty_metadata: bool,
+        alignment: usize,
+        /// Shards in the directory `target` (else one file at `target`), named after the
+        /// prefix `text[prefix_start..][..prefix_len]`.
+        sharded: bool,
+        max_shard_size: u64,
+        prefix_start: usize,
+        prefix_len: usize,
+    }
+
+    /// One declared tensor: its name `text[name_start..][..name_len]`, its dtype (an index),
+    /// its shape `dims[dims_start..][..rank]`.
+    #[derive(Debug, Clone, Copy)]
+    struct TensorDecl {
+        name_start: usize,
+        name_len: usize,
+        dtype: u8,
+        dims_start: usize,
+        rank: usize,
+    }
+
+    /// One metadata entry: its key and value, spans of `text`.
+    #[derive(Debug, Clone, Copy)]
+    struct MetadataSpan {
+        key_start: usize,
+        key_len: usize,
+        value_start: usize,
+        value_len: usize,
+    }
+
+    extern "Rust" {
+        /// A file, or a sharded checkpoint, written in pieces.
+        #[derive(ExternType)]
+        type StreamingWriter;
+        /// Declares every tensor and metadata entry at once (names, keys, values and the prefix
+        /// in one `text` buffer, shapes in `dims`). Null on failure.
+        fn new_streaming_writer(
+            target: &[u8],
+            tensors: &[TensorDecl],
+            metadata: &[MetadataSpan],
+            text: &[u8],
+            dims: &[usize],
+            options: &StreamingOptions,
+            status: &mut Status,
+        ) -> *mut StreamingWriter;
+        /// Writes `data` at byte `offset` of tensor `name`; with `whole`, `data` is the whole
+        /// tensor (and `offset` 0).
+        fn write_tensor(
+            self: &StreamingWriter,
+            name: &[u8],
+            offset: u64,
+            data: &[u8],
+            whole: bool,
+            status: &mut Status,
+        );
+        /// Checks that every byte arrived and publishes the file or the set.
+        fn finish(self: &StreamingWriter, status: &mut Status);
+        /// The files `finish` publishes (shards, then the index), relative to the target's
+        /// directory for a sharded checkpoint.
+        fn files(self: &StreamingWriter) -> Vec<String>;
+        /// The bytes of every tensor together.
+        fn total_size(self: &StreamingWriter) -> u64;
+    }
+
+    impl Box<StreamingWriter> {}
 }
 
 /// Tensors and metadata collected for one `serialize` or `save_file` call.
@@ -132,7 +215,7 @@ impl Writer {
 
     /// # Safety
     /// Every span passed to `add_tensor` must still be alive.
-    unsafe fn prepared(&self) -> Result<PreparedFile<'_>, Error> {
+    unsafe fn prepared_aligned(&self, alignment: usize) -> Result<PreparedFile<'_>, Error> {
         let views = (0..self.names.len()).map(|i| {
             let (ptr, len) = self.data[i];
             // SAFETY: the caller guarantees the C++ spans are alive (see the type's docs); an
@@ -147,7 +230,7 @@ impl Writer {
                 TensorView::new(self.dtypes[i], &self.shapes[i], bytes),
             )
         });
-        PreparedFile::new(views, self.metadata.as_ref())
+        PreparedFile::aligned(views, self.metadata.as_ref(), alignment)
     }
 
     /// Lays the file out (every check included) and keeps the layout for `write_into`; returns
@@ -155,9 +238,9 @@ impl Writer {
     ///
     /// # Safety
     /// Every span passed to `add_tensor` must stay alive until the writer is dropped.
-    pub unsafe fn prepare(&mut self, status: &mut Status) -> usize {
+    pub unsafe fn prepare(&mut self, alignment: usize, status: &mut Status) -> usize {
         guard(status, || {
-            let prepared = unsafe { self.prepared() }?;
+            let prepared = unsafe { self.prepared_aligned(alignment) }?;
             let len = prepared.len();
             // SAFETY: a `PreparedFile` keeps only the tensor data slices (names and shapes are
             // read while laying out), and those stay alive until the writer is dropped (the
@@ -183,17 +266,235 @@ impl Writer {
 
     /// # Safety
     /// Every span passed to `add_tensor` must still be alive.
-    pub unsafe fn write_file(&self, path: &[u8], sync: bool, status: &mut Status) {
+    pub unsafe fn write_file(
+        &self,
+        path: &[u8],
+        sync: bool,
+        alignment: usize,
+        status: &mut Status,
+    ) {
         guard(status, || {
             let path = crate::status::native_path(path);
-            let durability = if sync {
-                Durability::Synced
-            } else {
-                Durability::Unsynced
-            };
-            unsafe { self.prepared() }
-                .and_then(|p| p.write_file_with(path, durability))
+            unsafe { self.prepared_aligned(alignment) }
+                .and_then(|p| p.write_file_with(path, durability(sync)))
                 .map_err(|e| e.in_file(path))
         })
+    }
+}
+
+fn durability(sync: bool) -> Durability {
+    if sync {
+        Durability::Synced
+    } else {
+        Durability::Unsynced
+    }
+}
+
+/// What a streaming writer writes: one file, or a checkpoint's shards and index.
+enum Target {
+    File(StreamWriter),
+    Sharded(ShardedWriter),
+}
+
+impl Target {
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    fn write_index(&self, index: usize, offset: u64, data: &[u8]) -> Result<(), Error> {
+        match self {
+            Target::File(w) => w.write_index(index, offset, data),
+            Target::Sharded(w) => w.write_index(index, offset, data),
+        }
+    }
+}
+
+/// A file, or a sharded checkpoint, written in pieces. Writes from several C++ threads share
+/// the lock; `finish` takes it alone, so a `finish` racing with writes waits for them, and every
+/// call after it is an error, never a use of a writer that is gone.
+pub struct StreamingWriter {
+    target: RwLock<Option<Target>>,
+    /// The path given, named by the errors of a finished writer.
+    path: PathBuf,
+    /// What `finish` publishes, and the tensors' bytes, kept for after it.
+    files: Vec<String>,
+    total_size: u64,
+}
+
+/// `__metadata__` to write: none, or a map (empty included).
+type MetadataMap = Option<BTreeMap<String, String>>;
+
+/// The declared tensors and the metadata, checked as the core's writers check them (names and
+/// metadata UTF-8, dtypes real, no key twice; the rest is the core's).
+fn declared(
+    tensors: &[TensorDecl],
+    metadata: &[MetadataSpan],
+    text: &[u8],
+    dims: &[usize],
+    empty_metadata: bool,
+) -> Result<(Vec<TensorSpec>, MetadataMap), Error> {
+    let mut specs = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        let name = text_to_write(part(text, t.name_start, t.name_len)?, TextField::TensorName)?;
+        let dtype = dtype_to_write(&name, t.dtype)?;
+        let shape = part(dims, t.dims_start, t.rank)?;
+        specs.push(TensorSpec::new(name, dtype, shape));
+    }
+    let mut map = empty_metadata.then(BTreeMap::new);
+    for m in metadata {
+        let key = text_to_write(part(text, m.key_start, m.key_len)?, TextField::MetadataKey)?;
+        let value = text_to_write(
+            part(text, m.value_start, m.value_len)?,
+            TextField::MetadataValue,
+        )?;
+        let map = map.get_or_insert_with(BTreeMap::new);
+        if map.contains_key(&key) {
+            return Err(Error::DuplicateKey {
+                key,
+                in_metadata: true,
+            });
+        }
+        map.insert(key, value);
+    }
+    Ok((specs, map))
+}
+
+pub fn new_streaming_writer(
+    target: &[u8],
+    tensors: &[TensorDecl],
+    metadata: &[MetadataSpan],
+    text: &[u8],
+    dims: &[usize],
+    options: &StreamingOptions,
+    status: &mut Status,
+) -> *mut StreamingWriter {
+    let path = crate::status::native_path(target);
+    guard(status, || {
+        let (specs, metadata) = declared(tensors, metadata, text, dims, options.empty_metadata)
+            .map_err(|e| e.in_file(path))?;
+        let write = WriteOptions {
+            durability: durability(options.sync),
+            alignment: options.alignment,
+        };
+        let target = if options.sharded {
+            let prefix = part(text, options.prefix_start, options.prefix_len)?;
+            let prefix =
+                text_to_write(prefix, TextField::TensorName).map_err(|e| e.in_file(path))?;
+            Target::Sharded(ShardedWriter::create(
+                path,
+                &specs,
+                metadata.as_ref(),
+                ShardOptions {
+                    max_shard_size: options.max_shard_size,
+                    prefix,
+                    write,
+                },
+            )?)
+        } else {
+            Target::File(StreamWriter::create(
+                path,
+                &specs,
+                metadata.as_ref(),
+                write,
+            )?)
+        };
+        let (files, total_size) = match &target {
+            Target::File(w) => (
+                vec![path.to_string_lossy().into_owned()],
+                (0..w.tensor_count()).map(|i| w.tensor_len(i)).sum(),
+            ),
+            Target::Sharded(w) => (w.files(), w.total_size()),
+        };
+        Ok(handed_over(StreamingWriter {
+            target: RwLock::new(Some(target)),
+            path: path.to_path_buf(),
+            files,
+            total_size,
+        }))
+    })
+}
+
+impl StreamingWriter {
+    /// Runs `f` on the target, unless the writer has finished.
+    fn with_target<T>(&self, f: impl FnOnce(&Target) -> Result<T, Error>) -> Result<T, Error> {
+        match &*self.target.read().unwrap_or_else(|p| p.into_inner()) {
+            Some(t) => f(t),
+            None => Err(self.finished()),
+        }
+    }
+
+    fn finished(&self) -> Error {
+        Error::Internal {
+            message: format!(
+                "{}: the writer has finished (or failed to): make a new one to write again",
+                self.path.display()
+            ),
+        }
+    }
+
+    /// Writes `data` at byte `offset` of the declared tensor at `index` (declaration order).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn write_index(&self, index: usize, offset: u64, data: &[u8]) -> Result<(), Error> {
+        self.with_target(|t| t.write_index(index, offset, data))
+    }
+
+    /// The name and bytes of each declared tensor, in declaration order.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn declared(&self) -> Result<Vec<(String, u64)>, Error> {
+        self.with_target(|t| {
+            Ok(match t {
+                Target::File(w) => (0..w.tensor_count())
+                    .map(|i| (w.tensor_name(i).to_owned(), w.tensor_len(i)))
+                    .collect(),
+                Target::Sharded(w) => (0..w.tensor_count())
+                    .map(|i| (w.tensor_name(i).to_owned(), w.tensor_len(i)))
+                    .collect(),
+            })
+        })
+    }
+
+    pub fn write_tensor(
+        &self,
+        name: &[u8],
+        offset: u64,
+        data: &[u8],
+        whole: bool,
+        status: &mut Status,
+    ) {
+        guard(status, || {
+            // A name that is not UTF-8 was never declared.
+            let name = std::str::from_utf8(name).map_err(|_| {
+                Error::TensorNotFound {
+                    name: String::from_utf8_lossy(name).into_owned(),
+                }
+                .in_file(&self.path)
+            })?;
+            self.with_target(|t| match (t, whole) {
+                (Target::File(w), true) => w.write(name, data),
+                (Target::File(w), false) => w.write_at(name, offset, data),
+                (Target::Sharded(w), true) => w.write(name, data),
+                (Target::Sharded(w), false) => w.write_at(name, offset, data),
+            })
+        })
+    }
+
+    pub fn finish(&self, status: &mut Status) {
+        guard(status, || {
+            let target = self
+                .target
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+                .ok_or_else(|| self.finished())?;
+            match target {
+                Target::File(w) => w.finish(),
+                Target::Sharded(w) => w.finish(),
+            }
+        })
+    }
+
+    pub fn files(&self) -> Vec<String> {
+        self.files.clone()
+    }
+
+    pub fn total_size(&self) -> u64 {
+        self.total_size
     }
 }

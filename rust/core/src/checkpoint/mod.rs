@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::{Error, Result};
-use crate::file::{read_regular, Backend, OpenOptions, SafeFile};
+use crate::file::{read_regular, Backend, OpenOptions, Populate, SafeFile};
 use crate::header::TensorInfo;
 use index::{parse_index, MAX_INDEX_SIZE};
 use paths::{check_shard_file, confined, index_dir, is_index_path};
@@ -44,6 +44,11 @@ pub struct CheckpointOptions {
     /// Open shards (or the single file) with bytes after their last tensor; see
     /// [`OpenOptions::allow_trailing_bytes`] and [`Checkpoint::trailing_bytes`].
     pub allow_trailing_bytes: bool,
+    /// When each mapped shard's pages are brought in, from the shard's open on (see
+    /// [`OpenOptions::populate`]).
+    pub populate: Populate,
+    /// Huge pages advised on each mapped shard (see [`OpenOptions::huge_pages`]).
+    pub huge_pages: bool,
 }
 
 impl CheckpointOptions {
@@ -51,6 +56,8 @@ impl CheckpointOptions {
         OpenOptions {
             backend: self.backend,
             allow_trailing_bytes: self.allow_trailing_bytes,
+            populate: self.populate,
+            huge_pages: self.huge_pages,
         }
     }
 }

@@ -20,6 +20,7 @@ mod encode;
 mod formats;
 #[cfg(target_arch = "x86_64")]
 mod simd;
+mod streaming;
 
 pub use dequant::{dequantize_fp8_blocks, dequantize_mxfp4, mxfp4_output_shape};
 
@@ -120,16 +121,99 @@ pub fn convert(from: Dtype, shape: &[usize], src: &[u8], to: Dtype, dst: &mut [u
     Ok(())
 }
 
-/// The conversion loops; lengths already agree.
+/// The conversion loops; lengths already agree. Outputs larger than the last-level cache are
+/// written with streaming stores (`streaming.rs`); the bits are the same on every path.
 pub(crate) fn convert_unchecked(from: Dtype, src: &[u8], to: Dtype, dst: &mut [u8]) {
+    convert_on(
+        Kernels::detect(),
+        streaming::Store::detect(dst.len()),
+        from,
+        src,
+        to,
+        dst,
+    );
+}
+
+/// Which copy of the element loops runs: the portable one, the one compiled for AVX2 and F16C,
+/// or that one with AVX-512 table lookups for the 8-bit floats (`simd.rs`). All give the same
+/// bits; tests run each the CPU has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kernels {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+    Avx512,
+}
+
+impl Kernels {
+    /// The fastest copy this CPU runs (std caches the CPUID answer).
+    #[inline]
+    pub(crate) fn detect() -> Self {
+        #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+        if simd::avx512_available() {
+            return Kernels::Avx512;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if simd::available() {
+            return Kernels::Avx2;
+        }
+        Kernels::Portable
+    }
+
+    /// Every copy this CPU runs (for tests that compare them).
+    #[cfg(test)]
+    pub(crate) fn all_here() -> Vec<Self> {
+        #[allow(unused_mut)]
+        let mut v = vec![Kernels::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if simd::available() {
+                v.push(Kernels::Avx2);
+            }
+            #[cfg(avx512_intrinsics)]
+            if simd::avx512_available() {
+                v.push(Kernels::Avx512);
+            }
+        }
+        v
+    }
+}
+
+/// [`convert_unchecked`] with the loops and the way of storing chosen by the caller (any pair
+/// the CPU runs).
+pub(crate) fn convert_on(
+    k: Kernels,
+    store: streaming::Store,
+    from: Dtype,
+    src: &[u8],
+    to: Dtype,
+    dst: &mut [u8],
+) {
     if from == to {
+        // memcpy already streams large copies.
         dst.copy_from_slice(src);
         return;
     }
+    if store == streaming::Store::Plain {
+        return convert_plain(k, from, src, to, dst);
+    }
+    #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+    if k == Kernels::Avx512 && to == Dtype::F32 && from.bits() == 8 && is_float(from) {
+        // SAFETY: `Kernels::Avx512` is only chosen where the CPU has AVX-512F, AVX2 and F16C.
+        return unsafe { simd::float8_to_f32_streamed(from, src, dst) };
+    }
+    streaming::convert_streamed(store, from, src, to, dst, |s, d| {
+        convert_plain(k, from, s, to, d)
+    });
+}
+
+/// The conversion loops, storing as they go.
+fn convert_plain(k: Kernels, from: Dtype, src: &[u8], to: Dtype, dst: &mut [u8]) {
     match to {
-        Dtype::F32 => to_f32(from, src, dst),
-        Dtype::F64 => to_f64(from, src, dst),
-        _ => encode_narrow(from, src, to, dst),
+        Dtype::F32 => to_f32_on(k, from, src, dst),
+        Dtype::F64 => to_f64_on(k, from, src, dst),
+        _ => encode_narrow(k, from, src, to, dst),
     }
 }
 
@@ -138,9 +222,9 @@ const STAGE: usize = 4096;
 
 /// Into a narrow float: from F32 bits (F64 through F32, as ml_dtypes, except for F16, which
 /// NumPy rounds once from F64); other sources are first decoded to F32, exactly.
-fn encode_narrow(from: Dtype, src: &[u8], to: Dtype, dst: &mut [u8]) {
+fn encode_narrow(k: Kernels, from: Dtype, src: &[u8], to: Dtype, dst: &mut [u8]) {
     match from {
-        Dtype::F32 => encode_from_f32(src, to, dst),
+        Dtype::F32 => encode_from_f32(k, src, to, dst),
         Dtype::F64 if to == Dtype::F16 => map::<8, 2>(src, dst, |b| {
             let (sign, v) = split_f64(u64::from_le_bytes(b));
             encode(&formats::F16, sign, v).to_le_bytes()
@@ -157,9 +241,9 @@ fn encode_narrow(from: Dtype, src: &[u8], to: Dtype, dst: &mut [u8]) {
                 if from == Dtype::F64 {
                     map::<8, 4>(s, t, |b| (f64::from_le_bytes(b) as f32).to_le_bytes());
                 } else {
-                    to_f32(from, s, t);
+                    to_f32_on(k, from, s, t);
                 }
-                encode_from_f32(t, to, d);
+                encode_from_f32(k, t, to, d);
             }
         }
     }
@@ -168,40 +252,50 @@ fn encode_narrow(from: Dtype, src: &[u8], to: Dtype, dst: &mut [u8]) {
 /// Decodes any non-complex source into F32 (sizes already checked), with the x86 AVX2/F16C
 /// kernels where the CPU has them (the same bits, faster; see `simd.rs`).
 pub(crate) fn to_f32(from: Dtype, src: &[u8], dst: &mut [u8]) {
-    #[cfg(target_arch = "x86_64")]
-    if simd::available() {
-        // SAFETY: the CPU has the features the kernels are compiled for.
-        return unsafe { simd::to_f32(from, src, dst) };
-    }
-    decode::to_f32_portable(from, src, dst);
+    to_f32_on(Kernels::detect(), from, src, dst);
 }
 
-/// Decodes any non-complex source into F64 (sizes already checked), with the x86 AVX2/F16C
-/// kernels where the CPU has them (the same bits, faster; see `simd.rs`).
-pub(crate) fn to_f64(from: Dtype, src: &[u8], dst: &mut [u8]) {
-    #[cfg(target_arch = "x86_64")]
-    if simd::available() {
-        // SAFETY: the CPU has the features the kernels are compiled for.
-        return unsafe { simd::to_f64(from, src, dst) };
+fn to_f32_on(k: Kernels, from: Dtype, src: &[u8], dst: &mut [u8]) {
+    match k {
+        // SAFETY: `Kernels::Avx2` is only chosen where the CPU has AVX2 and F16C,
+        // `Kernels::Avx512` where it also has AVX-512F.
+        #[cfg(target_arch = "x86_64")]
+        Kernels::Avx2 => unsafe { simd::to_f32(from, src, dst) },
+        #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+        Kernels::Avx512 => unsafe { simd::to_f32_avx512(from, src, dst) },
+        Kernels::Portable => decode::to_f32_portable(from, src, dst),
     }
-    decode::to_f64_portable(from, src, dst);
+}
+
+fn to_f64_on(k: Kernels, from: Dtype, src: &[u8], dst: &mut [u8]) {
+    match k {
+        // SAFETY: the x86 copies are only chosen where the CPU has AVX2 and F16C.
+        #[cfg(target_arch = "x86_64")]
+        Kernels::Avx2 => unsafe { simd::to_f64(from, src, dst) },
+        #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+        Kernels::Avx512 => unsafe { simd::to_f64(from, src, dst) },
+        Kernels::Portable => decode::to_f64_portable(from, src, dst),
+    }
 }
 
 /// F32 (little-endian bytes) into a narrow float, with the x86 AVX2 copy of the loops where the
 /// CPU has it (the same bits; see `simd.rs`).
-fn encode_from_f32(src: &[u8], to: Dtype, dst: &mut [u8]) {
-    #[cfg(target_arch = "x86_64")]
-    if simd::available() {
-        // SAFETY: the CPU has the features the kernels are compiled for.
-        return unsafe { simd::encode_from_f32(src, to, dst) };
+fn encode_from_f32(k: Kernels, src: &[u8], to: Dtype, dst: &mut [u8]) {
+    match k {
+        // SAFETY: the x86 copies are only chosen where the CPU has AVX2 and F16C.
+        #[cfg(target_arch = "x86_64")]
+        Kernels::Avx2 => unsafe { simd::encode_from_f32(src, to, dst) },
+        #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+        Kernels::Avx512 => unsafe { simd::encode_from_f32(src, to, dst) },
+        Kernels::Portable => encode_from_f32_portable(src, to, dst, false),
     }
-    encode_from_f32_portable(src, to, dst);
 }
 
 /// F32 (little-endian bytes) into a narrow float, on any CPU. Inlined into
-/// `simd::encode_from_f32`, so that the same loops are also vectorized for AVX2 there.
+/// `simd::encode_from_f32`, so that the same loops are also vectorized for AVX2 there, which
+/// passes `f16c` (F16 targets through F16C; the caller guarantees the CPU has it).
 #[inline(always)]
-pub(crate) fn encode_from_f32_portable(src: &[u8], to: Dtype, dst: &mut [u8]) {
+pub(crate) fn encode_from_f32_portable(src: &[u8], to: Dtype, dst: &mut [u8], f16c: bool) {
     let bits = |b: [u8; 4]| u32::from_le_bytes(b);
     match to {
         Dtype::BF16 => map::<4, 2>(src, dst, |b| f32_to_bf16(bits(b)).to_le_bytes()),
@@ -231,10 +325,11 @@ pub(crate) fn encode_from_f32_portable(src: &[u8], to: Dtype, dst: &mut [u8]) {
                 })
             };
             #[cfg(target_arch = "x86_64")]
-            if simd::available() {
-                // SAFETY: the CPU has the features the kernel is compiled for.
+            if f16c {
+                // SAFETY: the caller passes `f16c` only where the CPU has AVX2 and F16C.
                 return unsafe { simd::f32_to_f16(src, dst, portable) };
             }
+            let _ = f16c;
             portable(src, dst);
         }
         _ => {

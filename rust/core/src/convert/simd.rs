@@ -52,7 +52,100 @@ pub(crate) unsafe fn to_f64(from: Dtype, src: &[u8], dst: &mut [u8]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
 pub(crate) unsafe fn encode_from_f32(src: &[u8], to: Dtype, dst: &mut [u8]) {
-    super::encode_from_f32_portable(src, to, dst);
+    super::encode_from_f32_portable(src, to, dst, true);
+}
+
+/// Whether the AVX-512 kernels can run here (on top of [`available`]'s). They are compiled in
+/// by a Rust whose AVX-512 intrinsics are stable (`build.rs`).
+#[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+#[inline]
+pub(crate) fn avx512_available() -> bool {
+    available() && is_x86_feature_detected!("avx512f")
+}
+
+/// [`to_f32`] with the 8-bit floats decoded sixteen at a time by AVX-512 permutes of their
+/// table (scalar lookups cost more than the memory traffic); every other source as [`to_f32`].
+///
+/// # Safety
+/// The CPU must have AVX-512F, AVX2 and F16C ([`avx512_available`]).
+#[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+#[allow(clippy::incompatible_msrv)] // compiled only by a Rust that has them (build.rs)
+#[target_feature(enable = "avx512f,avx2,f16c")]
+pub(crate) unsafe fn to_f32_avx512(from: Dtype, src: &[u8], dst: &mut [u8]) {
+    use Dtype::*;
+    match from {
+        F8_E5M2 | F8_E4M3 | F8_E8M0 | F8_E4M3FNUZ | F8_E5M2FNUZ => {
+            lookup8_avx512(super::formats::table_f32(from), src, dst, false)
+        }
+        // SAFETY: AVX2 and F16C, as the caller guarantees.
+        _ => unsafe { to_f32(from, src, dst) },
+    }
+}
+
+/// [`to_f32_avx512`] for an 8-bit float source, whose 64-byte steps are whole cache lines:
+/// streamed straight from the registers (see `streaming.rs` for why) rather than staged, which
+/// measured slower than plain stores for this kernel.
+///
+/// # Safety
+/// The CPU must have AVX-512F, AVX2 and F16C ([`avx512_available`]); `from` is an 8-bit float.
+#[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+#[allow(clippy::incompatible_msrv)] // compiled only by a Rust that has them (build.rs)
+#[target_feature(enable = "avx512f,avx2,f16c")]
+pub(crate) unsafe fn float8_to_f32_streamed(from: Dtype, src: &[u8], dst: &mut [u8]) {
+    let table = super::formats::table_f32(from);
+    // Plain stores up to the first line boundary of `dst` (all of it when its elements do not
+    // start on 4-byte boundaries, which never meet one).
+    let head = match dst.as_ptr().align_offset(64) {
+        h if h % 4 == 0 => (h / 4).min(src.len()),
+        _ => src.len(),
+    };
+    map::<1, 4>(&src[..head], &mut dst[..4 * head], |[b]| {
+        table[usize::from(b)].to_le_bytes()
+    });
+    let rest = &mut dst[4 * head..];
+    let on_line = rest.as_ptr().align_offset(64) == 0;
+    // SAFETY: the caller's guarantees; streaming only where `rest` starts on a line.
+    unsafe { lookup8_avx512(table, &src[head..], rest, on_line) };
+    // Streaming stores are weakly ordered: the fence orders them before later stores.
+    _mm_sfence();
+}
+
+/// Each source byte's entry of `table` (its F32 bits, copied as they are: NaN payloads
+/// included). The 256 entries live in sixteen registers; `vpermt2d` picks among 32 entries by
+/// the index's low five bits, and bits 5 to 7 choose among the eight results. With `stream`,
+/// `dst` starts on a 64-byte boundary and every whole step is a streaming store.
+#[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+#[allow(clippy::incompatible_msrv)] // compiled only by a Rust that has them (build.rs)
+#[target_feature(enable = "avx512f,avx2,f16c")]
+unsafe fn lookup8_avx512(table: &[f32; 256], src: &[u8], dst: &mut [u8], stream: bool) {
+    debug_assert!(!stream || dst.as_ptr().align_offset(64) == 0);
+    // SAFETY: 256 entries are 16 registers of 16; unaligned loads.
+    let t: [__m512i; 16] =
+        std::array::from_fn(|i| unsafe { _mm512_loadu_si512(table[16 * i..].as_ptr().cast()) });
+    let mut s = src.chunks_exact(16);
+    let mut d = dst.chunks_exact_mut(64);
+    for (s, d) in (&mut s).zip(&mut d) {
+        // SAFETY: `s` has 16 bytes and `d` 64 (chunks_exact); unaligned load and store.
+        let idx = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(s.as_ptr().cast()) });
+        let r: [__m512i; 8] =
+            std::array::from_fn(|i| _mm512_permutex2var_epi32(t[2 * i], idx, t[2 * i + 1]));
+        let bit = |b: i32| _mm512_test_epi32_mask(idx, _mm512_set1_epi32(b));
+        let (m5, m6, m7) = (bit(32), bit(64), bit(128));
+        let a: [__m512i; 4] =
+            std::array::from_fn(|i| _mm512_mask_blend_epi32(m5, r[2 * i], r[2 * i + 1]));
+        let b0 = _mm512_mask_blend_epi32(m6, a[0], a[1]);
+        let b1 = _mm512_mask_blend_epi32(m6, a[2], a[3]);
+        let v = _mm512_mask_blend_epi32(m7, b0, b1);
+        if stream {
+            // SAFETY: `d` is a whole line (`dst` starts on one and steps are 64 bytes).
+            unsafe { _mm512_stream_si512(d.as_mut_ptr().cast(), v) };
+        } else {
+            unsafe { _mm512_storeu_si512(d.as_mut_ptr().cast(), v) };
+        }
+    }
+    map::<1, 4>(s.remainder(), d.into_remainder(), |[b]| {
+        table[usize::from(b)].to_le_bytes()
+    });
 }
 
 /// Elements per F16C step.
@@ -237,7 +330,7 @@ mod tests {
             }
             let len = to.byte_size(n).unwrap();
             let (mut want, mut got) = (vec![0u8; len], vec![0u8; len]);
-            crate::convert::encode_from_f32_portable(&src, to, &mut want);
+            crate::convert::encode_from_f32_portable(&src, to, &mut want, false);
             unsafe { encode_from_f32(&src, to, &mut got) };
             assert!(want == got, "F32 -> {to} differs");
         }

@@ -97,3 +97,32 @@ fn mapped_open_of_a_file_that_grew_sees_the_trailing_bytes() {
     assert_eq!(err.kind(), ErrorKind::MetadataIncompleteBuffer, "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn read_backend_reads_a_large_tensor_exactly_and_a_shrunk_one_as_io() {
+    // Large enough to be split across threads where there are cores for them (file/parallel.rs),
+    // and not a multiple of a page.
+    let dir = scratch("parallel");
+    let path = dir.join("big.safetensors");
+    let data: Vec<u8> = (0..(9u64 << 20) + 4097)
+        .map(|i| ((i * 2_654_435_761) >> 11) as u8)
+        .collect();
+    let bytes = serialize(
+        [("w", TensorView::new(Dtype::U8, &[data.len()], &data))],
+        None,
+    )
+    .unwrap();
+    std::fs::write(&path, &bytes).unwrap();
+    let file = SafeFile::open(&path, Backend::Read).unwrap();
+    assert!(file.tensor_bytes("w").unwrap()[..] == data[..]);
+    // Another process cuts the file short while it is open: a typed error, not short data.
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(bytes.len() as u64 - 3 * 4096).unwrap();
+    let err = file.tensor_bytes("w").unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Io, "{err}");
+    assert!(
+        err.to_string().contains("shorter than its header says"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -219,6 +219,54 @@ impl UploadPlan {
         &self.placements
     }
 
+    /// Reads the plan into host memory: every piece straight into its place in `dst` (which must
+    /// be exactly [`UploadPlan::total`] bytes), in file order (by file, then offset), and the
+    /// alignment padding between placements zeroed. `files` are the plan's sources, as
+    /// [`UploadPlan::of`] returns them. A host load of tensors into one allocation is this.
+    pub fn read_into(&self, files: &[Arc<SafeFile>], dst: &mut [u8]) -> Result<()> {
+        if dst.len() as u64 != self.total {
+            return Err(Error::WrongBufferLength {
+                buffer: "the load's destination",
+                expected: self.total,
+                actual: dst.len() as u64,
+            });
+        }
+        let mut order: Vec<&Piece> = Vec::new();
+        crate::fallible::reserve(&mut order, self.pieces.len(), "a load's pieces")?;
+        order.extend(self.pieces.iter());
+        order.sort_by_key(|p| (p.source, p.src));
+        for p in order {
+            let file = files.get(p.source).ok_or_else(|| Error::Internal {
+                message: format!("a load reads source {} of {}", p.source, files.len()),
+            })?;
+            // Inside `dst`: every placement ends within the total, which is `dst.len()`.
+            let at = usize::try_from(p.dst).unwrap_or(usize::MAX);
+            let len = usize::try_from(p.len).unwrap_or(usize::MAX);
+            let out = at
+                .checked_add(len)
+                .and_then(|end| dst.get_mut(at..end))
+                .ok_or_else(|| Error::Internal {
+                    message: format!("a load's piece [{at}, +{len}) lies outside its destination"),
+                })?;
+            match p.slice.and_then(|k| self.slices.get(k)) {
+                None => file.read_data(p.src, out)?,
+                Some(plan) => file.read_runs(p.src, plan, out)?,
+            }
+        }
+        // The padding: every byte no placement covers.
+        let mut at = 0u64;
+        for p in &self.placements {
+            if let Some(gap) = dst.get_mut(at as usize..p.offset as usize) {
+                gap.fill(0);
+            }
+            at = p.offset.saturating_add(p.len);
+        }
+        if let Some(tail) = dst.get_mut(at as usize..) {
+            tail.fill(0);
+        }
+        Ok(())
+    }
+
     /// Source bytes the plan reads (the total minus alignment padding).
     pub fn payload(&self) -> u64 {
         // At most the total, which fits.

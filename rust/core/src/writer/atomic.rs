@@ -43,37 +43,96 @@ pub(super) fn replace(
     synced: bool,
     fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> Result<()> {
-    let target = resolve_symlinks(path).map_err(|e| Error::io(path, "resolve", e))?;
-    let existing = existing_file(&target).map_err(|e| Error::io(path, "write", e))?;
-    let (dir, name) = split(&target).map_err(|e| Error::io(path, "write", e))?;
-    let temp = Temp::create(&dir, existing.is_some())
-        .map_err(|e| Error::io(path, "create a temporary file in the target directory", e))?;
+    let staged = Staged::create(path)?;
     let written = (|| -> io::Result<()> {
-        if let Some(meta) = &existing {
-            keep_owner_and_mode(temp.file(), meta)?;
-            keep_xattrs(&target, temp.file())?;
-        }
         // Large writes pass straight through; small tensors are batched.
-        let mut out = io::BufWriter::with_capacity(1 << 20, temp.file());
+        let mut out = io::BufWriter::with_capacity(1 << 20, staged.file());
         fill(&mut out)?;
-        out.flush()?;
-        drop(out);
-        if synced {
-            temp.file().sync_all()?;
-        }
-        Ok(())
+        out.flush()
     })();
     written.map_err(|e| Error::io(path, "write", e))?;
-    temp.persist(&dir, &name)
-        .map_err(|e| Error::io(path, "rename", e))?;
-    // Make the rename itself durable. Some filesystems refuse fsync on directories; the data is
-    // already safe, so that is not an error.
-    if synced {
-        if let Ok(d) = File::open(&dir) {
-            let _ = d.sync_all();
+    staged.commit(synced)
+}
+
+/// A file being written in place of the one `path` names: a temporary file in the target's
+/// directory that already carries the target's owner, mode and extended attributes, put in
+/// place by [`Staged::commit`] (or [`Staged::sync`] then [`Staged::persist`], for a set of
+/// files published together). Dropped before that, it leaves nothing behind (see the module
+/// comment for the named fallback). Positioned writes (`pwrite`) from several threads may fill
+/// it at once.
+pub(crate) struct Staged {
+    /// The path as the caller gave it, named by errors.
+    path: PathBuf,
+    dir: PathBuf,
+    name: CString,
+    temp: Temp,
+}
+
+impl Staged {
+    /// A temporary file for the file `path` names (a symlink is followed).
+    pub(crate) fn create(path: &Path) -> Result<Staged> {
+        let target = resolve_symlinks(path).map_err(|e| Error::io(path, "resolve", e))?;
+        let existing = existing_file(&target).map_err(|e| Error::io(path, "write", e))?;
+        let (dir, name) = split(&target).map_err(|e| Error::io(path, "write", e))?;
+        let temp = Temp::create(&dir, existing.is_some())
+            .map_err(|e| Error::io(path, "create a temporary file in the target directory", e))?;
+        if let Some(meta) = &existing {
+            keep_owner_and_mode(temp.file(), meta)
+                .and_then(|()| keep_xattrs(&target, temp.file()))
+                .map_err(|e| Error::io(path, "write", e))?;
         }
+        Ok(Staged {
+            path: path.to_path_buf(),
+            dir,
+            name,
+            temp,
+        })
     }
-    Ok(())
+
+    /// The temporary file.
+    pub(crate) fn file(&self) -> &File {
+        self.temp.file()
+    }
+
+    /// Waits for the disk to hold the file's bytes.
+    pub(crate) fn sync(&self) -> Result<()> {
+        self.file()
+            .sync_all()
+            .map_err(|e| Error::io(&self.path, "write", e))
+    }
+
+    /// Puts the file in place (its directory not synced: see [`sync_dir`]).
+    pub(crate) fn persist(self) -> Result<()> {
+        let Staged {
+            path,
+            dir,
+            name,
+            temp,
+        } = self;
+        temp.persist(&dir, &name)
+            .map_err(|e| Error::io(&path, "rename", e))
+    }
+
+    /// Syncs (when `synced`) and puts the file in place, then makes the rename durable.
+    pub(crate) fn commit(self, synced: bool) -> Result<()> {
+        if synced {
+            self.sync()?;
+        }
+        let dir = self.dir.clone();
+        self.persist()?;
+        if synced {
+            sync_dir(&dir);
+        }
+        Ok(())
+    }
+}
+
+/// Makes renames in `dir` durable. Some filesystems refuse fsync on directories; the data is
+/// already safe, so that is not an error.
+pub(crate) fn sync_dir(dir: &Path) {
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
 }
 
 /// Follows symlinks in the last component until it names a non-link (or nothing).

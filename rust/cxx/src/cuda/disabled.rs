@@ -90,6 +90,20 @@ pub fn cuda_download(_: usize, _: u64, _: &mut [u8], s: &mut Status) {
 pub fn cuda_pinned_copy_seconds(_: usize, _: usize, s: &mut Status) -> f64 {
     unavailable(s)
 }
+pub fn cuda_release_staging(_: usize, s: &mut Status) -> usize {
+    unavailable(s)
+}
+
+pub fn cuda_save(
+    _: &crate::writer::StreamingWriter,
+    _: usize,
+    _: &[u64],
+    _: usize,
+    _: usize,
+    s: &mut Status,
+) {
+    unavailable(s)
+}
 
 /// Never constructed in a build without CUDA.
 pub struct DeviceStage(());

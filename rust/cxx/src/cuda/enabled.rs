@@ -3,10 +3,13 @@
 use safetensors_core::upload::RingOptions;
 use safetensors_core::Error;
 
+use safetensors_cuda::{save_from_device, DeviceSource};
+
 use super::ffi::{LandedTensor, LandingSink};
 use super::UploadJob;
 use crate::status::handed_over;
 use crate::status::{guard, Status};
+use crate::writer::StreamingWriter;
 
 fn ring_options(slots: usize, slot_bytes: usize, readers: usize) -> RingOptions {
     let d = RingOptions::default();
@@ -208,6 +211,56 @@ pub fn cuda_pinned_copy_seconds(device: usize, bytes: usize, status: &mut Status
         safetensors_cuda::Gpu::open(device)?.pinned_copy_seconds(bytes)
     })
 }
+
+pub fn cuda_release_staging(device: usize, status: &mut Status) -> usize {
+    guard(status, || Ok(safetensors_cuda::release_idle(device)))
+}
+
+pub fn cuda_save(
+    writer: &StreamingWriter,
+    device: usize,
+    ptrs: &[u64],
+    slots: usize,
+    slot_bytes: usize,
+    status: &mut Status,
+) {
+    guard(status, || {
+        let declared = writer.declared()?;
+        if declared.len() != ptrs.len() {
+            return Err(Error::Internal {
+                message: format!(
+                    "a save from the GPU got {} device addresses for {} declared tensors",
+                    ptrs.len(),
+                    declared.len()
+                ),
+            });
+        }
+        let sources: Vec<DeviceSource<'_>> = declared
+            .iter()
+            .zip(ptrs)
+            .map(|((name, len), &ptr)| DeviceSource {
+                name,
+                ptr,
+                len: *len,
+            })
+            .collect();
+        let d = RingOptions::default();
+        let slots = if slots == 0 { SAVE_SLOTS } else { slots };
+        let slot_bytes = if slot_bytes == 0 {
+            d.slot_bytes
+        } else {
+            slot_bytes
+        };
+        let gpu = safetensors_cuda::Gpu::open(device)?;
+        save_from_device(&gpu, &sources, slots, slot_bytes, |i, offset, bytes| {
+            writer.write_index(i, offset, bytes)
+        })
+    })
+}
+
+/// Staging slots of a save from the GPU by default: with the ring's 16 MiB slots, 64 MiB of
+/// pinned memory, enough to keep a copy engine and a disk busy at once.
+const SAVE_SLOTS: usize = 4;
 
 /// One rank's device staging for a multi-rank load (`safetensors_cuda::Stager`).
 pub struct DeviceStage(safetensors_cuda::Stager);

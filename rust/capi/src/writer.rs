@@ -1,0 +1,325 @@
+//! [`st_writer`]: a file, or a sharded checkpoint, written tensor by tensor: declared up front
+//! (names, dtypes, shapes, metadata), then each tensor's bytes handed in one piece or in chunks,
+//! from any thread and in any order, then finished. The core's `StreamWriter` and
+//! `ShardedWriter` do the work (docs/writing.md); this layer checks the caller's arguments and
+//! keeps the file names the handle hands out.
+
+use std::ffi::{c_char, c_void};
+use std::os::raw::c_int;
+
+use safetensors_core::{
+    text_to_write, Durability, Error, ShardOptions, ShardedWriter, StreamWriter, TensorSpec,
+    TextField, WriteOptions,
+};
+
+use crate::args::{st_str, Call};
+use crate::dtype::to_write;
+use crate::status::{quietly, run, st_error, Res};
+use crate::tensor::st_tensor;
+use crate::write::{metadata_of, st_metadata_entry, ST_SAVE_EMPTY_METADATA, ST_SAVE_NO_SYNC};
+
+/// How an `st_writer` writes. A NULL `st_write_options*` means every field's default (all
+/// zero).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct st_write_options {
+    /// `ST_SAVE_NO_SYNC`, `ST_SAVE_EMPTY_METADATA` (as for `st_save_file`).
+    pub flags: u32,
+    /// The boundary each file's data buffer starts on: 0 for the reference's layout
+    /// (byte-identical to Python's `save_file`), or a power of two up to 64 MiB (e.g. 4096
+    /// for direct I/O); the header is padded with spaces, as the format allows.
+    pub alignment: usize,
+    /// Sharded checkpoints only: the most tensor bytes in one shard (a larger tensor gets a
+    /// shard of its own); 0 for `huggingface_hub`'s default, 5 GB (5,000,000,000 bytes).
+    pub max_shard_size: u64,
+    /// Sharded checkpoints only: the files' common name (`{prefix}.safetensors` for one shard,
+    /// else `{prefix}-00001-of-0000N.safetensors` and `{prefix}.safetensors.index.json`); empty
+    /// (`ptr` may then be NULL) for `model`.
+    pub prefix: st_str,
+}
+
+/// What a writer writes.
+enum Target {
+    File(StreamWriter),
+    Sharded(ShardedWriter),
+}
+
+/// A file or sharded checkpoint being written (`st_writer_create`,
+/// `st_writer_create_sharded`). `st_writer_write` may be called from several threads at once;
+/// `st_writer_finish` and `st_writer_free` from one, once every write has returned. Nothing
+/// appears under the target's name before `st_writer_finish` succeeds; a writer freed, or a
+/// process killed, before that leaves nothing behind.
+pub struct st_writer {
+    target: Target,
+    /// The file names the writer will publish, in order (for `st_writer_file_name`).
+    files: Vec<String>,
+}
+
+impl Target {
+    fn write_at(&self, name: &str, offset: u64, bytes: &[u8]) -> Result<(), Error> {
+        match self {
+            Target::File(w) => w.write_at(name, offset, bytes),
+            Target::Sharded(w) => w.write_at(name, offset, bytes),
+        }
+    }
+
+    fn finish(self) -> Result<(), Error> {
+        match self {
+            Target::File(w) => w.finish(),
+            Target::Sharded(w) => w.finish(),
+        }
+    }
+}
+
+/// The caller's declarations and options, checked.
+struct Declared {
+    specs: Vec<TensorSpec>,
+    metadata: Option<std::collections::BTreeMap<String, String>>,
+    write: WriteOptions,
+    options: st_write_options,
+}
+
+/// Reads the declarations (`data` and `byte_size` of each `st_tensor` are ignored) and options.
+///
+/// # Safety
+/// As the header says of `st_writer_create`'s arguments.
+unsafe fn declared(
+    c: Call,
+    tensors: *const st_tensor,
+    count: usize,
+    metadata: *const st_metadata_entry,
+    metadata_count: usize,
+    options: *const st_write_options,
+) -> Res<Declared> {
+    let options = if options.is_null() {
+        st_write_options {
+            flags: 0,
+            alignment: 0,
+            max_shard_size: 0,
+            prefix: st_str {
+                ptr: std::ptr::null(),
+                len: 0,
+            },
+        }
+    } else {
+        // SAFETY: the caller's promise.
+        *unsafe { c.handle(options, "options")? }
+    };
+    c.flags(options.flags, ST_SAVE_NO_SYNC | ST_SAVE_EMPTY_METADATA)?;
+    // SAFETY: the caller's promise.
+    let list = unsafe { c.array(tensors, count, "tensors")? };
+    let mut specs = safetensors_core::fallible::with_capacity(list.len(), "the declared tensors")?;
+    for (i, t) in list.iter().enumerate() {
+        // SAFETY: as above.
+        let (name, shape) = unsafe {
+            (
+                c.name(t.name.ptr, t.name.len, &format!("tensors[{i}].name.ptr"))?,
+                c.array(t.shape, t.rank, &format!("tensors[{i}].shape"))?,
+            )
+        };
+        let name = text_to_write(name, TextField::TensorName)?;
+        let dtype = to_write(&name, t.dtype)?;
+        specs.push(TensorSpec::new(name, dtype, shape));
+    }
+    Ok(Declared {
+        specs,
+        // SAFETY: as above.
+        metadata: unsafe { metadata_of(c, metadata, metadata_count, options.flags)? },
+        write: WriteOptions {
+            durability: if options.flags & ST_SAVE_NO_SYNC != 0 {
+                Durability::Unsynced
+            } else {
+                Durability::Synced
+            },
+            alignment: options.alignment,
+        },
+        options,
+    })
+}
+
+/// Starts writing one safetensors file at `path`: `count` tensors declared (name, dtype,
+/// shape; their `data` and `byte_size` are ignored) and `metadata_count` metadata entries.
+/// The header is laid out now, exactly as `st_save_file` would write these tensors, and the
+/// whole file is reserved on the disk where the filesystem allows (a disk too small fails
+/// here). On success `*out` is the writer; give every byte of every tensor with
+/// `st_writer_write`, then call `st_writer_finish`.
+///
+/// Errors: those of `st_save_file` for the declarations (`ST_ERR_INVALID_TENSOR_NAME`,
+/// `ST_ERR_DUPLICATE_KEY`, `ST_ERR_TYPE_MISMATCH`, `ST_ERR_VALIDATION_OVERFLOW`,
+/// `ST_ERR_HEADER_TOO_LARGE`), `ST_ERR_INVALID_SLICE` for an alignment that is not a power of
+/// two up to 64 MiB, `ST_ERR_IO` (the directory, or no space for the file).
+#[no_mangle]
+pub unsafe extern "C" fn st_writer_create(
+    path: *const c_char,
+    tensors: *const st_tensor,
+    count: usize,
+    metadata: *const st_metadata_entry,
+    metadata_count: usize,
+    options: *const st_write_options,
+    out: *mut *mut st_writer,
+    err: *mut st_error,
+) -> c_int {
+    let c = Call("st_writer_create");
+    run(err, || {
+        // SAFETY: the header's contract for each argument.
+        let (path, out) = unsafe { (c.path(path, "path")?, c.out(out, "out")?) };
+        // SAFETY: as above.
+        let d = unsafe { declared(c, tensors, count, metadata, metadata_count, options)? };
+        let writer = StreamWriter::create(path, &d.specs, d.metadata.as_ref(), d.write)?;
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        *out = Box::into_raw(Box::new(st_writer {
+            target: Target::File(writer),
+            files: vec![name],
+        }));
+        Ok(())
+    })
+}
+
+/// Starts writing a sharded checkpoint into the existing directory `dir`, cut and named as
+/// `huggingface_hub` does (`split_state_dict_into_shards_factory`: tensors in the order
+/// declared, a new shard when the next tensor would pass `options->max_shard_size`), with
+/// `{prefix}.safetensors.index.json` when there is more than one shard. Arguments and errors
+/// as `st_writer_create`, and `ST_ERR_INVALID_SHARD_PATH` for a prefix that is not a plain
+/// file name. `st_writer_file_count` and `st_writer_file_name` say which files it will write.
+#[no_mangle]
+pub unsafe extern "C" fn st_writer_create_sharded(
+    dir: *const c_char,
+    tensors: *const st_tensor,
+    count: usize,
+    metadata: *const st_metadata_entry,
+    metadata_count: usize,
+    options: *const st_write_options,
+    out: *mut *mut st_writer,
+    err: *mut st_error,
+) -> c_int {
+    let c = Call("st_writer_create_sharded");
+    run(err, || {
+        // SAFETY: the header's contract for each argument.
+        let (dir, out) = unsafe { (c.path(dir, "dir")?, c.out(out, "out")?) };
+        // SAFETY: as above.
+        let d = unsafe { declared(c, tensors, count, metadata, metadata_count, options)? };
+        let mut shard = ShardOptions {
+            write: d.write,
+            ..ShardOptions::default()
+        };
+        if d.options.max_shard_size != 0 {
+            shard.max_shard_size = d.options.max_shard_size;
+        }
+        // SAFETY: as above.
+        let prefix = unsafe {
+            c.name(
+                d.options.prefix.ptr,
+                d.options.prefix.len,
+                "options->prefix",
+            )?
+        };
+        if !prefix.is_empty() {
+            // Names in the index are JSON strings: a prefix that is not UTF-8 cannot be one.
+            shard.prefix =
+                String::from_utf8(prefix.to_vec()).map_err(|_| Error::InvalidShardPath {
+                    shard: format!("{}.safetensors", String::from_utf8_lossy(prefix)),
+                })?;
+        }
+        let writer = ShardedWriter::create(dir, &d.specs, d.metadata.as_ref(), shard)?;
+        let files = writer.files();
+        *out = Box::into_raw(Box::new(st_writer {
+            target: Target::Sharded(writer),
+            files,
+        }));
+        Ok(())
+    })
+}
+
+/// Writes `len` bytes at `data` as the bytes of tensor `name` (`name_len` bytes) from byte
+/// `offset` of that tensor on. Pieces may come in any order and from several threads at once;
+/// each byte of a tensor must be given exactly once. The bytes are in the file (or the kernel's
+/// cache) when the call returns; `data` is not used after it.
+///
+/// Errors: `ST_ERR_TENSOR_NOT_FOUND` (not declared); `ST_ERR_TENSOR_INVALID_INFO` (a piece
+/// past the tensor's end); `ST_ERR_INVALID_OFFSET` (bytes already given); `ST_ERR_IO` (the
+/// disk: the writer is then failed, and every later call reports that error).
+#[no_mangle]
+pub unsafe extern "C" fn st_writer_write(
+    writer: *const st_writer,
+    name: *const c_char,
+    name_len: usize,
+    offset: u64,
+    data: *const c_void,
+    len: usize,
+    err: *mut st_error,
+) -> c_int {
+    let c = Call("st_writer_write");
+    run(err, || {
+        // SAFETY: the header's contract for each argument.
+        let (writer, name, bytes) = unsafe {
+            (
+                c.handle(writer, "writer")?,
+                c.name(name, name_len, "name")?,
+                c.bytes(data, len, "data")?,
+            )
+        };
+        let name = String::from_utf8_lossy(name);
+        Ok(writer.target.write_at(&name, offset, bytes)?)
+    })
+}
+
+/// Checks that every byte of every declared tensor was given, syncs (unless `ST_SAVE_NO_SYNC`)
+/// and publishes: renames the file over its target, or for a sharded checkpoint the shards
+/// then the index (docs/writing.md says what a reader sees meanwhile). The writer is freed
+/// whatever the outcome: do not use or free it afterwards. On an error nothing was published
+/// and nothing is left behind.
+///
+/// Errors: `ST_ERR_METADATA_INCOMPLETE_BUFFER` (a tensor with bytes missing, named with the
+/// first missing range), the error a failed write reported, `ST_ERR_IO`.
+#[no_mangle]
+pub unsafe extern "C" fn st_writer_finish(writer: *mut st_writer, err: *mut st_error) -> c_int {
+    let c = Call("st_writer_finish");
+    run(err, || {
+        if writer.is_null() {
+            return Err(c.null("writer"));
+        }
+        // SAFETY: a writer from `st_writer_create*`, given back once (the header's contract).
+        let writer = unsafe { Box::from_raw(writer) };
+        Ok(writer.target.finish()?)
+    })
+}
+
+/// Frees a writer without publishing anything: its temporary files are removed and the
+/// targets are untouched (NULL is ignored).
+#[no_mangle]
+pub unsafe extern "C" fn st_writer_free(writer: *mut st_writer) {
+    if !writer.is_null() {
+        // SAFETY: a writer from `st_writer_create*`, freed once (the header's contract).
+        quietly(|| drop(unsafe { Box::from_raw(writer) }));
+    }
+}
+
+/// The number of files the writer publishes: 1 for `st_writer_create`; the shards plus the
+/// index (when there is more than one shard) for `st_writer_create_sharded`.
+#[no_mangle]
+pub unsafe extern "C" fn st_writer_file_count(writer: *const st_writer) -> usize {
+    // SAFETY: NULL or a live writer (the header's contract).
+    unsafe { writer.as_ref() }.map_or(0, |w| w.files.len())
+}
+
+/// The name (not the path) of file `index` of the writer, shards in order then the index;
+/// valid while the writer lives. Errors: an `index` out of range.
+#[no_mangle]
+pub unsafe extern "C" fn st_writer_file_name(
+    writer: *const st_writer,
+    index: usize,
+    out: *mut st_str,
+    err: *mut st_error,
+) -> c_int {
+    let c = Call("st_writer_file_name");
+    run(err, || {
+        // SAFETY: the header's contract for each argument.
+        let (writer, out) = unsafe { (c.handle(writer, "writer")?, c.out(out, "out")?) };
+        let i = c.index(index, writer.files.len(), "the writer's files")?;
+        *out = st_str::of(writer.files[i].as_bytes());
+        Ok(())
+    })
+}
