@@ -32,7 +32,7 @@ else()
 endif()
 
 # The bridges of rust/cxx/build.rs (BRIDGES), whose generated headers the C++ API includes.
-set(SAFETENSORS_BRIDGE_AREAS status file checkpoint writer convert stream cuda memory distributed)
+set(SAFETENSORS_BRIDGE_AREAS status file checkpoint writer convert stream cuda memory distributed remote)
 
 # SAFETENSORS_BRIDGE_HEADERS for the SAFETENSORS_GENERATED_INCLUDE_DIR just chosen.
 macro(_st_list_bridge_headers)
@@ -44,8 +44,13 @@ endmacro()
 
 set(_st_features "")
 if(SAFETENSORS_CUDA)
-  set(_st_features cuda)
+  list(APPEND _st_features cuda)
 endif()
+if(SAFETENSORS_REMOTE)
+  list(APPEND _st_features remote)
+endif()
+# As cargo's --features takes them (a comma-separated list), for every command that runs cargo.
+list(JOIN _st_features "," SAFETENSORS_CARGO_FEATURES)
 
 # The C++ half of the bridge never throws (every call reports through a status; see
 # rust/cxx/src/lib.rs), so cxx's C++ runtime is compiled without exceptions too: then a program
@@ -146,7 +151,7 @@ else()
   set(SAFETENSORS_RUST_STATICLIB "${_st_out_dir}/${_st_profile_dir}/libsafetensors_cxx.a")
   set(_st_feature_args "")
   if(_st_features)
-    set(_st_feature_args --features ${_st_features})
+    set(_st_feature_args --features ${SAFETENSORS_CARGO_FEATURES})
   endif()
   # `cargo build` of a library of this workspace as this build wants it (environment, profile,
   # target directory and triple); callers add `-p <package>`. One command for every package, so

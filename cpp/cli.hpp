@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <safetensors/error.hpp>
+#include <safetensors/safe_open.hpp>
 
 #include "json.hpp"
 
@@ -119,6 +120,28 @@ inline bool is_index(const fs::path& p) {
   return ext.size() == 5 && std::equal(ext.begin(), ext.end(), ".json", [](char a, char b) {
            return (a >= 'A' && a <= 'Z' ? static_cast<char>(a - 'A' + 'a') : a) == b;
          });
+}
+
+/// Opens the file `path` names: a URL (`safetensors::is_url`: `s3://`, `http://`, `https://`)
+/// remotely, only its header when `header_only`; anything else from disk with `options`.
+/// Remote checkpoint indexes are not read yet: a URL to one is an `Io` error saying so.
+inline safetensors::SafeOpen open_file(const fs::path& path, safetensors::OpenOptions options,
+                                       bool header_only) {
+  const std::string& text = path.native();
+  if (!safetensors::is_url(text)) return safetensors::SafeOpen(path, options);
+  safetensors::RemoteOptions remote;
+  remote.header_only = header_only;
+  return safetensors::SafeOpen::open_remote(text, remote, options);
+}
+
+/// Refuses a remote checkpoint index (not read yet; docs/remote.md), before anything opens it
+/// as a local path.
+inline void refuse_remote_index(const fs::path& path) {
+  if (safetensors::is_url(path.native())) {
+    throw safetensors::Error(safetensors::ErrorKind::Io,
+                             "cannot open " + path.string() +
+                                 ": remote checkpoint indexes are not supported yet; open each shard's URL");
+  }
 }
 
 /// A failed system call on `path` as a typed `Io` error.

@@ -1,6 +1,7 @@
-// `safetensors inspect FILE|INDEX [--json]`: a file's (or a sharded checkpoint's) metadata,
+// `safetensors inspect FILE|URL|INDEX [--json]`: a file's (or a sharded checkpoint's) metadata,
 // every tensor (name, dtype, shape, bytes, offset) and the totals by dtype, as a table or as
-// JSON. Reads only headers (the read backend reads the header and nothing else).
+// JSON. Reads only headers (the read backend reads the header and nothing else; a URL is
+// opened header-only).
 #include <safetensors/safetensors.hpp>
 
 #include <algorithm>
@@ -45,6 +46,7 @@ std::string shard_name(const fs::path& index, const fs::path& shard) {
 }
 
 Listing list_checkpoint(const fs::path& path) {
+  refuse_remote_index(path);
   safetensors::Checkpoint ckpt(path, {Backend::Read});
   Listing l;
   l.index = true;
@@ -58,7 +60,8 @@ Listing list_checkpoint(const fs::path& path) {
 }
 
 Listing list_file(const fs::path& path) {
-  safetensors::SafeOpen f(path, {Backend::Read});
+  // A URL: its header only (one or two ranged GETs).
+  safetensors::SafeOpen f = open_file(path, {Backend::Read}, /*header_only=*/true);
   Listing l;
   l.metadata = f.metadata();
   l.has_metadata = f.has_metadata();

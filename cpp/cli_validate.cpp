@@ -1,4 +1,4 @@
-// `safetensors validate [--header-only] [--lenient] [--allow-trailing-bytes] [--json] FILE|INDEX...`:
+// `safetensors validate [--header-only] [--lenient] [--allow-trailing-bytes] [--json] FILE|URL|INDEX...`:
 // every header rule, then every data byte readable (unless --header-only); for an index, every
 // shard against the index, each shard opened once. One OK or FAIL line per file (the error kind
 // and message), what a lenient read accepted listed under its OK line, progress on stderr when output
@@ -101,6 +101,7 @@ struct Checked {
 /// one put there meanwhile).
 Checked check_index(const Arguments& a, std::size_t i, Progress& progress) {
   const auto& path = a.paths[i];
+  refuse_remote_index(path);
   Checked out;
   safetensors::Checkpoint ckpt(
       path, {.backend = Backend::Read, .allow_trailing_bytes = a.allow_trailing, .lenient = a.lenient});
@@ -126,7 +127,9 @@ Checked check_index(const Arguments& a, std::size_t i, Progress& progress) {
 Checked check_file(const Arguments& a, std::size_t i, Progress& progress) {
   const auto& path = a.paths[i];
   Checked out;
-  SafeOpen f(path, {.backend = Backend::Read, .allow_trailing_bytes = a.allow_trailing});
+  // A URL: fetched whole into memory (header only with --header-only).
+  SafeOpen f =
+      open_file(path, {.backend = Backend::Read, .allow_trailing_bytes = a.allow_trailing}, a.header_only);
   if (!a.header_only) {
     read_all(f.data_size(), i, path, progress,
              [&](std::size_t at, std::span<std::byte> dst) { f.read_data(at, dst); });

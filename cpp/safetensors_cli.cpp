@@ -34,16 +34,18 @@ struct Command {
 };
 
 constexpr Command kCommands[] = {
-    {"inspect", inspect_command, R"(  safetensors inspect FILE|INDEX [--json]
+    {"inspect", inspect_command, R"(  safetensors inspect FILE|URL|INDEX [--json]
       Metadata, then every tensor (name, dtype, shape, bytes, offset; for an index, the shard,
       relative to the index's folder), then totals (parameters, bytes by dtype). Reads only
-      headers. INDEX is a sharded checkpoint's model.safetensors.index.json.
+      headers. INDEX is a sharded checkpoint's model.safetensors.index.json. URL is s3://,
+      http:// or https:// (its header fetched with one or two ranged GETs).
 )"},
     {"validate", validate_command,
-     R"(  safetensors validate [--header-only] [--lenient] [--allow-trailing-bytes] [--json] FILE|INDEX...
+     R"(  safetensors validate [--header-only] [--lenient] [--allow-trailing-bytes] [--json] FILE|URL|INDEX...
       Checks each file: every header rule, then every data byte readable (unless
-      --header-only); for an index, every shard against the index, each shard opened once.
-      Prints OK or the error kind and message, one line per file; shows progress on a terminal.
+      --header-only); for an index, every shard against the index, each shard opened once; a
+      URL (s3://, http(s)://) is fetched into memory. Prints OK or the error kind and message,
+      one line per file; shows progress on a terminal.
       --lenient reads an index as an allow-list (tensors its shards lack are listed, not fatal;
       copies in other shards ignored); --allow-trailing-bytes accepts bytes after the last
       tensor and reports how many.

@@ -21,6 +21,7 @@
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
 #include "safetensors/options.hpp"
+#include "safetensors/remote.hpp"
 #include "safetensors/slice.hpp"
 #include "safetensors/tensor.hpp"
 
@@ -45,6 +46,11 @@ namespace nothrow {
 [[nodiscard]] Expected<SafeOpen> from_bytes(std::span<const std::byte> bytes,
                                             std::shared_ptr<const void> keep_alive = {},
                                             OpenOptions options = {}, std::string name = "<memory>");
+/// `SafeOpen::open_remote` without exceptions.
+///
+///   auto opened = safetensors::nothrow::open_remote("https://example.com/model.safetensors");
+[[nodiscard]] Expected<SafeOpen> open_remote(std::string_view url, const RemoteOptions& remote = {},
+                                             OpenOptions options = {});
 /// `SafeOpen::from_bytes_copy` without exceptions.
 [[nodiscard]] Expected<SafeOpen> from_bytes_copy(std::span<const std::byte> bytes, OpenOptions options = {},
                                                  std::string name = "<memory>");
@@ -111,6 +117,23 @@ class SafeOpen {
                                            std::shared_ptr<const void> keep_alive = {},
                                            OpenOptions options = {}, std::string name = "<memory>") {
     return nothrow::from_bytes(bytes, std::move(keep_alive), options, std::move(name)).value();
+  }
+
+  /// A remote file (`s3://bucket/key`, `http://` or `https://` URL; see `is_url`) fetched
+  /// into memory: its header with one ranged GET (two when longer than `remote.first_read`),
+  /// validated with every check a local file gets, then the whole object with concurrent
+  /// ranged GETs of the version whose header was read (its ETag pinned: an object replaced
+  /// meanwhile is an `Io` error, never bytes of two versions). The result is a file in memory,
+  /// as `from_bytes` makes: everything a SafeOpen does works on it, and nothing is fetched
+  /// later (with `remote.header_only`, only the header is fetched, and tensor reads are `Io`
+  /// errors). S3 credentials, region and endpoint come from the AWS_* environment variables.
+  /// Errors (`Io` for everything the network or the server does) name the URL, never a
+  /// credential. See docs/remote.md.
+  ///
+  ///   auto f = safetensors::SafeOpen::open_remote("s3://models/gpt2/model.safetensors");
+  [[nodiscard]] static SafeOpen open_remote(std::string_view url, const RemoteOptions& remote = {},
+                                            OpenOptions options = {}) {
+    return nothrow::open_remote(url, remote, options).value();
   }
 
   /// `from_bytes` over a copy of `bytes` (64-byte aligned) that the SafeOpen owns: the caller's
@@ -272,6 +295,16 @@ struct Access<SafeOpen> {
     return SafeOpen(std::make_shared<const FileHandle>(FileHandle{std::move(*file), native}));
   }
 
+  static Expected<SafeOpen> open_remote(std::string_view url, const RemoteOptions& remote,
+                                        OpenOptions options) {
+    const ffi::RemoteOptions crossing = remote_options(remote);
+    auto file = adopt(attempt([&](ffi::Status& st) {
+      return ffi::open_remote(bytes(url), crossing, options.allow_trailing_bytes, st);
+    }));
+    if (!file) return file.status();
+    return SafeOpen(std::make_shared<const FileHandle>(FileHandle{std::move(*file), std::string(url)}));
+  }
+
   // The core owns the keep-alive owner (a heap copy of the shared_ptr, released through
   // `release_keep_alive`), not this object: streams, prefetches and uploads hold the core's
   // file, and with it the bytes, after the SafeOpen that made them is gone.
@@ -304,6 +337,11 @@ inline Expected<SafeOpen> nothrow::from_bytes(std::span<const std::byte> bytes,
                                               std::shared_ptr<const void> keep_alive, OpenOptions options,
                                               std::string name) {
   return detail::Access<SafeOpen>::open_memory(bytes, std::move(keep_alive), options, std::move(name));
+}
+
+inline Expected<SafeOpen> nothrow::open_remote(std::string_view url, const RemoteOptions& remote,
+                                               OpenOptions options) {
+  return detail::Access<SafeOpen>::open_remote(url, remote, options);
 }
 
 inline Expected<SafeOpen> nothrow::from_bytes_copy(std::span<const std::byte> bytes, OpenOptions options,

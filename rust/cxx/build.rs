@@ -19,6 +19,7 @@ const BRIDGES: [&str; 9] = [
     "src/cuda.rs",
     "src/memory.rs",
     "src/distributed.rs",
+    "src/remote.rs",
 ];
 
 fn main() {

@@ -87,6 +87,9 @@ enum Storage {
     Direct(DirectFile),
     /// A complete file in memory; views borrow it like the mapping.
     Memory(MemoryBytes),
+    /// Only the header: the data was never fetched ([`SafeFile::header_only`]). Every read of
+    /// tensor bytes is an `Io` error saying so.
+    HeaderOnly,
 }
 
 /// How the read backend reaches the file.
@@ -196,6 +199,55 @@ impl SafeFile {
         })
     }
 
+    /// Validates the first bytes of a file (at least its `8 + N` header bytes) against the
+    /// file's length `len`, with every check [`SafeFile::open`] makes, in the same order; returns
+    /// the header and the count of bytes after the last tensor (non-zero only when
+    /// `allow_trailing_bytes`). For sources that fetch the header before the data (remote
+    /// objects), so that a hostile header is refused before any data is fetched or allocated.
+    pub fn validate_header(
+        head: &[u8],
+        len: u64,
+        allow_trailing_bytes: bool,
+    ) -> Result<(Header, u64)> {
+        parse_allowing(head, len, allow_trailing_bytes)
+    }
+
+    /// A file of which only the first bytes are at hand (`head`: at least its `8 + N` header
+    /// bytes) and whose length is `len`: the header is validated with every check
+    /// [`SafeFile::open`] makes, and its tensors can be listed and described, but every read
+    /// of tensor bytes is an `Io` error saying that only the header was fetched. For remote
+    /// files opened for their header alone (`safetensors inspect URL`). `name` stands for the
+    /// file in messages.
+    ///
+    /// ```
+    /// use safetensors_core::{serialize, Dtype, OpenOptions, SafeFile, TensorView};
+    /// let bytes = serialize([("w", TensorView::new(Dtype::U8, &[2], &[1, 2]))], None)?;
+    /// let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    /// let f = SafeFile::header_only("<url>", &bytes[..8 + n], bytes.len() as u64,
+    ///                               OpenOptions::default())?;
+    /// assert_eq!(f.info("w")?.shape, &[2]);
+    /// assert!(f.tensor_bytes("w").is_err());
+    /// # Ok::<(), safetensors_core::Error>(())
+    /// ```
+    pub fn header_only(
+        name: impl AsRef<Path>,
+        head: &[u8],
+        len: u64,
+        options: OpenOptions,
+    ) -> Result<SafeFile> {
+        let name = name.as_ref();
+        let (header, trailing) =
+            parse_allowing(head, len, options.allow_trailing_bytes).map_err(|e| e.in_file(name))?;
+        Ok(SafeFile {
+            path: name.to_path_buf(),
+            identity: None,
+            header,
+            storage: Storage::HeaderOnly,
+            bytes_read: AtomicU64::new(0),
+            trailing,
+        })
+    }
+
     /// [`SafeFile::open`] for a checkpoint shard: with the read backend, no descriptor is kept
     /// between reads (see [`Reader::Reopen`]). `path` should be absolute, since it is opened
     /// again later.
@@ -292,11 +344,12 @@ impl SafeFile {
     }
 
     /// Which backend this file uses. Bytes in memory report `Mmap`: views borrow them with no
-    /// copy, as from a mapping ([`SafeFile::is_in_memory`] tells them apart).
+    /// copy, as from a mapping ([`SafeFile::is_in_memory`] tells them apart). A header-only
+    /// file ([`SafeFile::header_only`]) reports `Read`: nothing is mapped, and reads fail.
     pub fn backend(&self) -> Backend {
         match self.storage {
             Storage::Mapped(_) | Storage::Memory(_) => Backend::Mmap,
-            Storage::Reader(_) => Backend::Read,
+            Storage::Reader(_) | Storage::HeaderOnly => Backend::Read,
             Storage::Direct(_) => Backend::Direct,
         }
     }
@@ -327,7 +380,7 @@ impl SafeFile {
                     .get(self.header.data_start()..self.header.file_len())
                     .unwrap_or(&[]),
             ),
-            Storage::Reader(_) | Storage::Direct(_) => None,
+            Storage::Reader(_) | Storage::Direct(_) | Storage::HeaderOnly => None,
         }
     }
 
@@ -394,6 +447,15 @@ impl SafeFile {
     fn handle(&self) -> Result<Option<Handle<'_>>> {
         match &self.storage {
             Storage::Mapped(_) | Storage::Memory(_) => Ok(None),
+            Storage::HeaderOnly => Err(Error::io(
+                &self.path,
+                "read",
+                io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "only the header of this file was fetched (it was opened header-only); \
+                     open it again without that option to read tensor bytes",
+                ),
+            )),
             Storage::Reader(Reader::Held(file)) => Ok(Some(Handle::Borrowed(file))),
             Storage::Direct(d) => d
                 .op()

@@ -18,7 +18,9 @@
 //! - `convert/`: dtype conversion and dequantization;
 //! - `distributed/`: tensor-parallel rules and multi-rank plans; `upload.rs`: the staged upload
 //!   ring (CUDA lives in `rust/cuda`); `request.rs` (what to read, from a file, a checkpoint or
-//!   several files), `prefetch.rs` and `stream.rs`: cold loads.
+//!   several files), `prefetch.rs` and `stream.rs`: cold loads;
+//! - `url.rs`: which strings are URLs and what of them messages show (remote reading itself is
+//!   the `safetensors-remote` crate, `rust/remote`).
 //!
 //! ```
 //! use safetensors_core::{serialize, Dtype, SafeTensors, TensorView};
@@ -49,6 +51,7 @@ pub mod residency;
 mod slice;
 mod stream;
 pub mod upload;
+mod url;
 mod view;
 mod writer;
 
@@ -64,6 +67,7 @@ pub use prefetch::{advise, Advice, Plan, Prefetch, PrefetchOptions, MAX_REQUEST_
 pub use request::{Request, Source};
 pub use slice::{Indexer, Placed, Runs, SlicePlan};
 pub use stream::{HandOver, StreamOptions, StreamTensor, TensorStream};
+pub use url::{is_url, redact_url, url_scheme};
 pub use view::{SafeTensors, TensorView};
 pub use writer::{
     dtype_to_write, plan_shards, serialize, serialize_to_file, text_to_write, write_atomically,

@@ -1,5 +1,6 @@
 //! The C++ bridge: one `#[cxx::bridge]` per area, each beside its glue, over
-//! `safetensors-core` (and `safetensors-cuda` with the `cuda` feature).
+//! `safetensors-core` (and `safetensors-cuda` with the `cuda` feature, `safetensors-remote` with
+//! the `remote` feature).
 //!
 //! Users never see these types: `include/safetensors/*.hpp` wraps them in the public C++20 API.
 //! Each bridge generates its own header (`safetensors/ffi/src/<area>.rs.h`), so a public header
@@ -28,6 +29,7 @@
 //! - `cuda.rs` (with `cuda/`): uploads; `memory.rs`: host loads into one allocation, locking
 //!   and releasing pages (it reuses `cuda.rs`'s placements); `distributed.rs`: tensor-parallel
 //!   rules, load plans;
+//! - `remote.rs` (with `remote/`): remote files (`s3://`, `http(s)://`) opened into memory;
 //! - `version.rs`: the versioned symbol.
 
 pub mod checkpoint;
@@ -36,6 +38,7 @@ pub mod cuda;
 pub mod distributed;
 pub mod file;
 pub mod memory;
+pub mod remote;
 pub mod status;
 pub mod stream;
 mod version;

@@ -1,0 +1,71 @@
+// Remote files: which strings are URLs, and how they are read (docs/remote.md).
+// `SafeOpen::open_remote` (safe_open.hpp) opens them.
+#pragma once
+
+#include "safetensors/abi.hpp"
+
+#include <chrono>
+#include <cstddef>
+#include <string_view>
+
+#include "safetensors/detail/bridge.hpp"
+#include "safetensors/ffi/src/remote.rs.h"
+
+namespace safetensors {
+inline namespace SAFETENSORS_ABI {
+
+/// How a remote file is read: `SafeOpen::open_remote(url, remote)` (safe_open.hpp). The defaults suit a model
+/// on S3 or a CDN; docs/remote.md says when to change them.
+///
+///   safetensors::RemoteOptions remote{.concurrency = 32, .deadline = std::chrono::minutes(5)};
+struct RemoteOptions {
+  /// Ranged GETs in flight at once.
+  std::size_t concurrency = 16;
+  /// Bytes one GET asks for (adjacent byte runs are coalesced, then cut into parts this size).
+  std::size_t part_size = std::size_t{8} << 20;
+  /// Bytes the first GET asks for: the header, speculatively with the first tensors; a longer
+  /// header costs a second GET.
+  std::size_t first_read = std::size_t{1} << 20;
+  /// Longest one request may take, body included, before it is retried.
+  std::chrono::milliseconds request_timeout{30'000};
+  /// Longest a connection may take to open.
+  std::chrono::milliseconds connect_timeout{5'000};
+  /// Retries of a failed request (connection errors, timeouts, 5xx, 429), with backoff.
+  std::size_t max_retries = 3;
+  /// Longest the whole open may take; zero for no limit beyond each request's timeout.
+  std::chrono::milliseconds deadline{0};
+  /// Fetch and validate the header only: keys, info and metadata work, and every read of
+  /// tensor bytes is an `Io` error saying so (what `safetensors inspect URL` does).
+  bool header_only = false;
+};
+
+/// Whether `s` names a remote file rather than a local path: it starts with `s3://`, `http://`
+/// or `https://` (the scheme in any case). The one rule the library and its CLI apply.
+[[nodiscard]] inline bool is_url(std::string_view s) {
+  return ffi::is_url(detail::bytes(s));
+}
+
+/// Whether this build opens remote files (configured with `SAFETENSORS_REMOTE`, the default);
+/// without it `open_remote` is an `Io` error saying so.
+[[nodiscard]] inline bool remote_built() {
+  return ffi::remote_built();
+}
+
+namespace detail {
+inline ffi::RemoteOptions remote_options(const RemoteOptions& o) {
+  auto ms = [](std::chrono::milliseconds d) {
+    return static_cast<std::uint64_t>(d.count() < 0 ? 0 : d.count());
+  };
+  return ffi::RemoteOptions{.concurrency = o.concurrency,
+                            .part_size = o.part_size,
+                            .first_read = o.first_read,
+                            .request_timeout_ms = ms(o.request_timeout),
+                            .connect_timeout_ms = ms(o.connect_timeout),
+                            .max_retries = o.max_retries,
+                            .deadline_ms = ms(o.deadline),
+                            .header_only = o.header_only};
+}
+}  // namespace detail
+
+}  // namespace SAFETENSORS_ABI
+}  // namespace safetensors

@@ -1,0 +1,71 @@
+//! `open_remote`: a remote safetensors file (`s3://`, `http://`, `https://`) as a `File` in
+//! memory, filled by concurrent ranged GETs (see `rust/remote` and docs/remote.md). With the
+//! `remote` feature the work is `remote/enabled.rs`; without it `remote/disabled.rs` gives
+//! every entry point an `Io` error saying so, so the C++ API is the same in every build.
+
+use crate::file::File;
+use crate::status::Status;
+use ffi::RemoteOptions;
+
+#[cxx::bridge(namespace = "safetensors::ffi")]
+pub mod ffi {
+    unsafe extern "C++" {
+        include!("safetensors/ffi/src/status.rs.h");
+        include!("safetensors/ffi/src/file.rs.h");
+        type Status = crate::status::ffi::Status;
+        type File = crate::file::File;
+    }
+
+    /// `safetensors::RemoteOptions` as it crosses: durations in milliseconds, a deadline of 0
+    /// for none.
+    #[derive(Debug, Clone, Copy)]
+    struct RemoteOptions {
+        concurrency: usize,
+        part_size: usize,
+        first_read: usize,
+        request_timeout_ms: u64,
+        connect_timeout_ms: u64,
+        max_retries: usize,
+        deadline_ms: u64,
+        header_only: bool,
+    }
+
+    extern "Rust" {
+        /// Whether this build opens remote files (the `remote` feature).
+        fn remote_built() -> bool;
+        /// Whether `s` is a URL (`s3://`, `http://`, `https://`) rather than a local path.
+        fn is_url(s: &[u8]) -> bool;
+        /// Opens the object at `url` as a file in memory: the header (validated), then every
+        /// byte. `allow_trailing_bytes` as for local files. Null on failure.
+        fn open_remote(
+            url: &[u8],
+            options: &RemoteOptions,
+            allow_trailing_bytes: bool,
+            status: &mut Status,
+        ) -> *mut File;
+    }
+}
+
+/// The core's rule (`safetensors_core::is_url`), the same in builds without remote support, so
+/// that a URL is never opened as a local path there either.
+pub fn is_url(s: &[u8]) -> bool {
+    std::str::from_utf8(s).is_ok_and(safetensors_core::is_url)
+}
+
+#[cfg(feature = "remote")]
+#[path = "remote/enabled.rs"]
+mod imp;
+#[cfg(not(feature = "remote"))]
+#[path = "remote/disabled.rs"]
+mod imp;
+
+pub use imp::remote_built;
+
+pub fn open_remote(
+    url: &[u8],
+    options: &RemoteOptions,
+    allow_trailing_bytes: bool,
+    status: &mut Status,
+) -> *mut File {
+    imp::open_remote(url, options, allow_trailing_bytes, status)
+}

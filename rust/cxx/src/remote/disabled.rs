@@ -1,0 +1,30 @@
+//! A build without remote files (`-DSAFETENSORS_REMOTE=OFF`): opening a URL is an `Io` error
+//! saying so, naming the URL as messages show it (no credentials).
+
+use std::io;
+use std::path::Path;
+
+use safetensors_core::{redact_url, Error};
+
+use super::ffi::RemoteOptions;
+use crate::file::File;
+use crate::status::{guard, Status};
+
+pub fn remote_built() -> bool {
+    false
+}
+
+pub fn open_remote(url: &[u8], _: &RemoteOptions, _: bool, status: &mut Status) -> *mut File {
+    guard(status, || {
+        let shown = redact_url(&String::from_utf8_lossy(url));
+        Err(Error::io(
+            Path::new(&shown),
+            "open",
+            io::Error::new(
+                io::ErrorKind::Unsupported,
+                "this build of the safetensors library cannot open remote files (configure with \
+                 -DSAFETENSORS_REMOTE=ON)",
+            ),
+        ))
+    })
+}

@@ -1,0 +1,44 @@
+//! A build with remote files: `open_remote` over `safetensors_remote::open`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use safetensors_core::OpenOptions;
+
+use super::ffi::RemoteOptions;
+use crate::file::File;
+use crate::status::{guard, handed_over, Status};
+
+pub fn remote_built() -> bool {
+    true
+}
+
+fn options(o: &RemoteOptions) -> safetensors_remote::RemoteOptions {
+    safetensors_remote::RemoteOptions {
+        concurrency: o.concurrency,
+        part_size: o.part_size,
+        first_read: o.first_read,
+        request_timeout: Duration::from_millis(o.request_timeout_ms),
+        connect_timeout: Duration::from_millis(o.connect_timeout_ms),
+        max_retries: o.max_retries,
+        deadline: (o.deadline_ms != 0).then(|| Duration::from_millis(o.deadline_ms)),
+        header_only: o.header_only,
+    }
+}
+
+pub fn open_remote(
+    url: &[u8],
+    remote: &RemoteOptions,
+    allow_trailing_bytes: bool,
+    status: &mut Status,
+) -> *mut File {
+    guard(status, || {
+        let url = String::from_utf8_lossy(url);
+        let open = OpenOptions {
+            allow_trailing_bytes,
+            ..OpenOptions::default()
+        };
+        let file = safetensors_remote::open(&url, &options(remote), open)?;
+        Ok(handed_over(File::wrap(Arc::new(file))))
+    })
+}

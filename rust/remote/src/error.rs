@@ -1,0 +1,131 @@
+//! Remote failures as the library's errors: every one an [`Error::Io`] whose path is the
+//! object's URL (redacted, see `location.rs`), with a message a user can act on.
+//!
+//! `Io` is the kind a local file gets for the same events (cannot open, read failed, file
+//! replaced while open), so callers handle local and remote files alike. Texts that come from
+//! `object_store` (which may quote a server's answer) pass through [`scrub`]: credentials
+//! from the environment are cut out, whitespace is folded and the length is bounded.
+
+use std::io;
+use std::path::Path;
+
+use safetensors_core::Error;
+
+/// An `Io` error about the object `name`.
+pub(crate) fn remote(name: &str, op: &'static str, kind: io::ErrorKind, message: String) -> Error {
+    Error::io(Path::new(name), op, io::Error::new(kind, scrub(&message)))
+}
+
+/// A URL that cannot be used.
+pub(crate) fn invalid_url(name: &str, why: &str) -> Error {
+    remote(name, "open", io::ErrorKind::InvalidInput, why.to_owned())
+}
+
+/// The object changed since its header was read.
+pub(crate) fn changed(name: &str, what: &str) -> Error {
+    remote(
+        name,
+        "GET",
+        io::ErrorKind::Other,
+        format!(
+            "the object changed while it was being read ({what}); no bytes of the new version \
+             were used: open it again to read the new version"
+        ),
+    )
+}
+
+/// What messages say when a server answers a ranged GET without a range (HTTP 200 rather than
+/// 206 Partial Content): a server without range support, or an error page in place of the data.
+pub(crate) const NOT_PARTIAL: &str =
+    "the server answered a ranged GET with a whole response (HTTP 200, not 206 Partial Content)";
+
+/// An `object_store` failure, with the chain of its causes (a timeout is only said there).
+pub(crate) fn store_error(name: &str, op: &'static str, e: object_store::Error) -> Error {
+    use object_store::Error as E;
+    let (kind, summary) = match &e {
+        // The rest of the text (the request, the server's 404 page) adds nothing.
+        E::NotFound { .. } => {
+            let what = "no such object (HTTP 404 Not Found)".to_owned();
+            return remote(name, op, io::ErrorKind::NotFound, what);
+        }
+        E::Precondition { .. } => {
+            return changed(name, "the server refused the pinned version: HTTP 412");
+        }
+        E::PermissionDenied { .. } | E::Unauthenticated { .. } => (
+            io::ErrorKind::PermissionDenied,
+            "access denied (check the credentials in the AWS_* environment variables)",
+        ),
+        E::NotSupported { .. } => (io::ErrorKind::InvalidData, NOT_PARTIAL),
+        _ => (io::ErrorKind::Other, "request failed"),
+    };
+    let mut text = format!("{summary}: {e}");
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    remote(name, op, kind, text)
+}
+
+/// Longest message kept from a server or library text.
+const MAX_MESSAGE: usize = 600;
+
+/// `text` with credentials from the environment cut out, whitespace folded (servers answer
+/// with HTML pages), and at most [`MAX_MESSAGE`] bytes.
+pub(crate) fn scrub(text: &str) -> String {
+    let mut out = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    for var in [
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+    ] {
+        if let Ok(secret) = std::env::var(var) {
+            // Short values would match ordinary words; a real key is longer than this.
+            if secret.len() >= 8 {
+                out = out.replace(&secret, "<redacted>");
+            }
+        }
+    }
+    if out.len() > MAX_MESSAGE {
+        let mut end = MAX_MESSAGE;
+        while !out.is_char_boundary(end) {
+            end -= 1;
+        }
+        out.truncate(end);
+        out.push_str(" ...");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scrub_cuts_credentials_from_the_environment_out_of_server_texts() {
+        // A variable no other test of this crate sets or reads.
+        std::env::set_var("AWS_CONTAINER_AUTHORIZATION_TOKEN", "tok-0123456789-secret");
+        let text = scrub("403 Forbidden: <Error>\n  <Token>tok-0123456789-secret</Token></Error>");
+        assert!(!text.contains("tok-0123456789-secret"), "{text}");
+        assert_eq!(
+            text,
+            "403 Forbidden: <Error> <Token><redacted></Token></Error>"
+        );
+        std::env::remove_var("AWS_CONTAINER_AUTHORIZATION_TOKEN");
+    }
+
+    #[test]
+    fn scrub_bounds_the_length_on_a_character_boundary() {
+        let text = scrub(&"é".repeat(1000));
+        assert!(
+            text.len() <= MAX_MESSAGE + 4 && text.ends_with(" ..."),
+            "{}",
+            text.len()
+        );
+    }
+}

@@ -1,0 +1,66 @@
+//! Remote safetensors files: `s3://bucket/key` on any S3-compatible store and `http://` or
+//! `https://` URLs, opened as a [`SafeFile`] in memory filled by concurrent ranged GETs.
+//!
+//! Apache Arrow's `object_store` crate speaks the protocols (S3 signing, credentials from the
+//! environment, retries with backoff); this crate decides what is fetched and checks every
+//! answer. It runs on one small runtime of its own ([`runtime`]), never the caller's.
+//!
+//! What opening does ([`open`]):
+//! 1. one ranged GET of the object's first bytes ([`RemoteOptions::first_read`], 1 MiB by
+//!    default), which holds most headers whole, and a second ranged GET only when the header is
+//!    longer; the header is validated with every rule a local file gets, against the object's
+//!    length, before any data is fetched or allocated;
+//! 2. the object's version is pinned: its ETag (or, without one, its modification time) from
+//!    that first answer; every later GET is conditional on it (`If-Match`), and every answer is
+//!    checked against it, so an object replaced while being read is an `Io` error naming the
+//!    URL, never bytes of two versions;
+//! 3. the rest of the object is fetched with concurrent ranged GETs ([`RemoteOptions::concurrency`]
+//!    at a time, [`RemoteOptions::part_size`] each), each answer's status, `Content-Range` and
+//!    body length checked against what was asked;
+//! 4. the bytes become a file in memory ([`SafeFile::from_memory`]), validated again, so that
+//!    everything that works on a file in memory works on a remote one.
+//!
+//! Every failure is an [`Error::Io`] naming the URL (without its credentials: URLs that carry
+//! any are refused, see [`location`]). docs/remote.md is the user's page.
+//!
+//! ```no_run
+//! use safetensors_core::OpenOptions;
+//! use safetensors_remote::{open, RemoteOptions};
+//! let file = open("s3://models/gpt2/model.safetensors", &RemoteOptions::default(),
+//!                 OpenOptions::default())?;
+//! let bytes = file.tensor_bytes("wte.weight")?;
+//! # Ok::<(), safetensors_core::Error>(())
+//! ```
+#![deny(missing_docs)]
+
+mod error;
+mod fetch;
+mod location;
+mod options;
+pub mod runtime;
+
+use safetensors_core::{OpenOptions, Result, SafeFile};
+
+pub use fetch::Object;
+pub use options::RemoteOptions;
+pub use safetensors_core::is_url;
+
+/// Opens the object at `url` (`s3://`, `http://` or `https://`) as a file in memory: the header
+/// first, validated, then the whole object with concurrent ranged GETs (or, with
+/// [`RemoteOptions::header_only`], nothing more: see [`SafeFile::header_only`]). Errors name
+/// the URL.
+pub fn open(url: &str, remote: &RemoteOptions, options: OpenOptions) -> Result<SafeFile> {
+    let object = Object::open(url, remote, options.allow_trailing_bytes)?;
+    let name = object.name().to_owned();
+    if remote.header_only {
+        return SafeFile::header_only(name, object.head(), object.len(), options);
+    }
+    let bytes = object.fetch_all()?;
+    SafeFile::from_memory(name, Box::new(bytes), options)
+}
+
+/// The header only: one or two ranged GETs, the header validated as for a local file, no data
+/// fetched. For tools that only describe a file (`safetensors inspect`).
+pub fn open_header(url: &str, remote: &RemoteOptions, options: OpenOptions) -> Result<Object> {
+    Object::open(url, remote, options.allow_trailing_bytes)
+}

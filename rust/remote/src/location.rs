@@ -1,0 +1,152 @@
+//! The store and object path a URL names.
+//!
+//! Which strings are URLs, and what of them messages show, are the core's rules
+//! (`safetensors_core::is_url`, `redact_url`), shared with builds without remote support.
+//!
+//! URLs that carry secrets are refused: user information (`https://user:pass@host/...`) and
+//! query strings (pre-signed URLs) would otherwise be sent where they should not be and end up
+//! in error messages. S3 credentials come from the environment (see docs/remote.md).
+
+use std::sync::Arc;
+
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::http::HttpBuilder;
+use object_store::path::Path as ObjectPath;
+use object_store::{BackoffConfig, ClientConfigKey, ClientOptions, ObjectStore, RetryConfig};
+use safetensors_core::{redact_url, url_scheme, Result};
+use url::Url;
+
+use crate::error::{invalid_url, store_error};
+use crate::options::RemoteOptions;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scheme {
+    S3,
+    Http,
+}
+
+fn scheme_of(s: &str) -> Option<Scheme> {
+    match url_scheme(s)? {
+        "s3" => Some(Scheme::S3),
+        _ => Some(Scheme::Http),
+    }
+}
+
+/// A remote object: the store that reaches it, its path there, and its name for messages.
+pub(crate) struct Location {
+    pub(crate) name: String,
+    pub(crate) store: Arc<dyn ObjectStore>,
+    pub(crate) path: ObjectPath,
+}
+
+/// The store and path for `url`, or an `Io` error naming the (redacted) URL.
+pub(crate) fn locate(url: &str, options: &RemoteOptions) -> Result<Location> {
+    let name = redact_url(url);
+    let scheme = scheme_of(url).ok_or_else(|| {
+        invalid_url(
+            &name,
+            "not a remote URL: it should start with s3://, http:// or https://",
+        )
+    })?;
+    let parsed =
+        Url::parse(url).map_err(|e| invalid_url(&name, &format!("not a valid URL ({e})")))?;
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(invalid_url(
+            &name,
+            "credentials in a URL are refused (they would travel and be shown with it); for \
+             s3:// set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY instead",
+        ));
+    }
+    if parsed.query().is_some() || parsed.fragment().is_some() {
+        return Err(invalid_url(
+            &name,
+            "URLs with a query or fragment (such as pre-signed URLs) are not supported yet",
+        ));
+    }
+    let Some(host) = parsed.host_str().filter(|h| !h.is_empty()) else {
+        return Err(invalid_url(
+            &name,
+            "the URL names no host (or, for s3://, no bucket)",
+        ));
+    };
+    let path = ObjectPath::from_url_path(parsed.path())
+        .map_err(|e| invalid_url(&name, &format!("not a valid object path ({e})")))?;
+    if path.as_ref().is_empty() {
+        return Err(invalid_url(
+            &name,
+            "the URL names no object (its path is empty)",
+        ));
+    }
+    let retry = RetryConfig {
+        backoff: BackoffConfig::default(),
+        max_retries: options.max_retries,
+        // Retries stop when either runs out: the count, or this much time since the first try.
+        retry_timeout: options
+            .request_timeout
+            .saturating_mul(options.max_retries.saturating_add(1) as u32),
+    };
+    let store: Arc<dyn ObjectStore> = match scheme {
+        Scheme::S3 => {
+            // Region, endpoint, path-style addressing, `AWS_ALLOW_HTTP` and credentials come
+            // from the usual AWS_* variables; the timeouts are set through the same config keys
+            // so that those variables' client settings are kept.
+            let builder = AmazonS3Builder::from_env()
+                .with_bucket_name(host)
+                .with_config(
+                    AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
+                    millis(options.request_timeout),
+                )
+                .with_config(
+                    AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
+                    millis(options.connect_timeout),
+                )
+                .with_retry(retry);
+            Arc::new(builder.build().map_err(|e| store_error(&name, "open", e))?)
+        }
+        Scheme::Http => {
+            let base = &parsed[..url::Position::BeforePath];
+            let client = ClientOptions::new()
+                // The user wrote http:// (https:// is verified TLS, the default).
+                .with_allow_http(true)
+                .with_timeout(options.request_timeout)
+                .with_connect_timeout(options.connect_timeout);
+            let builder = HttpBuilder::new()
+                .with_url(base)
+                .with_client_options(client)
+                .with_retry(retry);
+            Arc::new(builder.build().map_err(|e| store_error(&name, "open", e))?)
+        }
+    };
+    Ok(Location { name, store, path })
+}
+
+fn millis(d: std::time::Duration) -> String {
+    format!("{}ms", d.as_millis().max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_urls_that_carry_secrets_without_showing_them() {
+        let o = RemoteOptions::default();
+        for url in [
+            "https://alice:hunter2@example.com/m.safetensors",
+            "https://example.com/m.safetensors?X-Amz-Signature=hunter2",
+        ] {
+            let e = locate(url, &o).err().expect("refused");
+            let text = e.to_string();
+            assert!(!text.contains("hunter2"), "{text}");
+            assert!(text.contains("https://example.com/m.safetensors"), "{text}");
+        }
+    }
+
+    #[test]
+    fn refuses_urls_without_an_object() {
+        let o = RemoteOptions::default();
+        assert!(locate("http://example.com/", &o).is_err());
+        assert!(locate("s3:///key", &o).is_err());
+        assert!(locate("ftp://example.com/x", &o).is_err());
+    }
+}

@@ -1,0 +1,58 @@
+//! How remote objects are read: concurrency, part size, timeouts, retries and the deadline.
+
+use std::time::Duration;
+
+/// Options for [`crate::open`]. The defaults suit a model on S3 or a CDN from a machine with a
+/// fast link; docs/remote.md says when to change them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemoteOptions {
+    /// Ranged GETs in flight at once (at least 1). Default 16.
+    pub concurrency: usize,
+    /// Bytes one GET asks for (at least 1; adjacent byte runs are coalesced, then cut into
+    /// parts of this size). Default 8 MiB.
+    pub part_size: usize,
+    /// Bytes the first GET asks for: the 8-byte length prefix and, speculatively, the header
+    /// and the first tensors. A header longer than this costs a second GET. Default 1 MiB.
+    pub first_read: usize,
+    /// Longest one request may take, body included, before it is retried. Default 30 s.
+    pub request_timeout: Duration,
+    /// Longest a connection may take to open. Default 5 s.
+    pub connect_timeout: Duration,
+    /// Retries of a failed request (connection errors, timeouts, 5xx, 429), with exponential
+    /// backoff from 100 ms. Default 3.
+    pub max_retries: usize,
+    /// Longest the whole operation (an open: header and data, counted from its start) may take;
+    /// `None` for no limit beyond each request's timeout and retries. Default `None`.
+    pub deadline: Option<Duration>,
+    /// Fetch and validate the header only: tensors can be listed and described, and every
+    /// read of their bytes is an `Io` error saying so. For tools that describe a file
+    /// (`safetensors inspect`). Default false.
+    pub header_only: bool,
+}
+
+impl Default for RemoteOptions {
+    fn default() -> Self {
+        RemoteOptions {
+            concurrency: 16,
+            part_size: 8 << 20,
+            first_read: 1 << 20,
+            request_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(5),
+            max_retries: 3,
+            deadline: None,
+            header_only: false,
+        }
+    }
+}
+
+impl RemoteOptions {
+    /// The options with every count at least 1, and a first read that holds the length prefix.
+    pub(crate) fn sane(&self) -> RemoteOptions {
+        RemoteOptions {
+            concurrency: self.concurrency.max(1),
+            part_size: self.part_size.max(1),
+            first_read: self.first_read.max(safetensors_core::LENGTH_PREFIX_SIZE),
+            ..self.clone()
+        }
+    }
+}

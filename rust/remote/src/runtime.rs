@@ -1,0 +1,73 @@
+//! The library's own runtime for remote reads: one multi-threaded tokio runtime, created on the
+//! first remote open, with a few worker threads (network I/O and copying into place), named
+//! `safetensors-remote`. Never the caller's: a caller inside its own runtime (or none) gets
+//! the same behaviour, since [`run`] hands the work to this runtime and waits on a channel
+//! rather than entering a runtime on the calling thread (which would panic inside another).
+
+use std::future::Future;
+use std::io;
+use std::sync::mpsc;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use safetensors_core::{Error, Result};
+use tokio::runtime::Runtime;
+
+use crate::error::remote;
+
+/// Worker threads: enough to keep many requests and their copies going, few enough to leave the
+/// caller's cores alone (the work is mostly waiting on the network).
+const WORKERS: usize = 4;
+
+fn runtime() -> std::result::Result<&'static Runtime, &'static str> {
+    static RUNTIME: OnceLock<std::result::Result<Runtime, String>> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(WORKERS)
+                .thread_name("safetensors-remote")
+                .enable_all()
+                .build()
+                .map_err(|e| format!("cannot start the remote-read runtime: {e}"))
+        })
+        .as_ref()
+        .map_err(String::as_str)
+}
+
+/// Runs `work` on the library's runtime and waits for it, at most `deadline` when given. Errors
+/// name `name` (the URL). A panic inside `work` is an `Internal` error, never an unwind into
+/// the caller.
+pub fn run<T, F>(name: &str, deadline: Option<Duration>, work: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T>> + Send + 'static,
+{
+    let rt =
+        runtime().map_err(|why| remote(name, "start", io::ErrorKind::Other, why.to_owned()))?;
+    let (tx, rx) = mpsc::sync_channel(1);
+    let owned = name.to_owned();
+    rt.spawn(async move {
+        let result = match deadline {
+            None => work.await,
+            Some(limit) => match tokio::time::timeout(limit, work).await {
+                Ok(r) => r,
+                Err(_) => Err(remote(
+                    &owned,
+                    "GET",
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "not finished within the deadline of {:.3} s (RemoteOptions::deadline)",
+                        limit.as_secs_f64()
+                    ),
+                )),
+            },
+        };
+        // The receiver waits until this is sent; it is gone only if the caller's thread died.
+        let _ = tx.send(result);
+    });
+    rx.recv().unwrap_or_else(|_| {
+        Err(Error::Internal {
+            message: format!("the remote read of {name} stopped without an answer (a panic)"),
+        })
+    })
+}

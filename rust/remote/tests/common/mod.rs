@@ -1,0 +1,181 @@
+//! Real servers on loopback for the remote tests, started by the tests themselves: Debian's
+//! nginx serving a directory (range requests, ETags, `If-Match`), an S3-compatible server
+//! (`s3s-fs`), and the fault-injecting proxy (tests/remote/fault_proxy.py) between client and
+//! server. A missing server skips its tests with a message, unless
+//! `SAFETENSORS_REQUIRE_SERVERS=1` (tests/run sets it under CI), which makes that a failure.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A scratch directory removed on drop.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(tag: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!(
+            "safetensors-remote-{tag}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Why a server is missing: a skip, or a failure when servers are required.
+pub fn missing(reason: String) -> String {
+    if std::env::var("SAFETENSORS_REQUIRE_SERVERS").as_deref() == Ok("1") {
+        panic!("SAFETENSORS_REQUIRE_SERVERS=1 but {reason} (.ci/setup tests installs it)");
+    }
+    reason
+}
+
+/// Skips the calling test with a printed reason.
+#[macro_export]
+macro_rules! skip {
+    ($($arg:tt)*) => {{
+        eprintln!("SKIPPED: {}", format!($($arg)*));
+        return;
+    }};
+}
+
+/// A port free right now on 127.0.0.1 (for servers that cannot be told to pick one).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_for(port: u16, child: &mut Child, what: &str) {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(20) {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{what} exited before listening: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("{what} did not listen on port {port} within 20 s");
+}
+
+/// A child process killed (and reaped) on drop.
+pub struct Server {
+    child: Child,
+    pub port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn find(program: &str, extra: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .chain(extra.iter().map(PathBuf::from))
+        .find(|p| p.is_file())
+}
+
+/// nginx serving `root` on a port of its own, or why there is none.
+pub fn nginx(root: &Path, work: &Path) -> Result<Server, String> {
+    let Some(bin) = find("nginx", &["/usr/sbin/nginx"]) else {
+        return Err(missing(
+            "nginx is not installed (apt-get install nginx)".into(),
+        ));
+    };
+    let port = free_port();
+    let conf = work.join("nginx.conf");
+    let w = work.display();
+    std::fs::write(
+        &conf,
+        format!(
+            "daemon off;\nmaster_process off;\nworker_processes 1;\npid {w}/nginx.pid;\n\
+             error_log {w}/error.log;\nevents {{ worker_connections 256; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {w}/body;\n\
+             proxy_temp_path {w}/proxy;\n  fastcgi_temp_path {w}/fastcgi;\n\
+             uwsgi_temp_path {w}/uwsgi;\n  scgi_temp_path {w}/scgi;\n\
+             default_type application/octet-stream;\n\
+             server {{ listen 127.0.0.1:{port}; root {}; }}\n}}\n",
+            root.display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(bin)
+        .arg("-p")
+        .arg(work)
+        .arg("-e")
+        .arg(work.join("error.log"))
+        .arg("-c")
+        .arg(&conf)
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(|e| missing(format!("cannot start nginx: {e}")))?;
+    wait_for(port, &mut child, "nginx");
+    Ok(Server { child, port })
+}
+
+/// The fault proxy in front of `upstream`, spoiling every GET after the first `after`.
+pub fn proxy(upstream: u16, fault: &str, after: usize) -> Server {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/remote/fault_proxy.py");
+    let mut child = Command::new("python3")
+        .arg(script)
+        .arg(upstream.to_string())
+        .arg(fault)
+        .arg("--after")
+        .arg(after.to_string())
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("python3 runs the fault proxy");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line.trim().parse().expect("the proxy prints its port");
+    wait_for(port, &mut child, "the fault proxy");
+    Server { child, port }
+}
+
+/// An S3-compatible server (`s3s-fs`) over `root` (each subdirectory a bucket) with these
+/// credentials, or why there is none.
+pub fn s3(root: &Path, access_key: &str, secret_key: &str) -> Result<Server, String> {
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let cargo_bin = home.join(".cargo/bin/s3s-fs");
+    let Some(bin) = find("s3s-fs", &[cargo_bin.to_str().unwrap_or("")]) else {
+        return Err(missing(
+            "s3s-fs is not installed (cargo install s3s-fs --version 0.14.1 --locked --features binary)"
+                .into(),
+        ));
+    };
+    let port = free_port();
+    let mut child = Command::new(bin)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--access-key", access_key, "--secret-key", secret_key])
+        .arg(root)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| missing(format!("cannot start s3s-fs: {e}")))?;
+    wait_for(port, &mut child, "s3s-fs");
+    Ok(Server { child, port })
+}

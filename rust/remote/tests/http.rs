@@ -1,0 +1,381 @@
+//! Remote files over HTTP against a real server (nginx on loopback, started here), and against
+//! the fault proxy (tests/remote/fault_proxy.py) between them: what is fetched, the version pin,
+//! and every broken answer a typed `Io` error naming the URL.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{nginx, proxy, Scratch, Server};
+use safetensors_core::{serialize, Dtype, ErrorKind, OpenOptions, SafeFile, TensorView};
+use safetensors_remote::{open, open_header, RemoteOptions};
+
+/// A file of a few tensors, one of them several parts long, with metadata.
+fn sample() -> Vec<u8> {
+    let big: Vec<u8> = (0..300_000u32)
+        .flat_map(|i| (i * 7).to_le_bytes())
+        .collect();
+    let small: Vec<u8> = (0..10u8).collect();
+    let half: Vec<u8> = (0..64u16).flat_map(|i| (i * 3).to_le_bytes()).collect();
+    let metadata: std::collections::BTreeMap<String, String> =
+        [("format".to_string(), "pt".to_string())]
+            .into_iter()
+            .collect();
+    serialize(
+        [
+            ("big", TensorView::new(Dtype::U32, &[300_000], &big)),
+            ("small", TensorView::new(Dtype::U8, &[2, 5], &small)),
+            ("half", TensorView::new(Dtype::F16, &[8, 8], &half)),
+        ],
+        Some(&metadata),
+    )
+    .unwrap()
+}
+
+/// Small parts and a small first read, so that a header read takes two GETs and the data many.
+fn many_parts() -> RemoteOptions {
+    RemoteOptions {
+        first_read: 64,
+        part_size: 64 * 1024,
+        concurrency: 4,
+        ..RemoteOptions::default()
+    }
+}
+
+/// nginx serving a directory holding `model.safetensors` (the sample), or a skip.
+struct Served {
+    root: Scratch,
+    _work: Scratch,
+    server: Server,
+}
+
+fn serve(tag: &str, bytes: &[u8]) -> Option<Served> {
+    let root = Scratch::new(&format!("{tag}-root"));
+    let work = Scratch::new(&format!("{tag}-nginx"));
+    std::fs::write(root.0.join("model.safetensors"), bytes).unwrap();
+    match nginx(&root.0, &work.0) {
+        Ok(server) => Some(Served {
+            root,
+            _work: work,
+            server,
+        }),
+        Err(why) => {
+            eprintln!("SKIPPED: {why}");
+            None
+        }
+    }
+}
+
+fn url(port: u16, name: &str) -> String {
+    format!("http://127.0.0.1:{port}/{name}")
+}
+
+fn same_tensors(remote: &SafeFile, local: &SafeFile) {
+    assert_eq!(remote.header().len(), local.header().len());
+    assert_eq!(remote.header().metadata(), local.header().metadata());
+    for info in local.header().iter() {
+        assert_eq!(
+            remote.tensor_bytes(info.name).unwrap(),
+            local.tensor_bytes(info.name).unwrap(),
+            "{}",
+            info.name
+        );
+    }
+}
+
+#[test]
+fn reads_every_tensor_as_the_local_file_has_it() {
+    let bytes = sample();
+    let Some(s) = serve("every", &bytes) else {
+        return;
+    };
+    let local =
+        SafeFile::from_memory("local", Box::new(bytes.clone()), OpenOptions::default()).unwrap();
+    for options in [RemoteOptions::default(), many_parts()] {
+        let remote = open(
+            &url(s.server.port, "model.safetensors"),
+            &options,
+            OpenOptions::default(),
+        )
+        .unwrap();
+        assert!(remote.is_in_memory());
+        assert_eq!(
+            remote.path(),
+            Path::new(&url(s.server.port, "model.safetensors"))
+        );
+        same_tensors(&remote, &local);
+    }
+}
+
+#[test]
+fn header_only_open_fetches_the_header_and_validates_it() {
+    let bytes = sample();
+    let Some(s) = serve("header", &bytes) else {
+        return;
+    };
+    let object = open_header(
+        &url(s.server.port, "model.safetensors"),
+        &many_parts(),
+        OpenOptions::default(),
+    )
+    .unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    // The first read (64 bytes) was short of the header: a second read fetched exactly the rest.
+    assert_eq!(object.head(), &bytes[..8 + n]);
+    assert_eq!(object.len(), bytes.len() as u64);
+    assert_eq!(object.header().len(), 3);
+}
+
+#[test]
+fn a_header_only_file_describes_tensors_and_refuses_reads() {
+    let bytes = sample();
+    let Some(s) = serve("header-file", &bytes) else {
+        return;
+    };
+    let options = RemoteOptions {
+        header_only: true,
+        ..many_parts()
+    };
+    let u = url(s.server.port, "model.safetensors");
+    let f = open(&u, &options, OpenOptions::default()).unwrap();
+    assert_eq!(f.info("big").unwrap().shape, &[300_000]);
+    assert_eq!(f.header().metadata().unwrap()["format"], "pt");
+    assert!(!f.is_in_memory() && f.mapped_data().is_none());
+    let e = f.tensor_bytes("small").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    assert!(
+        e.to_string().contains(&u) && e.to_string().contains("header"),
+        "{e}"
+    );
+    let mut dst = [0u8; 4];
+    assert_eq!(f.read_data(0, &mut dst).unwrap_err().kind(), ErrorKind::Io);
+}
+
+#[test]
+fn a_missing_object_is_an_io_error_naming_the_url() {
+    let Some(s) = serve("missing", &sample()) else {
+        return;
+    };
+    let u = url(s.server.port, "absent.safetensors");
+    let e = open(&u, &RemoteOptions::default(), OpenOptions::default())
+        .err()
+        .expect("refused");
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    let text = e.to_string();
+    assert!(text.contains(&u) && text.contains("404"), "{text}");
+}
+
+#[test]
+fn an_object_replaced_after_its_header_was_read_is_refused() {
+    let bytes = sample();
+    let Some(s) = serve("replaced", &bytes) else {
+        return;
+    };
+    let u = url(s.server.port, "model.safetensors");
+    let object = open_header(&u, &many_parts(), OpenOptions::default()).unwrap();
+    // Another version at the same path: same length, other bytes, another modification time
+    // (nginx's ETag is made of the length and that time).
+    let mut other = bytes.clone();
+    let last = other.len() - 1;
+    other[last] ^= 0xff;
+    let path = s.root.0.join("model.safetensors");
+    std::fs::write(&path, &other).unwrap();
+    let when = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+    let e = object.fetch_all().expect_err("refused");
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    let text = e.to_string();
+    assert!(text.contains(&u) && text.contains("changed"), "{text}");
+}
+
+#[test]
+fn hostile_files_over_http_get_the_kinds_they_get_from_disk() {
+    let corpus = Scratch::new("hostile-corpus");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/hostile/make_corpus.py");
+    let made = std::process::Command::new("python3")
+        .arg(script)
+        .arg(&corpus.0)
+        .output()
+        .expect("python3 runs make_corpus.py");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let work = Scratch::new("hostile-nginx");
+    let server = match nginx(&corpus.0, &work.0) {
+        Ok(s) => s,
+        Err(why) => {
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+    };
+    let manifest = std::fs::read_to_string(corpus.0.join("manifest.tsv")).unwrap();
+    let mut checked = 0;
+    for line in manifest.lines() {
+        let name = line.split('\t').next().unwrap();
+        let path = corpus.0.join(name);
+        // Directories, FIFOs and missing paths are file-system cases, with nothing to serve.
+        if !std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
+            continue;
+        }
+        let local = SafeFile::open(&path, safetensors_core::Backend::Read);
+        let u = url(server.port, name);
+        let remote = open(&u, &many_parts(), OpenOptions::default());
+        match (local, remote) {
+            (Ok(l), Ok(r)) => same_tensors(&r, &l),
+            (Err(l), Err(r)) => {
+                assert_eq!(r.kind(), l.kind(), "{name}: from disk {l}; over HTTP {r}");
+                assert!(r.to_string().contains(&u), "{name}: {r}");
+            }
+            (l, r) => panic!(
+                "{name}: from disk {:?}, over HTTP {:?}",
+                l.map(|_| "opened").map_err(|e| e.to_string()),
+                r.map(|_| "opened").map_err(|e| e.to_string())
+            ),
+        }
+        checked += 1;
+    }
+    assert!(checked > 20, "only {checked} corpus files checked");
+}
+
+/// Opens the sample through the proxy spoiling every GET after the first `after` with `fault`,
+/// and returns the error's text (which must be an `Io` error naming the proxy's URL).
+fn fault(fault: &str, after: usize, options: RemoteOptions) -> Option<String> {
+    let s = serve(&format!("fault-{fault}"), &sample())?;
+    let p = proxy(s.server.port, fault, after);
+    let u = url(p.port, "model.safetensors");
+    let e = open(&u, &options, OpenOptions::default())
+        .err()
+        .unwrap_or_else(|| panic!("{fault}: opened despite the fault"));
+    assert_eq!(e.kind(), ErrorKind::Io, "{fault}: {e}");
+    let text = e.to_string();
+    assert!(text.contains(&u), "{fault}: {text}");
+    Some(text)
+}
+
+/// Fails fast: one try per request, a short timeout.
+fn impatient() -> RemoteOptions {
+    RemoteOptions {
+        max_retries: 0,
+        request_timeout: Duration::from_secs(2),
+        ..many_parts()
+    }
+}
+
+#[test]
+fn the_proxy_passes_a_good_answer_untouched() {
+    let bytes = sample();
+    let Some(s) = serve("fault-none", &bytes) else {
+        return;
+    };
+    let p = proxy(s.server.port, "none", 0);
+    let remote = open(
+        &url(p.port, "model.safetensors"),
+        &many_parts(),
+        OpenOptions::default(),
+    )
+    .unwrap();
+    let local = SafeFile::from_memory("local", Box::new(bytes), OpenOptions::default()).unwrap();
+    same_tensors(&remote, &local);
+}
+
+#[test]
+fn a_short_body_is_refused() {
+    // From the third GET on: the header's two reads pass, a data part comes back short.
+    let Some(text) = fault("short", 2, impatient()) else {
+        return;
+    };
+    assert!(text.contains("body ended after"), "{text}");
+}
+
+#[test]
+fn a_long_body_is_refused() {
+    let Some(text) = fault("long", 2, impatient()) else {
+        return;
+    };
+    assert!(text.contains("longer than"), "{text}");
+}
+
+#[test]
+fn a_wrong_content_range_is_refused() {
+    let Some(text) = fault("range", 0, impatient()) else {
+        return;
+    };
+    assert!(text.contains("Requested"), "{text}");
+}
+
+#[test]
+fn a_whole_object_instead_of_a_range_is_refused() {
+    let Some(text) = fault("whole", 0, impatient()) else {
+        return;
+    };
+    assert!(text.contains("not 206"), "{text}");
+}
+
+#[test]
+fn an_html_error_page_is_refused() {
+    let Some(text) = fault("html", 2, impatient()) else {
+        return;
+    };
+    assert!(text.contains("not 206"), "{text}");
+}
+
+#[test]
+fn a_changed_etag_midway_is_refused() {
+    let Some(text) = fault("etag", 1, impatient()) else {
+        return;
+    };
+    assert!(text.contains("changed") && text.contains("ETag"), "{text}");
+}
+
+#[test]
+fn a_failing_server_is_retried_then_refused_with_its_status() {
+    let options = RemoteOptions {
+        max_retries: 1,
+        ..impatient()
+    };
+    let Some(text) = fault("status500", 0, options) else {
+        return;
+    };
+    assert!(text.contains("503"), "{text}");
+}
+
+#[test]
+fn a_redirect_loop_is_refused() {
+    let Some(text) = fault("redirect", 0, impatient()) else {
+        return;
+    };
+    assert!(text.contains("too many redirects"), "{text}");
+}
+
+#[test]
+fn a_hung_connection_ends_at_the_deadline() {
+    let options = RemoteOptions {
+        request_timeout: Duration::from_secs(60),
+        deadline: Some(Duration::from_secs(2)),
+        ..impatient()
+    };
+    let Some(text) = fault("hang", 2, options) else {
+        return;
+    };
+    assert!(text.contains("deadline"), "{text}");
+}
+
+#[test]
+fn a_hung_connection_ends_at_the_request_timeout() {
+    let options = RemoteOptions {
+        request_timeout: Duration::from_secs(1),
+        ..impatient()
+    };
+    let Some(text) = fault("hang", 2, options) else {
+        return;
+    };
+    assert!(text.contains("timed out"), "{text}");
+}

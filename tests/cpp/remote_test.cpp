@@ -1,0 +1,268 @@
+// Remote files through the public API (`SafeOpen::open_remote`, its nothrow twin, `is_url`),
+// against nginx on loopback, started here. The transport's own checks (faults, version pin,
+// hostile files over HTTP) are rust/remote/tests/http.rs. Without nginx the server tests skip,
+// unless SAFETENSORS_REQUIRE_SERVERS=1, which makes that a failure.
+#include <safetensors/safetensors.hpp>
+#include <safetensors/stream.hpp>
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "program.hpp"
+#include "support.hpp"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+bool servers_required() {
+  const char* v = std::getenv("SAFETENSORS_REQUIRE_SERVERS");
+  return v != nullptr && std::string(v) == "1";
+}
+
+std::uint16_t free_port() {
+  int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  ::getsockname(s, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(s);
+  return ntohs(addr.sin_port);
+}
+
+bool listening(std::uint16_t port) {
+  int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bool ok = ::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  ::close(s);
+  return ok;
+}
+
+/// nginx serving `root` on loopback until destroyed.
+class Nginx {
+ public:
+  static std::optional<Nginx> start(const fs::path& root, const fs::path& work) {
+    fs::path bin;
+    for (const char* p : {"/usr/sbin/nginx", "/usr/bin/nginx", "/usr/local/sbin/nginx"}) {
+      if (fs::exists(p)) bin = p;
+    }
+    if (bin.empty()) return std::nullopt;
+    const std::uint16_t port = free_port();
+    const std::string w = work.string();
+    std::ofstream(work / "nginx.conf")
+        << "daemon off;\nmaster_process off;\nworker_processes 1;\npid " << w << "/nginx.pid;\n"
+        << "error_log " << w << "/error.log;\nevents { worker_connections 64; }\n"
+        << "http {\n access_log off;\n client_body_temp_path " << w << "/body;\n proxy_temp_path " << w
+        << "/proxy;\n fastcgi_temp_path " << w << "/fastcgi;\n uwsgi_temp_path " << w << "/uwsgi;\n"
+        << " scgi_temp_path " << w << "/scgi;\n default_type application/octet-stream;\n"
+        << " server { listen 127.0.0.1:" << port << "; root " << root.string() << "; }\n}\n";
+    std::vector<std::string> args{bin.string(), "-p", w, "-e", w + "/error.log", "-c", w + "/nginx.conf"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    if (::posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) return std::nullopt;
+    Nginx server(pid, port);
+    for (int i = 0; i < 1000 && !listening(port); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (!listening(port)) return std::nullopt;
+    return server;
+  }
+  Nginx(Nginx&& o) noexcept : pid_(std::exchange(o.pid_, 0)), port_(o.port_) {}
+  Nginx& operator=(Nginx&&) = delete;
+  Nginx(const Nginx&) = delete;
+  Nginx& operator=(const Nginx&) = delete;
+  ~Nginx() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  [[nodiscard]] std::string url(const std::string& name) const {
+    return "http://127.0.0.1:" + std::to_string(port_) + "/" + name;
+  }
+
+ private:
+  Nginx(pid_t pid, std::uint16_t port) : pid_(pid), port_(port) {}
+  pid_t pid_;
+  std::uint16_t port_;
+};
+
+std::vector<std::uint8_t> sample() {
+  std::vector<float> w(50'000);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i) * 0.5f;
+  std::vector<std::uint8_t> b{1, 2, 3, 4, 5, 6};
+  safetensors::TensorView wv{safetensors::Dtype::F32, {250, 200}, std::as_bytes(std::span(w))};
+  safetensors::TensorView bv{safetensors::Dtype::U8, {2, 3}, std::as_bytes(std::span(b))};
+  auto bytes = safetensors::serialize({{"w", wv}, {"b", bv}}, {{"format", "pt"}});
+  return {reinterpret_cast<const std::uint8_t*>(bytes.data()),
+          reinterpret_cast<const std::uint8_t*>(bytes.data()) + bytes.size()};
+}
+
+/// A directory served by nginx holding `model.safetensors`, or a skip.
+struct Served {
+  test::TempDir root, work;
+  std::optional<Nginx> server;
+};
+
+#define SERVE_OR_SKIP(s)                                                                                \
+  Served s;                                                                                             \
+  test::write_bytes(s.root / "model.safetensors", sample());                                            \
+  if (auto started = Nginx::start(s.root.path(), s.work.path())) s.server.emplace(std::move(*started)); \
+  if (!s.server) {                                                                                      \
+    if (servers_required()) FAIL() << "SAFETENSORS_REQUIRE_SERVERS=1 but nginx cannot run";             \
+    GTEST_SKIP() << "nginx is not installed (apt-get install nginx)";                                   \
+  }                                                                                                     \
+  if (!safetensors::remote_built()) GTEST_SKIP() << "built with SAFETENSORS_REMOTE=OFF"
+
+TEST(RemoteUrl, IsToldByItsSchemeOnly) {
+  EXPECT_TRUE(safetensors::is_url("s3://bucket/model.safetensors"));
+  EXPECT_TRUE(safetensors::is_url("https://example.com/model.safetensors"));
+  EXPECT_TRUE(safetensors::is_url("HTTP://example.com/m"));
+  EXPECT_FALSE(safetensors::is_url("model.safetensors"));
+  EXPECT_FALSE(safetensors::is_url("dir/http://x"));
+  EXPECT_FALSE(safetensors::is_url("file:///tmp/m.safetensors"));
+}
+
+TEST(RemoteUrl, CredentialsInAUrlAreRefusedAndNeverShown) {
+  auto opened = safetensors::nothrow::open_remote("https://alice:hunter2@127.0.0.1:9/m.safetensors");
+  ASSERT_FALSE(opened);
+  EXPECT_EQ(opened.status().kind(), safetensors::ErrorKind::Io);
+  EXPECT_EQ(opened.status().message().find("hunter2"), std::string::npos) << opened.status().message();
+  EXPECT_NE(opened.status().message().find("https://127.0.0.1:9/m.safetensors"), std::string::npos)
+      << opened.status().message();
+}
+
+// The build is what CMake configured: with SAFETENSORS_REMOTE=OFF a URL is an Io error that
+// says so (and names the URL without its credentials), never an attempt to open a local path.
+TEST(RemoteUrl, TheBuildOpensRemoteFilesExactlyWhenConfiguredTo) {
+  EXPECT_EQ(safetensors::remote_built(), static_cast<bool>(SAFETENSORS_TEST_REMOTE));
+  if (safetensors::remote_built()) return;
+  auto opened = safetensors::nothrow::open_remote("https://user:hunter2@example.com/m.safetensors");
+  ASSERT_FALSE(opened);
+  EXPECT_EQ(opened.status().kind(), safetensors::ErrorKind::Io);
+  const auto& message = opened.status().message();
+  EXPECT_NE(message.find("-DSAFETENSORS_REMOTE=ON"), std::string::npos) << message;
+  EXPECT_NE(message.find("https://example.com/m.safetensors"), std::string::npos) << message;
+  EXPECT_EQ(message.find("hunter2"), std::string::npos) << message;
+}
+
+TEST(Remote, OpensAsTheLocalFileWithEveryReadingOperation) {
+  SERVE_OR_SKIP(s);
+  safetensors::SafeOpen local(s.root / "model.safetensors");
+  auto remote = safetensors::SafeOpen::open_remote(s.server->url("model.safetensors"),
+                                                   {.part_size = 4096, .first_read = 16});
+  EXPECT_EQ(remote.path(), fs::path(s.server->url("model.safetensors")));
+  EXPECT_EQ(remote.keys(), local.keys());
+  EXPECT_EQ(remote.metadata(), local.metadata());
+  for (const auto& name : local.keys()) {
+    auto a = remote.get_tensor(name);
+    auto b = local.get_tensor(name);
+    ASSERT_EQ(a.data.size(), b.data.size());
+    EXPECT_EQ(std::memcmp(a.data.data(), b.data.data(), a.data.size()), 0) << name;
+  }
+  // A slice reads only its runs, from the bytes in memory.
+  auto rows = remote.get_slice("w").select({safetensors::Index::range(10, 12)}).read();
+  auto want = local.get_slice("w").select({safetensors::Index::range(10, 12)}).read();
+  ASSERT_EQ(rows.data.size(), want.data.size());
+  EXPECT_EQ(std::memcmp(rows.data.data(), want.data.data(), rows.data.size()), 0);
+}
+
+// A remote file is a file in memory that the core owns: a stream made from it keeps its bytes
+// alive after the SafeOpen is gone (the asan preset runs this).
+TEST(Remote, AStreamOutlivesTheSafeOpenItCameFrom) {
+  SERVE_OR_SKIP(s);
+  safetensors::SafeOpen local(s.root / "model.safetensors");
+  std::optional<safetensors::TensorStream> stream;
+  {
+    auto remote = safetensors::SafeOpen::open_remote(s.server->url("model.safetensors"), {.part_size = 1000});
+    stream.emplace(remote);
+  }
+  std::size_t seen = 0;
+  for (auto& item : *stream) {
+    auto want = local.get_tensor(item.name);
+    ASSERT_EQ(item.view.data.size(), want.data.size()) << item.name;
+    EXPECT_EQ(std::memcmp(item.view.data.data(), want.data.data(), want.data.size()), 0) << item.name;
+    ++seen;
+  }
+  EXPECT_EQ(seen, local.size());
+}
+
+TEST(Remote, HeaderOnlyDescribesTensorsAndRefusesReads) {
+  SERVE_OR_SKIP(s);
+  auto f = safetensors::SafeOpen::open_remote(s.server->url("model.safetensors"), {.header_only = true});
+  EXPECT_EQ(f.info("w").shape, (std::vector<std::size_t>{250, 200}));
+  EXPECT_EQ(f.metadata().at("format"), "pt");
+  auto read = safetensors::nothrow::get_tensor(f, "b");
+  ASSERT_FALSE(read);
+  EXPECT_EQ(read.status().kind(), safetensors::ErrorKind::Io);
+  EXPECT_NE(read.status().message().find("header"), std::string::npos) << read.status().message();
+}
+
+TEST(Remote, AMissingObjectIsAnIoErrorNamingTheUrlOnBothFaces) {
+  SERVE_OR_SKIP(s);
+  const auto url = s.server->url("absent.safetensors");
+  auto opened = safetensors::nothrow::open_remote(url);
+  ASSERT_FALSE(opened);
+  EXPECT_EQ(opened.status().kind(), safetensors::ErrorKind::Io);
+  EXPECT_NE(opened.status().message().find(url), std::string::npos) << opened.status().message();
+  test::expect_same(opened.status(), test::thrown([&] { (void)safetensors::SafeOpen::open_remote(url); }));
+  EXPECT_NE(opened.status().message().find("404"), std::string::npos) << opened.status().message();
+}
+
+TEST(Remote, AHostileHeaderIsTheKindItIsFromDisk) {
+  SERVE_OR_SKIP(s);
+  // A length prefix pointing past the end of the object.
+  std::vector<std::uint8_t> bad{0xff, 0, 0, 0, 0, 0, 0, 0, '{', '}'};
+  test::write_bytes(s.root / "bad.safetensors", bad);
+  const auto local = test::thrown([&] { safetensors::SafeOpen f(s.root / "bad.safetensors"); });
+  const auto remote = safetensors::nothrow::open_remote(s.server->url("bad.safetensors"));
+  ASSERT_FALSE(local.ok());
+  ASSERT_FALSE(remote);
+  EXPECT_EQ(remote.status().kind(), local.kind()) << remote.status().message();
+}
+
+#ifdef SAFETENSORS_CLI
+TEST(RemoteCli, InspectReadsTheHeaderOfAUrlAndValidateEveryByte) {
+  SERVE_OR_SKIP(s);
+  const auto url = s.server->url("model.safetensors");
+  auto inspected = test::cli({"inspect", url, "--json"});
+  ASSERT_EQ(inspected.code, 0) << inspected.err;
+  EXPECT_TRUE(test::has(inspected.out, "\"path\":\"" + url + "\"")) << inspected.out;
+  EXPECT_TRUE(test::has(inspected.out, "\"shape\":[250,200]")) << inspected.out;
+  auto valid = test::cli({"validate", url});
+  ASSERT_EQ(valid.code, 0) << valid.out << valid.err;
+  EXPECT_TRUE(test::has(valid.out, "OK   " + url + " (2 tensors")) << valid.out;
+  // A shard index behind a URL is refused before anything opens it as a local path.
+  auto index = test::cli({"validate", s.server->url("model.safetensors.index.json")});
+  EXPECT_EQ(index.code, 1);
+  EXPECT_TRUE(test::has(index.out, "remote checkpoint indexes are not supported")) << index.out;
+  auto missing = test::cli({"inspect", s.server->url("absent.safetensors")});
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_TRUE(test::has(missing.err + missing.out, "404")) << missing.err << missing.out;
+}
+#endif
+
+}  // namespace

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""A fault-injecting HTTP proxy for the remote-file tests: forwards GET and HEAD requests to an
+upstream server (nginx, or an S3-compatible server) and spoils the answers the way broken
+servers, middleboxes and replaced objects do, so that the client's checks are tested against
+real bytes on a real socket.
+
+    fault_proxy.py UPSTREAM_PORT FAULT [--after N]
+
+Prints the port it listens on (127.0.0.1) as its first line, then serves until killed. The
+first N requests (default 0) pass untouched; from then on every GET gets FAULT:
+
+    none      forward as is
+    short     the body cut to half, Content-Length to match, Content-Range kept (a short body)
+    long      16 bytes appended to the body, Content-Length to match (a long body)
+    range     Content-Range shifted by one byte (other bytes than asked)
+    whole     the Range header dropped upstream: 200 with the whole object instead of 206
+    html      200 with an HTML error page, as a captive portal or a misrouted proxy answers
+    etag      If-Match dropped upstream, the answer's ETag changed (the object was replaced)
+    hang      the request read, then nothing sent until the client gives up
+    status500 503 with an HTML body (a failing server; the client retries, then fails)
+    redirect  302 back to the same URL (a redirect loop)
+"""
+import http.client
+import socketserver
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler
+
+UPSTREAM = int(sys.argv[1])
+FAULT = sys.argv[2]
+AFTER = int(sys.argv[sys.argv.index("--after") + 1]) if "--after" in sys.argv else 0
+count_lock = threading.Lock()
+count = 0
+
+HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "upgrade"}
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def forward(self, drop=()):
+        conn = http.client.HTTPConnection("127.0.0.1", UPSTREAM, timeout=30)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP and k.lower() not in drop}
+        conn.request(self.command, self.path, headers=headers)
+        resp = conn.getresponse()
+        body = resp.read()
+        conn.close()
+        return resp.status, [(k, v) for k, v in resp.getheaders() if k.lower() not in HOP], body
+
+    def send(self, status, headers, body):
+        self.send_response_only(status)
+        for k, v in headers:
+            # A HEAD answer keeps the upstream's length (it has no body to measure).
+            if k.lower() != "content-length" or self.command == "HEAD":
+                self.send_header(k, v)
+        if self.command != "HEAD":
+            self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_HEAD(self):
+        self.send(*self.forward())
+
+    def do_GET(self):
+        global count
+        with count_lock:
+            n = count
+            count += 1
+        fault = FAULT if n >= AFTER else "none"
+        if fault == "hang":
+            time.sleep(3600)
+            return
+        if fault == "html":
+            page = b"<html><head><title>Error</title></head><body>Service unavailable</body></html>"
+            return self.send(200, [("Content-Type", "text/html")], page)
+        if fault == "redirect":
+            return self.send(302, [("Location", self.path)], b"")
+        if fault == "status500":
+            page = b"<html><body><h1>503 Service Unavailable</h1></body></html>"
+            return self.send(503, [("Content-Type", "text/html")], page)
+        drop = {"range"} if fault == "whole" else {"if-match"} if fault == "etag" else set()
+        status, headers, body = self.forward(drop)
+        if fault == "short":
+            body = body[: len(body) // 2]
+        elif fault == "long":
+            body = body + b"\0" * 16
+        elif fault == "range":
+            headers = [(k, shift(v) if k.lower() == "content-range" else v) for k, v in headers]
+        elif fault == "etag":
+            headers = [(k, '"replaced-0"' if k.lower() == "etag" else v) for k, v in headers]
+        self.send(status, headers, body)
+
+
+def shift(value):
+    # "bytes a-b/n" -> "bytes (a+1)-(b+1)/n"
+    unit, rest = value.split(" ", 1)
+    span, total = rest.split("/")
+    a, b = span.split("-")
+    return f"{unit} {int(a) + 1}-{int(b) + 1}/{total}"
+
+
+class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def main():
+    server = Server(("127.0.0.1", 0), Handler)
+    print(server.server_address[1], flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
