@@ -57,13 +57,13 @@
 #include <charconv>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <deque>
 #include <map>
 #include <optional>
 #include <set>
 #include <sstream>
-#include <cstring>
 #include <thread>
 
 #include "bench_convert.hpp"
@@ -80,7 +80,8 @@ using safetensors::SafeOpen;
 using safetensors::TensorView;
 
 constexpr const char* kUsage =
-    "usage: bench_cpp [--runs N] [--items open,load,load_copy,slice,save,gpu,convert,ring] [--cold] [--json OUT] "
+    "usage: bench_cpp [--runs N] [--items open,load,load_copy,slice,save,gpu,convert,ring] [--cold] [--json "
+    "OUT] "
     "FILE...\n"
     "       bench_cpp --cold [--runs N] [--items disk,mmap,read,direct,prefetch,stream] [--json OUT] "
     "FILE...\n"
@@ -238,7 +239,8 @@ struct RegisteredCopy {
   Result register_only{"register + unregister the mapping", {}, 0, "not measured"};
 };
 
-RegisteredCopy registered_copy(const std::filesystem::path& path, int runs, const std::function<void()>& setup) {
+RegisteredCopy registered_copy(const std::filesystem::path& path, int runs,
+                               const std::function<void()>& setup) {
   RegisteredCopy r;
   void* lib = ::dlopen("libcuda.so.1", RTLD_NOW);
   if (lib == nullptr) return r;
@@ -292,10 +294,13 @@ RegisteredCopy registered_copy(const std::filesystem::path& path, int runs, cons
       }
       ::munmap(map, span);
     };
-    std::vector<double> whole = measure::repeat(runs, [&] { once(true); }, setup);
-    std::vector<double> only = measure::repeat(runs, [&] { once(false); }, setup);
+    std::vector<double> whole = measure::repeat(
+        runs, [&] { once(true); }, setup);
+    std::vector<double> only = measure::repeat(
+        runs, [&] { once(false); }, setup);
     if (failed != 0) {
-      r.whole.skipped = r.register_only.skipped = "the driver refused (CUresult " + std::to_string(failed) + ")";
+      r.whole.skipped = r.register_only.skipped =
+          "the driver refused (CUresult " + std::to_string(failed) + ")";
     } else {
       r.whole = {r.whole.item, std::move(whole), size, {}};
       r.register_only = {r.register_only.item, std::move(only), size, {}};
@@ -320,8 +325,8 @@ struct GpuResults {
   Result every_core{"gpu (a reader per core)", {}, 0, "no GPU"};
   Result pinned{"pinned H2D", {}, 0, "no GPU"};
   // The host side's own limit: as many threads as the ring has readers by default (half the
-  // cores, at most 8), and as the machine has cores, copying the file's mapped bytes, page cache warm, into 16 MiB buffers of their own,
-  // as the readers fill staging slots; no GPU involved.
+  // cores, at most 8), and as the machine has cores, copying the file's mapped bytes, page cache warm, into
+  // 16 MiB buffers of their own, as the readers fill staging slots; no GPU involved.
   Result host_copy{"host copy, ring's readers", {}, 0, "no GPU"};
   Result host_copy_all{"host copy, every core", {}, 0, "no GPU"};
   RegisteredCopy registered;
@@ -625,7 +630,8 @@ std::vector<double> parallel_pread(const fs::path& path, unsigned threads, int r
             const std::size_t begin = std::min(size, t * share);
             const std::size_t end = std::min(size, begin + share);
             for (std::size_t at = begin; at < end;) {
-              const ssize_t got = ::pread(fd, bufs[t].data(), std::min(kPiece, end - at), static_cast<off_t>(at));
+              const ssize_t got =
+                  ::pread(fd, bufs[t].data(), std::min(kPiece, end - at), static_cast<off_t>(at));
               if (got <= 0) throw std::runtime_error("pread failed on " + path.string());
               at += static_cast<std::size_t>(got);
             }
@@ -650,7 +656,8 @@ void ring_items(const fs::path& path, int runs, const std::function<void()>& set
     if (!cuda::available()) {
       ring.skipped = "no usable GPU: " + cuda::why_unavailable();
     } else if (free == nullptr || std::string_view(free) != "1") {
-      ring.skipped = "needs the emulated driver with SAFETENSORS_FAKE_CUDA_FREE_COPIES=1 (benchmark/run --ring)";
+      ring.skipped =
+          "needs the emulated driver with SAFETENSORS_FAKE_CUDA_FREE_COPIES=1 (benchmark/run --ring)";
     } else {
       // Into one destination made once, outside the timing: the emulated driver's allocations
       // are host memory, zero-filled and faulted in, which a real cuMemAlloc is not.
@@ -664,7 +671,8 @@ void ring_items(const fs::path& path, int runs, const std::function<void()>& set
           },
           setup);
     }
-    out.ring_limits.push_back({"pread, " + n + " threads", parallel_pread(path, readers, runs, setup), size, {}});
+    out.ring_limits.push_back(
+        {"pread, " + n + " threads", parallel_pread(path, readers, runs, setup), size, {}});
     out.items.push_back({ring, ring.skipped.empty() ? &out.ring_limits.back() : nullptr});
   }
 }
@@ -694,7 +702,8 @@ void run_items(const Options& opt, const fs::path& path, int runs, const std::fu
     out.items.push_back({out.gpu.gpu, ran ? &out.gpu.pinned : nullptr});
     if (ran) {
       out.items.push_back({out.gpu.one_shot, &out.gpu.pinned});
-      for (const auto* r : {&out.gpu.read_backend, &out.gpu.direct_backend, &out.gpu.kept_open, &out.gpu.every_core}) {
+      for (const auto* r :
+           {&out.gpu.read_backend, &out.gpu.direct_backend, &out.gpu.kept_open, &out.gpu.every_core}) {
         out.items.push_back({*r, &out.gpu.pinned});
       }
       out.items.push_back({out.gpu.host_copy, nullptr});

@@ -152,7 +152,7 @@ struct Op {
   std::size_t n = 0;
   int fill = -1;
   std::unique_ptr<std::uint8_t[]> staged;  // a pageable source, taken at enqueue
-  bool free = false;                        // SAFETENSORS_FAKE_CUDA_FREE_COPIES: nothing moved
+  bool free = false;                       // SAFETENSORS_FAKE_CUDA_FREE_COPIES: nothing moved
   bool check = false;                      // a pinned source: compare checksums at completion
   std::uint64_t sum = 0;
   // Keys of the allocations whose pending counts this copy holds (0: none).
@@ -771,7 +771,8 @@ CUresult cuInit(unsigned int flags) {
     if (d.devices < 0 || d.devices > 64) d.devices = 0;
     if (const char* l = std::getenv("SAFETENSORS_FAKE_CUDA_LATENCY_US"))
       d.latency_us = static_cast<unsigned>(std::strtoul(l, nullptr, 10));
-    if (const char* f = std::getenv("SAFETENSORS_FAKE_CUDA_FREE_COPIES")) d.free_copies = std::strcmp(f, "1") == 0;
+    if (const char* f = std::getenv("SAFETENSORS_FAKE_CUDA_FREE_COPIES"))
+      d.free_copies = std::strcmp(f, "1") == 0;
     if (!parse_failures(std::getenv("SAFETENSORS_FAKE_CUDA_FAIL"), d.failures)) {
       std::fprintf(stderr, "emulated libcuda: malformed SAFETENSORS_FAKE_CUDA_FAIL (want fn:N[:code],...)\n");
       std::abort();
