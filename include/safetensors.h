@@ -1511,9 +1511,9 @@ int st_cuda_load(size_t device, const struct st_upload_plan *plan, void **device
 
 /**
  * Unpins the staging buffers no upload to `device` holds now (pinned memory that uploads
- * keep idle for the next one: at most 16 buffers and 256 MiB per device) and puts their number
- * into `*released` (may be NULL). Uploads after it pin afresh. Errors: `ST_ERR_CUDA` in a
- * build without CUDA.
+ * keep idle for the next one: at most 16 buffers and 256 MiB per device) and puts the bytes
+ * unpinned into `*released` (may be NULL), as C++'s `cuda::release_staging` returns them.
+ * Uploads after it pin afresh. Errors: `ST_ERR_CUDA` in a build without CUDA.
  */
 int st_cuda_release_staging(size_t device, size_t *released, struct st_error *err);
 

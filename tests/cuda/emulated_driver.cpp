@@ -897,6 +897,9 @@ CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice device) {
     case 40:
       *value = 2;
       break;  // async copy engines
+    case 50:
+      *value = 0xfffe;
+      break;  // PCI domain: one no host has, so sysfs knows no such device (no NUMA placement)
     case 41:
       *value = 1;
       break;  // unified addressing

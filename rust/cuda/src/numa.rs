@@ -52,9 +52,9 @@ pub(crate) fn pci_address(domain: i32, bus: i32, device: i32) -> String {
 }
 
 /// The node of the PCI device `address` under the sysfs tree `root` ("/sys" on a real machine),
-/// with its CPUs that `allowed` holds; `None` where there is nothing to gain or to go by: fewer
-/// than two nodes, an unknown node (`-1`), unreadable files, or none of its CPUs allowed.
-pub(crate) fn node_of(root: &Path, address: &str, allowed: &[usize]) -> Option<Node> {
+/// with all its CPUs; `None` where there is nothing to gain or to go by: fewer than two nodes,
+/// an unknown node (`-1`), unreadable files.
+pub(crate) fn node_of(root: &Path, address: &str) -> Option<Node> {
     let nodes = std::fs::read_to_string(root.join("devices/system/node/online")).ok()?;
     if parse_cpulist(&nodes)?.len() < 2 {
         return None;
@@ -68,26 +68,42 @@ pub(crate) fn node_of(root: &Path, address: &str, allowed: &[usize]) -> Option<N
     let id = id as usize;
     let list =
         std::fs::read_to_string(root.join(format!("devices/system/node/node{id}/cpulist"))).ok()?;
-    let cpus: Vec<usize> = parse_cpulist(&list)?
-        .into_iter()
-        .filter(|c| allowed.contains(c))
-        .collect();
-    (!cpus.is_empty()).then_some(Node { id, cpus })
+    Some(Node {
+        id,
+        cpus: parse_cpulist(&list)?,
+    })
 }
 
-/// Whether placement is on (`SAFETENSORS_NUMA` unset, or anything but `0`/`off`/`false`).
+/// Where a reader thread that may run on `inherited` (the mask it got from whoever started the
+/// upload) should run for a GPU on `node`: the node's CPUs among those, when they are enough to
+/// be worth it (at least half of what it had, or 8, the most readers a default ring starts);
+/// `None` leaves it where it is (a caller confined mostly elsewhere keeps its readers spread).
+pub(crate) fn reader_cpus(node: &Node, inherited: &[usize]) -> Option<Vec<usize>> {
+    let cpus: Vec<usize> = node
+        .cpus
+        .iter()
+        .copied()
+        .filter(|c| inherited.contains(c))
+        .collect();
+    let enough = !cpus.is_empty() && (cpus.len() * 2 >= inherited.len() || cpus.len() >= 8);
+    (enough && cpus.len() < inherited.len()).then_some(cpus)
+}
+
+/// Whether placement is on (`SAFETENSORS_NUMA` unset, or anything but 0, off, false or no in
+/// any case).
 fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
+        let v = std::env::var("SAFETENSORS_NUMA").unwrap_or_default();
         !matches!(
-            std::env::var("SAFETENSORS_NUMA").as_deref().map(str::trim),
-            Ok("0") | Ok("off") | Ok("OFF") | Ok("false")
+            v.trim().to_ascii_lowercase().as_str(),
+            "0" | "off" | "false" | "no"
         )
     })
 }
 
-/// The CPUs this process may run on (its affinity mask), or empty when unknown.
-fn allowed_cpus() -> Vec<usize> {
+/// The CPUs the calling thread may run on (its affinity mask), or empty when unknown.
+fn thread_cpus() -> Vec<usize> {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; the call fills it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
@@ -100,9 +116,9 @@ fn allowed_cpus() -> Vec<usize> {
     }
 }
 
-/// The node of device `ordinal` (whose PCI domain, bus and device numbers `pci` gives when
-/// first asked), looked up once per device for the process; `None` when placement is off or
-/// there is nothing to place.
+/// The node of device `ordinal` (whose PCI domain, bus and device numbers `pci` gives), looked
+/// up once per device for the process (a failed driver query is asked again next time); `None`
+/// when placement is off or there is nothing to place.
 pub(crate) fn gpu_node(
     ordinal: usize,
     pci: impl FnOnce() -> Option<(i32, i32, i32)>,
@@ -111,32 +127,36 @@ pub(crate) fn gpu_node(
     if !enabled() {
         return None;
     }
-    let mut nodes = NODES.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, node)) = nodes.iter().find(|(o, _)| *o == ordinal) {
-        return node.clone();
+    let known = |nodes: &Vec<(usize, Option<Node>)>| {
+        nodes
+            .iter()
+            .find(|(o, _)| *o == ordinal)
+            .map(|(_, n)| n.clone())
+    };
+    if let Some(node) = known(&NODES.lock().unwrap_or_else(|e| e.into_inner())) {
+        return node;
     }
-    let node = pci().and_then(|(domain, bus, device)| {
-        node_of(
-            Path::new("/sys"),
-            &pci_address(domain, bus, device),
-            &allowed_cpus(),
-        )
-    });
+    // Asked without the lock: the driver and sysfs are not waited for by other devices' calls.
+    let (domain, bus, device) = pci()?;
+    let node = node_of(Path::new("/sys"), &pci_address(domain, bus, device));
+    let mut nodes = NODES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(first) = known(&nodes) {
+        return first;
+    }
     nodes.push((ordinal, node.clone()));
     node
 }
 
-/// Runs the calling thread on `node`'s CPUs from now on (a reader thread, which ends with its
-/// run). Best effort: a refusal leaves the thread where it was.
+/// Runs the calling reader thread (which ends with its run) on `node`'s CPUs among those it
+/// may use, where [`reader_cpus`] says so. Best effort: a refusal leaves it where it was.
 pub(crate) fn run_on(node: &Node) {
+    let Some(cpus) = reader_cpus(node, &thread_cpus()) else {
+        return;
+    };
     // SAFETY: builds a CPU set in a zeroed cpu_set_t and applies it to this thread.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        for &c in node
-            .cpus
-            .iter()
-            .filter(|&&c| c < libc::CPU_SETSIZE as usize)
-        {
+        for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
             libc::CPU_SET(c, &mut set);
         }
         let _ = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
@@ -145,6 +165,8 @@ pub(crate) fn run_on(node: &Node) {
 
 const MPOL_PREFERRED: libc::c_long = 1;
 const MASK_WORDS: usize = MAX_NODES / 64;
+/// `maxnode` as the kernel counts it: one more than the bits it reads (libnuma passes the same).
+const MAXNODE: libc::c_ulong = MAX_NODES as libc::c_ulong + 1;
 
 /// For its life, the calling thread's memory comes from `node` where it can (the kernel's
 /// "preferred" policy: other nodes when that one is full); the thread's own policy comes back
@@ -153,27 +175,33 @@ pub(crate) struct PreferNode {
     saved: Option<(libc::c_int, [libc::c_ulong; MASK_WORDS])>,
 }
 
+/// The calling thread's memory policy (mode and node mask), or `None` where the kernel refuses
+/// to say.
+fn thread_policy() -> Option<(libc::c_int, [libc::c_ulong; MASK_WORDS])> {
+    let mut mode: libc::c_int = 0;
+    let mut mask = [0 as libc::c_ulong; MASK_WORDS];
+    // SAFETY: get_mempolicy writes the mode and a mask of MAX_NODES bits into our buffers.
+    let got = unsafe {
+        libc::syscall(
+            libc::SYS_get_mempolicy,
+            &mut mode as *mut libc::c_int,
+            mask.as_mut_ptr(),
+            MAXNODE,
+            std::ptr::null_mut::<libc::c_void>(),
+            0 as libc::c_ulong,
+        )
+    };
+    (got == 0).then_some((mode, mask))
+}
+
 impl PreferNode {
     pub(crate) fn new(node: Option<&Node>) -> PreferNode {
         let Some(node) = node else {
             return PreferNode { saved: None };
         };
-        let mut mode: libc::c_int = 0;
-        let mut old = [0 as libc::c_ulong; MASK_WORDS];
-        // SAFETY: get_mempolicy writes the mode and a mask of MAX_NODES bits into our buffers.
-        let got = unsafe {
-            libc::syscall(
-                libc::SYS_get_mempolicy,
-                &mut mode as *mut libc::c_int,
-                old.as_mut_ptr(),
-                MAX_NODES as libc::c_ulong,
-                std::ptr::null_mut::<libc::c_void>(),
-                0 as libc::c_ulong,
-            )
-        };
-        if got != 0 {
+        let Some((mode, old)) = thread_policy() else {
             return PreferNode { saved: None };
-        }
+        };
         let mut mask = [0 as libc::c_ulong; MASK_WORDS];
         mask[node.id / 64] |= 1 << (node.id % 64);
         // SAFETY: a mask of MAX_NODES bits with the one node set.
@@ -182,7 +210,7 @@ impl PreferNode {
                 libc::SYS_set_mempolicy,
                 MPOL_PREFERRED,
                 mask.as_ptr(),
-                MAX_NODES as libc::c_ulong,
+                MAXNODE,
             )
         };
         PreferNode {
@@ -200,7 +228,7 @@ impl Drop for PreferNode {
                     libc::SYS_set_mempolicy,
                     *mode as libc::c_long,
                     mask.as_ptr(),
-                    MAX_NODES as libc::c_ulong,
+                    MAXNODE,
                 );
             }
         }
@@ -253,30 +281,47 @@ mod tests {
     }
 
     #[test]
-    fn the_gpus_node_and_its_allowed_cpus() {
-        let all: Vec<usize> = (0..64).collect();
+    fn the_gpus_node_and_its_cpus() {
         let two = tree("0-1\n", "1", &[(0, "0-15,32-47\n"), (1, "16-31,48-63\n")]);
-        let node = node_of(&two, "0000:3b:00.0", &all).unwrap();
+        let node = node_of(&two, "0000:3b:00.0").unwrap();
         assert_eq!(node.id, 1);
         assert_eq!(node.cpus, (16..32).chain(48..64).collect::<Vec<_>>());
-        // A cgroup that allows only some of them: those.
-        let some = node_of(&two, "0000:3b:00.0", &[0, 1, 17, 50]).unwrap();
-        assert_eq!(some.cpus, vec![17, 50]);
-        // None of them allowed, or another device: nothing to place.
-        assert_eq!(node_of(&two, "0000:3b:00.0", &[0, 1]), None);
-        assert_eq!(node_of(&two, "0000:3c:00.0", &all), None);
+        // Another device: nothing known.
+        assert_eq!(node_of(&two, "0000:3c:00.0"), None);
         let _ = std::fs::remove_dir_all(two);
     }
 
     #[test]
+    fn readers_move_only_where_enough_of_the_node_is_theirs() {
+        let node = Node {
+            id: 1,
+            cpus: (16..32).chain(48..64).collect(),
+        };
+        // The whole machine: the node's 32 CPUs.
+        let all: Vec<usize> = (0..64).collect();
+        assert_eq!(reader_cpus(&node, &all), Some(node.cpus.clone()));
+        // A cgroup of 8 CPUs, 4 on the GPU's node: half, so those 4.
+        let half = [0, 1, 2, 3, 16, 17, 18, 19];
+        assert_eq!(reader_cpus(&node, &half), Some(vec![16, 17, 18, 19]));
+        // 7 CPUs elsewhere and 1 there: the readers stay spread.
+        let mostly_elsewhere = [0, 1, 2, 3, 4, 5, 6, 16];
+        assert_eq!(reader_cpus(&node, &mostly_elsewhere), None);
+        // None there, or already only there: nothing to change.
+        assert_eq!(reader_cpus(&node, &[0, 1]), None);
+        assert_eq!(reader_cpus(&node, &[16, 17]), None);
+        // Many CPUs there even if fewer than half: 8 is enough for a default ring.
+        let wide: Vec<usize> = (0..16).chain(16..24).chain(64..100).collect();
+        assert_eq!(reader_cpus(&node, &wide), Some((16..24).collect()));
+    }
+
+    #[test]
     fn one_node_or_an_unknown_node_places_nothing() {
-        let all: Vec<usize> = (0..8).collect();
         let one = tree("0\n", "0", &[(0, "0-7")]);
-        assert_eq!(node_of(&one, "0000:3b:00.0", &all), None);
+        assert_eq!(node_of(&one, "0000:3b:00.0"), None);
         let unknown = tree("0-1\n", "-1", &[(0, "0-3"), (1, "4-7")]);
-        assert_eq!(node_of(&unknown, "0000:3b:00.0", &all), None);
+        assert_eq!(node_of(&unknown, "0000:3b:00.0"), None);
         let garbage = tree("0-1\n", "x", &[(0, "0-3"), (1, "4-7")]);
-        assert_eq!(node_of(&garbage, "0000:3b:00.0", &all), None);
+        assert_eq!(node_of(&garbage, "0000:3b:00.0"), None);
         for t in [one, unknown, garbage] {
             let _ = std::fs::remove_dir_all(t);
         }
@@ -285,22 +330,7 @@ mod tests {
     #[test]
     fn a_preferred_node_is_set_and_the_threads_own_policy_restored() {
         // Node 0 exists on every Linux machine; the policy must be back to the default after.
-        let read = || {
-            let mut mode: libc::c_int = -1;
-            let mut mask = [0 as libc::c_ulong; MASK_WORDS];
-            // SAFETY: as in PreferNode::new.
-            let rc = unsafe {
-                libc::syscall(
-                    libc::SYS_get_mempolicy,
-                    &mut mode as *mut libc::c_int,
-                    mask.as_mut_ptr(),
-                    MAX_NODES as libc::c_ulong,
-                    std::ptr::null_mut::<libc::c_void>(),
-                    0 as libc::c_ulong,
-                )
-            };
-            (rc, mode, mask[0])
-        };
+        let read = || thread_policy().map(|(mode, mask)| (mode, mask[0]));
         let before = read();
         {
             let p = PreferNode::new(Some(&Node {
@@ -311,7 +341,8 @@ mod tests {
             // and nothing needs restoring.
             let during = read();
             if p.saved.is_some() {
-                assert_eq!((during.1, during.2 & 1), (MPOL_PREFERRED as libc::c_int, 1));
+                let (mode, mask) = during.expect("the policy was read before being set");
+                assert_eq!((mode, mask & 1), (MPOL_PREFERRED as libc::c_int, 1));
             } else {
                 assert_eq!(during, before);
             }
