@@ -32,11 +32,19 @@ struct RemoteOptions {
   std::chrono::milliseconds connect_timeout{5'000};
   /// Retries of a failed request (connection errors, timeouts, 5xx, 429), with backoff.
   std::size_t max_retries = 3;
-  /// Longest the whole open may take; zero for no limit beyond each request's timeout.
+  /// Longest the whole open may take (with `on_demand`: the open, and then each read on its
+  /// own); zero for no limit beyond each request's timeout.
   std::chrono::milliseconds deadline{0};
   /// Fetch and validate the header only: keys, info and metadata work, and every read of
   /// tensor bytes is an `Io` error saying so (what `safetensors inspect URL` does).
   bool header_only = false;
+  /// Fetch tensor bytes when they are read instead of the whole object at open: the open
+  /// fetches the header only; each read (`get_tensor`, a slice's byte runs, a stream's or a GPU
+  /// upload's pieces) fetches exactly its bytes with concurrent ranged GETs of the pinned
+  /// version, at most `concurrency × part_size` bytes in flight per read. Memory is what the
+  /// reads ask for, not the object's size; bytes read twice are fetched twice. The file then
+  /// reports `Backend::Read`.
+  bool on_demand = false;
 };
 
 /// Whether `s` names a remote file rather than a local path: it starts with `s3://`, `http://`
@@ -63,7 +71,8 @@ inline ffi::RemoteOptions remote_options(const RemoteOptions& o) {
                             .connect_timeout_ms = ms(o.connect_timeout),
                             .max_retries = o.max_retries,
                             .deadline_ms = ms(o.deadline),
-                            .header_only = o.header_only};
+                            .header_only = o.header_only,
+                            .on_demand = o.on_demand};
 }
 }  // namespace detail
 

@@ -210,6 +210,39 @@ TEST(Remote, AStreamOutlivesTheSafeOpenItCameFrom) {
   EXPECT_EQ(seen, local.size());
 }
 
+// On demand: nothing but the header at open, then each read's bytes; every reading operation
+// gives the local file's bytes, and a stream keeps the source alive after the SafeOpen is gone.
+TEST(Remote, OnDemandReadsAsTheLocalFileWithEveryReadingOperation) {
+  SERVE_OR_SKIP(s);
+  safetensors::SafeOpen local(s.root / "model.safetensors");
+  const safetensors::RemoteOptions lazy{.part_size = 4096, .first_read = 16, .on_demand = true};
+  std::optional<safetensors::TensorStream> stream;
+  {
+    auto remote = safetensors::SafeOpen::open_remote(s.server->url("model.safetensors"), lazy);
+    EXPECT_EQ(remote.backend(), safetensors::Backend::Read);
+    EXPECT_EQ(remote.keys(), local.keys());
+    for (const auto& name : local.keys()) {
+      auto a = remote.get_tensor(name);
+      auto b = local.get_tensor(name);
+      ASSERT_EQ(a.data.size(), b.data.size());
+      EXPECT_EQ(std::memcmp(a.data.data(), b.data.data(), a.data.size()), 0) << name;
+    }
+    auto cols = remote.get_slice("w").select({safetensors::Index::range(3, 200, 7), safetensors::Index::range(5, 9)}).read();
+    auto want = local.get_slice("w").select({safetensors::Index::range(3, 200, 7), safetensors::Index::range(5, 9)}).read();
+    ASSERT_EQ(cols.data.size(), want.data.size());
+    EXPECT_EQ(std::memcmp(cols.data.data(), want.data.data(), cols.data.size()), 0);
+    stream.emplace(remote, safetensors::Requests{}, safetensors::StreamOptions{.max_inflight_bytes = 64 << 10});
+  }
+  std::size_t seen = 0;
+  for (auto& item : *stream) {
+    auto want = local.get_tensor(item.name);
+    ASSERT_EQ(item.view.data.size(), want.data.size()) << item.name;
+    EXPECT_EQ(std::memcmp(item.view.data.data(), want.data.data(), want.data.size()), 0) << item.name;
+    ++seen;
+  }
+  EXPECT_EQ(seen, local.size());
+}
+
 TEST(Remote, HeaderOnlyDescribesTensorsAndRefusesReads) {
   SERVE_OR_SKIP(s);
   auto f = safetensors::SafeOpen::open_remote(s.server->url("model.safetensors"), {.header_only = true});

@@ -76,6 +76,18 @@ pub struct OpenOptions {
     pub huge_pages: bool,
 }
 
+/// Where the bytes of a file that is neither on a local disk nor in memory come from, for
+/// [`SafeFile::from_source`]: a remote object fetched on demand. Offsets are the file's own
+/// (the length prefix is at 0). Errors are returned as they are (a remote source's errors
+/// already name its URL and say what the server did).
+pub trait RangeSource: Send + Sync {
+    /// Fills each `(at, dst)` with the file's bytes `[at, at + dst.len())`. The runs do not
+    /// overlap and are usually in ascending order (a slice's rows); a source may coalesce them
+    /// and fetch them concurrently.
+    /// All or nothing: on an error, what the buffers hold is unspecified.
+    fn read_runs(&self, runs: &mut [(u64, &mut [u8])]) -> Result<()>;
+}
+
 /// Bytes a caller holds, for [`SafeFile::from_memory`]: anything that can lend a byte slice
 /// for as long as the file lives (a `Vec<u8>`, an `Arc<[u8]>`, a bridge's borrowed buffer).
 pub type MemoryBytes = Box<dyn AsRef<[u8]> + Send + Sync>;
@@ -90,6 +102,8 @@ enum Storage {
     /// Only the header: the data was never fetched ([`SafeFile::header_only`]). Every read of
     /// tensor bytes is an `Io` error saying so.
     HeaderOnly,
+    /// Bytes fetched from a [`RangeSource`] when read ([`SafeFile::from_source`]).
+    Ranged(Box<dyn RangeSource>),
 }
 
 /// How the read backend reaches the file.
@@ -109,15 +123,20 @@ enum Handle<'a> {
     Borrowed(&'a File),
     Owned(File),
     Direct(DirectOp<'a>),
+    Ranged(&'a dyn RangeSource),
 }
 
 impl Handle<'_> {
-    fn read_exact_at(&self, dst: &mut [u8], at: u64) -> io::Result<()> {
-        match self {
+    /// Reads `dst.len()` bytes at file offset `at` of `file`. A local file's I/O error is named
+    /// by `file`; a ranged source's error is its own (it names its URL).
+    fn read_exact_at(&self, file: &SafeFile, dst: &mut [u8], at: u64) -> Result<()> {
+        let local = match self {
             Handle::Borrowed(f) => parallel::read_exact_at(f, dst, at),
             Handle::Owned(f) => parallel::read_exact_at(f, dst, at),
             Handle::Direct(d) => d.read_exact_at(dst, at),
-        }
+            Handle::Ranged(r) => return r.read_runs(&mut [(at, dst)]),
+        };
+        local.map_err(|e| file.read_failed(e))
     }
 }
 
@@ -248,6 +267,32 @@ impl SafeFile {
         })
     }
 
+    /// A file whose header is at hand (`head`: at least its `8 + N` header bytes) and whose
+    /// `len` bytes are read from `source` when asked: the header is validated with every check
+    /// [`SafeFile::open`] makes, and every read of tensor bytes (a tensor, a slice's runs, a
+    /// stream's pieces, an upload's) asks `source` for exactly the bytes it needs. It reports
+    /// [`Backend::Read`]; nothing is mapped and nothing is prefetched (it has no local path).
+    /// For remote objects read on demand. `name` stands for the file in messages.
+    pub fn from_source(
+        name: impl AsRef<Path>,
+        head: &[u8],
+        len: u64,
+        source: Box<dyn RangeSource>,
+        options: OpenOptions,
+    ) -> Result<SafeFile> {
+        let name = name.as_ref();
+        let (header, trailing) =
+            parse_allowing(head, len, options.allow_trailing_bytes).map_err(|e| e.in_file(name))?;
+        Ok(SafeFile {
+            path: name.to_path_buf(),
+            identity: None,
+            header,
+            storage: Storage::Ranged(source),
+            bytes_read: AtomicU64::new(0),
+            trailing,
+        })
+    }
+
     /// [`SafeFile::open`] for a checkpoint shard: with the read backend, no descriptor is kept
     /// between reads (see [`Reader::Reopen`]). `path` should be absolute, since it is opened
     /// again later.
@@ -345,11 +390,12 @@ impl SafeFile {
 
     /// Which backend this file uses. Bytes in memory report `Mmap`: views borrow them with no
     /// copy, as from a mapping ([`SafeFile::is_in_memory`] tells them apart). A header-only
-    /// file ([`SafeFile::header_only`]) reports `Read`: nothing is mapped, and reads fail.
+    /// file ([`SafeFile::header_only`]) reports `Read`: nothing is mapped, and reads fail; so
+    /// does a file whose bytes come from a [`RangeSource`] ([`SafeFile::from_source`]).
     pub fn backend(&self) -> Backend {
         match self.storage {
             Storage::Mapped(_) | Storage::Memory(_) => Backend::Mmap,
-            Storage::Reader(_) | Storage::HeaderOnly => Backend::Read,
+            Storage::Reader(_) | Storage::HeaderOnly | Storage::Ranged(_) => Backend::Read,
             Storage::Direct(_) => Backend::Direct,
         }
     }
@@ -380,7 +426,9 @@ impl SafeFile {
                     .get(self.header.data_start()..self.header.file_len())
                     .unwrap_or(&[]),
             ),
-            Storage::Reader(_) | Storage::Direct(_) | Storage::HeaderOnly => None,
+            Storage::Reader(_) | Storage::Direct(_) | Storage::HeaderOnly | Storage::Ranged(_) => {
+                None
+            }
         }
     }
 
@@ -457,6 +505,7 @@ impl SafeFile {
                 ),
             )),
             Storage::Reader(Reader::Held(file)) => Ok(Some(Handle::Borrowed(file))),
+            Storage::Ranged(source) => Ok(Some(Handle::Ranged(source.as_ref()))),
             Storage::Direct(d) => d
                 .op()
                 .map(|op| Some(Handle::Direct(op)))
@@ -494,9 +543,7 @@ impl SafeFile {
             }
             Some(handle) => {
                 let at = self.header.data_start() as u64 + offset;
-                handle
-                    .read_exact_at(dst, at)
-                    .map_err(|e| self.read_failed(e))?;
+                handle.read_exact_at(self, dst, at)?;
                 self.bytes_read
                     .fetch_add(dst.len() as u64, Ordering::Relaxed);
             }
@@ -634,6 +681,11 @@ impl SafeFile {
     pub(crate) fn read_runs(&self, base: u64, plan: &SlicePlan, dst: &mut [u8]) -> Result<()> {
         // One descriptor for the whole slice, however many runs it has.
         let handle = self.handle()?;
+        if let Some(Handle::Ranged(source)) = &handle {
+            // All the runs in one call, so that a remote source coalesces and fetches them
+            // concurrently rather than one round trip each.
+            return self.read_runs_ranged(*source, base, plan, dst);
+        }
         let mut at = 0usize;
         for (offset, len) in plan.runs() {
             let out = at
@@ -643,6 +695,38 @@ impl SafeFile {
             self.read_with(handle.as_ref(), base + offset as u64, out)?;
             at += len;
         }
+        Ok(())
+    }
+
+    /// [`SafeFile::read_runs`] from a ranged source: every run in one call.
+    fn read_runs_ranged(
+        &self,
+        source: &dyn RangeSource,
+        base: u64,
+        plan: &SlicePlan,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let data_start = self.header.data_start() as u64;
+        let mut runs: Vec<(u64, &mut [u8])> = Vec::new();
+        let mut rest = dst;
+        let mut total = 0u64;
+        for (offset, len) in plan.runs() {
+            let at = base + offset as u64;
+            at.checked_add(len as u64)
+                .filter(|&end| end <= self.header.data_len() as u64)
+                .ok_or_else(|| self.outside(at, len))?;
+            if len > rest.len() {
+                return Err(self.outside(at, len));
+            }
+            let (mine, tail) = std::mem::take(&mut rest).split_at_mut(len);
+            rest = tail;
+            if len > 0 {
+                crate::fallible::push(&mut runs, (data_start + at, mine), "a slice's runs")?;
+            }
+            total += len as u64;
+        }
+        source.read_runs(&mut runs)?;
+        self.bytes_read.fetch_add(total, Ordering::Relaxed);
         Ok(())
     }
 

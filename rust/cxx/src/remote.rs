@@ -28,6 +28,7 @@ pub mod ffi {
         max_retries: usize,
         deadline_ms: u64,
         header_only: bool,
+        on_demand: bool,
     }
 
     extern "Rust" {
@@ -35,8 +36,9 @@ pub mod ffi {
         fn remote_built() -> bool;
         /// Whether `s` is a URL (`s3://`, `http://`, `https://`) rather than a local path.
         fn is_url(s: &[u8]) -> bool;
-        /// Opens the object at `url` as a file in memory: the header (validated), then every
-        /// byte. `allow_trailing_bytes` as for local files. Null on failure.
+        /// Opens the object at `url`: the header (validated), then every byte into memory, or
+        /// (`on_demand`) each read's bytes when it is made. `allow_trailing_bytes` as for local
+        /// files. Null on failure.
         fn open_remote(
             url: &[u8],
             options: &RemoteOptions,

@@ -36,7 +36,7 @@ pub struct Object {
 /// The version every GET after the first must find: the ETag when the server gives one, else
 /// the modification time; and the length.
 #[derive(Clone)]
-struct Pin {
+pub(crate) struct Pin {
     meta: ObjectMeta,
 }
 
@@ -89,8 +89,8 @@ fn etag_text(e: &Option<String>) -> String {
 
 /// What one ranged GET needs, shared by the concurrent ones.
 #[derive(Clone)]
-struct Getter {
-    name: Arc<str>,
+pub(crate) struct Getter {
+    pub(crate) name: Arc<str>,
     store: Arc<dyn ObjectStore>,
     path: ObjectPath,
 }
@@ -98,7 +98,7 @@ struct Getter {
 impl Getter {
     /// Fetches `range` of the object into `dst` (exactly `range`'s length), checking the
     /// answer against `pin` (when there is one yet). Returns the answer's metadata.
-    async fn get_into(
+    pub(crate) async fn get_into(
         &self,
         range: Range<u64>,
         pin: Option<&Pin>,
@@ -271,6 +271,23 @@ impl Object {
             fetch_parts(&getter, &pin, &parts, concurrency, &mut bytes, 0).await?;
             Ok(bytes)
         })
+    }
+}
+
+impl Object {
+    /// The object as a file whose tensor bytes are fetched when read ([`RemoteOptions::on_demand`]):
+    /// the validated header, and a source that fetches the pinned version's byte runs.
+    pub fn on_demand(self, options: safetensors_core::OpenOptions) -> Result<SafeFile> {
+        let getter = Getter {
+            name: self.name.clone().into(),
+            store: self.store.clone(),
+            path: self.path.clone(),
+        };
+        let len = self.len();
+        let name = self.name.clone();
+        let source = crate::on_demand::OnDemand::new(getter, self.pin, self.options, self.head);
+        let head = source.head().to_vec();
+        SafeFile::from_source(name, &head, len, Box::new(source), options)
     }
 }
 

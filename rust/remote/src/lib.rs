@@ -36,6 +36,7 @@
 mod error;
 mod fetch;
 mod location;
+mod on_demand;
 mod options;
 pub mod runtime;
 
@@ -47,13 +48,17 @@ pub use safetensors_core::is_url;
 
 /// Opens the object at `url` (`s3://`, `http://` or `https://`) as a file in memory: the header
 /// first, validated, then the whole object with concurrent ranged GETs (or, with
-/// [`RemoteOptions::header_only`], nothing more: see [`SafeFile::header_only`]). Errors name
-/// the URL.
+/// [`RemoteOptions::header_only`], nothing more: see [`SafeFile::header_only`]; with
+/// [`RemoteOptions::on_demand`], each read's bytes when it is made: see
+/// [`SafeFile::from_source`]). Errors name the URL.
 pub fn open(url: &str, remote: &RemoteOptions, options: OpenOptions) -> Result<SafeFile> {
     let object = Object::open(url, remote, options.allow_trailing_bytes)?;
     let name = object.name().to_owned();
     if remote.header_only {
         return SafeFile::header_only(name, object.head(), object.len(), options);
+    }
+    if remote.on_demand {
+        return object.on_demand(options);
     }
     let bytes = object.fetch_all()?;
     SafeFile::from_memory(name, Box::new(bytes), options)

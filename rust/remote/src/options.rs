@@ -21,13 +21,20 @@ pub struct RemoteOptions {
     /// Retries of a failed request (connection errors, timeouts, 5xx, 429), with exponential
     /// backoff from 100 ms. Default 3.
     pub max_retries: usize,
-    /// Longest the whole operation (an open: header and data, counted from its start) may take;
+    /// Longest the whole operation (an open: header and data, counted from its start; with
+    /// [`RemoteOptions::on_demand`], the open and then each read on its own) may take;
     /// `None` for no limit beyond each request's timeout and retries. Default `None`.
     pub deadline: Option<Duration>,
     /// Fetch and validate the header only: tensors can be listed and described, and every
     /// read of their bytes is an `Io` error saying so. For tools that describe a file
     /// (`safetensors inspect`). Default false.
     pub header_only: bool,
+    /// Fetch tensor bytes when they are read rather than the whole object at open: the open
+    /// fetches the header only, and each read (a tensor, a slice's byte runs, a stream's or an
+    /// upload's pieces) fetches exactly its bytes with concurrent ranged GETs of the pinned
+    /// version. Memory is what the reads ask for, not the object's size. Default false (the
+    /// whole object is fetched at open and held in memory).
+    pub on_demand: bool,
 }
 
 impl Default for RemoteOptions {
@@ -41,6 +48,7 @@ impl Default for RemoteOptions {
             max_retries: 3,
             deadline: None,
             header_only: false,
+            on_demand: false,
         }
     }
 }

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{nginx, proxy, Scratch, Server};
+use common::{access_log, nginx, proxy, Scratch, Server};
 use safetensors_core::{serialize, Dtype, ErrorKind, OpenOptions, SafeFile, TensorView};
 use safetensors_remote::{open, open_header, RemoteOptions};
 
@@ -46,7 +46,7 @@ fn many_parts() -> RemoteOptions {
 /// nginx serving a directory holding `model.safetensors` (the sample), or a skip.
 struct Served {
     root: Scratch,
-    _work: Scratch,
+    work: Scratch,
     server: Server,
 }
 
@@ -55,11 +55,7 @@ fn serve(tag: &str, bytes: &[u8]) -> Option<Served> {
     let work = Scratch::new(&format!("{tag}-nginx"));
     std::fs::write(root.0.join("model.safetensors"), bytes).unwrap();
     match nginx(&root.0, &work.0) {
-        Ok(server) => Some(Served {
-            root,
-            _work: work,
-            server,
-        }),
+        Ok(server) => Some(Served { root, work, server }),
         Err(why) => {
             eprintln!("SKIPPED: {why}");
             None
@@ -378,4 +374,161 @@ fn a_hung_connection_ends_at_the_request_timeout() {
         return;
     };
     assert!(text.contains("timed out"), "{text}");
+}
+
+fn on_demand(options: RemoteOptions) -> RemoteOptions {
+    RemoteOptions {
+        on_demand: true,
+        ..options
+    }
+}
+
+/// nginx's log once it holds at least `n` requests (it writes each after the answer).
+fn logged(s: &Served, n: usize) -> Vec<(String, u16, u64)> {
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let log = access_log(&s.work.0);
+        if log.len() >= n || std::time::Instant::now() > until {
+            return log;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn an_on_demand_file_fetches_exactly_what_is_read() {
+    let bytes = sample();
+    let Some(s) = serve("on-demand-exact", &bytes) else {
+        return;
+    };
+    let u = url(s.server.port, "model.safetensors");
+    let f = open(&u, &on_demand(many_parts()), OpenOptions::default()).unwrap();
+    assert!(!f.is_in_memory() && f.mapped_data().is_none());
+    // The open: the first read (64 bytes) and the rest of the header; no data.
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+    let opened = logged(&s, 2);
+    assert_eq!(opened.len(), 2, "{opened:?}");
+    assert_eq!(opened[1].2, 8 + n - 64, "{opened:?}");
+    let local =
+        SafeFile::from_memory("local", Box::new(bytes.clone()), OpenOptions::default()).unwrap();
+    // One small tensor: one GET of its 10 bytes.
+    assert_eq!(
+        f.tensor_bytes("small").unwrap(),
+        local.tensor_bytes("small").unwrap()
+    );
+    let log = logged(&s, 3);
+    assert_eq!(log.len(), 3, "{log:?}");
+    assert_eq!((log[2].1, log[2].2), (206, 10), "{log:?}");
+    // Four elements of the 1.2 MB tensor: 16 bytes fetched, not the tensor.
+    let (b, _) = f.info("big").unwrap().data_offsets;
+    let mut four = [0u8; 16];
+    f.read_data(b as u64 + 4000, &mut four).unwrap();
+    let mut want = [0u8; 16];
+    local.read_data(b as u64 + 4000, &mut want).unwrap();
+    assert_eq!(four, want);
+    let log = logged(&s, 4);
+    assert_eq!(log.len(), 4, "{log:?}");
+    assert_eq!((log[3].1, log[3].2), (206, 16), "{log:?}");
+    // The whole big tensor: parts of 64 KiB, together its size.
+    let big = f.tensor_bytes("big").unwrap();
+    assert_eq!(big, local.tensor_bytes("big").unwrap());
+    let log = logged(&s, 4 + 19);
+    let fetched: u64 = log[4..].iter().map(|l| l.2).sum();
+    assert_eq!(fetched, 1_200_000, "{log:?}");
+    assert!(
+        log[4..].iter().all(|l| l.1 == 206 && l.2 <= 64 * 1024),
+        "{log:?}"
+    );
+}
+
+#[test]
+fn an_on_demand_file_reads_as_the_local_file_does() {
+    use safetensors_core::Indexer;
+    let bytes = sample();
+    let Some(s) = serve("on-demand-same", &bytes) else {
+        return;
+    };
+    let local =
+        SafeFile::from_memory("local", Box::new(bytes.clone()), OpenOptions::default()).unwrap();
+    for options in [on_demand(RemoteOptions::default()), on_demand(many_parts())] {
+        let f = open(
+            &url(s.server.port, "model.safetensors"),
+            &options,
+            OpenOptions::default(),
+        )
+        .unwrap();
+        same_tensors(&f, &local);
+        // A strided slice: its runs coalesced into spans, fetched, and scattered back.
+        for idx in [
+            vec![Indexer::Range {
+                start: Some(3),
+                stop: Some(299_990),
+                step: 7,
+            }],
+            vec![
+                Indexer::Range {
+                    start: Some(1),
+                    stop: Some(7),
+                    step: 2,
+                },
+                Indexer::Select(5),
+            ],
+        ] {
+            let name = if idx.len() == 1 { "big" } else { "half" };
+            let plan = f.plan_slice(name, &idx).unwrap();
+            let mut got = vec![0u8; plan.byte_len()];
+            f.read_slice(name, &plan, &mut got).unwrap();
+            let mut want = vec![0u8; plan.byte_len()];
+            local.read_slice(name, &plan, &mut want).unwrap();
+            assert!(got == want, "{name}: slice differs");
+        }
+    }
+}
+
+#[test]
+fn an_on_demand_file_replaced_after_open_is_refused_on_read() {
+    let bytes = sample();
+    let Some(s) = serve("on-demand-replaced", &bytes) else {
+        return;
+    };
+    let u = url(s.server.port, "model.safetensors");
+    let f = open(&u, &on_demand(many_parts()), OpenOptions::default()).unwrap();
+    let mut other = bytes.clone();
+    let last = other.len() - 1;
+    other[last] ^= 0xff;
+    let path = s.root.0.join("model.safetensors");
+    std::fs::write(&path, &other).unwrap();
+    let when = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+    let e = f.tensor_bytes("small").expect_err("refused");
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    let text = e.to_string();
+    assert!(text.contains(&u) && text.contains("changed"), "{text}");
+}
+
+#[test]
+fn an_on_demand_read_of_a_broken_answer_is_refused_naming_the_url() {
+    // The header's two reads pass; every later GET comes back short, wrong, or whole.
+    for (what, says) in [
+        ("short", "body ended after"),
+        ("range", "Requested"),
+        ("whole", "not 206"),
+        ("html", "not 206"),
+    ] {
+        let Some(s) = serve(&format!("on-demand-{what}"), &sample()) else {
+            return;
+        };
+        let p = proxy(s.server.port, what, 2);
+        let u = url(p.port, "model.safetensors");
+        let f = open(&u, &on_demand(impatient()), OpenOptions::default()).unwrap();
+        let e = f.tensor_bytes("big").expect_err("refused");
+        assert_eq!(e.kind(), ErrorKind::Io, "{what}: {e}");
+        let text = e.to_string();
+        assert!(text.contains(&u) && text.contains(says), "{what}: {text}");
+    }
 }

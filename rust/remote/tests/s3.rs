@@ -66,6 +66,18 @@ fn s3_objects_open_as_local_files_do() {
         &*local.tensor_bytes("w").unwrap()
     );
 
+    // On demand: the same bytes, each read fetched when made, signed as well.
+    let on_demand = RemoteOptions {
+        on_demand: true,
+        ..many_parts()
+    };
+    let remote = open(url, &on_demand, OpenOptions::default()).unwrap();
+    assert!(!remote.is_in_memory());
+    assert_eq!(
+        &*remote.tensor_bytes("w").unwrap(),
+        &*local.tensor_bytes("w").unwrap()
+    );
+
     // A missing key: `Io`, naming the URL.
     let e = open(
         "s3://models/absent.safetensors",

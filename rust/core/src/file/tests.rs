@@ -126,3 +126,144 @@ fn read_backend_reads_a_large_tensor_exactly_and_a_shrunk_one_as_io() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A [`super::RangeSource`] over bytes in memory that records every call's runs.
+struct Recorded {
+    bytes: Vec<u8>,
+    calls: std::sync::Mutex<Vec<Vec<(u64, usize)>>>,
+    fail: bool,
+}
+
+impl super::RangeSource for Recorded {
+    fn read_runs(&self, runs: &mut [(u64, &mut [u8])]) -> crate::Result<()> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(runs.iter().map(|(at, d)| (*at, d.len())).collect());
+        if self.fail {
+            return Err(crate::Error::io(
+                Path::new("https://example.com/m.safetensors"),
+                "GET",
+                std::io::Error::other("the server went away"),
+            ));
+        }
+        for (at, dst) in runs.iter_mut() {
+            let at = *at as usize;
+            dst.copy_from_slice(&self.bytes[at..at + dst.len()]);
+        }
+        Ok(())
+    }
+}
+
+fn ranged(bytes: &[u8], fail: bool) -> (std::sync::Arc<SafeFile>, std::sync::Arc<Recorded>) {
+    struct Shared(std::sync::Arc<Recorded>);
+    impl super::RangeSource for Shared {
+        fn read_runs(&self, runs: &mut [(u64, &mut [u8])]) -> crate::Result<()> {
+            self.0.read_runs(runs)
+        }
+    }
+    let rec = std::sync::Arc::new(Recorded {
+        bytes: bytes.to_vec(),
+        calls: Default::default(),
+        fail,
+    });
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let f = SafeFile::from_source(
+        "https://example.com/m.safetensors",
+        &bytes[..8 + n],
+        bytes.len() as u64,
+        Box::new(Shared(rec.clone())),
+        super::OpenOptions::default(),
+    )
+    .unwrap();
+    (std::sync::Arc::new(f), rec)
+}
+
+fn grid() -> Vec<u8> {
+    let data: Vec<u8> = (0..48u8).collect();
+    let small = [7u8, 8, 9];
+    serialize(
+        [
+            ("grid", TensorView::new(Dtype::U8, &[6, 8], &data)),
+            ("small", TensorView::new(Dtype::U8, &[3], &small)),
+        ],
+        None,
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_ranged_file_reads_exactly_what_is_asked_and_slices_in_one_call() {
+    use crate::slice::Indexer;
+    let bytes = grid();
+    let local =
+        SafeFile::from_memory("local", Box::new(bytes.clone()), Default::default()).unwrap();
+    let (f, rec) = ranged(&bytes, false);
+    assert_eq!(f.backend(), Backend::Read);
+    assert!(!f.is_in_memory() && f.mapped_data().is_none());
+    assert_eq!(&*f.tensor_bytes("small").unwrap(), &[7, 8, 9]);
+    let start = f.header().data_start() as u64;
+    let (b, _) = f.info("small").unwrap().data_offsets;
+    assert_eq!(
+        rec.calls.lock().unwrap().as_slice(),
+        &[vec![(start + b as u64, 3)]]
+    );
+    // Rows 1..5 step 2, columns 2..6: four runs of 4 bytes, asked for in one call.
+    let idx = [
+        Indexer::Range {
+            start: Some(1),
+            stop: Some(5),
+            step: 2,
+        },
+        Indexer::Range {
+            start: Some(2),
+            stop: Some(6),
+            step: 1,
+        },
+    ];
+    let plan = f.plan_slice("grid", &idx).unwrap();
+    let mut got = vec![0u8; plan.byte_len()];
+    f.read_slice("grid", &plan, &mut got).unwrap();
+    let mut want = vec![0u8; plan.byte_len()];
+    local.read_slice("grid", &plan, &mut want).unwrap();
+    assert_eq!(got, want);
+    assert_eq!(got, [10, 11, 12, 13, 26, 27, 28, 29]);
+    let calls = rec.calls.lock().unwrap();
+    assert_eq!(calls.len(), 2);
+    let (g, _) = f.info("grid").unwrap().data_offsets;
+    let at = start + g as u64;
+    assert_eq!(calls[1], vec![(at + 10, 4), (at + 26, 4)]);
+    drop(calls);
+    assert_eq!(f.bytes_read(), 3 + 8);
+    // Outside the data buffer: the caller's range, refused before the source is asked.
+    let mut dst = [0u8; 4];
+    let e = f
+        .read_data(f.header().data_len() as u64 - 2, &mut dst)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidSlice, "{e}");
+    assert_eq!(rec.calls.lock().unwrap().len(), 2);
+}
+
+#[test]
+fn a_ranged_source_streams_and_its_errors_pass_through_unchanged() {
+    let bytes = grid();
+    let (f, _) = ranged(&bytes, false);
+    let got: Vec<(String, Vec<u8>)> = crate::TensorStream::new(f, None, 1 << 20)
+        .unwrap()
+        .map(|t| {
+            let t = t.unwrap();
+            (t.name.clone(), t.data().to_vec())
+        })
+        .collect();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].1, (0..48u8).collect::<Vec<_>>());
+    assert_eq!(got[1], ("small".to_string(), vec![7, 8, 9]));
+    let (f, _) = ranged(&bytes, true);
+    let e = f.tensor_bytes("small").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Io);
+    let text = e.to_string();
+    assert!(
+        text.contains("the server went away") && text.matches("example.com").count() == 1,
+        "{text}"
+    );
+}

@@ -23,6 +23,7 @@ fn options(o: &RemoteOptions) -> safetensors_remote::RemoteOptions {
         max_retries: o.max_retries,
         deadline: (o.deadline_ms != 0).then(|| Duration::from_millis(o.deadline_ms)),
         header_only: o.header_only,
+        on_demand: o.on_demand,
     }
 }
 

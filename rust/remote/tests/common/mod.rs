@@ -94,7 +94,8 @@ fn find(program: &str, extra: &[&str]) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// nginx serving `root` on a port of its own, or why there is none.
+/// nginx serving `root` on a port of its own, or why there is none. Every request is logged
+/// to `work/access.log` as `Range status body-bytes` (see [`access_log`]).
 pub fn nginx(root: &Path, work: &Path) -> Result<Server, String> {
     let Some(bin) = find("nginx", &["/usr/sbin/nginx"]) else {
         return Err(missing(
@@ -109,7 +110,8 @@ pub fn nginx(root: &Path, work: &Path) -> Result<Server, String> {
         format!(
             "daemon off;\nmaster_process off;\nworker_processes 1;\npid {w}/nginx.pid;\n\
              error_log {w}/error.log;\nevents {{ worker_connections 256; }}\n\
-             http {{\n  access_log off;\n  client_body_temp_path {w}/body;\n\
+             http {{\n  log_format ranges '$http_range $status $body_bytes_sent';\n\
+             access_log {w}/access.log ranges;\n  client_body_temp_path {w}/body;\n\
              proxy_temp_path {w}/proxy;\n  fastcgi_temp_path {w}/fastcgi;\n\
              uwsgi_temp_path {w}/uwsgi;\n  scgi_temp_path {w}/scgi;\n\
              default_type application/octet-stream;\n\
@@ -178,4 +180,22 @@ pub fn s3(root: &Path, access_key: &str, secret_key: &str) -> Result<Server, Str
         .map_err(|e| missing(format!("cannot start s3s-fs: {e}")))?;
     wait_for(port, &mut child, "s3s-fs");
     Ok(Server { child, port })
+}
+
+/// The requests nginx served from `work` so far: (the Range header, the status, the body
+/// bytes sent), in order.
+#[allow(dead_code)] // not every test program reads it
+pub fn access_log(work: &Path) -> Vec<(String, u16, u64)> {
+    std::fs::read_to_string(work.join("access.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (
+                f[0].to_owned(),
+                f[1].parse().unwrap(),
+                f[2].parse().unwrap(),
+            )
+        })
+        .collect()
 }
