@@ -21,6 +21,7 @@
 #include "safetensors/detail/open_file.hpp"
 #include "safetensors/ffi/src/checkpoint.rs.h"
 #include "safetensors/options.hpp"
+#include "safetensors/remote.hpp"
 #include "safetensors/slice.hpp"
 #include "safetensors/tensor.hpp"
 
@@ -50,6 +51,9 @@ namespace nothrow {
 ///   if (!opened) std::puts(opened.status().message().c_str());
 [[nodiscard]] Expected<Checkpoint> open_checkpoint(const std::filesystem::path& path,
                                                    CheckpointOptions options = {});
+/// `Checkpoint::open_remote` without exceptions.
+[[nodiscard]] Expected<Checkpoint> open_remote_checkpoint(std::string_view url, const RemoteOptions& remote = {},
+                                                          CheckpointOptions options = {});
 /// `Checkpoint::keys` without exceptions.
 [[nodiscard]] Expected<std::vector<std::string>> keys(const Checkpoint& ckpt);
 /// `Checkpoint::metadata` without exceptions.
@@ -101,6 +105,21 @@ class Checkpoint {
  public:
   explicit Checkpoint(const std::filesystem::path& path, CheckpointOptions options = {})
       : Checkpoint(nothrow::open_checkpoint(path, options).value()) {}
+
+  /// A remote checkpoint: an index (`s3://`, `http://` or `https://` URL whose path ends in
+  /// `.json`) fetched whole and checked as a local one, its shards the objects next to it, each
+  /// opened with `remote` (whole into memory, `on_demand`, or header only) on first use and
+  /// checked against the index; or one remote file, as a checkpoint of one shard. Of `options`,
+  /// `lenient` and `allow_trailing_bytes` apply. A shard the server lacks is `ShardMissing` when
+  /// first used (no request per shard at open). `shard_path(i)` gives each shard's URL. See
+  /// docs/remote.md.
+  ///
+  ///   auto ckpt = safetensors::Checkpoint::open_remote("s3://models/llama/model.safetensors.index.json",
+  ///                                                    {.on_demand = true});
+  [[nodiscard]] static Checkpoint open_remote(std::string_view url, const RemoteOptions& remote = {},
+                                              CheckpointOptions options = {}) {
+    return nothrow::open_remote_checkpoint(url, remote, options).value();
+  }
 
   /// Tensors the index lists but their shard lacks, sorted; opens every shard to know. Always
   /// empty in strict mode, where such a shard fails to open (`ShardMissing`) instead.
@@ -242,6 +261,16 @@ struct Access<Checkpoint> {
     return Checkpoint(std::make_shared<const Checkpoint::Handle>(std::move(*c)));
   }
 
+  static Expected<Checkpoint> open_remote(std::string_view url, const RemoteOptions& remote,
+                                          CheckpointOptions options) {
+    const ffi::RemoteOptions crossing = remote_options(remote);
+    auto c = adopt(attempt([&](ffi::Status& st) {
+      return ffi::open_remote_checkpoint(bytes(url), crossing, options.lenient, options.allow_trailing_bytes, st);
+    }));
+    if (!c) return c.status();
+    return Checkpoint(std::make_shared<const Checkpoint::Handle>(std::move(*c)));
+  }
+
   static std::filesystem::path shard_path(const ffi::Checkpoint& c, std::size_t i) {
     return Checkpoint::shard_path(c, i);
   }
@@ -357,6 +386,11 @@ struct ShardCursor {
 inline Expected<Checkpoint> nothrow::open_checkpoint(const std::filesystem::path& path,
                                                      CheckpointOptions options) {
   return detail::Access<Checkpoint>::open(path, options);
+}
+
+inline Expected<Checkpoint> nothrow::open_remote_checkpoint(std::string_view url, const RemoteOptions& remote,
+                                                            CheckpointOptions options) {
+  return detail::Access<Checkpoint>::open_remote(url, remote, options);
 }
 
 inline Expected<std::vector<std::string>> nothrow::keys(const Checkpoint& ckpt) {

@@ -243,6 +243,57 @@ TEST(Remote, OnDemandReadsAsTheLocalFileWithEveryReadingOperation) {
   EXPECT_EQ(seen, local.size());
 }
 
+// A remote index: its shards are the objects next to it, opened on first use; every reading
+// operation gives what the same checkpoint gives from disk, whole or on demand.
+TEST(Remote, ACheckpointWhoseIndexIsRemoteReadsAsTheLocalOne) {
+  SERVE_OR_SKIP(s);
+  std::vector<float> a(30'000);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i) * 0.25f;
+  std::vector<std::uint8_t> b{9, 8, 7, 6};
+  auto one = safetensors::serialize(
+      {{"a", safetensors::TensorView{safetensors::Dtype::F32, {300, 100}, std::as_bytes(std::span(a))}}});
+  auto two = safetensors::serialize(
+      {{"b", safetensors::TensorView{safetensors::Dtype::U8, {4}, std::as_bytes(std::span(b))}}});
+  auto as_u8 = [](const auto& bytes) {
+    return std::vector<std::uint8_t>(reinterpret_cast<const std::uint8_t*>(bytes.data()),
+                                     reinterpret_cast<const std::uint8_t*>(bytes.data()) + bytes.size());
+  };
+  test::write_bytes(s.root / "m-1.safetensors", as_u8(one));
+  test::write_bytes(s.root / "m-2.safetensors", as_u8(two));
+  const std::string index = R"({"metadata": {"total_size": "120004"}, "weight_map": {"a": "m-1.safetensors", "b": "m-2.safetensors"}})";
+  test::write_bytes(s.root / "m.safetensors.index.json", std::vector<std::uint8_t>(index.begin(), index.end()));
+  safetensors::Checkpoint local(s.root / "m.safetensors.index.json");
+  for (bool lazy : {false, true}) {
+    auto remote = safetensors::Checkpoint::open_remote(s.server->url("m.safetensors.index.json"),
+                                                       {.part_size = 8192, .on_demand = lazy});
+    EXPECT_EQ(remote.keys(), local.keys());
+    EXPECT_EQ(remote.metadata(), local.metadata());
+    EXPECT_EQ(remote.shard_paths().at(1), fs::path(s.server->url("m-2.safetensors")));
+    for (const auto& name : local.keys()) {
+      auto x = remote.get_tensor(name);
+      auto y = local.get_tensor(name);
+      ASSERT_EQ(x.data.size(), y.data.size());
+      EXPECT_EQ(std::memcmp(x.data.data(), y.data.data(), x.data.size()), 0) << name;
+    }
+    auto rows = remote.get_slice("a").select({safetensors::Index::range(7, 290, 9)}).read();
+    auto want = local.get_slice("a").select({safetensors::Index::range(7, 290, 9)}).read();
+    ASSERT_EQ(rows.data.size(), want.data.size());
+    EXPECT_EQ(std::memcmp(rows.data.data(), want.data.data(), rows.data.size()), 0);
+    std::size_t seen = 0;
+    for (auto& item : safetensors::TensorStream(remote)) {
+      auto expect = local.get_tensor(item.name);
+      ASSERT_EQ(item.view.data.size(), expect.data.size());
+      EXPECT_EQ(std::memcmp(item.view.data.data(), expect.data.data(), expect.data.size()), 0) << item.name;
+      ++seen;
+    }
+    EXPECT_EQ(seen, 2u);
+  }
+  auto missing = safetensors::nothrow::open_remote_checkpoint(s.server->url("absent.index.json"));
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(missing.status().kind(), safetensors::ErrorKind::Io);
+  EXPECT_NE(missing.status().message().find("404"), std::string::npos) << missing.status().message();
+}
+
 TEST(Remote, HeaderOnlyDescribesTensorsAndRefusesReads) {
   SERVE_OR_SKIP(s);
   auto f = safetensors::SafeOpen::open_remote(s.server->url("model.safetensors"), {.header_only = true});

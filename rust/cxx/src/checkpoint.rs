@@ -97,17 +97,22 @@ pub fn open_checkpoint(
             huge_pages,
         };
         let inner = safetensors_core::Checkpoint::open_with(native_path(path), options)?;
-        let files = (0..inner.shard_count()).map(|_| OnceLock::new()).collect();
-        let metadata = Metadata::new(inner.metadata());
-        Ok(handed_over(Checkpoint {
-            inner: Arc::new(inner),
-            files,
-            metadata,
-        }))
+        Ok(handed_over(Checkpoint::wrap(inner)))
     })
 }
 
 impl Checkpoint {
+    /// A core checkpoint as the bridge hands it over (local or remote).
+    pub(crate) fn wrap(inner: safetensors_core::Checkpoint) -> Checkpoint {
+        let files = (0..inner.shard_count()).map(|_| OnceLock::new()).collect();
+        let metadata = Metadata::new(inner.metadata());
+        Checkpoint {
+            inner: Arc::new(inner),
+            files,
+            metadata,
+        }
+    }
+
     pub fn tensor_count(&self) -> usize {
         self.inner.len()
     }

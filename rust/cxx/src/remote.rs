@@ -3,6 +3,7 @@
 //! `remote` feature the work is `remote/enabled.rs`; without it `remote/disabled.rs` gives
 //! every entry point an `Io` error saying so, so the C++ API is the same in every build.
 
+use crate::checkpoint::Checkpoint;
 use crate::file::File;
 use crate::status::Status;
 use ffi::RemoteOptions;
@@ -12,8 +13,10 @@ pub mod ffi {
     unsafe extern "C++" {
         include!("safetensors/ffi/src/status.rs.h");
         include!("safetensors/ffi/src/file.rs.h");
+        include!("safetensors/ffi/src/checkpoint.rs.h");
         type Status = crate::status::ffi::Status;
         type File = crate::file::File;
+        type Checkpoint = crate::checkpoint::Checkpoint;
     }
 
     /// `safetensors::RemoteOptions` as it crosses: durations in milliseconds, a deadline of 0
@@ -45,6 +48,15 @@ pub mod ffi {
             allow_trailing_bytes: bool,
             status: &mut Status,
         ) -> *mut File;
+        /// Opens a remote checkpoint: an index (`.json`) whose shards are objects next to it,
+        /// each opened with `options` on first use, or one remote file. Null on failure.
+        fn open_remote_checkpoint(
+            url: &[u8],
+            options: &RemoteOptions,
+            lenient: bool,
+            allow_trailing_bytes: bool,
+            status: &mut Status,
+        ) -> *mut Checkpoint;
     }
 }
 
@@ -70,4 +82,14 @@ pub fn open_remote(
     status: &mut Status,
 ) -> *mut File {
     imp::open_remote(url, options, allow_trailing_bytes, status)
+}
+
+pub fn open_remote_checkpoint(
+    url: &[u8],
+    options: &RemoteOptions,
+    lenient: bool,
+    allow_trailing_bytes: bool,
+    status: &mut Status,
+) -> *mut Checkpoint {
+    imp::open_remote_checkpoint(url, options, lenient, allow_trailing_bytes, status)
 }

@@ -291,6 +291,56 @@ impl Object {
     }
 }
 
+/// The whole of a small object (a checkpoint's index): one GET, refused when the object is
+/// longer than `cap` bytes (before its body is read) and checked to be as long as it says.
+pub fn fetch_small(url: &str, remote: &RemoteOptions, cap: u64, what: &str) -> Result<Vec<u8>> {
+    let options = remote.sane();
+    let location = locate(url, &options)?;
+    let name: Arc<str> = location.name.clone().into();
+    let what = what.to_owned();
+    runtime::run(&location.name.clone(), options.deadline, async move {
+        let answer = location
+            .store
+            .get_opts(&location.path, GetOptions::default())
+            .await
+            .map_err(|e| store_error(&name, "GET", e))?;
+        let size = answer.meta.size;
+        if size > cap {
+            return Err(remote_error(
+                &name,
+                io::ErrorKind::InvalidData,
+                format!("{what} is {size} bytes; the limit is {cap}"),
+            ));
+        }
+        let mut out = Vec::new();
+        fallible::reserve(&mut out, size as usize, &what)?;
+        let mut body = answer.into_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| store_error(&name, "GET", e))?;
+            if out.len() as u64 + chunk.len() as u64 > size {
+                return Err(remote_error(
+                    &name,
+                    io::ErrorKind::InvalidData,
+                    format!("the body is longer than the {size} bytes the server announced"),
+                ));
+            }
+            out.extend_from_slice(&chunk);
+        }
+        if out.len() as u64 != size {
+            return Err(remote_error(
+                &name,
+                io::ErrorKind::InvalidData,
+                format!("the body ended after {} of {size} bytes", out.len()),
+            ));
+        }
+        Ok(out)
+    })
+}
+
+fn remote_error(name: &str, kind: io::ErrorKind, message: String) -> Error {
+    remote(name, "GET", kind, message)
+}
+
 /// The first, speculative read: bytes `0..first` (fewer when the object is shorter). An empty
 /// object has no such range: servers answer 416 (S3) or 200 with an empty body (nginx). Such an
 /// answer, and only such, is followed by a HEAD: an object of 0 bytes then fails as an empty

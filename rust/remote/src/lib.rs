@@ -40,7 +40,9 @@ mod on_demand;
 mod options;
 pub mod runtime;
 
-use safetensors_core::{OpenOptions, Result, SafeFile};
+use safetensors_core::{
+    Checkpoint, CheckpointOptions, OpenOptions, Result, SafeFile, ShardOpener, MAX_INDEX_SIZE,
+};
 
 pub use fetch::Object;
 pub use options::RemoteOptions;
@@ -68,4 +70,61 @@ pub fn open(url: &str, remote: &RemoteOptions, options: OpenOptions) -> Result<S
 /// fetched. For tools that only describe a file (`safetensors inspect`).
 pub fn open_header(url: &str, remote: &RemoteOptions, options: OpenOptions) -> Result<Object> {
     Object::open(url, remote, options.allow_trailing_bytes)
+}
+
+/// Opens a checkpoint at `url`: an index (a URL whose path ends in `.json`, in any case) whose
+/// shards are objects next to it, or a single remote file as a checkpoint of one shard. The
+/// index is fetched whole (at most [`MAX_INDEX_SIZE`] bytes) and checked as a local one is;
+/// each shard is opened with `remote` (whole, on demand, or header only) on first use and
+/// checked against the index. Of `options`, `lenient` and `allow_trailing_bytes` apply; the
+/// backend and mapping options do not (remote files are in memory or read on demand). A shard
+/// the server does not have is `ShardMissing` when it is first opened.
+pub fn open_checkpoint(
+    url: &str,
+    remote: &RemoteOptions,
+    options: CheckpointOptions,
+) -> Result<Checkpoint> {
+    let open_options = OpenOptions {
+        allow_trailing_bytes: options.allow_trailing_bytes,
+        ..OpenOptions::default()
+    };
+    if !names_index(url) {
+        return Ok(Checkpoint::of_file(
+            open(url, remote, open_options)?,
+            options,
+        ));
+    }
+    let text = fetch::fetch_small(url, remote, MAX_INDEX_SIZE, "a checkpoint index")?;
+    // `locate` refused query strings and fragments, so the path ends the URL.
+    let base = match url.rfind('/') {
+        Some(i) => &url[..=i],
+        None => url,
+    };
+    let name = safetensors_core::redact_url(url);
+    Checkpoint::from_index_bytes(
+        &name,
+        &text,
+        base,
+        Box::new(RemoteShards {
+            remote: remote.clone(),
+        }),
+        options,
+    )
+}
+
+/// Whether a URL names an index: its path ends in `.json`, in any case.
+fn names_index(url: &str) -> bool {
+    let last = url.rsplit('/').next().unwrap_or("").as_bytes();
+    last.len() >= 5 && last[last.len() - 5..].eq_ignore_ascii_case(b".json")
+}
+
+/// The shards of a remote checkpoint, opened with the checkpoint's remote options.
+struct RemoteShards {
+    remote: RemoteOptions,
+}
+
+impl ShardOpener for RemoteShards {
+    fn open_shard(&self, location: &str, options: OpenOptions) -> Result<SafeFile> {
+        open(location, &self.remote, options)
+    }
 }

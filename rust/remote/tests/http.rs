@@ -532,3 +532,115 @@ fn an_on_demand_read_of_a_broken_answer_is_refused_naming_the_url() {
         assert!(text.contains(&u) && text.contains(says), "{what}: {text}");
     }
 }
+
+/// A checkpoint of two shards and its index in `dir`; returns the tensors' bytes by name.
+fn write_checkpoint(dir: &Path, extra_shard: Option<&str>) -> Vec<(String, Vec<u8>)> {
+    let a: Vec<u8> = (0..200_000u32)
+        .flat_map(|i| (i ^ 0x5a5a).to_le_bytes())
+        .collect();
+    let b: Vec<u8> = (0..40u8).collect();
+    let c: Vec<u8> = (0..16u8).rev().collect();
+    let one = serialize([("a", TensorView::new(Dtype::U32, &[200_000], &a))], None).unwrap();
+    let two = serialize(
+        [
+            ("b", TensorView::new(Dtype::U8, &[5, 8], &b)),
+            ("c", TensorView::new(Dtype::U8, &[16], &c)),
+        ],
+        None,
+    )
+    .unwrap();
+    std::fs::write(dir.join("model-1.safetensors"), one).unwrap();
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    std::fs::write(dir.join("sub/model-2.safetensors"), two).unwrap();
+    let third = extra_shard.map_or(String::new(), |s| format!(r#", "d": "{s}""#));
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        format!(
+            r#"{{"metadata": {{"total_size": "800056"}}, "weight_map": {{"a": "model-1.safetensors", "b": "./sub/model-2.safetensors", "c": "sub//model-2.safetensors"{third}}}}}"#
+        ),
+    )
+    .unwrap();
+    vec![("a".into(), a), ("b".into(), b), ("c".into(), c)]
+}
+
+#[test]
+fn a_remote_index_opens_its_shards_next_to_it_on_first_use() {
+    let Some(s) = serve("ckpt", &sample()) else {
+        return;
+    };
+    let want = write_checkpoint(&s.root.0, None);
+    let u = url(s.server.port, "model.safetensors.index.json");
+    for remote in [many_parts(), on_demand(many_parts())] {
+        let ckpt = safetensors_remote::open_checkpoint(&u, &remote, Default::default()).unwrap();
+        assert_eq!(ckpt.names(), ["a", "b", "c"]);
+        assert_eq!(ckpt.shard_count(), 2);
+        assert_eq!(ckpt.metadata().unwrap()["total_size"], "800056");
+        assert_eq!(
+            ckpt.shard_path(1).unwrap(),
+            Path::new(&url(s.server.port, "sub/model-2.safetensors"))
+        );
+        assert_eq!(ckpt.shards_opened(), 0);
+        for (name, bytes) in &want {
+            let (file, _) = ckpt.locate(name).unwrap();
+            assert_eq!(
+                &*file.tensor_bytes(name).unwrap(),
+                bytes.as_slice(),
+                "{name}"
+            );
+        }
+        assert_eq!(ckpt.shards_opened(), 2);
+    }
+    // A single remote file is a checkpoint of one shard.
+    let one = safetensors_remote::open_checkpoint(
+        &url(s.server.port, "model-1.safetensors"),
+        &on_demand(many_parts()),
+        Default::default(),
+    )
+    .unwrap();
+    assert_eq!(one.names(), ["a"]);
+    assert_eq!(
+        &*one.locate("a").unwrap().0.tensor_bytes("a").unwrap(),
+        want[0].1.as_slice()
+    );
+}
+
+#[test]
+fn a_remote_index_is_checked_as_a_local_one_is() {
+    let Some(s) = serve("ckpt-bad", &sample()) else {
+        return;
+    };
+    // A shard the server does not have: ShardMissing when first used, naming the index.
+    write_checkpoint(&s.root.0, Some("absent.safetensors"));
+    let u = url(s.server.port, "model.safetensors.index.json");
+    let ckpt = safetensors_remote::open_checkpoint(&u, &many_parts(), Default::default()).unwrap();
+    let e = ckpt.locate("d").err().expect("refused");
+    assert_eq!(e.kind(), ErrorKind::ShardMissing, "{e}");
+    assert!(e.to_string().contains("absent.safetensors"), "{e}");
+    // A shard path leaving the index's directory: refused at open, as locally.
+    write_checkpoint(&s.root.0, Some("../escape.safetensors"));
+    let e = safetensors_remote::open_checkpoint(&u, &many_parts(), Default::default())
+        .err()
+        .expect("refused");
+    assert_eq!(e.kind(), ErrorKind::InvalidShardPath, "{e}");
+    assert!(e.to_string().contains(&u), "{e}");
+    // A shard that lacks a tensor the index gives it: ShardMissing when first opened.
+    write_checkpoint(&s.root.0, Some("model-1.safetensors"));
+    std::fs::write(
+        s.root.0.join("model.safetensors.index.json"),
+        r#"{"weight_map": {"a": "model-1.safetensors", "b": "sub/model-2.safetensors", "c": "model-1.safetensors"}}"#,
+    )
+    .unwrap();
+    let ckpt = safetensors_remote::open_checkpoint(&u, &many_parts(), Default::default()).unwrap();
+    let e = ckpt.locate("a").err().expect("refused");
+    assert_eq!(e.kind(), ErrorKind::ShardMissing, "{e}");
+    // A missing index: Io naming the URL.
+    let gone = url(s.server.port, "absent.index.json");
+    let e = safetensors_remote::open_checkpoint(&gone, &many_parts(), Default::default())
+        .err()
+        .expect("refused");
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    assert!(
+        e.to_string().contains(&gone) && e.to_string().contains("404"),
+        "{e}"
+    );
+}

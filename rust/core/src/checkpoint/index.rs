@@ -12,7 +12,7 @@ use serde_json::value::RawValue;
 use crate::error::{Error, Result};
 
 /// Index files are small (a name and a file name per tensor); refuse absurd ones before reading.
-pub(super) const MAX_INDEX_SIZE: u64 = 256 * 1024 * 1024;
+pub const MAX_INDEX_SIZE: u64 = 256 * 1024 * 1024;
 
 /// The index's metadata (repeated keys refused) and its weight map as (tensor, shard) pairs in
 /// the file's order, repeats kept for the caller to refuse.

@@ -13,6 +13,11 @@
 //!
 //! A plain `.safetensors` file opens as a checkpoint of one shard.
 //!
+//! An index that is not a local file (a remote one: [`Checkpoint::from_index_bytes`]) has its
+//! shards next to it, named by joining the index's location with each confined shard path, and
+//! opened by a [`ShardOpener`]; no shard is checked to exist at open (that would cost a request
+//! each): a missing one is `ShardMissing` when it is first opened.
+//!
 //! Lenient mode ([`CheckpointOptions::lenient`], opt-in) reads checkpoints as they exist in the
 //! wild, as vLLM and transformers do: the index is an allow-list. A tensor the index lists but
 //! its shard lacks (a stale index) is `ShardMissing` only when someone asks for it, and
@@ -31,7 +36,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use crate::error::{Error, Result};
 use crate::file::{read_regular, Backend, OpenOptions, Populate, SafeFile};
 use crate::header::TensorInfo;
-use index::{parse_index, MAX_INDEX_SIZE};
+use index::parse_index;
+pub use index::MAX_INDEX_SIZE;
 use paths::{check_shard_file, confined, index_dir, is_index_path};
 
 /// Options for [`Checkpoint::open_with`]. The default is strict.
@@ -62,6 +68,13 @@ impl CheckpointOptions {
     }
 }
 
+/// Opens the shards of a checkpoint whose index is not a local file ([`Checkpoint::from_index_bytes`]).
+pub trait ShardOpener: Send + Sync {
+    /// Opens the shard at `location` (the index's location joined with the shard's path). An
+    /// `Io` error whose cause is "not found" becomes `ShardMissing`.
+    fn open_shard(&self, location: &str, options: OpenOptions) -> Result<SafeFile>;
+}
+
 struct Shard {
     /// The file name as the index spells it.
     name: String,
@@ -87,6 +100,8 @@ pub struct Checkpoint {
     metadata: Option<BTreeMap<String, String>>,
     options: CheckpointOptions,
     opens: AtomicUsize,
+    /// Opens the shards when they are not local files.
+    opener: Option<Box<dyn ShardOpener>>,
 }
 
 impl Checkpoint {
@@ -125,6 +140,13 @@ impl Checkpoint {
     fn from_file_with(path: impl AsRef<Path>, options: CheckpointOptions) -> Result<Checkpoint> {
         let path = path.as_ref();
         let file = SafeFile::open_with(path, options.file_options())?;
+        Ok(Checkpoint::of_file(file, options))
+    }
+
+    /// A file already open (a remote one, say) as a checkpoint of one shard; its path is the
+    /// checkpoint's. `options` says what its shards were opened with.
+    pub fn of_file(file: SafeFile, options: CheckpointOptions) -> Checkpoint {
+        let path = file.path().to_path_buf();
         let names: Vec<String> = file
             .header()
             .sorted_names()
@@ -135,21 +157,22 @@ impl Checkpoint {
             name: path
                 .file_name()
                 .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
-            path: path.to_path_buf(),
+            path: path.clone(),
             file: OnceLock::new(),
             opening: Mutex::new(()),
         };
         let metadata = file.header().metadata().cloned();
         let _ = shard.file.set(Arc::new(file));
-        Ok(Checkpoint {
-            path: path.to_path_buf(),
+        Checkpoint {
+            path,
             shard_of: vec![0; names.len()],
             names,
             shards: vec![shard],
             metadata,
             options,
             opens: AtomicUsize::new(1),
-        })
+            opener: None,
+        }
     }
 
     /// Parses a Hugging Face index: `{"metadata": {...}, "weight_map": {"tensor": "shard", ...}}`.
@@ -164,8 +187,60 @@ impl Checkpoint {
 
     fn from_index_inner(path: &Path, options: CheckpointOptions) -> Result<Checkpoint> {
         let text = read_regular(path, "a checkpoint index", MAX_INDEX_SIZE)?;
-        let (metadata, weight_map) = parse_index(&text)?;
         let dir = index_dir(path)?;
+        Self::build(path, &text, options, None, |shard, relative| {
+            let full = dir.join(relative);
+            check_shard_file(shard, &full)?;
+            Ok(full)
+        })
+    }
+
+    /// A checkpoint whose index is not a local file: `text` is the index's content (at most
+    /// [`MAX_INDEX_SIZE`] bytes), `name` stands for it in messages (its URL), and each shard is
+    /// `base` (the index's location up to and including its last `/`) followed by the shard's
+    /// path confined as for a local index, its components joined with `/`, opened by `opener`
+    /// on first use and checked against the index as a local shard is. `options.backend` and
+    /// the mapping options are the opener's to honour or ignore.
+    pub fn from_index_bytes(
+        name: &str,
+        text: &[u8],
+        base: &str,
+        opener: Box<dyn ShardOpener>,
+        options: CheckpointOptions,
+    ) -> Result<Checkpoint> {
+        let path = Path::new(name);
+        if text.len() as u64 > MAX_INDEX_SIZE {
+            return Err(Error::InvalidIndex {
+                reason: format!(
+                    "the index is {} bytes; the limit is {MAX_INDEX_SIZE}",
+                    text.len()
+                ),
+            }
+            .in_file(path));
+        }
+        Self::build(path, text, options, Some(opener), |_, relative| {
+            let mut location = base.to_owned();
+            for (k, part) in relative.iter().enumerate() {
+                if k > 0 {
+                    location.push('/');
+                }
+                location.push_str(&part.to_string_lossy());
+            }
+            Ok(PathBuf::from(location))
+        })
+        .map_err(|e| e.in_file(path))
+    }
+
+    /// A checkpoint from its index's text, each shard's location given by `resolve(shard as
+    /// the index spells it, its confined relative path)`.
+    fn build(
+        path: &Path,
+        text: &[u8],
+        options: CheckpointOptions,
+        opener: Option<Box<dyn ShardOpener>>,
+        mut resolve: impl FnMut(&str, &Path) -> Result<PathBuf>,
+    ) -> Result<Checkpoint> {
+        let (metadata, weight_map) = parse_index(text)?;
         let mut shard_ids: BTreeMap<PathBuf, u32> = BTreeMap::new();
         let mut shards = Vec::new();
         let mut entries: Vec<(String, u32)> = Vec::with_capacity(weight_map.len());
@@ -174,8 +249,7 @@ impl Checkpoint {
             let id = match shard_ids.get(&relative) {
                 Some(&id) => id,
                 None => {
-                    let full = dir.join(&relative);
-                    check_shard_file(shard, &full)?;
+                    let full = resolve(shard, &relative)?;
                     let id = shards.len() as u32;
                     shards.push(Shard {
                         name: shard.clone(),
@@ -205,6 +279,7 @@ impl Checkpoint {
             metadata,
             options,
             opens: AtomicUsize::new(0),
+            opener,
         })
     }
 
@@ -284,20 +359,25 @@ impl Checkpoint {
         if let Some(file) = shard.file.get() {
             return Ok(file);
         }
-        let file =
-            SafeFile::open_unheld(&shard.path, self.options.file_options()).map_err(|e| {
-                // Deleted since the index was opened: the same `ShardMissing` as at open.
-                match e.innermost() {
-                    Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
-                        Error::ShardMissing {
-                            shard: shard.name.clone(),
-                            tensor: None,
-                        }
-                        .in_file(&self.path)
+        let opened = match &self.opener {
+            Some(opener) => {
+                opener.open_shard(&shard.path.to_string_lossy(), self.options.file_options())
+            }
+            None => SafeFile::open_unheld(&shard.path, self.options.file_options()),
+        };
+        let file = opened.map_err(|e| {
+            // Deleted since the index was opened: the same `ShardMissing` as at open.
+            match e.innermost() {
+                Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                    Error::ShardMissing {
+                        shard: shard.name.clone(),
+                        tensor: None,
                     }
-                    _ => e,
+                    .in_file(&self.path)
                 }
-            })?;
+                _ => e,
+            }
+        })?;
         self.check_shard(i as u32, &file)
             .map_err(|e| e.in_file(&self.path))?;
         self.opens.fetch_add(1, Ordering::Relaxed);

@@ -6,6 +6,7 @@ use std::time::Duration;
 use safetensors_core::OpenOptions;
 
 use super::ffi::RemoteOptions;
+use crate::checkpoint::Checkpoint;
 use crate::file::File;
 use crate::status::{guard, handed_over, Status};
 
@@ -41,5 +42,24 @@ pub fn open_remote(
         };
         let file = safetensors_remote::open(&url, &options(remote), open)?;
         Ok(handed_over(File::wrap(Arc::new(file))))
+    })
+}
+
+pub fn open_remote_checkpoint(
+    url: &[u8],
+    remote: &RemoteOptions,
+    lenient: bool,
+    allow_trailing_bytes: bool,
+    status: &mut Status,
+) -> *mut Checkpoint {
+    guard(status, || {
+        let url = String::from_utf8_lossy(url);
+        let checkpoint = safetensors_core::CheckpointOptions {
+            lenient,
+            allow_trailing_bytes,
+            ..Default::default()
+        };
+        let ckpt = safetensors_remote::open_checkpoint(&url, &options(remote), checkpoint)?;
+        Ok(handed_over(Checkpoint::wrap(ckpt)))
     })
 }
