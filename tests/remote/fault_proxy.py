@@ -17,6 +17,7 @@ first N requests (default 0) pass untouched; from then on every GET gets FAULT:
     html      200 with an HTML error page, as a captive portal or a misrouted proxy answers
     etag      If-Match dropped upstream, the answer's ETag changed (the object was replaced)
     hang      the request read, then nothing sent until the client gives up
+    hang-once the first GET after the N hangs as `hang` does; every later one passes untouched
     status500 503 with an HTML body (a failing server; the client retries, then fails)
     redirect  302 back to the same URL (a redirect loop)
 """
@@ -72,6 +73,8 @@ class Handler(BaseHTTPRequestHandler):
             n = count
             count += 1
         fault = FAULT if n >= AFTER else "none"
+        if fault == "hang-once":
+            fault = "hang" if n == AFTER else "none"
         if fault == "hang":
             time.sleep(3600)
             return

@@ -1,15 +1,19 @@
 //! Reading a remote object on demand ([`crate::RemoteOptions::on_demand`]): each read of the
 //! file's bytes becomes concurrent ranged GETs of the pinned version, for exactly the byte runs
 //! it asks (runs closer than [`BRIDGE`] fetched as one span, spans cut into parts of
-//! `part_size`), at most `concurrency` GETs in flight and `concurrency × part_size` bytes held
-//! at once; bytes the open's first read already fetched are not fetched again.
+//! `part_size`), at most `concurrency` GETs in flight, each part copied into place as it lands
+//! while later ones are fetched, and at most `2 × concurrency` parts held at once; bytes the
+//! open's first read already fetched are not fetched again.
 
+use std::io;
 use std::ops::Range;
-use std::time::Instant;
+use std::sync::{mpsc, Arc};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use safetensors_core::{fallible, Error, RangeSource, Result};
+use tokio::sync::Semaphore;
 
+use crate::error::remote;
 use crate::fetch::{parts, Getter, Pin};
 use crate::options::RemoteOptions;
 use crate::runtime;
@@ -41,33 +45,6 @@ impl OnDemand {
     pub(crate) fn head(&self) -> &[u8] {
         &self.head
     }
-
-    /// Fetches `parts` (sorted, disjoint) concurrently; each comes back with its bytes.
-    fn fetch(&self, parts: Vec<Range<u64>>, deadline_at: Option<Instant>) -> Result<Vec<Fetched>> {
-        let getter = self.getter.clone();
-        let pin = self.pin.clone();
-        let concurrency = self.options.concurrency;
-        let left = deadline_at.map(|at| at.saturating_duration_since(Instant::now()));
-        let name = self.getter.name.clone();
-        runtime::run(&name, left, async move {
-            let gets = parts.into_iter().map(|range| {
-                let getter = getter.clone();
-                let pin = pin.clone();
-                async move {
-                    let len = (range.end - range.start) as usize;
-                    let mut bytes = fallible::filled(len, 0u8, "a remote read's part")?;
-                    getter
-                        .get_into(range.clone(), Some(&pin), &mut bytes)
-                        .await?;
-                    Ok::<Fetched, Error>(Fetched { range, bytes })
-                }
-            });
-            futures::stream::iter(gets)
-                .buffer_unordered(concurrency)
-                .try_collect::<Vec<Fetched>>()
-                .await
-        })
-    }
 }
 
 /// One part's bytes.
@@ -78,18 +55,15 @@ struct Fetched {
 
 impl RangeSource for OnDemand {
     fn read_runs(&self, runs: &mut [(u64, &mut [u8])]) -> Result<()> {
-        let deadline_at = self.options.deadline.map(|d| Instant::now() + d);
-        // Runs in the order of their offsets, the empty ones and those the first read holds
-        // served at once.
+        let name = self.getter.name.clone();
+        // Runs in the order of their offsets; the empty ones and those the first read holds
+        // are served at once.
         let mut order: Vec<usize> = Vec::new();
         fallible::reserve(&mut order, runs.len(), "a remote read's runs")?;
         for (i, (at, dst)) in runs.iter_mut().enumerate() {
             let len = dst.len() as u64;
             let end = at.checked_add(len).ok_or_else(|| Error::Internal {
-                message: format!(
-                    "a read of {} past the end of the address space",
-                    self.getter.name
-                ),
+                message: format!("a read of {name} past the end of the address space"),
             })?;
             if len == 0 {
                 continue;
@@ -101,7 +75,7 @@ impl RangeSource for OnDemand {
             order.push(i);
         }
         order.sort_by_key(|&i| runs[i].0);
-        // Spans: runs closer than BRIDGE merged.
+        // Spans: runs closer than BRIDGE merged; then parts of at most `part_size`.
         let mut spans: Vec<Range<u64>> = Vec::new();
         for &i in &order {
             let (at, dst) = &runs[i];
@@ -113,48 +87,95 @@ impl RangeSource for OnDemand {
                 _ => fallible::push(&mut spans, *at..end, "a remote read's spans")?,
             }
         }
-        let part_size = self.options.part_size as u64;
-        let all = parts(&spans, part_size);
-        // Windows of at most `concurrency` parts: the bytes held at once stay bounded.
-        let window = self.options.concurrency.max(1);
-        let mut next_run = 0usize; // index into `order`: runs before it end before this window
-        for chunk in all.chunks(window) {
-            let mut fetched = self.fetch(chunk.to_vec(), deadline_at)?;
-            fetched.sort_by_key(|f| f.range.start);
-            for f in &fetched {
-                // Copy every run's overlap with this part, from the first run that ends past
-                // its start (runs are disjoint and sorted, so their ends are too).
-                let mut k = next_run
-                    + order[next_run..]
-                        .partition_point(|&i| runs[i].0 + runs[i].1.len() as u64 <= f.range.start);
-                while k < order.len() {
-                    let (at, dst) = &mut runs[order[k]];
-                    let end = *at + dst.len() as u64;
-                    if *at >= f.range.end {
-                        break;
+        let all = parts(&spans, self.options.part_size as u64);
+        if all.is_empty() {
+            return Ok(());
+        }
+        let count = all.len();
+        let concurrency = self.options.concurrency.max(1);
+        // Parts land here in any order and are copied into place on this thread while later
+        // ones are fetched. A part is only started once a permit is free: at most twice
+        // `concurrency` parts are in flight or waiting to be copied, whatever the read's size.
+        let permits = Arc::new(Semaphore::new(2 * concurrency));
+        let (tx, rx) = mpsc::channel::<Result<Fetched>>();
+        let getter = self.getter.clone();
+        let pin = self.pin.clone();
+        let deadline = self.options.deadline;
+        let gate = permits.clone();
+        let shown = name.clone();
+        let _running = runtime::start(&name, async move {
+            let fetches = futures::stream::iter(all).map(move |range| {
+                let getter = getter.clone();
+                let pin = pin.clone();
+                let gate = gate.clone();
+                async move {
+                    // The semaphore is never closed, so acquiring only waits.
+                    if let Ok(permit) = gate.acquire().await {
+                        permit.forget();
                     }
-                    let lo = (*at).max(f.range.start);
-                    let hi = end.min(f.range.end);
-                    if lo < hi {
-                        let from = (lo - f.range.start) as usize..(hi - f.range.start) as usize;
-                        let to = (lo - *at) as usize..(hi - *at) as usize;
-                        dst[to].copy_from_slice(&f.bytes[from]);
+                    let len = (range.end - range.start) as usize;
+                    let mut bytes = fallible::filled(len, 0u8, "a remote read's part")?;
+                    getter
+                        .get_into(range.clone(), Some(&pin), &mut bytes)
+                        .await?;
+                    Ok(Fetched { range, bytes })
+                }
+            });
+            let mut landed = fetches.buffer_unordered(concurrency);
+            let all_of_them = async {
+                while let Some(part) = landed.next().await {
+                    let failed = part.is_err();
+                    // The reader is gone only when it stopped on an error of its own.
+                    if tx.send(part).is_err() || failed {
+                        return;
                     }
-                    k += 1;
+                }
+            };
+            match deadline {
+                None => all_of_them.await,
+                Some(limit) => {
+                    if tokio::time::timeout(limit, all_of_them).await.is_err() {
+                        let _ = tx.send(Err(remote(
+                            &shown,
+                            "GET",
+                            io::ErrorKind::TimedOut,
+                            format!(
+                                "not finished within the deadline of {:.3} s \
+                                 (RemoteOptions::deadline)",
+                                limit.as_secs_f64()
+                            ),
+                        )));
+                    }
                 }
             }
-            // Runs wholly before the end of this window need no later part.
-            if let Some(last) = fetched.last() {
-                while next_run < order.len() {
-                    let (at, dst) = &runs[order[next_run]];
-                    if at + dst.len() as u64 <= last.range.end {
-                        next_run += 1;
-                    } else {
-                        break;
-                    }
-                }
-            }
+        })?;
+        for _ in 0..count {
+            let part = rx.recv().unwrap_or_else(|_| {
+                Err(Error::Internal {
+                    message: format!("the remote read of {name} stopped without an answer"),
+                })
+            })?;
+            scatter(runs, &order, &part);
+            permits.add_permits(1);
         }
         Ok(())
+    }
+}
+
+/// Copies every run's overlap with `part` into place. `order` lists the runs by offset; they
+/// are disjoint, so their ends ascend too.
+fn scatter(runs: &mut [(u64, &mut [u8])], order: &[usize], part: &Fetched) {
+    let first = order.partition_point(|&i| runs[i].0 + runs[i].1.len() as u64 <= part.range.start);
+    for &i in &order[first..] {
+        let (at, dst) = &mut runs[i];
+        if *at >= part.range.end {
+            break;
+        }
+        let end = *at + dst.len() as u64;
+        let lo = (*at).max(part.range.start);
+        let hi = end.min(part.range.end);
+        let from = (lo - part.range.start) as usize..(hi - part.range.start) as usize;
+        let to = (lo - *at) as usize..(hi - *at) as usize;
+        dst[to].copy_from_slice(&part.bytes[from]);
     }
 }

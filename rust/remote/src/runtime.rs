@@ -71,3 +71,23 @@ where
         })
     })
 }
+
+/// Starts `work` on the library's runtime without waiting for it; the returned guard aborts it
+/// when dropped (a caller that stops early stops the work too). Errors name `name`.
+pub(crate) fn start<F>(name: &str, work: F) -> Result<Running>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let rt =
+        runtime().map_err(|why| remote(name, "start", io::ErrorKind::Other, why.to_owned()))?;
+    Ok(Running(rt.spawn(work)))
+}
+
+/// Work started by [`start`]; aborted when dropped.
+pub(crate) struct Running(tokio::task::JoinHandle<()>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

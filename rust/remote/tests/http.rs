@@ -644,3 +644,32 @@ fn a_remote_index_is_checked_as_a_local_one_is() {
         "{e}"
     );
 }
+
+#[test]
+fn an_on_demand_read_of_a_hung_connection_ends_at_the_deadline_and_the_file_reads_again() {
+    let bytes = sample();
+    let Some(s) = serve("on-demand-hang", &bytes) else {
+        return;
+    };
+    // The header's two GETs pass; the third hangs. Every later one passes again.
+    let p = proxy(s.server.port, "hang-once", 2);
+    let u = url(p.port, "model.safetensors");
+    let options = RemoteOptions {
+        deadline: Some(Duration::from_secs(2)),
+        request_timeout: Duration::from_secs(60),
+        ..on_demand(impatient())
+    };
+    let f = open(&u, &options, OpenOptions::default()).unwrap();
+    let started = std::time::Instant::now();
+    let e = f.tensor_bytes("small").expect_err("refused");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    let text = e.to_string();
+    assert!(text.contains(&u) && text.contains("deadline"), "{text}");
+    // The failed read left nothing behind: the next one is whole and right.
+    let local = SafeFile::from_memory("local", Box::new(bytes), OpenOptions::default()).unwrap();
+    assert_eq!(
+        f.tensor_bytes("big").unwrap(),
+        local.tensor_bytes("big").unwrap()
+    );
+}
