@@ -403,6 +403,18 @@
 #define ST_ADVICE_RANDOM 2
 
 /**
+ * `st_remote_options.flags`: fetch and validate the header only; every read of tensor bytes
+ * is `ST_ERR_IO` saying so.
+ */
+#define ST_REMOTE_HEADER_ONLY 1
+
+/**
+ * `st_remote_options.flags`: fetch tensor bytes when they are read (each read's exact byte
+ * runs, with concurrent ranged GETs of the pinned version) instead of the whole object at open.
+ */
+#define ST_REMOTE_ON_DEMAND 2
+
+/**
  * An open checkpoint. Safe to use from several threads at once (shards open lazily, each
  * once); free it with `st_checkpoint_free`. Pointers it hands out (names, shapes, zero-copy
  * bytes of its shards) are valid while it lives.
@@ -818,6 +830,49 @@ typedef struct st_placement {
    */
   uint64_t byte_size;
 } st_placement;
+
+/**
+ * How a remote file is read. Fill it with `st_remote_options_default`, then change what you
+ * need; passing NULL where one is asked for means the defaults.
+ */
+typedef struct st_remote_options {
+  /**
+   * Ranged GETs in flight at once (default 16; 0 counts as 1).
+   */
+  size_t concurrency;
+  /**
+   * Bytes one GET asks for (default 8 MiB; 0 counts as 1).
+   */
+  size_t part_size;
+  /**
+   * Bytes the first GET asks for: the header and, speculatively, the first tensors (default
+   * 1 MiB).
+   */
+  size_t first_read;
+  /**
+   * Longest one request may take, body included, before it is retried (default 30000).
+   */
+  uint64_t request_timeout_ms;
+  /**
+   * Longest a connection may take to open (default 5000).
+   */
+  uint64_t connect_timeout_ms;
+  /**
+   * Retries of a failed request (connection errors, timeouts, 5xx, 429), with backoff
+   * (default 3).
+   */
+  size_t max_retries;
+  /**
+   * Longest the open may take (with `ST_REMOTE_ON_DEMAND`: the open, then each read on its
+   * own); 0 for no limit beyond each request's timeout (the default).
+   */
+  uint64_t deadline_ms;
+  /**
+   * `ST_REMOTE_HEADER_ONLY`, `ST_REMOTE_ON_DEMAND` (default none: the whole object is fetched
+   * at open and held in memory).
+   */
+  uint32_t flags;
+} st_remote_options;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1574,6 +1629,54 @@ int st_cuda_free(size_t device, void *device_ptr, struct st_error *err);
  * the copy). Errors: `ST_ERR_CUDA`; `ST_ERR_INVALID_SLICE` for ranges that overlap.
  */
 int st_cuda_copy_to_host(size_t device, const void *src, void *dst, size_t len, struct st_error *err);
+
+/**
+ * Fills `options` with the defaults (NULL is ignored).
+ */
+void st_remote_options_default(struct st_remote_options *options);
+
+/**
+ * Whether this build opens remote files (configured with `SAFETENSORS_REMOTE`, the default).
+ */
+bool st_remote_built(void);
+
+/**
+ * Whether `s` names a remote file rather than a local path: it starts with `s3://`, `http://`
+ * or `https://` (the scheme in any case). NULL is not a URL.
+ */
+bool st_is_url(const char *s);
+
+/**
+ * Opens the remote file at `url`: its header with one ranged GET (validated with every rule a
+ * local file gets), its version pinned (ETag), then, as `options` say, every byte into memory,
+ * nothing more (`ST_REMOTE_HEADER_ONLY`), or each read's bytes when it is made
+ * (`ST_REMOTE_ON_DEMAND`). `options` may be NULL (the defaults). `flags`:
+ * `ST_OPEN_ALLOW_TRAILING_BYTES`. Credentials come from the environment (`AWS_*`), never from
+ * the URL: a URL with user information or a query string is refused.
+ *
+ * Errors: `ST_ERR_IO` naming the URL and what the server did (no such object, access denied,
+ * the object changed while read, a wrong answer, a timeout), and a header's own errors.
+ */
+int st_file_open_remote(const char *url,
+                        const struct st_remote_options *options,
+                        uint32_t flags,
+                        struct st_file **out,
+                        struct st_error *err);
+
+/**
+ * Opens a remote checkpoint: an index (a URL whose path ends in `.json`) fetched whole and
+ * checked as a local one, whose shards are the objects next to it, each opened with `options`
+ * on first use and checked against the index; or one remote file as a checkpoint of one
+ * shard. `options` may be NULL. `flags`: `ST_OPEN_LENIENT`, `ST_OPEN_ALLOW_TRAILING_BYTES`. A
+ * shard the server lacks is `ST_ERR_SHARD_MISSING` when first used.
+ *
+ * Errors: as `st_checkpoint_open`, and `st_file_open_remote`'s.
+ */
+int st_checkpoint_open_remote(const char *url,
+                              const struct st_remote_options *options,
+                              uint32_t flags,
+                              struct st_checkpoint **out,
+                              struct st_error *err);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -2,6 +2,7 @@
 // against nginx on loopback, started here. The transport's own checks (faults, version pin,
 // hostile files over HTTP) are rust/remote/tests/http.rs. Without nginx the server tests skip,
 // unless SAFETENSORS_REQUIRE_SERVERS=1, which makes that a failure.
+#include <safetensors.h>
 #include <safetensors/safetensors.hpp>
 #include <safetensors/stream.hpp>
 
@@ -292,6 +293,52 @@ TEST(Remote, ACheckpointWhoseIndexIsRemoteReadsAsTheLocalOne) {
   ASSERT_FALSE(missing);
   EXPECT_EQ(missing.status().kind(), safetensors::ErrorKind::Io);
   EXPECT_NE(missing.status().message().find("404"), std::string::npos) << missing.status().message();
+}
+
+// The C API opens the same remote files and checkpoints (safetensors.h).
+TEST(RemoteC, OpensFilesAndCheckpointsOnDemandWithTypedErrors) {
+  SERVE_OR_SKIP(s);
+  safetensors::SafeOpen local(s.root / "model.safetensors");
+  auto want = local.get_tensor("w");
+  st_remote_options options;
+  st_remote_options_default(&options);
+  EXPECT_EQ(options.concurrency, 16u);
+  EXPECT_EQ(options.part_size, std::size_t{8} << 20);
+  EXPECT_EQ(options.max_retries, 3u);
+  options.part_size = 4096;
+  options.flags = ST_REMOTE_ON_DEMAND;
+  st_error err = ST_ERROR_INIT;
+  const std::string url = s.server->url("model.safetensors");
+  EXPECT_TRUE(st_is_url(url.c_str()));
+  EXPECT_FALSE(st_is_url("model.safetensors"));
+  EXPECT_TRUE(st_remote_built());
+  st_file* file = nullptr;
+  ASSERT_EQ(st_file_open_remote(url.c_str(), &options, 0, &file, &err), ST_OK) << (err.message ? err.message : "");
+  std::vector<std::byte> got(want.data.size());
+  ASSERT_EQ(st_file_read(file, "w", 1, got.data(), got.size(), &err), ST_OK) << (err.message ? err.message : "");
+  EXPECT_EQ(std::memcmp(got.data(), want.data.data(), got.size()), 0);
+  st_file_free(file);
+  // NULL options: the defaults (the whole object at open).
+  file = nullptr;
+  ASSERT_EQ(st_file_open_remote(url.c_str(), nullptr, 0, &file, &err), ST_OK) << (err.message ? err.message : "");
+  st_file_free(file);
+  // A checkpoint of one remote file.
+  st_checkpoint* ckpt = nullptr;
+  ASSERT_EQ(st_checkpoint_open_remote(url.c_str(), &options, ST_OPEN_LENIENT, &ckpt, &err), ST_OK) << (err.message ? err.message : "");
+  std::fill(got.begin(), got.end(), std::byte{0});
+  ASSERT_EQ(st_checkpoint_read(ckpt, "w", 1, got.data(), got.size(), &err), ST_OK) << (err.message ? err.message : "");
+  EXPECT_EQ(std::memcmp(got.data(), want.data.data(), got.size()), 0);
+  st_checkpoint_free(ckpt);
+  // Unknown option flags are a careless call; a missing object is Io naming the URL.
+  options.flags = 0x80;
+  EXPECT_EQ(st_file_open_remote(url.c_str(), &options, 0, &file, &err), ST_FAILED);
+  EXPECT_EQ(err.kind, ST_ERR_INTERNAL) << (err.message ? err.message : "");
+  options.flags = 0;
+  const std::string gone = s.server->url("absent.safetensors");
+  EXPECT_EQ(st_file_open_remote(gone.c_str(), &options, 0, &file, &err), ST_FAILED);
+  EXPECT_EQ(err.kind, ST_ERR_IO);
+  EXPECT_NE(std::string(err.message ? err.message : "").find(gone), std::string::npos) << (err.message ? err.message : "");
+  st_error_clear(&err);
 }
 
 TEST(Remote, HeaderOnlyDescribesTensorsAndRefusesReads) {

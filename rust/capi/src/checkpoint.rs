@@ -30,6 +30,15 @@ pub struct st_checkpoint {
 }
 
 impl st_checkpoint {
+    /// A checkpoint as the C API hands it out.
+    pub(crate) fn new(inner: Checkpoint) -> st_checkpoint {
+        st_checkpoint {
+            inner,
+            metadata: OnceLock::new(),
+            missing: Mutex::new(None),
+        }
+    }
+
     /// The shard file holding `name` and its description (`TensorNotFound` for a name that is
     /// not UTF-8, which no tensor has).
     pub(crate) fn locate(&self, name: &[u8]) -> Res<(&SafeFile, TensorInfo<'_>)> {
@@ -77,11 +86,7 @@ pub unsafe extern "C" fn st_checkpoint_open(
             ..CheckpointOptions::default()
         };
         let inner = Checkpoint::open_with(path, options)?;
-        *out = Box::into_raw(Box::new(st_checkpoint {
-            inner,
-            metadata: OnceLock::new(),
-            missing: Mutex::new(None),
-        }));
+        *out = Box::into_raw(Box::new(st_checkpoint::new(inner)));
         Ok(())
     })
 }

@@ -61,7 +61,7 @@ pub struct st_file {
 }
 
 impl st_file {
-    fn new(inner: SafeFile) -> st_file {
+    pub(crate) fn new(inner: SafeFile) -> st_file {
         st_file {
             inner: Arc::new(inner),
             sorted: OnceLock::new(),

@@ -51,6 +51,8 @@ mod stream;
 
 mod cuda;
 
+mod remote;
+
 mod args;
 
 pub use args::st_str;
@@ -59,6 +61,7 @@ pub use convert::*;
 pub use cuda::*;
 pub use dtype::*;
 pub use file::*;
+pub use remote::*;
 pub use slice::*;
 pub use status::{st_error, st_error_clear, st_error_kind_name, ST_FAILED, ST_OK};
 pub use status::{

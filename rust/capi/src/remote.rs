@@ -1,0 +1,293 @@
+//! Remote files and checkpoints: `s3://bucket/key` on any S3-compatible store and `http://` or
+//! `https://` URLs, as C++'s `SafeOpen::open_remote` and `Checkpoint::open_remote` open them
+//! (docs/remote.md). In a build without remote support (`-DSAFETENSORS_REMOTE=OFF`) every open
+//! is `ST_ERR_IO` saying so; `st_remote_built` tells.
+
+use std::ffi::c_char;
+use std::os::raw::c_int;
+use std::path::Path;
+
+use safetensors_core::{CheckpointOptions, Error, OpenOptions};
+
+use crate::args::Call;
+use crate::checkpoint::st_checkpoint;
+use crate::file::{st_file, ST_OPEN_ALLOW_TRAILING_BYTES, ST_OPEN_LENIENT};
+use crate::status::{run, st_error, Res};
+
+/// `st_remote_options.flags`: fetch and validate the header only; every read of tensor bytes
+/// is `ST_ERR_IO` saying so.
+pub const ST_REMOTE_HEADER_ONLY: u32 = 0x1;
+/// `st_remote_options.flags`: fetch tensor bytes when they are read (each read's exact byte
+/// runs, with concurrent ranged GETs of the pinned version) instead of the whole object at open.
+pub const ST_REMOTE_ON_DEMAND: u32 = 0x2;
+
+/// How a remote file is read. Fill it with `st_remote_options_default`, then change what you
+/// need; passing NULL where one is asked for means the defaults.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct st_remote_options {
+    /// Ranged GETs in flight at once (default 16; 0 counts as 1).
+    pub concurrency: usize,
+    /// Bytes one GET asks for (default 8 MiB; 0 counts as 1).
+    pub part_size: usize,
+    /// Bytes the first GET asks for: the header and, speculatively, the first tensors (default
+    /// 1 MiB).
+    pub first_read: usize,
+    /// Longest one request may take, body included, before it is retried (default 30000).
+    pub request_timeout_ms: u64,
+    /// Longest a connection may take to open (default 5000).
+    pub connect_timeout_ms: u64,
+    /// Retries of a failed request (connection errors, timeouts, 5xx, 429), with backoff
+    /// (default 3).
+    pub max_retries: usize,
+    /// Longest the open may take (with `ST_REMOTE_ON_DEMAND`: the open, then each read on its
+    /// own); 0 for no limit beyond each request's timeout (the default).
+    pub deadline_ms: u64,
+    /// `ST_REMOTE_HEADER_ONLY`, `ST_REMOTE_ON_DEMAND` (default none: the whole object is fetched
+    /// at open and held in memory).
+    pub flags: u32,
+}
+
+/// Fills `options` with the defaults (NULL is ignored).
+#[no_mangle]
+pub unsafe extern "C" fn st_remote_options_default(options: *mut st_remote_options) {
+    if !options.is_null() {
+        // SAFETY: the caller's pointer to one st_remote_options.
+        unsafe { options.write(defaults()) };
+    }
+}
+
+fn defaults() -> st_remote_options {
+    let d = imp::Defaults::get();
+    st_remote_options {
+        concurrency: d.concurrency,
+        part_size: d.part_size,
+        first_read: d.first_read,
+        request_timeout_ms: d.request_timeout_ms,
+        connect_timeout_ms: d.connect_timeout_ms,
+        max_retries: d.max_retries,
+        deadline_ms: 0,
+        flags: 0,
+    }
+}
+
+/// Whether this build opens remote files (configured with `SAFETENSORS_REMOTE`, the default).
+#[no_mangle]
+pub extern "C" fn st_remote_built() -> bool {
+    cfg!(feature = "remote")
+}
+
+/// Whether `s` names a remote file rather than a local path: it starts with `s3://`, `http://`
+/// or `https://` (the scheme in any case). NULL is not a URL.
+#[no_mangle]
+pub unsafe extern "C" fn st_is_url(s: *const c_char) -> bool {
+    if s.is_null() {
+        return false;
+    }
+    // SAFETY: the caller's NUL-terminated string.
+    let bytes = unsafe { std::ffi::CStr::from_ptr(s) }.to_bytes();
+    std::str::from_utf8(bytes).is_ok_and(safetensors_core::is_url)
+}
+
+/// The options `p` points to, or the defaults for NULL.
+unsafe fn options_or_default(c: Call, p: *const st_remote_options) -> Res<st_remote_options> {
+    if p.is_null() {
+        return Ok(defaults());
+    }
+    // SAFETY: the caller's pointer to one st_remote_options.
+    let o = unsafe { *p };
+    c.flags(o.flags, ST_REMOTE_HEADER_ONLY | ST_REMOTE_ON_DEMAND)?;
+    Ok(o)
+}
+
+/// Opens the remote file at `url`: its header with one ranged GET (validated with every rule a
+/// local file gets), its version pinned (ETag), then, as `options` say, every byte into memory,
+/// nothing more (`ST_REMOTE_HEADER_ONLY`), or each read's bytes when it is made
+/// (`ST_REMOTE_ON_DEMAND`). `options` may be NULL (the defaults). `flags`:
+/// `ST_OPEN_ALLOW_TRAILING_BYTES`. Credentials come from the environment (`AWS_*`), never from
+/// the URL: a URL with user information or a query string is refused.
+///
+/// Errors: `ST_ERR_IO` naming the URL and what the server did (no such object, access denied,
+/// the object changed while read, a wrong answer, a timeout), and a header's own errors.
+#[no_mangle]
+pub unsafe extern "C" fn st_file_open_remote(
+    url: *const c_char,
+    options: *const st_remote_options,
+    flags: u32,
+    out: *mut *mut st_file,
+    err: *mut st_error,
+) -> c_int {
+    let c = Call("st_file_open_remote");
+    run(err, || {
+        // SAFETY: the header's contract for each argument.
+        let (url, out) = unsafe { (c.path(url, "url")?, c.out(out, "out")?) };
+        // SAFETY: as above.
+        let remote = unsafe { options_or_default(c, options)? };
+        c.flags(flags, ST_OPEN_ALLOW_TRAILING_BYTES)?;
+        let open = OpenOptions {
+            allow_trailing_bytes: flags & ST_OPEN_ALLOW_TRAILING_BYTES != 0,
+            ..OpenOptions::default()
+        };
+        let file = imp::open(url, &remote, open)?;
+        *out = Box::into_raw(Box::new(st_file::new(file)));
+        Ok(())
+    })
+}
+
+/// Opens a remote checkpoint: an index (a URL whose path ends in `.json`) fetched whole and
+/// checked as a local one, whose shards are the objects next to it, each opened with `options`
+/// on first use and checked against the index; or one remote file as a checkpoint of one
+/// shard. `options` may be NULL. `flags`: `ST_OPEN_LENIENT`, `ST_OPEN_ALLOW_TRAILING_BYTES`. A
+/// shard the server lacks is `ST_ERR_SHARD_MISSING` when first used.
+///
+/// Errors: as `st_checkpoint_open`, and `st_file_open_remote`'s.
+#[no_mangle]
+pub unsafe extern "C" fn st_checkpoint_open_remote(
+    url: *const c_char,
+    options: *const st_remote_options,
+    flags: u32,
+    out: *mut *mut st_checkpoint,
+    err: *mut st_error,
+) -> c_int {
+    let c = Call("st_checkpoint_open_remote");
+    run(err, || {
+        // SAFETY: the header's contract for each argument.
+        let (url, out) = unsafe { (c.path(url, "url")?, c.out(out, "out")?) };
+        // SAFETY: as above.
+        let remote = unsafe { options_or_default(c, options)? };
+        c.flags(flags, ST_OPEN_ALLOW_TRAILING_BYTES | ST_OPEN_LENIENT)?;
+        let options = CheckpointOptions {
+            lenient: flags & ST_OPEN_LENIENT != 0,
+            allow_trailing_bytes: flags & ST_OPEN_ALLOW_TRAILING_BYTES != 0,
+            ..CheckpointOptions::default()
+        };
+        let inner = imp::open_checkpoint(url, &remote, options)?;
+        *out = Box::into_raw(Box::new(st_checkpoint::new(inner)));
+        Ok(())
+    })
+}
+
+/// The URL as text: URLs are UTF-8 (one that is not is refused as an invalid URL, shown lossily).
+fn url_text(url: &Path) -> std::borrow::Cow<'_, str> {
+    url.to_string_lossy()
+}
+
+#[cfg(feature = "remote")]
+mod imp {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use safetensors_core::{Checkpoint, CheckpointOptions, OpenOptions, Result, SafeFile};
+    use safetensors_remote::RemoteOptions;
+
+    use super::{st_remote_options, url_text, ST_REMOTE_HEADER_ONLY, ST_REMOTE_ON_DEMAND};
+
+    pub(super) struct Defaults {
+        pub(super) concurrency: usize,
+        pub(super) part_size: usize,
+        pub(super) first_read: usize,
+        pub(super) request_timeout_ms: u64,
+        pub(super) connect_timeout_ms: u64,
+        pub(super) max_retries: usize,
+    }
+
+    impl Defaults {
+        /// The remote crate's defaults, so that C and Rust never disagree.
+        pub(super) fn get() -> Defaults {
+            let d = RemoteOptions::default();
+            Defaults {
+                concurrency: d.concurrency,
+                part_size: d.part_size,
+                first_read: d.first_read,
+                request_timeout_ms: d.request_timeout.as_millis() as u64,
+                connect_timeout_ms: d.connect_timeout.as_millis() as u64,
+                max_retries: d.max_retries,
+            }
+        }
+    }
+
+    fn options(o: &st_remote_options) -> RemoteOptions {
+        RemoteOptions {
+            concurrency: o.concurrency,
+            part_size: o.part_size,
+            first_read: o.first_read,
+            request_timeout: Duration::from_millis(o.request_timeout_ms),
+            connect_timeout: Duration::from_millis(o.connect_timeout_ms),
+            max_retries: o.max_retries,
+            deadline: (o.deadline_ms != 0).then(|| Duration::from_millis(o.deadline_ms)),
+            header_only: o.flags & ST_REMOTE_HEADER_ONLY != 0,
+            on_demand: o.flags & ST_REMOTE_ON_DEMAND != 0,
+        }
+    }
+
+    pub(super) fn open(url: &Path, o: &st_remote_options, open: OpenOptions) -> Result<SafeFile> {
+        safetensors_remote::open(&url_text(url), &options(o), open)
+    }
+
+    pub(super) fn open_checkpoint(
+        url: &Path,
+        o: &st_remote_options,
+        options_: CheckpointOptions,
+    ) -> Result<Checkpoint> {
+        safetensors_remote::open_checkpoint(&url_text(url), &options(o), options_)
+    }
+}
+
+#[cfg(not(feature = "remote"))]
+mod imp {
+    use std::path::Path;
+
+    use safetensors_core::{Checkpoint, CheckpointOptions, OpenOptions, Result, SafeFile};
+
+    use super::{not_built, st_remote_options};
+
+    /// The defaults C++'s `RemoteOptions` documents, for a build that cannot use them.
+    pub(super) struct Defaults {
+        pub(super) concurrency: usize,
+        pub(super) part_size: usize,
+        pub(super) first_read: usize,
+        pub(super) request_timeout_ms: u64,
+        pub(super) connect_timeout_ms: u64,
+        pub(super) max_retries: usize,
+    }
+
+    impl Defaults {
+        pub(super) fn get() -> Defaults {
+            Defaults {
+                concurrency: 16,
+                part_size: 8 << 20,
+                first_read: 1 << 20,
+                request_timeout_ms: 30_000,
+                connect_timeout_ms: 5_000,
+                max_retries: 3,
+            }
+        }
+    }
+
+    pub(super) fn open(url: &Path, _: &st_remote_options, _: OpenOptions) -> Result<SafeFile> {
+        Err(not_built(url))
+    }
+
+    pub(super) fn open_checkpoint(
+        url: &Path,
+        _: &st_remote_options,
+        _: CheckpointOptions,
+    ) -> Result<Checkpoint> {
+        Err(not_built(url))
+    }
+}
+
+/// Opening `url` in a build without remote support.
+#[cfg_attr(feature = "remote", allow(dead_code))]
+fn not_built(url: &Path) -> Error {
+    let shown = safetensors_core::redact_url(&url_text(url));
+    Error::io(
+        Path::new(&shown),
+        "open",
+        std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "this build of the safetensors library cannot open remote files (configure with \
+             -DSAFETENSORS_REMOTE=ON)",
+        ),
+    )
+}
