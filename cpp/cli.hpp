@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <safetensors/error.hpp>
+#include <safetensors/checkpoint.hpp>
 #include <safetensors/safe_open.hpp>
 
 #include "json.hpp"
@@ -123,25 +124,25 @@ inline bool is_index(const fs::path& p) {
 }
 
 /// Opens the file `path` names: a URL (`safetensors::is_url`: `s3://`, `http://`, `https://`)
-/// remotely, only its header when `header_only`; anything else from disk with `options`.
-/// Remote checkpoint indexes are not read yet: a URL to one is an `Io` error saying so.
+/// remotely, only its header when `header_only`, else each read's bytes when it is made
+/// (memory stays what one read needs, whatever the file's size); anything else from disk with
+/// `options`.
 inline safetensors::SafeOpen open_file(const fs::path& path, safetensors::OpenOptions options,
                                        bool header_only) {
   const std::string& text = path.native();
   if (!safetensors::is_url(text)) return safetensors::SafeOpen(path, options);
-  safetensors::RemoteOptions remote;
-  remote.header_only = header_only;
-  return safetensors::SafeOpen::open_remote(text, remote, options);
+  return safetensors::SafeOpen::open_remote(text, {.header_only = header_only, .on_demand = !header_only},
+                                            options);
 }
 
-/// Refuses a remote checkpoint index (not read yet; docs/remote.md), before anything opens it
-/// as a local path.
-inline void refuse_remote_index(const fs::path& path) {
-  if (safetensors::is_url(path.native())) {
-    throw safetensors::Error(safetensors::ErrorKind::Io,
-                             "cannot open " + path.string() +
-                                 ": remote checkpoint indexes are not supported yet; open each shard's URL");
-  }
+/// Opens the checkpoint `path` names (an index or one file), a URL remotely as `open_file`
+/// does (its shards the objects next to the index), anything else from disk.
+inline safetensors::Checkpoint open_checkpoint(const fs::path& path, safetensors::CheckpointOptions options,
+                                               bool header_only = false) {
+  const std::string& text = path.native();
+  if (!safetensors::is_url(text)) return safetensors::Checkpoint(path, options);
+  return safetensors::Checkpoint::open_remote(text, {.header_only = header_only, .on_demand = !header_only},
+                                              options);
 }
 
 /// A failed system call on `path` as a typed `Io` error.

@@ -39,6 +39,13 @@ struct Listing {
 /// `shard` as the index names it: relative to the index's folder (shards in different folders
 /// may share a file name), or whole where it is not below it.
 std::string shard_name(const fs::path& index, const fs::path& shard) {
+  if (safetensors::is_url(index.native())) {
+    // A remote index's shards are URLs next to it: shown relative to its directory.
+    const std::string& i = index.native();
+    const std::string base = i.substr(0, i.rfind('/') + 1);
+    const std::string& s = shard.native();
+    return s.starts_with(base) ? s.substr(base.size()) : s;
+  }
   std::error_code ec;
   fs::path dir = fs::absolute(index, ec).parent_path().lexically_normal();
   fs::path relative = shard.lexically_normal().lexically_relative(dir);
@@ -46,8 +53,8 @@ std::string shard_name(const fs::path& index, const fs::path& shard) {
 }
 
 Listing list_checkpoint(const fs::path& path) {
-  refuse_remote_index(path);
-  safetensors::Checkpoint ckpt(path, {Backend::Read});
+  // A URL: the index, then each shard's header only.
+  safetensors::Checkpoint ckpt = open_checkpoint(path, {Backend::Read}, /*header_only=*/true);
   Listing l;
   l.index = true;
   l.metadata = ckpt.metadata();

@@ -274,7 +274,8 @@ int stats_command(const std::vector<std::string>& args) {
   FileArguments a = read_file_arguments("stats", args, {"--json"});
   const bool json = a.flags.count("--json") > 0;
   std::vector<std::string>& names = a.more;  // empty: every tensor
-  safetensors::Checkpoint ckpt(a.path);
+  // A URL (a file or an index): each tensor fetched when its figures are computed.
+  safetensors::Checkpoint ckpt = open_checkpoint(a.path, {});
   if (names.empty()) names = ckpt.keys();
   for (const auto& n : names) (void)ckpt.info(n);  // TensorNotFound before any work
   Progress progress(json);

@@ -101,10 +101,11 @@ struct Checked {
 /// one put there meanwhile).
 Checked check_index(const Arguments& a, std::size_t i, Progress& progress) {
   const auto& path = a.paths[i];
-  refuse_remote_index(path);
   Checked out;
-  safetensors::Checkpoint ckpt(
-      path, {.backend = Backend::Read, .allow_trailing_bytes = a.allow_trailing, .lenient = a.lenient});
+  // A URL: the index, then each shard's bytes fetched as they are read.
+  safetensors::Checkpoint ckpt = open_checkpoint(
+      path, {.backend = Backend::Read, .allow_trailing_bytes = a.allow_trailing, .lenient = a.lenient},
+      a.header_only);
   if (a.lenient) {
     out.missing = ckpt.missing();  // opens every shard
   } else {
@@ -127,7 +128,7 @@ Checked check_index(const Arguments& a, std::size_t i, Progress& progress) {
 Checked check_file(const Arguments& a, std::size_t i, Progress& progress) {
   const auto& path = a.paths[i];
   Checked out;
-  // A URL: fetched whole into memory (header only with --header-only).
+  // A URL: its bytes fetched as they are read (header only with --header-only).
   SafeOpen f =
       open_file(path, {.backend = Backend::Read, .allow_trailing_bytes = a.allow_trailing}, a.header_only);
   if (!a.header_only) {

@@ -122,6 +122,26 @@ std::vector<std::uint8_t> sample() {
           reinterpret_cast<const std::uint8_t*>(bytes.data()) + bytes.size()};
 }
 
+/// A checkpoint of two shards and its index (`m.safetensors.index.json`) in `dir`.
+void write_checkpoint(const fs::path& dir) {
+  std::vector<float> a(30'000);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i) * 0.25f;
+  std::vector<std::uint8_t> b{9, 8, 7, 6};
+  auto one = safetensors::serialize(
+      {{"a", safetensors::TensorView{safetensors::Dtype::F32, {300, 100}, std::as_bytes(std::span(a))}}});
+  auto two = safetensors::serialize(
+      {{"b", safetensors::TensorView{safetensors::Dtype::U8, {4}, std::as_bytes(std::span(b))}}});
+  auto as_u8 = [](const auto& bytes) {
+    return std::vector<std::uint8_t>(reinterpret_cast<const std::uint8_t*>(bytes.data()),
+                                     reinterpret_cast<const std::uint8_t*>(bytes.data()) + bytes.size());
+  };
+  test::write_bytes(dir / "m-1.safetensors", as_u8(one));
+  test::write_bytes(dir / "m-2.safetensors", as_u8(two));
+  const std::string index =
+      R"({"metadata": {"total_size": "120004"}, "weight_map": {"a": "m-1.safetensors", "b": "m-2.safetensors"}})";
+  test::write_bytes(dir / "m.safetensors.index.json", std::vector<std::uint8_t>(index.begin(), index.end()));
+}
+
 /// A directory served by nginx holding `model.safetensors`, or a skip.
 struct Served {
   test::TempDir root, work;
@@ -248,21 +268,7 @@ TEST(Remote, OnDemandReadsAsTheLocalFileWithEveryReadingOperation) {
 // operation gives what the same checkpoint gives from disk, whole or on demand.
 TEST(Remote, ACheckpointWhoseIndexIsRemoteReadsAsTheLocalOne) {
   SERVE_OR_SKIP(s);
-  std::vector<float> a(30'000);
-  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i) * 0.25f;
-  std::vector<std::uint8_t> b{9, 8, 7, 6};
-  auto one = safetensors::serialize(
-      {{"a", safetensors::TensorView{safetensors::Dtype::F32, {300, 100}, std::as_bytes(std::span(a))}}});
-  auto two = safetensors::serialize(
-      {{"b", safetensors::TensorView{safetensors::Dtype::U8, {4}, std::as_bytes(std::span(b))}}});
-  auto as_u8 = [](const auto& bytes) {
-    return std::vector<std::uint8_t>(reinterpret_cast<const std::uint8_t*>(bytes.data()),
-                                     reinterpret_cast<const std::uint8_t*>(bytes.data()) + bytes.size());
-  };
-  test::write_bytes(s.root / "m-1.safetensors", as_u8(one));
-  test::write_bytes(s.root / "m-2.safetensors", as_u8(two));
-  const std::string index = R"({"metadata": {"total_size": "120004"}, "weight_map": {"a": "m-1.safetensors", "b": "m-2.safetensors"}})";
-  test::write_bytes(s.root / "m.safetensors.index.json", std::vector<std::uint8_t>(index.begin(), index.end()));
+  write_checkpoint(s.root.path());
   safetensors::Checkpoint local(s.root / "m.safetensors.index.json");
   for (bool lazy : {false, true}) {
     auto remote = safetensors::Checkpoint::open_remote(s.server->url("m.safetensors.index.json"),
@@ -376,7 +382,7 @@ TEST(Remote, AHostileHeaderIsTheKindItIsFromDisk) {
 }
 
 #ifdef SAFETENSORS_CLI
-TEST(RemoteCli, InspectReadsTheHeaderOfAUrlAndValidateEveryByte) {
+TEST(RemoteCli, InspectValidateAndStatsReadUrlsOfFilesAndCheckpoints) {
   SERVE_OR_SKIP(s);
   const auto url = s.server->url("model.safetensors");
   auto inspected = test::cli({"inspect", url, "--json"});
@@ -386,10 +392,22 @@ TEST(RemoteCli, InspectReadsTheHeaderOfAUrlAndValidateEveryByte) {
   auto valid = test::cli({"validate", url});
   ASSERT_EQ(valid.code, 0) << valid.out << valid.err;
   EXPECT_TRUE(test::has(valid.out, "OK   " + url + " (2 tensors")) << valid.out;
-  // A shard index behind a URL is refused before anything opens it as a local path.
-  auto index = test::cli({"validate", s.server->url("model.safetensors.index.json")});
-  EXPECT_EQ(index.code, 1);
-  EXPECT_TRUE(test::has(index.out, "remote checkpoint indexes are not supported")) << index.out;
+  // A checkpoint whose index is a URL: its shards are the objects next to it.
+  write_checkpoint(s.root.path());
+  const auto index = s.server->url("m.safetensors.index.json");
+  auto listed = test::cli({"inspect", index, "--json"});
+  ASSERT_EQ(listed.code, 0) << listed.err << listed.out;
+  EXPECT_TRUE(test::has(listed.out, "\"shard\":\"m-2.safetensors\"")) << listed.out;
+  EXPECT_TRUE(test::has(listed.out, "\"shape\":[300,100]")) << listed.out;
+  auto checked = test::cli({"validate", index});
+  ASSERT_EQ(checked.code, 0) << checked.out << checked.err;
+  EXPECT_TRUE(test::has(checked.out, "OK   " + index + " (2 tensors")) << checked.out;
+  auto figures = test::cli({"stats", index, "b", "--json"});
+  ASSERT_EQ(figures.code, 0) << figures.err << figures.out;
+  EXPECT_TRUE(test::has(figures.out, "\"min\": 6, \"max\": 9")) << figures.out;
+  auto absent = test::cli({"validate", s.server->url("absent.index.json")});
+  EXPECT_EQ(absent.code, 1);
+  EXPECT_TRUE(test::has(absent.out + absent.err, "404")) << absent.out << absent.err;
   auto missing = test::cli({"inspect", s.server->url("absent.safetensors")});
   EXPECT_EQ(missing.code, 1);
   EXPECT_TRUE(test::has(missing.err + missing.out, "404")) << missing.err << missing.out;
