@@ -15,8 +15,8 @@
 #include <string_view>
 #include <vector>
 
-#include <safetensors/error.hpp>
 #include <safetensors/checkpoint.hpp>
+#include <safetensors/error.hpp>
 #include <safetensors/safe_open.hpp>
 
 #include "json.hpp"

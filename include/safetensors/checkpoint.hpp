@@ -52,7 +52,8 @@ namespace nothrow {
 [[nodiscard]] Expected<Checkpoint> open_checkpoint(const std::filesystem::path& path,
                                                    CheckpointOptions options = {});
 /// `Checkpoint::open_remote` without exceptions.
-[[nodiscard]] Expected<Checkpoint> open_remote_checkpoint(std::string_view url, const RemoteOptions& remote = {},
+[[nodiscard]] Expected<Checkpoint> open_remote_checkpoint(std::string_view url,
+                                                          const RemoteOptions& remote = {},
                                                           CheckpointOptions options = {});
 /// `Checkpoint::keys` without exceptions.
 [[nodiscard]] Expected<std::vector<std::string>> keys(const Checkpoint& ckpt);
@@ -265,7 +266,8 @@ struct Access<Checkpoint> {
                                           CheckpointOptions options) {
     const ffi::RemoteOptions crossing = remote_options(remote);
     auto c = adopt(attempt([&](ffi::Status& st) {
-      return ffi::open_remote_checkpoint(bytes(url), crossing, options.lenient, options.allow_trailing_bytes, st);
+      return ffi::open_remote_checkpoint(bytes(url), crossing, options.lenient, options.allow_trailing_bytes,
+                                         st);
     }));
     if (!c) return c.status();
     return Checkpoint(std::make_shared<const Checkpoint::Handle>(std::move(*c)));

@@ -3,10 +3,13 @@
 // hostile files over HTTP) are rust/remote/tests/http.rs. Without nginx the server tests skip,
 // unless SAFETENSORS_REQUIRE_SERVERS=1, which makes that a failure.
 #include <safetensors.h>
+#include <safetensors/distributed.hpp>
 #include <safetensors/safetensors.hpp>
 #include <safetensors/stream.hpp>
 
 #include <gtest/gtest.h>
+
+#include "multi_rank.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -75,7 +78,8 @@ class Nginx {
     std::ofstream(work / "nginx.conf")
         << "daemon off;\nmaster_process off;\nworker_processes 1;\npid " << w << "/nginx.pid;\n"
         << "error_log " << w << "/error.log;\nevents { worker_connections 64; }\n"
-        << "http {\n access_log off;\n client_body_temp_path " << w << "/body;\n proxy_temp_path " << w
+        << "http {\n log_format ranges '$uri $http_range $status $body_bytes_sent';\n access_log " << w
+        << "/access.log ranges;\n client_body_temp_path " << w << "/body;\n proxy_temp_path " << w
         << "/proxy;\n fastcgi_temp_path " << w << "/fastcgi;\n uwsgi_temp_path " << w << "/uwsgi;\n"
         << " scgi_temp_path " << w << "/scgi;\n default_type application/octet-stream;\n"
         << " server { listen 127.0.0.1:" << port << "; root " << root.string() << "; }\n}\n";
@@ -248,11 +252,16 @@ TEST(Remote, OnDemandReadsAsTheLocalFileWithEveryReadingOperation) {
       ASSERT_EQ(a.data.size(), b.data.size());
       EXPECT_EQ(std::memcmp(a.data.data(), b.data.data(), a.data.size()), 0) << name;
     }
-    auto cols = remote.get_slice("w").select({safetensors::Index::range(3, 200, 7), safetensors::Index::range(5, 9)}).read();
-    auto want = local.get_slice("w").select({safetensors::Index::range(3, 200, 7), safetensors::Index::range(5, 9)}).read();
+    auto cols = remote.get_slice("w")
+                    .select({safetensors::Index::range(3, 200, 7), safetensors::Index::range(5, 9)})
+                    .read();
+    auto want = local.get_slice("w")
+                    .select({safetensors::Index::range(3, 200, 7), safetensors::Index::range(5, 9)})
+                    .read();
     ASSERT_EQ(cols.data.size(), want.data.size());
     EXPECT_EQ(std::memcmp(cols.data.data(), want.data.data(), cols.data.size()), 0);
-    stream.emplace(remote, safetensors::Requests{}, safetensors::StreamOptions{.max_inflight_bytes = 64 << 10});
+    stream.emplace(remote, safetensors::Requests{},
+                   safetensors::StreamOptions{.max_inflight_bytes = 64 << 10});
   }
   std::size_t seen = 0;
   for (auto& item : *stream) {
@@ -319,20 +328,25 @@ TEST(RemoteC, OpensFilesAndCheckpointsOnDemandWithTypedErrors) {
   EXPECT_FALSE(st_is_url("model.safetensors"));
   EXPECT_TRUE(st_remote_built());
   st_file* file = nullptr;
-  ASSERT_EQ(st_file_open_remote(url.c_str(), &options, 0, &file, &err), ST_OK) << (err.message ? err.message : "");
+  ASSERT_EQ(st_file_open_remote(url.c_str(), &options, 0, &file, &err), ST_OK)
+      << (err.message ? err.message : "");
   std::vector<std::byte> got(want.data.size());
-  ASSERT_EQ(st_file_read(file, "w", 1, got.data(), got.size(), &err), ST_OK) << (err.message ? err.message : "");
+  ASSERT_EQ(st_file_read(file, "w", 1, got.data(), got.size(), &err), ST_OK)
+      << (err.message ? err.message : "");
   EXPECT_EQ(std::memcmp(got.data(), want.data.data(), got.size()), 0);
   st_file_free(file);
   // NULL options: the defaults (the whole object at open).
   file = nullptr;
-  ASSERT_EQ(st_file_open_remote(url.c_str(), nullptr, 0, &file, &err), ST_OK) << (err.message ? err.message : "");
+  ASSERT_EQ(st_file_open_remote(url.c_str(), nullptr, 0, &file, &err), ST_OK)
+      << (err.message ? err.message : "");
   st_file_free(file);
   // A checkpoint of one remote file.
   st_checkpoint* ckpt = nullptr;
-  ASSERT_EQ(st_checkpoint_open_remote(url.c_str(), &options, ST_OPEN_LENIENT, &ckpt, &err), ST_OK) << (err.message ? err.message : "");
+  ASSERT_EQ(st_checkpoint_open_remote(url.c_str(), &options, ST_OPEN_LENIENT, &ckpt, &err), ST_OK)
+      << (err.message ? err.message : "");
   std::fill(got.begin(), got.end(), std::byte{0});
-  ASSERT_EQ(st_checkpoint_read(ckpt, "w", 1, got.data(), got.size(), &err), ST_OK) << (err.message ? err.message : "");
+  ASSERT_EQ(st_checkpoint_read(ckpt, "w", 1, got.data(), got.size(), &err), ST_OK)
+      << (err.message ? err.message : "");
   EXPECT_EQ(std::memcmp(got.data(), want.data.data(), got.size()), 0);
   st_checkpoint_free(ckpt);
   // Unknown option flags are a careless call; a missing object is Io naming the URL.
@@ -343,8 +357,88 @@ TEST(RemoteC, OpensFilesAndCheckpointsOnDemandWithTypedErrors) {
   const std::string gone = s.server->url("absent.safetensors");
   EXPECT_EQ(st_file_open_remote(gone.c_str(), &options, 0, &file, &err), ST_FAILED);
   EXPECT_EQ(err.kind, ST_ERR_IO);
-  EXPECT_NE(std::string(err.message ? err.message : "").find(gone), std::string::npos) << (err.message ? err.message : "");
+  EXPECT_NE(std::string(err.message ? err.message : "").find(gone), std::string::npos)
+      << (err.message ? err.message : "");
   st_error_clear(&err);
+}
+
+/// The requests nginx served from `work`: (path, Range header, status, body bytes).
+struct ServedRequest {
+  std::string uri, range;
+  int status = 0;
+  std::uint64_t bytes = 0;
+};
+std::vector<ServedRequest> access_log(const fs::path& work) {
+  std::vector<ServedRequest> out;
+  std::ifstream in(work / "access.log");
+  ServedRequest r;
+  while (in >> r.uri >> r.range >> r.status >> r.bytes) out.push_back(r);
+  return out;
+}
+
+// Ranks that each open a remote checkpoint on demand and load by a plan fetch every needed data
+// byte exactly once across them: nginx's log shows the data GETs of all ranks adding up to the
+// bytes the ranks need, not once per rank.
+TEST(Remote, RanksLoadingByAPlanFetchEachNeededByteOnceAcrossThem) {
+  SERVE_OR_SKIP(s);
+  write_checkpoint(s.root.path());
+  const auto index = s.server->url("m.safetensors.index.json");
+  safetensors::Checkpoint local(s.root / "m.safetensors.index.json");
+  constexpr std::size_t world = 4;
+  // "a" [300, 100] split by rows; "b" replicated (every rank needs it; one reads it).
+  const std::vector<test::Want> wants{
+      {"a",
+       [](const safetensors::Slice& t, std::size_t r, std::size_t w) {
+         return t.select({safetensors::Index::range(static_cast<std::int64_t>(r * 300 / w),
+                                                    static_cast<std::int64_t>((r + 1) * 300 / w))});
+       }},
+      {"b", test::whole}};
+  test::LocalGroup group(world);
+  std::vector<std::thread> ranks;
+  std::vector<std::string> failures(world);
+  for (std::size_t rank = 0; rank < world; ++rank) {
+    ranks.emplace_back([&, rank] {
+      try {
+        auto ckpt = safetensors::Checkpoint::open_remote(
+            index, {.part_size = 8192, .first_read = 64, .on_demand = true});
+        auto needs = test::needs_of(ckpt, wants, world);
+        safetensors::LoadPlan plan(needs);
+        test::LocalGroup::Member me(group, rank);
+        auto mine = plan.load(me);
+        for (std::size_t i = 0; i < mine.size(); ++i) {
+          auto want = test::needs_of(local, wants, world)[rank][i].read();
+          if (mine[i].data.size() != want.data.size() ||
+              std::memcmp(mine[i].data.data(), want.data.data(), want.data.size()) != 0) {
+            failures[rank] = "rank " + std::to_string(rank) + ": " + wants[i].name + " differs";
+          }
+        }
+      } catch (const std::exception& e) {
+        failures[rank] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (const auto& f : failures) EXPECT_TRUE(f.empty()) << f;
+  // Data GETs: ranged reads that start at or after a shard's data.
+  std::map<std::string, std::uint64_t> data_start{{"/m-1.safetensors", local.shard_sizes(0).header},
+                                                  {"/m-2.safetensors", local.shard_sizes(1).header}};
+  const std::uint64_t needed = 300u * 100u * 4u + 4u;
+  auto data_fetched = [&] {
+    std::uint64_t n = 0;
+    for (const auto& r : access_log(s.work.path())) {
+      auto it = data_start.find(r.uri);
+      if (it == data_start.end() || !r.range.starts_with("bytes=")) continue;
+      if (std::stoull(r.range.substr(6)) >= it->second) n += r.bytes;
+    }
+    return n;
+  };
+  // nginx logs each request after answering it: wait (a while at most) for the last lines.
+  std::uint64_t fetched = data_fetched();
+  for (int tries = 0; tries < 200 && fetched < needed; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    fetched = data_fetched();
+  }
+  EXPECT_EQ(fetched, needed);
 }
 
 TEST(Remote, HeaderOnlyDescribesTensorsAndRefusesReads) {
