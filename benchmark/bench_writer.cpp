@@ -89,21 +89,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-/// A field of /proc/self/status in bytes ("VmRSS", "VmHWM").
-std::uint64_t status_bytes(const std::string& field) {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.starts_with(field + ":")) return std::stoull(line.substr(field.size() + 1)) * 1024;
-  }
-  return 0;
-}
-
-/// Resets the kernel's high-water mark of resident memory to what is resident now.
-void reset_peak() {
-  std::ofstream("/proc/self/clear_refs") << "5\n";
-}
-
 struct Result {
   std::string item;
   std::vector<double> runs;
@@ -115,10 +100,10 @@ struct Result {
 Result measure_item(const std::string& item, std::uint64_t bytes, int runs, const std::function<void()>& body,
                     const std::function<void()>& setup) {
   setup();
-  reset_peak();
-  const std::uint64_t baseline = status_bytes("VmRSS");
+  measure::reset_peak();
+  const std::uint64_t baseline = measure::status_bytes("VmRSS");
   Result r{item, measure::repeat(runs, body, setup), bytes, 0};
-  const std::uint64_t peak = status_bytes("VmHWM");
+  const std::uint64_t peak = measure::status_bytes("VmHWM");
   r.peak_above_baseline = peak > baseline ? peak - baseline : 0;
   return r;
 }

@@ -197,6 +197,21 @@ inline void warm(const std::filesystem::path& path) {
   read_whole_file(path, fresh_buffer(size).get(), size);
 }
 
+/// A field of /proc/self/status in bytes ("VmRSS": resident now, "VmHWM": the high-water mark).
+inline std::uint64_t status_bytes(const std::string& field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.starts_with(field + ":")) return std::stoull(line.substr(field.size() + 1)) * 1024;
+  }
+  return 0;
+}
+
+/// Resets the kernel's high-water mark of resident memory (VmHWM) to what is resident now.
+inline void reset_peak() {
+  std::ofstream("/proc/self/clear_refs") << "5\n";
+}
+
 /// "AMD EPYC (2 cores), 23.4 GiB" from /proc.
 inline std::string machine() {
   std::string cpu = "unknown CPU", line;

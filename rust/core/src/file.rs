@@ -730,6 +730,43 @@ impl SafeFile {
         Ok(())
     }
 
+    /// Whether each read of this file is a round trip to a remote source ([`SafeFile::from_source`]):
+    /// readers that have several reads to make hand them over together ([`SafeFile::read_batch`]),
+    /// so that they are fetched concurrently.
+    pub fn reads_in_batches(&self) -> bool {
+        matches!(self.storage, Storage::Ranged(_))
+    }
+
+    /// Several reads of the data buffer at once: each `(offset, dst)` gets the data bytes
+    /// `[offset, offset + dst.len())`. The runs must not overlap. A ranged source gets them in
+    /// one call (coalesced and fetched concurrently); other files read them one by one.
+    pub fn read_batch(&self, runs: &mut [(u64, &mut [u8])]) -> Result<()> {
+        let handle = self.handle()?;
+        let Some(Handle::Ranged(source)) = &handle else {
+            for (offset, dst) in runs.iter_mut() {
+                self.read_with(handle.as_ref(), *offset, dst)?;
+            }
+            return Ok(());
+        };
+        let data_start = self.header.data_start() as u64;
+        let mut total = 0u64;
+        for (offset, dst) in runs.iter_mut() {
+            offset
+                .checked_add(dst.len() as u64)
+                .filter(|&end| end <= self.header.data_len() as u64)
+                .ok_or_else(|| self.outside(*offset, dst.len()))?;
+            *offset += data_start;
+            total += dst.len() as u64;
+        }
+        let read = source.read_runs(runs);
+        for (offset, _) in runs.iter_mut() {
+            *offset -= data_start;
+        }
+        read?;
+        self.bytes_read.fetch_add(total, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Data bytes fetched by the read backend so far (0 for the mapped backend, whose reads the
     /// kernel does on demand).
     pub fn bytes_read(&self) -> u64 {

@@ -136,6 +136,17 @@ impl Shared {
         }
     }
 
+    /// Takes `len` bytes of the budget if they fit now (never waits).
+    fn try_acquire(&self, len: u64) -> bool {
+        let mut s = self.lock();
+        if s.cancelled || !self.fits(&s, len) {
+            return false;
+        }
+        s.alive += len;
+        s.peak = s.peak.max(s.alive);
+        true
+    }
+
     fn cancelled(&self) -> bool {
         self.lock().cancelled
     }
@@ -512,10 +523,15 @@ impl Drop for TensorStream {
     }
 }
 
-/// The reader thread: each item in order, once it fits the budget.
+/// The reader thread: each item in order, once it fits the budget. From a file whose every read
+/// is a round trip ([`SafeFile::reads_in_batches`]: a remote one read on demand), the whole
+/// tensors that follow one another in it are read together, as many as fit the budget at once
+/// and [`BATCH`], so that they are fetched concurrently rather than one round trip each.
 fn read_all(shared: &Arc<Shared>, items: &[Item]) {
     let _finish = Finish(shared.clone());
-    for (i, item) in items.iter().enumerate() {
+    let mut i = 0;
+    while i < items.len() {
+        let item = &items[i];
         if !shared.acquire(i, item.len) {
             return;
         }
@@ -531,16 +547,103 @@ fn read_all(shared: &Arc<Shared>, items: &[Item]) {
             source: item.source.clone(),
             shared: shared.clone(),
         };
-        let read = read_item(item, t, &|| shared.cancelled());
-        let failed = read.is_err();
-        if let Some(unwanted) = shared.deliver(read) {
-            drop(unwanted);
-            return;
-        }
-        if failed {
-            return;
+        let end = batch_end(shared, items, i);
+        let reads: Vec<Result<StreamTensor>> = if end == i + 1 {
+            vec![read_item(item, t, &|| shared.cancelled())]
+        } else {
+            read_together(shared, &items[i..end], t)
+        };
+        i = end;
+        for read in reads {
+            let failed = read.is_err();
+            if let Some(unwanted) = shared.deliver(read) {
+                drop(unwanted);
+                return;
+            }
+            if failed {
+                return;
+            }
         }
     }
+}
+
+/// Most bytes of whole tensors read together from a file that reads in batches: enough parts
+/// to keep a remote source's GETs in flight, and at most half the budget, so that the next
+/// batch is fetched while the caller works on this one.
+const BATCH: u64 = 4 * PIECE as u64;
+
+/// The end of the batch starting with item `i` (whose budget is held): the whole tensors after
+/// it in the same file, each starting past the end of the one before (repeats are read on their
+/// own), while they fit [`BATCH`] (and half the budget) and the budget now; their budget is
+/// taken here.
+fn batch_end(shared: &Shared, items: &[Item], i: usize) -> usize {
+    let first = &items[i];
+    let cap = BATCH.min(shared.bound / 2);
+    if !first.source.reads_in_batches() || first.slice.is_some() || first.len >= cap {
+        return i + 1;
+    }
+    let mut total = first.len;
+    let mut end = i + 1;
+    let mut last = first.begin + first.len;
+    while let Some(next) = items.get(end) {
+        if next.slice.is_some()
+            || !Arc::ptr_eq(&next.source, &first.source)
+            || next.begin < last
+            || total + next.len > cap
+            || !shared.try_acquire(next.len)
+        {
+            break;
+        }
+        total += next.len;
+        last = next.begin + next.len;
+        end += 1;
+    }
+    end
+}
+
+/// Reads `batch` (whole tensors of one file, ascending, budget held) with one
+/// [`SafeFile::read_batch`]; `first` is the first one's tensor. Either every one is read, or the
+/// first error is returned alone (the others' budget returned as they drop).
+fn read_together(
+    shared: &Arc<Shared>,
+    batch: &[Item],
+    first: StreamTensor,
+) -> Vec<Result<StreamTensor>> {
+    let mut tensors = vec![first];
+    for item in &batch[1..] {
+        tensors.push(StreamTensor {
+            request: item.request,
+            file: item.file,
+            index: item.position,
+            name: item.name.clone(),
+            dtype: item.dtype,
+            shape: item.shape.clone(),
+            data: Buffer::Plain(Vec::new()),
+            reserved: item.len,
+            source: item.source.clone(),
+            shared: shared.clone(),
+        });
+    }
+    let mut buffers = Vec::with_capacity(batch.len());
+    for item in batch {
+        match zeroed(item.len as usize) {
+            Ok(b) => buffers.push(b),
+            Err(_) => return vec![Err(out_of_memory(item))],
+        }
+    }
+    let mut runs: Vec<(u64, &mut [u8])> = batch
+        .iter()
+        .zip(buffers.iter_mut())
+        .map(|(item, b)| (item.begin, b.as_mut_slice()))
+        .collect();
+    if let Err(e) = batch[0].source.read_batch(&mut runs) {
+        return vec![Err(e)];
+    }
+    drop(runs);
+    for (t, b) in tensors.iter_mut().zip(buffers) {
+        t.data = Buffer::Plain(b);
+    }
+    tensors.into_iter().map(Ok).collect()
 }
 
 /// Whole tensors are read in pieces of this many bytes (a multiple of [`DIRECT_ALIGN`]), with a
@@ -593,11 +696,18 @@ fn read_item(
     let mut data = zeroed(len).map_err(|_| out_of_memory(item))?;
     match &item.slice {
         None => {
-            for (k, piece) in data.chunks_mut(PIECE).enumerate() {
+            // A file that reads in batches fetches each read concurrently in parts: larger
+            // pieces keep more of them in flight (a look at cancellation still between pieces).
+            let piece_len = if file.reads_in_batches() {
+                4 * PIECE
+            } else {
+                PIECE
+            };
+            for (k, piece) in data.chunks_mut(piece_len).enumerate() {
                 if cancelled() {
                     return Err(stop());
                 }
-                file.read_data(item.begin + (k * PIECE) as u64, piece)?;
+                file.read_data(item.begin + (k * piece_len) as u64, piece)?;
             }
         }
         Some(plan) => {

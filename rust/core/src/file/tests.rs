@@ -267,3 +267,111 @@ fn a_ranged_source_streams_and_its_errors_pass_through_unchanged() {
         "{text}"
     );
 }
+
+/// Four small tensors back to back.
+fn four() -> Vec<u8> {
+    let a = [1u8; 5];
+    let b = [2u8; 7];
+    let c = [3u8; 11];
+    let d = [4u8; 13];
+    serialize(
+        [
+            ("a", TensorView::new(Dtype::U8, &[5], &a)),
+            ("b", TensorView::new(Dtype::U8, &[7], &b)),
+            ("c", TensorView::new(Dtype::U8, &[11], &c)),
+            ("d", TensorView::new(Dtype::U8, &[13], &d)),
+        ],
+        None,
+    )
+    .unwrap()
+}
+
+/// What a stream delivers, up to and including its first error (a failed stream repeats it).
+fn stream_of(f: std::sync::Arc<SafeFile>, budget: u64) -> Vec<crate::Result<(String, Vec<u8>)>> {
+    let mut out = Vec::new();
+    for t in crate::TensorStream::new(f, None, budget).unwrap() {
+        let failed = t.is_err();
+        out.push(t.map(|t| (t.name.clone(), t.data().to_vec())));
+        if failed {
+            break;
+        }
+    }
+    out
+}
+
+#[test]
+fn a_stream_reads_the_small_tensors_of_a_ranged_file_together_within_its_budget() {
+    let bytes = four();
+    let want: Vec<(String, Vec<u8>)> =
+        [("a", 1u8, 5usize), ("b", 2, 7), ("c", 3, 11), ("d", 4, 13)]
+            .iter()
+            .map(|&(n, v, len)| (n.to_string(), vec![v; len]))
+            .collect();
+    // A budget that holds them all: one call with the four runs.
+    let (f, rec) = ranged(&bytes, false);
+    let got: Vec<_> = stream_of(f, 1 << 20)
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(got, want);
+    let calls = rec.calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(
+        calls[0].iter().map(|r| r.1).collect::<Vec<_>>(),
+        [5, 7, 11, 13]
+    );
+    // A budget of 20 bytes: batches of what fits with the tensors still held (the consumer
+    // here takes and keeps nothing, so each batch starts with an empty budget).
+    let (f, rec) = ranged(&bytes, false);
+    let got: Vec<_> = stream_of(f, 20).into_iter().map(|r| r.unwrap()).collect();
+    assert_eq!(got, want);
+    let calls = rec.calls.lock().unwrap().clone();
+    assert!(calls.len() >= 2, "{calls:?}");
+    for call in &calls {
+        let sum: usize = call.iter().map(|r| r.1).sum();
+        assert!(sum <= 20 || call.len() == 1, "{calls:?}");
+    }
+    // A failing source: the stream ends with its error, nothing else delivered.
+    let (f, _) = ranged(&bytes, true);
+    let got = stream_of(f, 1 << 20);
+    assert_eq!(got.len(), 1);
+    let e = got[0].as_ref().unwrap_err();
+    assert!(e.to_string().contains("the server went away"), "{e}");
+}
+
+#[test]
+fn a_stream_reads_repeated_requests_of_a_ranged_file_each_on_its_own() {
+    let bytes = four();
+    let (f, rec) = ranged(&bytes, false);
+    let requests = [
+        crate::Request::tensor("b").in_file(0),
+        crate::Request::tensor("b").in_file(0),
+        crate::Request::tensor("c").in_file(0),
+    ];
+    let files = [f];
+    let got: Vec<(String, Vec<u8>)> = crate::TensorStream::open(
+        crate::Source::Files(&files),
+        Some(&requests),
+        crate::StreamOptions::default(),
+    )
+    .unwrap()
+    .map(|t| {
+        let t = t.unwrap();
+        (t.name.clone(), t.data().to_vec())
+    })
+    .collect();
+    assert_eq!(
+        got,
+        [
+            ("b".to_string(), vec![2u8; 7]),
+            ("b".to_string(), vec![2u8; 7]),
+            ("c".to_string(), vec![3u8; 11])
+        ]
+    );
+    // No call holds two runs that overlap.
+    for call in rec.calls.lock().unwrap().iter() {
+        for w in call.windows(2) {
+            assert!(w[0].0 + w[0].1 as u64 <= w[1].0, "{call:?}");
+        }
+    }
+}
