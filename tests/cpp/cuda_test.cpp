@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "gpu_support.hpp"
+#include "servers.hpp"
 #include "support.hpp"
 
 using safetensors::Dtype;
@@ -216,6 +217,32 @@ TEST(CudaGpu, WholeFilesLandByteForByte) {
       std::cout << path.filename() << ": " << loaded.buffer().size() << " bytes checked\n";
     }
   }
+}
+
+// A remote file read on demand uploads through the same ring: the ring's readers fetch their
+// pieces with ranged GETs, and the device bytes equal the local file's (nginx on loopback; skips
+// without it, or in a build without remote support).
+TEST(CudaGpu, RemoteFilesOnDemandLandByteForByte) {
+  if (!test::gpu_or_skip()) return;
+  if (!safetensors::remote_built()) GTEST_SKIP() << "built with SAFETENSORS_REMOTE=OFF";
+  test::TempDir root, work;
+  const auto path = make_file(root);
+  auto server = test::Nginx::start(root.path(), work.path());
+  if (!server) {
+    if (test::servers_required()) FAIL() << "SAFETENSORS_REQUIRE_SERVERS=1 but nginx cannot run";
+    GTEST_SKIP() << "nginx is not installed (apt-get install nginx)";
+  }
+  SafeOpen local(path);
+  auto remote = SafeOpen::open_remote(server->url(path.filename().string()),
+                                      {.concurrency = 4, .part_size = 64 << 10, .on_demand = true});
+  cuda::Uploader up(0, {.staging_slots = 4, .slot_bytes = 1u << 20});
+  auto loaded = up.load(remote);
+  EXPECT_EQ(loaded.placements().size(), local.size());
+  check_upload(local, loaded);
+  std::vector<safetensors::Request> req{{"t4", {Index::all(), Index::range(1024, 2048)}}, {"t0", {1}}};
+  auto part = up.load(remote, req);
+  auto cols = local.get_slice("t4").select({Index::all(), Index::range(1024, 2048)}).read();
+  expect_same(download(part.data("t4"), cols.data.size()), cols.data, "remote column slice");
 }
 
 TEST(CudaGpu, SubsetsSlicesAndSingleTensors) {
