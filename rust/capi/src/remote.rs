@@ -57,8 +57,18 @@ pub unsafe extern "C" fn st_remote_options_default(options: *mut st_remote_optio
     }
 }
 
+/// The defaults of every field but the deadline and the flags.
+struct Defaults {
+    concurrency: usize,
+    part_size: usize,
+    first_read: usize,
+    request_timeout_ms: u64,
+    connect_timeout_ms: u64,
+    max_retries: usize,
+}
+
 fn defaults() -> st_remote_options {
-    let d = imp::Defaults::get();
+    let d = imp::defaults();
     st_remote_options {
         concurrency: d.concurrency,
         part_size: d.part_size,
@@ -180,29 +190,20 @@ mod imp {
     use safetensors_core::{Checkpoint, CheckpointOptions, OpenOptions, Result, SafeFile};
     use safetensors_remote::RemoteOptions;
 
-    use super::{st_remote_options, url_text, ST_REMOTE_HEADER_ONLY, ST_REMOTE_ON_DEMAND};
+    use super::{
+        st_remote_options, url_text, Defaults, ST_REMOTE_HEADER_ONLY, ST_REMOTE_ON_DEMAND,
+    };
 
-    pub(super) struct Defaults {
-        pub(super) concurrency: usize,
-        pub(super) part_size: usize,
-        pub(super) first_read: usize,
-        pub(super) request_timeout_ms: u64,
-        pub(super) connect_timeout_ms: u64,
-        pub(super) max_retries: usize,
-    }
-
-    impl Defaults {
-        /// The remote crate's defaults, so that C and Rust never disagree.
-        pub(super) fn get() -> Defaults {
-            let d = RemoteOptions::default();
-            Defaults {
-                concurrency: d.concurrency,
-                part_size: d.part_size,
-                first_read: d.first_read,
-                request_timeout_ms: d.request_timeout.as_millis() as u64,
-                connect_timeout_ms: d.connect_timeout.as_millis() as u64,
-                max_retries: d.max_retries,
-            }
+    /// The remote crate's defaults, so that C and Rust never disagree.
+    pub(super) fn defaults() -> Defaults {
+        let d = RemoteOptions::default();
+        Defaults {
+            concurrency: d.concurrency,
+            part_size: d.part_size,
+            first_read: d.first_read,
+            request_timeout_ms: d.request_timeout.as_millis() as u64,
+            connect_timeout_ms: d.connect_timeout.as_millis() as u64,
+            max_retries: d.max_retries,
         }
     }
 
@@ -239,28 +240,17 @@ mod imp {
 
     use safetensors_core::{Checkpoint, CheckpointOptions, OpenOptions, Result, SafeFile};
 
-    use super::{not_built, st_remote_options};
+    use super::{not_built, st_remote_options, Defaults};
 
     /// The defaults C++'s `RemoteOptions` documents, for a build that cannot use them.
-    pub(super) struct Defaults {
-        pub(super) concurrency: usize,
-        pub(super) part_size: usize,
-        pub(super) first_read: usize,
-        pub(super) request_timeout_ms: u64,
-        pub(super) connect_timeout_ms: u64,
-        pub(super) max_retries: usize,
-    }
-
-    impl Defaults {
-        pub(super) fn get() -> Defaults {
-            Defaults {
-                concurrency: 16,
-                part_size: 8 << 20,
-                first_read: 1 << 20,
-                request_timeout_ms: 30_000,
-                connect_timeout_ms: 5_000,
-                max_retries: 3,
-            }
+    pub(super) fn defaults() -> Defaults {
+        Defaults {
+            concurrency: 16,
+            part_size: 8 << 20,
+            first_read: 1 << 20,
+            request_timeout_ms: 30_000,
+            connect_timeout_ms: 5_000,
+            max_retries: 3,
         }
     }
 
