@@ -38,6 +38,7 @@ mod fetch;
 mod location;
 mod on_demand;
 mod options;
+mod profile;
 pub mod runtime;
 
 use safetensors_core::{

@@ -90,8 +90,9 @@ pub(crate) fn locate(url: &str, options: &RemoteOptions) -> Result<Location> {
             // Region, endpoint, path-style addressing, `AWS_ALLOW_HTTP` and credentials come
             // from the usual AWS_* variables; the timeouts are set through the same config keys
             // so that those variables' client settings are kept.
-            let builder = AmazonS3Builder::from_env()
-                .with_bucket_name(host)
+            let mut builder = AmazonS3Builder::from_env().with_bucket_name(host);
+            builder = with_profile(builder);
+            let builder = builder
                 .with_config(
                     AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
                     millis(options.request_timeout),
@@ -118,6 +119,41 @@ pub(crate) fn locate(url: &str, options: &RemoteOptions) -> Result<Location> {
         }
     };
     Ok(Location { name, store, path })
+}
+
+/// The AWS shared files' profile ([`crate::profile`]), for what the environment leaves unset:
+/// the keys only when neither key variable is set (never half from each), the region and the
+/// endpoint each when its variables are unset.
+fn with_profile(builder: AmazonS3Builder) -> AmazonS3Builder {
+    let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
+    let mut builder = builder;
+    let profile = crate::profile::from_files();
+    if !set("AWS_ACCESS_KEY_ID") && !set("AWS_SECRET_ACCESS_KEY") {
+        if let (Some(id), Some(secret)) = (&profile.access_key_id, &profile.secret_access_key) {
+            builder = builder
+                .with_access_key_id(id)
+                .with_secret_access_key(secret);
+            if let Some(token) = &profile.session_token {
+                builder = builder.with_token(token);
+            }
+        }
+    }
+    if !set("AWS_REGION") && !set("AWS_DEFAULT_REGION") {
+        if let Some(region) = &profile.region {
+            builder = builder.with_region(region);
+        }
+    }
+    if !set("AWS_ENDPOINT") && !set("AWS_ENDPOINT_URL") {
+        if let Some(endpoint) = &profile.endpoint_url {
+            if endpoint.starts_with("http://") {
+                // The profile names a plain-HTTP endpoint (a local store): allowed, as
+                // AWS_ALLOW_HTTP would allow it.
+                builder = builder.with_allow_http(true);
+            }
+            builder = builder.with_endpoint(endpoint);
+        }
+    }
+    builder
 }
 
 fn millis(d: std::time::Duration) -> String {

@@ -1,5 +1,6 @@
 //! Remote files on a real S3-compatible server (`s3s-fs` on loopback, started here): signed
-//! requests with credentials, region and endpoint from the AWS_* environment variables,
+//! requests with credentials, region and endpoint from the AWS_* environment variables or the
+//! AWS shared files' profile,
 //! path-style addressing, the hostile corpus, a replaced object (the version pin), and
 //! credentials kept out of every message.
 //!
@@ -154,5 +155,65 @@ fn s3_objects_open_as_local_files_do() {
     assert!(text.contains(url), "{text}");
     for secret in [wrong, SECRET_KEY, ACCESS_KEY] {
         assert!(!text.contains(secret), "{secret} in {text}");
+    }
+
+    // No AWS_* keys, region or endpoint in the environment: the shared files' profile gives
+    // them (credentials file: the keys; config file: region and a plain-HTTP endpoint).
+    std::fs::write(bucket.join("model.safetensors"), &bytes).unwrap();
+    for var in [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_ENDPOINT",
+        "AWS_ALLOW_HTTP",
+        "AWS_REGION",
+    ] {
+        std::env::remove_var(var);
+    }
+    let files = Scratch::new("s3-profile");
+    let credentials = files.0.join("credentials");
+    let config = files.0.join("config");
+    let write_profile = |secret: &str| {
+        std::fs::write(
+            &credentials,
+            format!(
+                "[default]\naws_access_key_id = nobody\naws_secret_access_key = nothing\n\n\
+                 [bench]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {secret}\n"
+            ),
+        )
+        .unwrap();
+    };
+    write_profile(SECRET_KEY);
+    std::fs::write(
+        &config,
+        format!(
+            "[profile bench]\nregion = us-east-1\nendpoint_url = http://127.0.0.1:{}\n",
+            server.port
+        ),
+    )
+    .unwrap();
+    std::env::set_var("AWS_SHARED_CREDENTIALS_FILE", &credentials);
+    std::env::set_var("AWS_CONFIG_FILE", &config);
+    std::env::set_var("AWS_PROFILE", "bench");
+    let remote = open(url, &many_parts(), OpenOptions::default()).unwrap();
+    assert_eq!(
+        &*remote.tensor_bytes("w").unwrap(),
+        &*local.tensor_bytes("w").unwrap()
+    );
+    // A profile with a wrong secret: refused, and neither key shown.
+    write_profile(wrong);
+    let e = open(url, &many_parts(), OpenOptions::default())
+        .err()
+        .expect("refused");
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    let text = e.to_string();
+    for secret in [wrong, ACCESS_KEY] {
+        assert!(!text.contains(secret), "{secret} in {text}");
+    }
+    for var in [
+        "AWS_SHARED_CREDENTIALS_FILE",
+        "AWS_CONFIG_FILE",
+        "AWS_PROFILE",
+    ] {
+        std::env::remove_var(var);
     }
 }
