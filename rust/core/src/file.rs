@@ -750,11 +750,30 @@ impl SafeFile {
         };
         let data_start = self.header.data_start() as u64;
         let mut total = 0u64;
-        for (offset, dst) in runs.iter_mut() {
-            offset
+        let mut spans: Vec<(u64, u64)> = Vec::new();
+        crate::fallible::reserve(&mut spans, runs.len(), "a batch of reads")?;
+        for (offset, dst) in runs.iter() {
+            let end = offset
                 .checked_add(dst.len() as u64)
                 .filter(|&end| end <= self.header.data_len() as u64)
                 .ok_or_else(|| self.outside(*offset, dst.len()))?;
+            if !dst.is_empty() {
+                spans.push((*offset, end));
+            }
+        }
+        spans.sort_unstable();
+        if let Some(w) = spans.windows(2).find(|w| w[1].0 < w[0].1) {
+            return Err(Error::InvalidSlice {
+                tensor: String::new(),
+                reason: format!(
+                    "a batch of reads asks for bytes [{}, {}) and [{}, {}), which overlap; \
+                     read them separately",
+                    w[0].0, w[0].1, w[1].0, w[1].1
+                ),
+            }
+            .in_file(&self.path));
+        }
+        for (offset, dst) in runs.iter_mut() {
             *offset += data_start;
             total += dst.len() as u64;
         }

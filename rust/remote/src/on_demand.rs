@@ -53,6 +53,28 @@ struct Fetched {
     bytes: Vec<u8>,
 }
 
+/// Where a run's bytes go, as a raw pointer: once [`OnDemand::read_runs`] has made these, it
+/// reaches the runs' buffers only through them (the task's direct writes and `scatter` alike),
+/// and it does not return before the task that writes through them is gone.
+#[derive(Clone, Copy)]
+struct Place {
+    at: u64,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: a `Place` is moved to the runtime's threads only inside `read_runs`, which holds the
+// exclusive borrow of the bytes it points to until every writer is gone; distinct places (and
+// the parts written through them) never overlap.
+unsafe impl Send for Place {}
+
+/// What one part's GET gave: written straight into its run, or bytes to copy into place (a part
+/// that spans runs, or the gap between them).
+enum Landed {
+    Direct,
+    Fetched(Fetched),
+}
+
 impl RangeSource for OnDemand {
     fn read_runs(&self, runs: &mut [(u64, &mut [u8])]) -> Result<()> {
         let name = self.getter.name.clone();
@@ -75,40 +97,81 @@ impl RangeSource for OnDemand {
             order.push(i);
         }
         order.sort_by_key(|&i| runs[i].0);
-        // Spans: runs closer than BRIDGE merged; then parts of at most `part_size`.
-        let mut spans: Vec<Range<u64>> = Vec::new();
+        let mut places: Vec<Place> = Vec::new();
+        fallible::reserve(&mut places, order.len(), "a remote read's runs")?;
         for &i in &order {
-            let (at, dst) = &runs[i];
-            let end = at + dst.len() as u64;
+            let (at, dst) = &mut runs[i];
+            places.push(Place {
+                at: *at,
+                ptr: dst.as_mut_ptr(),
+                len: dst.len(),
+            });
+        }
+        // From here on the runs are reached through `places` only.
+        let mut spans: Vec<Range<u64>> = Vec::new();
+        for p in &places {
+            let end = p.at + p.len as u64;
+            if spans.last().is_some_and(|last| p.at < last.end) {
+                return Err(Error::Internal {
+                    message: format!("a read of {name} asked for overlapping byte runs"),
+                });
+            }
             match spans.last_mut() {
-                Some(last) if *at <= last.end.saturating_add(BRIDGE) => {
-                    last.end = last.end.max(end)
-                }
-                _ => fallible::push(&mut spans, *at..end, "a remote read's spans")?,
+                // Runs closer than BRIDGE are fetched as one span, the gap included.
+                Some(last) if p.at <= last.end.saturating_add(BRIDGE) => last.end = end,
+                _ => fallible::push(&mut spans, p.at..end, "a remote read's spans")?,
             }
         }
         let all = parts(&spans, self.options.part_size as u64);
         if all.is_empty() {
             return Ok(());
         }
-        let count = all.len();
+        // Each part inside one run is fetched straight into it; the others (spanning runs or a
+        // gap) into bytes of their own, copied into place here as they land.
+        let jobs: Vec<(Range<u64>, Option<Place>)> = all
+            .into_iter()
+            .map(|range| {
+                let k = places.partition_point(|p| p.at + (p.len as u64) <= range.start);
+                let inside = places
+                    .get(k)
+                    .filter(|p| p.at <= range.start && range.end <= p.at + p.len as u64);
+                let direct = inside.map(|p| Place {
+                    at: range.start,
+                    // SAFETY: `range` lies inside the run `p` points to.
+                    ptr: unsafe { p.ptr.add((range.start - p.at) as usize) },
+                    len: (range.end - range.start) as usize,
+                });
+                (range, direct)
+            })
+            .collect();
+        let count = jobs.len();
         let concurrency = self.options.concurrency.max(1);
-        // Parts land here in any order and are copied into place on this thread while later
-        // ones are fetched. A part is only started once a permit is free: at most twice
-        // `concurrency` parts are in flight or waiting to be copied, whatever the read's size.
+        // A part that needs bytes of its own starts only once a permit is free: at most twice
+        // `concurrency` such parts are in flight or waiting to be copied, whatever the read's size.
         let permits = Arc::new(Semaphore::new(2 * concurrency));
-        let (tx, rx) = mpsc::channel::<Result<Fetched>>();
+        let (tx, rx) = mpsc::channel::<Result<Landed>>();
+        // Dropped with the task (finished, aborted or unwound): what `read_runs` waits for
+        // before it returns, so that no write through a place outlives the caller's borrow.
+        let (gone_tx, gone_rx) = mpsc::channel::<()>();
         let getter = self.getter.clone();
         let pin = self.pin.clone();
         let deadline = self.options.deadline;
         let gate = permits.clone();
         let shown = name.clone();
-        let _running = runtime::start(&name, async move {
-            let fetches = futures::stream::iter(all).map(move |range| {
+        let running = runtime::start(&name, async move {
+            let _gone = gone_tx;
+            let fetches = futures::stream::iter(jobs).map(move |(range, direct)| {
                 let getter = getter.clone();
                 let pin = pin.clone();
                 let gate = gate.clone();
                 async move {
+                    if let Some(place) = direct {
+                        // SAFETY: `place` is this part's own bytes inside a run that
+                        // `read_runs` borrows exclusively until this task is gone.
+                        let dst = unsafe { std::slice::from_raw_parts_mut(place.ptr, place.len) };
+                        getter.get_into(range, Some(&pin), dst).await?;
+                        return Ok(Landed::Direct);
+                    }
                     // The semaphore is never closed, so acquiring only waits.
                     if let Ok(permit) = gate.acquire().await {
                         permit.forget();
@@ -118,7 +181,7 @@ impl RangeSource for OnDemand {
                     getter
                         .get_into(range.clone(), Some(&pin), &mut bytes)
                         .await?;
-                    Ok(Fetched { range, bytes })
+                    Ok(Landed::Fetched(Fetched { range, bytes }))
                 }
             });
             let mut landed = fetches.buffer_unordered(concurrency);
@@ -149,33 +212,54 @@ impl RangeSource for OnDemand {
                 }
             }
         })?;
+        let mut result = Ok(());
         for _ in 0..count {
-            let part = rx.recv().unwrap_or_else(|_| {
-                Err(Error::Internal {
-                    message: format!("the remote read of {name} stopped without an answer"),
-                })
-            })?;
-            scatter(runs, &order, &part);
-            permits.add_permits(1);
+            match rx.recv() {
+                Ok(Ok(Landed::Direct)) => {}
+                Ok(Ok(Landed::Fetched(part))) => {
+                    scatter(&places, &part);
+                    permits.add_permits(1);
+                }
+                Ok(Err(e)) => {
+                    result = Err(e);
+                    break;
+                }
+                Err(_) => {
+                    result = Err(Error::Internal {
+                        message: format!("the remote read of {name} stopped without an answer"),
+                    });
+                    break;
+                }
+            }
         }
-        Ok(())
+        // However it ended, the task is stopped and waited for: it may hold places.
+        drop(running);
+        let _ = gone_rx.recv();
+        result
     }
 }
 
-/// Copies every run's overlap with `part` into place. `order` lists the runs by offset; they
+/// Copies every run's overlap with `part` into place. `places` lists the runs by offset; they
 /// are disjoint, so their ends ascend too.
-fn scatter(runs: &mut [(u64, &mut [u8])], order: &[usize], part: &Fetched) {
-    let first = order.partition_point(|&i| runs[i].0 + runs[i].1.len() as u64 <= part.range.start);
-    for &i in &order[first..] {
-        let (at, dst) = &mut runs[i];
-        if *at >= part.range.end {
+fn scatter(places: &[Place], part: &Fetched) {
+    let first = places.partition_point(|p| p.at + p.len as u64 <= part.range.start);
+    for p in &places[first..] {
+        if p.at >= part.range.end {
             break;
         }
-        let end = *at + dst.len() as u64;
-        let lo = (*at).max(part.range.start);
+        let end = p.at + p.len as u64;
+        let lo = p.at.max(part.range.start);
         let hi = end.min(part.range.end);
-        let from = (lo - part.range.start) as usize..(hi - part.range.start) as usize;
-        let to = (lo - *at) as usize..(hi - *at) as usize;
-        dst[to].copy_from_slice(&part.bytes[from]);
+        let from = &part.bytes[(lo - part.range.start) as usize..(hi - part.range.start) as usize];
+        // SAFETY: `[lo, hi)` lies inside the run `p` points to (and inside `part`); no other
+        // writer touches these bytes: parts are disjoint, and a part written directly never
+        // also comes here.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                from.as_ptr(),
+                p.ptr.add((lo - p.at) as usize),
+                from.len(),
+            )
+        };
     }
 }

@@ -375,3 +375,22 @@ fn a_stream_reads_repeated_requests_of_a_ranged_file_each_on_its_own() {
         }
     }
 }
+
+#[test]
+fn a_batch_of_overlapping_reads_is_refused_before_the_source_is_asked() {
+    let bytes = four();
+    let (f, rec) = ranged(&bytes, false);
+    let mut a = [0u8; 6];
+    let mut b = [0u8; 6];
+    let mut runs: Vec<(u64, &mut [u8])> = vec![(0, &mut a), (4, &mut b)];
+    let e = f.read_batch(&mut runs).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidSlice, "{e}");
+    assert!(rec.calls.lock().unwrap().is_empty());
+    // Disjoint, in any order: one call, the data offsets given back unchanged.
+    let mut runs: Vec<(u64, &mut [u8])> = vec![(6, &mut a), (0, &mut b)];
+    f.read_batch(&mut runs).unwrap();
+    assert_eq!((runs[0].0, runs[1].0), (6, 0));
+    assert_eq!(a, [2, 2, 2, 2, 2, 2]);
+    assert_eq!(b, [1, 1, 1, 1, 1, 2]);
+    assert_eq!(rec.calls.lock().unwrap().len(), 1);
+}
