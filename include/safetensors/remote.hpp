@@ -41,9 +41,9 @@ struct RemoteOptions {
   /// Fetch tensor bytes when they are read instead of the whole object at open: the open
   /// fetches the header only; each read (`get_tensor`, a slice's byte runs, a stream's or a GPU
   /// upload's pieces) fetches exactly its bytes with concurrent ranged GETs of the pinned
-  /// version, at most `concurrency × part_size` bytes in flight per read. Memory is what the
-  /// reads ask for, not the object's size; bytes read twice are fetched twice. The file then
-  /// reports `Backend::Read`.
+  /// version, written straight into the reader's buffer. Memory is what the reads ask for, not
+  /// the object's size; bytes read twice are fetched twice. The file then reports
+  /// `Backend::Read`.
   bool on_demand = false;
 };
 

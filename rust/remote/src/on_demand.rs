@@ -1,9 +1,10 @@
 //! Reading a remote object on demand ([`crate::RemoteOptions::on_demand`]): each read of the
 //! file's bytes becomes concurrent ranged GETs of the pinned version, for exactly the byte runs
 //! it asks (runs closer than [`BRIDGE`] fetched as one span, spans cut into parts of
-//! `part_size`), at most `concurrency` GETs in flight, each part copied into place as it lands
-//! while later ones are fetched, and at most `2 × concurrency` parts held at once; bytes the
-//! open's first read already fetched are not fetched again.
+//! `part_size`), at most `concurrency` GETs in flight. A part inside one run is written straight
+//! into the caller's buffer; a part that spans runs (or a gap) lands in bytes of its own and is
+//! copied into place while later ones are fetched, at most `2 × concurrency` of those held at
+//! once. Bytes the open's first read already fetched are not fetched again.
 
 use std::io;
 use std::ops::Range;
