@@ -1,7 +1,9 @@
 //! Header parsing: ours against the reference crate on the same bytes, in one run.
 //!
 //! Each iteration parses and validates a whole file held in memory (the data is lazily zeroed
-//! pages, never touched) and then takes a view of every tensor. Run with
+//! pages, never touched) and then takes a view of every tensor. The two parsers take turns,
+//! round by round (15 rounds; each round one ~20 ms batch of each), and the table gives the
+//! medians, their ratio and the lowest and highest per-round ratio. Run with
 //! `cargo bench -p safetensors-core --bench parse`; prints a table and one JSON line.
 
 use std::hint::black_box;
@@ -90,23 +92,50 @@ fn file_for(tensors: &[(String, Vec<usize>)]) -> Vec<u8> {
     out
 }
 
-/// Median of `runs` timings of `f`, each averaged over enough calls to last ~20 ms.
-fn median(runs: usize, mut f: impl FnMut() -> usize) -> Duration {
+/// How many calls of `f` last ~20 ms (at least 1).
+fn calls_for(f: &mut impl FnMut() -> usize) -> u32 {
     let start = Instant::now();
     black_box(f());
     let once = start.elapsed().max(Duration::from_nanos(100));
-    let calls = (Duration::from_millis(20).as_nanos() / once.as_nanos()).clamp(1, 100_000) as u32;
-    let mut times: Vec<Duration> = (0..runs)
-        .map(|_| {
-            let t = Instant::now();
-            for _ in 0..calls {
-                black_box(f());
-            }
-            t.elapsed() / calls
-        })
-        .collect();
-    times.sort();
-    times[runs / 2]
+    (Duration::from_millis(20).as_nanos() / once.as_nanos()).clamp(1, 100_000) as u32
+}
+
+/// `runs` rounds, each timing a batch of `a` then a batch of `b` (each batch ~20 ms, the time
+/// per call kept): the two take turns, so that a machine whose speed drifts affects both alike.
+/// Returns the medians of `a` and of `b`, and each round's `b / a`.
+fn interleaved(
+    runs: usize,
+    mut a: impl FnMut() -> usize,
+    mut b: impl FnMut() -> usize,
+) -> (Duration, Duration, Vec<f64>) {
+    let (na, nb) = (calls_for(&mut a), calls_for(&mut b));
+    let batch = |f: &mut dyn FnMut() -> usize, n: u32| {
+        let t = Instant::now();
+        for _ in 0..n {
+            black_box(f());
+        }
+        t.elapsed() / n
+    };
+    let mut ta = Vec::with_capacity(runs);
+    let mut tb = Vec::with_capacity(runs);
+    let mut ratios = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let x = batch(&mut a, na);
+        let y = batch(&mut b, nb);
+        ratios.push(y.as_secs_f64() / x.as_secs_f64());
+        ta.push(x);
+        tb.push(y);
+    }
+    ta.sort();
+    tb.sort();
+    (ta[runs / 2], tb[runs / 2], ratios)
+}
+
+/// The lowest and highest of the per-round ratios.
+fn spread(ratios: &[f64]) -> (f64, f64) {
+    ratios
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(lo, hi), &r| (lo.min(r), hi.max(r)))
 }
 
 fn ours(bytes: &[u8]) -> usize {
@@ -136,26 +165,26 @@ fn main() {
     }
     let mut json = Vec::new();
     println!(
-        "{:<22} {:>10} {:>12} {:>12} {:>8}",
-        "header", "tensors", "ours", "reference", "speedup"
+        "{:<22} {:>10} {:>12} {:>12} {:>8} {:>14}",
+        "header", "tensors", "ours", "reference", "speedup", "rounds"
     );
     for (label, tensors) in [("gpt2 (160 tensors)", gpt2()), ("20,000 tensors", many())] {
         let bytes = file_for(&tensors);
         assert_eq!(ours(&bytes), reference(&bytes));
-        let (a, b) = (
-            median(15, || ours(&bytes)),
-            median(15, || reference(&bytes)),
-        );
+        let (a, b, ratios) = interleaved(15, || ours(&bytes), || reference(&bytes));
         let ratio = b.as_secs_f64() / a.as_secs_f64();
+        let (lo, hi) = spread(&ratios);
         println!(
-            "{label:<22} {:>10} {:>12?} {:>12?} {:>7.1}x",
+            "{label:<22} {:>10} {:>12?} {:>12?} {:>7.1}x {:>6.1}-{:.1}x",
             tensors.len(),
             a,
             b,
-            ratio
+            ratio,
+            lo,
+            hi
         );
         json.push(format!(
-            "{{\"header\":\"{label}\",\"tensors\":{},\"header_bytes\":{},\"ours_us\":{:.2},\"reference_us\":{:.2},\"speedup\":{ratio:.2}}}",
+            "{{\"header\":\"{label}\",\"tensors\":{},\"header_bytes\":{},\"ours_us\":{:.2},\"reference_us\":{:.2},\"speedup\":{ratio:.2},\"speedup_min\":{lo:.2},\"speedup_max\":{hi:.2}}}",
             tensors.len(),
             u64::from_le_bytes(bytes[..8].try_into().unwrap()),
             a.as_secs_f64() * 1e6,
@@ -164,14 +193,15 @@ fn main() {
     }
     // The hostile extreme: a header at the size limit, made of tiny entries. Bounded time.
     let (big, count) = inputs::tiny_entries_at_the_limit();
-    let (a, b) = (median(3, || ours(&big)), median(3, || reference(&big)));
+    let (a, b, ratios) = interleaved(3, || ours(&big), || reference(&big));
     let ratio = b.as_secs_f64() / a.as_secs_f64();
+    let (lo, hi) = spread(&ratios);
     println!(
-        "{:<22} {:>10} {:>12?} {:>12?} {:>7.1}x",
-        "100 MB, tiny entries", count, a, b, ratio
+        "{:<22} {:>10} {:>12?} {:>12?} {:>7.1}x {:>6.1}-{:.1}x",
+        "100 MB, tiny entries", count, a, b, ratio, lo, hi
     );
     json.push(format!(
-        "{{\"header\":\"100 MB of tiny entries\",\"tensors\":{count},\"header_bytes\":{},\"ours_us\":{:.0},\"reference_us\":{:.0},\"speedup\":{ratio:.2}}}",
+        "{{\"header\":\"100 MB of tiny entries\",\"tensors\":{count},\"header_bytes\":{},\"ours_us\":{:.0},\"reference_us\":{:.0},\"speedup\":{ratio:.2},\"speedup_min\":{lo:.2},\"speedup_max\":{hi:.2}}}",
         u64::from_le_bytes(big[..8].try_into().unwrap()),
         a.as_secs_f64() * 1e6,
         b.as_secs_f64() * 1e6
