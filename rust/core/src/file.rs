@@ -254,14 +254,25 @@ impl SafeFile {
         len: u64,
         options: OpenOptions,
     ) -> Result<SafeFile> {
-        let name = name.as_ref();
+        Self::from_head(name.as_ref(), head, len, Storage::HeaderOnly, options)
+    }
+
+    /// A file of which the header is at hand (`head`) and whose bytes `storage` reaches: the
+    /// header validated against `len` with every check a local file gets.
+    fn from_head(
+        name: &Path,
+        head: &[u8],
+        len: u64,
+        storage: Storage,
+        options: OpenOptions,
+    ) -> Result<SafeFile> {
         let (header, trailing) =
             parse_allowing(head, len, options.allow_trailing_bytes).map_err(|e| e.in_file(name))?;
         Ok(SafeFile {
             path: name.to_path_buf(),
             identity: None,
             header,
-            storage: Storage::HeaderOnly,
+            storage,
             bytes_read: AtomicU64::new(0),
             trailing,
         })
@@ -280,17 +291,7 @@ impl SafeFile {
         source: Box<dyn RangeSource>,
         options: OpenOptions,
     ) -> Result<SafeFile> {
-        let name = name.as_ref();
-        let (header, trailing) =
-            parse_allowing(head, len, options.allow_trailing_bytes).map_err(|e| e.in_file(name))?;
-        Ok(SafeFile {
-            path: name.to_path_buf(),
-            identity: None,
-            header,
-            storage: Storage::Ranged(source),
-            bytes_read: AtomicU64::new(0),
-            trailing,
-        })
+        Self::from_head(name.as_ref(), head, len, Storage::Ranged(source), options)
     }
 
     /// [`SafeFile::open`] for a checkpoint shard: with the read backend, no descriptor is kept

@@ -259,6 +259,24 @@ enum Buffer {
     },
 }
 
+impl StreamTensor {
+    /// `item`'s tensor with no bytes yet, holding its budget (returned when it drops).
+    fn unread(item: &Item, shared: &Arc<Shared>) -> StreamTensor {
+        StreamTensor {
+            request: item.request,
+            file: item.file,
+            index: item.position,
+            name: item.name.clone(),
+            dtype: item.dtype,
+            shape: item.shape.clone(),
+            data: Buffer::Plain(Vec::new()),
+            reserved: item.len,
+            source: item.source.clone(),
+            shared: shared.clone(),
+        }
+    }
+}
+
 impl Drop for StreamTensor {
     fn drop(&mut self) {
         self.shared.release(self.reserved);
@@ -535,18 +553,7 @@ fn read_all(shared: &Arc<Shared>, items: &[Item]) {
         if !shared.acquire(i, item.len) {
             return;
         }
-        let t = StreamTensor {
-            request: item.request,
-            file: item.file,
-            index: item.position,
-            name: item.name.clone(),
-            dtype: item.dtype,
-            shape: item.shape.clone(),
-            data: Buffer::Plain(Vec::new()),
-            reserved: item.len,
-            source: item.source.clone(),
-            shared: shared.clone(),
-        };
+        let t = StreamTensor::unread(item, shared);
         let end = batch_end(shared, items, i);
         let reads: Vec<Result<StreamTensor>> = if end == i + 1 {
             vec![read_item(item, t, &|| shared.cancelled())]
@@ -611,18 +618,7 @@ fn read_together(
 ) -> Vec<Result<StreamTensor>> {
     let mut tensors = vec![first];
     for item in &batch[1..] {
-        tensors.push(StreamTensor {
-            request: item.request,
-            file: item.file,
-            index: item.position,
-            name: item.name.clone(),
-            dtype: item.dtype,
-            shape: item.shape.clone(),
-            data: Buffer::Plain(Vec::new()),
-            reserved: item.len,
-            source: item.source.clone(),
-            shared: shared.clone(),
-        });
+        tensors.push(StreamTensor::unread(item, shared));
     }
     let mut buffers = Vec::with_capacity(batch.len());
     for item in batch {
