@@ -276,20 +276,6 @@ TEST(RemoteC, OpensFilesAndCheckpointsOnDemandWithTypedErrors) {
   st_error_clear(&err);
 }
 
-/// The requests nginx served from `work`: (path, Range header, status, body bytes).
-struct ServedRequest {
-  std::string uri, range;
-  int status = 0;
-  std::uint64_t bytes = 0;
-};
-std::vector<ServedRequest> access_log(const fs::path& work) {
-  std::vector<ServedRequest> out;
-  std::ifstream in(work / "access.log");
-  ServedRequest r;
-  while (in >> r.uri >> r.range >> r.status >> r.bytes) out.push_back(r);
-  return out;
-}
-
 // Ranks that each open a remote checkpoint on demand and load by a plan fetch every needed data
 // byte exactly once across them: nginx's log shows the data GETs of all ranks adding up to the
 // bytes the ranks need, not once per rank.
@@ -339,7 +325,7 @@ TEST(Remote, RanksLoadingByAPlanFetchEachNeededByteOnceAcrossThem) {
   const std::uint64_t needed = 300u * 100u * 4u + 4u;
   auto data_fetched = [&] {
     std::uint64_t n = 0;
-    for (const auto& r : access_log(s.work.path())) {
+    for (const auto& r : test::access_log(s.work.path())) {
       auto it = data_start.find(r.uri);
       if (it == data_start.end() || !r.range.starts_with("bytes=")) continue;
       if (std::stoull(r.range.substr(6)) >= it->second) n += r.bytes;

@@ -109,4 +109,18 @@ class Nginx {
   std::uint16_t port_;
 };
 
+/// The requests nginx served from `work`: (path, Range header, status, body bytes).
+struct ServedRequest {
+  std::string uri, range;
+  int status = 0;
+  std::uint64_t bytes = 0;
+};
+inline std::vector<ServedRequest> access_log(const fs::path& work) {
+  std::vector<ServedRequest> out;
+  std::ifstream in(work / "access.log");
+  ServedRequest r;
+  while (in >> r.uri >> r.range >> r.status >> r.bytes) out.push_back(r);
+  return out;
+}
+
 }  // namespace test

@@ -459,6 +459,95 @@ struct Job<'a> {
     progress: Option<&'a dyn landing::Progress>,
 }
 
+/// The next `[from, to)` of the destination bytes `rest` starts at `*at`: the gap before it
+/// zeroed, `rest` and `*at` moved past it.
+fn carve<'a>(from: u64, to: u64, rest: &mut &'a mut [u8], at: &mut u64) -> Result<&'a mut [u8]> {
+    let (skip, len) = match (from.checked_sub(*at), to.checked_sub(from)) {
+        (Some(skip), Some(len)) if skip + len <= rest.len() as u64 => (skip as usize, len as usize),
+        _ => {
+            return Err(Error::Internal {
+                message: format!(
+                    "a load's piece [{from}, {to}) is out of order in its chunk (at {at})"
+                ),
+            })
+        }
+    };
+    let (gap, tail) = std::mem::take(rest).split_at_mut(skip);
+    gap.fill(0);
+    let (mine, tail) = tail.split_at_mut(len);
+    *rest = tail;
+    *at = to;
+    Ok(mine)
+}
+
+/// [`fill`] for jobs with files that read in batches ([`SafeFile::reads_in_batches`]: remote
+/// files read on demand): the chunk's reads of each such file are handed to it together (one
+/// round of concurrent ranged GETs, runs closer than a part coalesced) rather than one round
+/// trip per tensor or slice run. Reads of one file that overlap (a tensor requested twice) are
+/// made one by one.
+fn fill_in_batches(buf: &mut [u8], start: u64, len: usize, job: &Job<'_>) -> Result<()> {
+    let end = start + len as u64;
+    let mut rest: &mut [u8] = &mut buf[..len];
+    let mut at = start;
+    // Each read as (file, source offset, its bytes of `buf`), carved in destination order.
+    let mut reads: Vec<(usize, u64, &mut [u8])> = Vec::new();
+    let pieces = job.pieces;
+    let first = pieces.partition_point(|p| p.dst + p.len <= start);
+    for p in pieces[first..].iter().take_while(|p| p.dst < end) {
+        let lo = p.dst.max(start);
+        let hi = (p.dst + p.len).min(end);
+        match p.slice.and_then(|k| job.slices.get(k)) {
+            None => {
+                let dst = carve(lo, hi, &mut rest, &mut at)?;
+                crate::fallible::push(
+                    &mut reads,
+                    (p.source, p.src + (lo - p.dst), dst),
+                    "a chunk's reads",
+                )?;
+            }
+            Some(plan) => {
+                for (src, out, n) in
+                    plan.runs_in_result((lo - p.dst) as usize, (hi - p.dst) as usize)
+                {
+                    let to = p.dst + out as u64;
+                    let dst = carve(to, to + n as u64, &mut rest, &mut at)?;
+                    crate::fallible::push(
+                        &mut reads,
+                        (p.source, p.src + src as u64, dst),
+                        "a chunk's reads",
+                    )?;
+                }
+            }
+        }
+    }
+    rest.fill(0);
+    let mut sources: Vec<usize> = reads.iter().map(|r| r.0).collect();
+    sources.sort_unstable();
+    sources.dedup();
+    for source in sources {
+        let file = job.files[source];
+        let mut runs: Vec<(u64, &mut [u8])> = Vec::new();
+        for (s, src, dst) in reads.iter_mut() {
+            if *s == source {
+                crate::fallible::push(&mut runs, (*src, &mut **dst), "a chunk's reads")?;
+            }
+        }
+        let mut spans: Vec<(u64, u64)> = runs
+            .iter()
+            .map(|(o, d)| (*o, *o + d.len() as u64))
+            .collect();
+        spans.sort_unstable();
+        if spans.windows(2).all(|w| w[0].1 <= w[1].0) {
+            file.read_batch(&mut runs)?;
+        } else {
+            for (src, dst) in runs.iter_mut() {
+                file.read_data(*src, dst)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -466,6 +555,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Fills `buf[..len]` with destination bytes `[start, start + len)`: source bytes where a piece
 /// covers them, zeros elsewhere.
 fn fill(buf: &mut [u8], start: u64, len: usize, job: &Job<'_>) -> Result<()> {
+    if job.files.iter().any(|f| f.reads_in_batches()) {
+        return fill_in_batches(buf, start, len, job);
+    }
     let end = start + len as u64;
     let buf = &mut buf[..len];
     let pieces = job.pieces;
