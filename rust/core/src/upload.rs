@@ -461,7 +461,12 @@ struct Job<'a> {
 
 /// The next `[from, to)` of the destination bytes `rest` starts at `*at`: the gap before it
 /// zeroed, `rest` and `*at` moved past it.
-fn carve<'a>(from: u64, to: u64, rest: &mut &'a mut [u8], at: &mut u64) -> Result<&'a mut [u8]> {
+pub(crate) fn carve<'a>(
+    from: u64,
+    to: u64,
+    rest: &mut &'a mut [u8],
+    at: &mut u64,
+) -> Result<&'a mut [u8]> {
     let (skip, len) = match (from.checked_sub(*at), to.checked_sub(from)) {
         (Some(skip), Some(len)) if skip + len <= rest.len() as u64 => (skip as usize, len as usize),
         _ => {
@@ -521,15 +526,28 @@ fn fill_in_batches(buf: &mut [u8], start: u64, len: usize, job: &Job<'_>) -> Res
         }
     }
     rest.fill(0);
+    read_grouped(job.files, &mut reads)
+}
+
+/// Makes `reads` (file number, source offset, destination bytes; destinations disjoint): each
+/// file that reads in batches gets its reads in one [`SafeFile::read_batch`] (one by one when
+/// two of them overlap in the file, as a tensor requested twice does); other files read them
+/// one by one.
+pub(crate) fn read_grouped(
+    files: &[&SafeFile],
+    reads: &mut [(usize, u64, &mut [u8])],
+) -> Result<()> {
     let mut sources: Vec<usize> = reads.iter().map(|r| r.0).collect();
     sources.sort_unstable();
     sources.dedup();
     for source in sources {
-        let file = job.files[source];
+        let file = files.get(source).ok_or_else(|| Error::Internal {
+            message: format!("a load reads source {source} of {}", files.len()),
+        })?;
         let mut runs: Vec<(u64, &mut [u8])> = Vec::new();
         for (s, src, dst) in reads.iter_mut() {
             if *s == source {
-                crate::fallible::push(&mut runs, (*src, &mut **dst), "a chunk's reads")?;
+                crate::fallible::push(&mut runs, (*src, &mut **dst), "a load's reads")?;
             }
         }
         let mut spans: Vec<(u64, u64)> = runs
@@ -537,7 +555,7 @@ fn fill_in_batches(buf: &mut [u8], start: u64, len: usize, job: &Job<'_>) -> Res
             .map(|(o, d)| (*o, *o + d.len() as u64))
             .collect();
         spans.sort_unstable();
-        if spans.windows(2).all(|w| w[0].1 <= w[1].0) {
+        if file.reads_in_batches() && spans.windows(2).all(|w| w[0].1 <= w[1].0) {
             file.read_batch(&mut runs)?;
         } else {
             for (src, dst) in runs.iter_mut() {

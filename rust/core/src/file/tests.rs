@@ -394,3 +394,35 @@ fn a_batch_of_overlapping_reads_is_refused_before_the_source_is_asked() {
     assert_eq!(b, [1, 1, 1, 1, 1, 2]);
     assert_eq!(rec.calls.lock().unwrap().len(), 1);
 }
+
+#[test]
+fn a_host_load_from_a_ranged_file_reads_its_tensors_and_slices_in_one_call() {
+    use crate::slice::Indexer;
+    let bytes = grid();
+    let local = std::sync::Arc::new(
+        SafeFile::from_memory("local", Box::new(bytes.clone()), Default::default()).unwrap(),
+    );
+    let (f, rec) = ranged(&bytes, false);
+    let rows = vec![Indexer::Range {
+        start: Some(1),
+        stop: Some(6),
+        step: 2,
+    }];
+    let requests = [
+        crate::Request::tensor("small").in_file(0),
+        crate::Request::slice("grid", rows).in_file(0),
+    ];
+    let load = |file: std::sync::Arc<SafeFile>| {
+        let files = [file];
+        let (plan, sources) =
+            crate::upload::UploadPlan::of(crate::Source::Files(&files), Some(&requests), 64)
+                .unwrap();
+        let mut out = vec![0xAAu8; plan.total() as usize];
+        plan.read_into(&sources, &mut out).unwrap();
+        out
+    };
+    assert_eq!(load(f), load(local));
+    let calls = rec.calls.lock().unwrap();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].len(), 4, "{calls:?}");
+}

@@ -231,6 +231,9 @@ impl UploadPlan {
                 actual: dst.len() as u64,
             });
         }
+        if files.iter().any(|f| f.reads_in_batches()) {
+            return self.read_into_in_batches(files, dst);
+        }
         let mut order: Vec<&Piece> = Vec::new();
         crate::fallible::reserve(&mut order, self.pieces.len(), "a load's pieces")?;
         order.extend(self.pieces.iter());
@@ -265,6 +268,42 @@ impl UploadPlan {
             tail.fill(0);
         }
         Ok(())
+    }
+
+    /// [`UploadPlan::read_into`] with files that read in batches (remote files read on demand):
+    /// every piece's reads (a tensor, or a slice's runs) of one file handed to it together, so
+    /// that they are fetched concurrently rather than one round trip each.
+    fn read_into_in_batches(&self, files: &[Arc<SafeFile>], dst: &mut [u8]) -> Result<()> {
+        let plain: Vec<&SafeFile> = files.iter().map(|f| f.as_ref()).collect();
+        let mut order: Vec<&Piece> = Vec::new();
+        crate::fallible::reserve(&mut order, self.pieces.len(), "a load's pieces")?;
+        order.extend(self.pieces.iter());
+        order.sort_by_key(|p| p.dst);
+        let mut reads: Vec<(usize, u64, &mut [u8])> = Vec::new();
+        let mut rest: &mut [u8] = dst;
+        let mut at = 0u64;
+        for p in order {
+            match p.slice.and_then(|k| self.slices.get(k)) {
+                None => {
+                    let out = super::carve(p.dst, p.dst + p.len, &mut rest, &mut at)?;
+                    crate::fallible::push(&mut reads, (p.source, p.src, out), "a load's reads")?;
+                }
+                Some(plan) => {
+                    for (src, out, n) in plan.runs_in_result(0, p.len as usize) {
+                        let to = p.dst + out as u64;
+                        let out = super::carve(to, to + n as u64, &mut rest, &mut at)?;
+                        crate::fallible::push(
+                            &mut reads,
+                            (p.source, p.src + src as u64, out),
+                            "a load's reads",
+                        )?;
+                    }
+                }
+            }
+        }
+        // The padding after the last placement (carve zeroed the gaps before each read).
+        rest.fill(0);
+        super::read_grouped(&plain, &mut reads)
     }
 
     /// Source bytes the plan reads (the total minus alignment padding).
