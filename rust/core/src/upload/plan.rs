@@ -285,18 +285,20 @@ impl UploadPlan {
         for p in order {
             match p.slice.and_then(|k| self.slices.get(k)) {
                 None => {
-                    let out = super::carve(p.dst, p.dst + p.len, &mut rest, &mut at)?;
+                    // Saturating: a placement past the destination is refused by `carve`.
+                    let end = p.dst.saturating_add(p.len);
+                    let out = super::carve(p.dst, end, &mut rest, &mut at)?;
                     crate::fallible::push(&mut reads, (p.source, p.src, out), "a load's reads")?;
                 }
                 Some(plan) => {
                     for (src, out, n) in plan.runs_in_result(0, p.len as usize) {
-                        let to = p.dst + out as u64;
-                        let out = super::carve(to, to + n as u64, &mut rest, &mut at)?;
-                        crate::fallible::push(
-                            &mut reads,
-                            (p.source, p.src + src as u64, out),
-                            "a load's reads",
-                        )?;
+                        let to = p.dst.saturating_add(out as u64);
+                        let out =
+                            super::carve(to, to.saturating_add(n as u64), &mut rest, &mut at)?;
+                        // Inside the source file's data, which the plan was checked against;
+                        // a read past it is refused by the file.
+                        let from = p.src.saturating_add(src as u64);
+                        crate::fallible::push(&mut reads, (p.source, from, out), "a load's reads")?;
                     }
                 }
             }
