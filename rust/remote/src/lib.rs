@@ -95,16 +95,12 @@ pub fn open_checkpoint(
         ));
     }
     let text = fetch::fetch_small(url, remote, MAX_INDEX_SIZE, "a checkpoint index")?;
-    // `locate` refused query strings and fragments, so the path ends the URL.
-    let base = match url.rfind('/') {
-        Some(i) => &url[..=i],
-        None => url,
-    };
+    let base = location::directory_of(url)?;
     let name = safetensors_core::redact_url(url);
     Checkpoint::from_index_bytes(
         &name,
         &text,
-        base,
+        &base,
         Box::new(RemoteShards {
             remote: remote.clone(),
         }),
