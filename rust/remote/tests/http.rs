@@ -732,3 +732,21 @@ fn a_remote_shard_is_the_object_of_its_literal_name_next_to_the_index() {
     let (file, _) = ckpt.locate("a").unwrap();
     assert_eq!(&*file.tensor_bytes("a").unwrap(), want[0].1.as_slice());
 }
+
+#[test]
+fn a_deadline_too_far_to_be_an_instant_is_no_limit() {
+    let bytes = sample();
+    let Some(s) = serve("far-deadline", &bytes) else {
+        return;
+    };
+    let u = url(s.server.port, "model.safetensors");
+    let local = SafeFile::from_memory("local", Box::new(bytes), OpenOptions::default()).unwrap();
+    for remote in [many_parts(), on_demand(many_parts())] {
+        let remote = RemoteOptions {
+            deadline: Some(Duration::MAX),
+            ..remote
+        };
+        let f = open(&u, &remote, OpenOptions::default()).unwrap();
+        same_tensors(&f, &local);
+    }
+}
