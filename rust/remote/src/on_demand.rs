@@ -75,6 +75,7 @@ impl RangeSource for OnDemand {
             order.push(i);
         }
         order.sort_by_key(|&i| runs[i].0);
+        let reach = reach(runs, &order)?;
         // Spans: runs closer than BRIDGE merged; then parts of at most `part_size`.
         let mut spans: Vec<Range<u64>> = Vec::new();
         for &i in &order {
@@ -155,17 +156,31 @@ impl RangeSource for OnDemand {
                     message: format!("the remote read of {name} stopped without an answer"),
                 })
             })?;
-            scatter(runs, &order, &part);
+            scatter(runs, &order, &reach, &part);
             permits.add_permits(1);
         }
         Ok(())
     }
 }
 
-/// Copies every run's overlap with `part` into place. `order` lists the runs by offset; they
-/// are disjoint, so their ends ascend too.
-fn scatter(runs: &mut [(u64, &mut [u8])], order: &[usize], part: &Fetched) {
-    let first = order.partition_point(|&i| runs[i].0 + runs[i].1.len() as u64 <= part.range.start);
+/// For each run in `order` (the runs by offset), the furthest end of it and the runs before
+/// it: ascending even where runs overlap or nest (a caller's runs may), unlike their own ends.
+fn reach(runs: &[(u64, &mut [u8])], order: &[usize]) -> Result<Vec<u64>> {
+    let mut out = Vec::new();
+    fallible::reserve(&mut out, order.len(), "a remote read's runs")?;
+    let mut furthest = 0u64;
+    for &i in order {
+        furthest = furthest.max(runs[i].0 + runs[i].1.len() as u64);
+        out.push(furthest);
+    }
+    Ok(out)
+}
+
+/// Copies every run's overlap with `part` into place. `order` lists the runs by offset and
+/// `reach` is [`reach`] of them: the runs before the first whose reach passes the part's start
+/// all end before it.
+fn scatter(runs: &mut [(u64, &mut [u8])], order: &[usize], reach: &[u64], part: &Fetched) {
+    let first = reach.partition_point(|&end| end <= part.range.start);
     for &i in &order[first..] {
         let (at, dst) = &mut runs[i];
         if *at >= part.range.end {
@@ -174,8 +189,55 @@ fn scatter(runs: &mut [(u64, &mut [u8])], order: &[usize], part: &Fetched) {
         let end = *at + dst.len() as u64;
         let lo = (*at).max(part.range.start);
         let hi = end.min(part.range.end);
+        if lo >= hi {
+            // A run nested in an earlier one, ending before this part.
+            continue;
+        }
         let from = (lo - part.range.start) as usize..(hi - part.range.start) as usize;
         let to = (lo - *at) as usize..(hi - *at) as usize;
         dst[to].copy_from_slice(&part.bytes[from]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{reach, scatter, Fetched};
+
+    /// Byte `k` of the object.
+    fn byte(k: u64) -> u8 {
+        (k * 7 % 251) as u8
+    }
+
+    #[test]
+    fn overlapping_and_nested_runs_get_their_bytes_whatever_order_parts_land_in() {
+        // (offset, length): a long run, one nested in it, a duplicate of it, one overlapping
+        // its end, and one far after; parts of 64 bytes landing last first.
+        let shape = [(0u64, 300usize), (10, 10), (10, 10), (250, 100), (1000, 5)];
+        let mut buffers: Vec<Vec<u8>> = shape.iter().map(|&(_, n)| vec![0; n]).collect();
+        let mut runs: Vec<(u64, &mut [u8])> = shape
+            .iter()
+            .zip(buffers.iter_mut())
+            .map(|(&(at, _), b)| (at, b.as_mut_slice()))
+            .collect();
+        let mut order: Vec<usize> = (0..runs.len()).collect();
+        order.sort_by_key(|&i| runs[i].0);
+        let reach = reach(&runs, &order).unwrap();
+        let mut parts: Vec<Fetched> = (0..1005u64)
+            .step_by(64)
+            .map(|start| {
+                let range = start..(start + 64).min(1005);
+                let bytes = range.clone().map(byte).collect();
+                Fetched { range, bytes }
+            })
+            .collect();
+        parts.reverse();
+        for part in &parts {
+            scatter(&mut runs, &order, &reach, part);
+        }
+        drop(runs);
+        for (&(at, n), got) in shape.iter().zip(&buffers) {
+            let want: Vec<u8> = (at..at + n as u64).map(byte).collect();
+            assert_eq!(got, &want, "the run at {at}");
+        }
     }
 }
