@@ -3,6 +3,10 @@
 //! are URLs, what of a URL a message may show, and how a name becomes one segment of a URL's
 //! path.
 
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
 /// Whether `s` names a remote object rather than a local path: it starts with `s3://`,
 /// `http://` or `https://` (the scheme in any case). Anything else is a local path.
 ///
@@ -48,6 +52,28 @@ pub fn redact_url(url: &str) -> String {
         shown.push_str("...");
     }
     shown
+}
+
+/// `bytes` as the URL text they are, or an `Io` error showing them lossily (and redacted): a
+/// URL is UTF-8 text, and reading other bytes lossily would name another object (`\xff`
+/// becoming U+FFFD). For layers that receive URLs as bytes (C strings, paths).
+///
+/// ```
+/// assert_eq!(safetensors_core::url_text(b"s3://b/m.safetensors").unwrap(), "s3://b/m.safetensors");
+/// assert!(safetensors_core::url_text(b"s3://b/m\xff.safetensors").is_err());
+/// ```
+pub fn url_text(bytes: &[u8]) -> Result<&str> {
+    std::str::from_utf8(bytes).map_err(|_| {
+        let shown = redact_url(&String::from_utf8_lossy(bytes));
+        Error::io(
+            Path::new(&shown),
+            "open",
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "a URL must be UTF-8 text (percent-encode any other byte, as %FF)",
+            ),
+        )
+    })
 }
 
 /// Appends `name` to a URL's path as one segment that means exactly that name: every byte but
