@@ -28,7 +28,7 @@ pub const ST_REMOTE_ON_DEMAND: u32 = 0x2;
 pub struct st_remote_options {
     /// Ranged GETs in flight at once (default 16; 0 counts as 1).
     pub concurrency: usize,
-    /// Bytes one GET asks for (default 8 MiB; 0 counts as 1).
+    /// Bytes one GET asks for (default 8 MiB; less than 4096 counts as 4096).
     pub part_size: usize,
     /// Bytes the first GET asks for: the header and, speculatively, the first tensors (default
     /// 1 MiB).

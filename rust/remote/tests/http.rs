@@ -750,3 +750,30 @@ fn a_deadline_too_far_to_be_an_instant_is_no_limit() {
         same_tensors(&f, &local);
     }
 }
+
+#[test]
+fn a_part_size_below_the_floor_counts_as_the_floor() {
+    let bytes = sample();
+    let Some(s) = serve("tiny-parts", &bytes) else {
+        return;
+    };
+    let u = url(s.server.port, "model.safetensors");
+    // Parts of one byte would be 1.2 million GETs for the big tensor: the deadline bounds
+    // how long this test takes if they were made.
+    let tiny = RemoteOptions {
+        part_size: 1,
+        deadline: Some(Duration::from_secs(20)),
+        ..many_parts()
+    };
+    let f = open(&u, &on_demand(tiny), OpenOptions::default()).unwrap();
+    let opened = logged(&s, 2).len();
+    let local = SafeFile::from_memory("local", Box::new(bytes), OpenOptions::default()).unwrap();
+    assert_eq!(
+        f.tensor_bytes("big").unwrap(),
+        local.tensor_bytes("big").unwrap()
+    );
+    let parts = 1_200_000usize.div_ceil(safetensors_remote::MIN_PART_SIZE);
+    let log = logged(&s, opened + parts);
+    let fetched: u64 = log[opened..].iter().map(|l| l.2).sum();
+    assert_eq!((log.len() - opened, fetched), (parts, 1_200_000), "{log:?}");
+}
