@@ -97,7 +97,9 @@ impl RangeSource for OnDemand {
         // Parts land here in any order and are copied into place on this thread while later
         // ones are fetched. A part is only started once a permit is free: at most twice
         // `concurrency` parts are in flight or waiting to be copied, whatever the read's size.
-        let permits = Arc::new(Semaphore::new(2 * concurrency));
+        // Saturating, and within what a semaphore holds: `usize::MAX` means "no limit".
+        let held = concurrency.saturating_mul(2).min(Semaphore::MAX_PERMITS);
+        let permits = Arc::new(Semaphore::new(held));
         let (tx, rx) = mpsc::channel::<Result<Fetched>>();
         let getter = self.getter.clone();
         let pin = self.pin.clone();

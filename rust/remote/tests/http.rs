@@ -777,3 +777,22 @@ fn a_part_size_below_the_floor_counts_as_the_floor() {
     let fetched: u64 = log[opened..].iter().map(|l| l.2).sum();
     assert_eq!((log.len() - opened, fetched), (parts, 1_200_000), "{log:?}");
 }
+
+#[test]
+fn an_unbounded_concurrency_reads_as_any_other() {
+    let bytes = sample();
+    let Some(s) = serve("huge-concurrency", &bytes) else {
+        return;
+    };
+    let u = url(s.server.port, "model.safetensors");
+    let local = SafeFile::from_memory("local", Box::new(bytes), OpenOptions::default()).unwrap();
+    // `usize::MAX` for "as many as there are parts", whole and on demand.
+    for remote in [many_parts(), on_demand(many_parts())] {
+        let remote = RemoteOptions {
+            concurrency: usize::MAX,
+            ..remote
+        };
+        let f = open(&u, &remote, OpenOptions::default()).unwrap();
+        same_tensors(&f, &local);
+    }
+}
