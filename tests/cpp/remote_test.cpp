@@ -94,6 +94,19 @@ TEST(RemoteUrl, CredentialsInAUrlAreRefusedAndNeverShown) {
       << opened.status().message();
 }
 
+// A URL is UTF-8 text: other bytes are refused, never read lossily as another object's URL
+// (nothing listens on port 1, so an attempt would fail on the connection instead).
+TEST(RemoteUrl, AUrlThatIsNotUtf8IsRefused) {
+  if (!safetensors::remote_built()) GTEST_SKIP() << "built with SAFETENSORS_REMOTE=OFF";
+  for (const std::string url :
+       {"http://127.0.0.1:1/m\xff.safetensors", "http://127.0.0.1:1/m\xff.index.json"}) {
+    auto opened = url.ends_with(".json") ? safetensors::nothrow::open_remote_checkpoint(url).status()
+                                         : safetensors::nothrow::open_remote(url).status();
+    EXPECT_EQ(opened.kind(), safetensors::ErrorKind::Io);
+    EXPECT_NE(opened.message().find("UTF-8"), std::string::npos) << opened.message();
+  }
+}
+
 // The build is what CMake configured: with SAFETENSORS_REMOTE=OFF a URL is an Io error that
 // says so (and names the URL without its credentials), never an attempt to open a local path.
 TEST(RemoteUrl, TheBuildOpensRemoteFilesExactlyWhenConfiguredTo) {
