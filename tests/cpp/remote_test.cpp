@@ -420,6 +420,13 @@ TEST(RemoteCli, InspectValidateAndStatsReadUrlsOfFilesAndCheckpoints) {
   ASSERT_EQ(listed.code, 0) << listed.err << listed.out;
   EXPECT_TRUE(test::has(listed.out, "\"shard\":\"m-2.safetensors\"")) << listed.out;
   EXPECT_TRUE(test::has(listed.out, "\"shape\":[300,100]")) << listed.out;
+  // A shard whose name a URL spells escaped is listed by its name, as from disk.
+  fs::copy_file(s.root / "m-2.safetensors", s.root / "m 2%.safetensors");
+  const std::string odd = R"({"weight_map": {"b": "m 2%.safetensors"}})";
+  test::write_bytes(s.root / "odd.index.json", std::vector<std::uint8_t>(odd.begin(), odd.end()));
+  auto escaped = test::cli({"inspect", s.server->url("odd.index.json"), "--json"});
+  ASSERT_EQ(escaped.code, 0) << escaped.err << escaped.out;
+  EXPECT_TRUE(test::has(escaped.out, "\"shard\":\"m 2%.safetensors\"")) << escaped.out;
   auto checked = test::cli({"validate", index});
   ASSERT_EQ(checked.code, 0) << checked.out << checked.err;
   EXPECT_TRUE(test::has(checked.out, "OK   " + index + " (2 tensors")) << checked.out;
