@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cli.hpp"
@@ -36,15 +37,36 @@ struct Listing {
   std::size_t shards = 1;
 };
 
+/// `text` with each `%XX` turned back into its byte.
+std::string percent_decoded(std::string_view text) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  std::string out;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '%' && i + 2 < text.size() && hex(text[i + 1]) >= 0 && hex(text[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hex(text[i + 1]) * 16 + hex(text[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(text[i]);
+    }
+  }
+  return out;
+}
+
 /// `shard` as the index names it: relative to the index's folder (shards in different folders
 /// may share a file name), or whole where it is not below it.
 std::string shard_name(const fs::path& index, const fs::path& shard) {
   if (safetensors::is_url(index.native())) {
-    // A remote index's shards are URLs next to it: shown relative to its directory.
+    // A remote index's shards are URLs next to it, each name percent-encoded in them: shown
+    // relative to its directory, decoded, as the index spells them.
     const std::string& i = index.native();
     const std::string base = i.substr(0, i.rfind('/') + 1);
     const std::string& s = shard.native();
-    return s.starts_with(base) ? s.substr(base.size()) : s;
+    return s.starts_with(base) ? percent_decoded(s.substr(base.size())) : s;
   }
   std::error_code ec;
   fs::path dir = fs::absolute(index, ec).parent_path().lexically_normal();

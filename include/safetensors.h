@@ -841,7 +841,7 @@ typedef struct st_remote_options {
    */
   size_t concurrency;
   /**
-   * Bytes one GET asks for (default 8 MiB; 0 counts as 1).
+   * Bytes one GET asks for (default 8 MiB; less than 4096 counts as 4096).
    */
   size_t part_size;
   /**

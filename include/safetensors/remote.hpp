@@ -21,7 +21,8 @@ inline namespace SAFETENSORS_ABI {
 struct RemoteOptions {
   /// Ranged GETs in flight at once.
   std::size_t concurrency = 16;
-  /// Bytes one GET asks for (adjacent byte runs are coalesced, then cut into parts this size).
+  /// Bytes one GET asks for (adjacent byte runs are coalesced, then cut into parts this size);
+  /// less than 4096 counts as 4096.
   std::size_t part_size = std::size_t{8} << 20;
   /// Bytes the first GET asks for: the header, speculatively with the first tensors; a longer
   /// header costs a second GET.

@@ -94,6 +94,19 @@ TEST(RemoteUrl, CredentialsInAUrlAreRefusedAndNeverShown) {
       << opened.status().message();
 }
 
+// A URL is UTF-8 text: other bytes are refused, never read lossily as another object's URL
+// (nothing listens on port 1, so an attempt would fail on the connection instead).
+TEST(RemoteUrl, AUrlThatIsNotUtf8IsRefused) {
+  if (!safetensors::remote_built()) GTEST_SKIP() << "built with SAFETENSORS_REMOTE=OFF";
+  for (const std::string url :
+       {"http://127.0.0.1:1/m\xff.safetensors", "http://127.0.0.1:1/m\xff.index.json"}) {
+    auto opened = url.ends_with(".json") ? safetensors::nothrow::open_remote_checkpoint(url).status()
+                                         : safetensors::nothrow::open_remote(url).status();
+    EXPECT_EQ(opened.kind(), safetensors::ErrorKind::Io);
+    EXPECT_NE(opened.message().find("UTF-8"), std::string::npos) << opened.message();
+  }
+}
+
 // The build is what CMake configured: with SAFETENSORS_REMOTE=OFF a URL is an Io error that
 // says so (and names the URL without its credentials), never an attempt to open a local path.
 TEST(RemoteUrl, TheBuildOpensRemoteFilesExactlyWhenConfiguredTo) {
@@ -393,6 +406,13 @@ TEST(RemoteCli, InspectValidateAndStatsReadUrlsOfFilesAndCheckpoints) {
   ASSERT_EQ(listed.code, 0) << listed.err << listed.out;
   EXPECT_TRUE(test::has(listed.out, "\"shard\":\"m-2.safetensors\"")) << listed.out;
   EXPECT_TRUE(test::has(listed.out, "\"shape\":[300,100]")) << listed.out;
+  // A shard whose name a URL spells escaped is listed by its name, as from disk.
+  fs::copy_file(s.root / "m-2.safetensors", s.root / "m 2%.safetensors");
+  const std::string odd = R"({"weight_map": {"b": "m 2%.safetensors"}})";
+  test::write_bytes(s.root / "odd.index.json", std::vector<std::uint8_t>(odd.begin(), odd.end()));
+  auto escaped = test::cli({"inspect", s.server->url("odd.index.json"), "--json"});
+  ASSERT_EQ(escaped.code, 0) << escaped.err << escaped.out;
+  EXPECT_TRUE(test::has(escaped.out, "\"shard\":\"m 2%.safetensors\"")) << escaped.out;
   auto checked = test::cli({"validate", index});
   ASSERT_EQ(checked.code, 0) << checked.out << checked.err;
   EXPECT_TRUE(test::has(checked.out, "OK   " + index + " (2 tensors")) << checked.out;

@@ -28,7 +28,7 @@ pub const ST_REMOTE_ON_DEMAND: u32 = 0x2;
 pub struct st_remote_options {
     /// Ranged GETs in flight at once (default 16; 0 counts as 1).
     pub concurrency: usize,
-    /// Bytes one GET asks for (default 8 MiB; 0 counts as 1).
+    /// Bytes one GET asks for (default 8 MiB; less than 4096 counts as 4096).
     pub part_size: usize,
     /// Bytes the first GET asks for: the header and, speculatively, the first tensors (default
     /// 1 MiB).
@@ -177,11 +177,6 @@ pub unsafe extern "C" fn st_checkpoint_open_remote(
     })
 }
 
-/// The URL as text: URLs are UTF-8 (one that is not is refused as an invalid URL, shown lossily).
-fn url_text(url: &Path) -> std::borrow::Cow<'_, str> {
-    url.to_string_lossy()
-}
-
 #[cfg(feature = "remote")]
 mod imp {
     use std::path::Path;
@@ -190,9 +185,7 @@ mod imp {
     use safetensors_core::{Checkpoint, CheckpointOptions, OpenOptions, Result, SafeFile};
     use safetensors_remote::RemoteOptions;
 
-    use super::{
-        st_remote_options, url_text, Defaults, ST_REMOTE_HEADER_ONLY, ST_REMOTE_ON_DEMAND,
-    };
+    use super::{st_remote_options, Defaults, ST_REMOTE_HEADER_ONLY, ST_REMOTE_ON_DEMAND};
 
     /// The remote crate's defaults, so that C and Rust never disagree.
     pub(super) fn defaults() -> Defaults {
@@ -205,6 +198,13 @@ mod imp {
             connect_timeout_ms: d.connect_timeout.as_millis() as u64,
             max_retries: d.max_retries,
         }
+    }
+
+    /// The URL as text: URLs are UTF-8 (one that is not is refused as an invalid URL, shown
+    /// lossily), never read lossily as another object's.
+    fn url_text(url: &Path) -> Result<&str> {
+        use std::os::unix::ffi::OsStrExt;
+        safetensors_core::url_text(url.as_os_str().as_bytes())
     }
 
     fn options(o: &st_remote_options) -> RemoteOptions {
@@ -222,7 +222,7 @@ mod imp {
     }
 
     pub(super) fn open(url: &Path, o: &st_remote_options, open: OpenOptions) -> Result<SafeFile> {
-        safetensors_remote::open(&url_text(url), &options(o), open)
+        safetensors_remote::open(url_text(url)?, &options(o), open)
     }
 
     pub(super) fn open_checkpoint(
@@ -230,7 +230,7 @@ mod imp {
         o: &st_remote_options,
         options_: CheckpointOptions,
     ) -> Result<Checkpoint> {
-        safetensors_remote::open_checkpoint(&url_text(url), &options(o), options_)
+        safetensors_remote::open_checkpoint(url_text(url)?, &options(o), options_)
     }
 }
 
@@ -270,7 +270,7 @@ mod imp {
 /// Opening `url` in a build without remote support.
 #[cfg_attr(feature = "remote", allow(dead_code))]
 fn not_built(url: &Path) -> Error {
-    let shown = safetensors_core::redact_url(&url_text(url));
+    let shown = safetensors_core::redact_url(&url.to_string_lossy());
     Error::io(
         Path::new(&shown),
         "open",
@@ -280,4 +280,60 @@ fn not_built(url: &Path) -> Error {
              -DSAFETENSORS_REMOTE=ON)",
         ),
     )
+}
+
+#[cfg(all(test, feature = "remote"))]
+mod tests {
+    use super::*;
+    use crate::status::ST_ERR_IO;
+
+    #[test]
+    fn a_url_that_is_not_utf8_is_refused_never_read_as_another() {
+        // Nothing listens on port 1: read lossily (`\xff` as U+FFFD), the URL would be tried
+        // as another object's and fail on the connection instead.
+        let urls: [&[u8]; 2] = [
+            b"http://127.0.0.1:1/m\xff.safetensors\0",
+            b"http://127.0.0.1:1/m\xff.index.json\0",
+        ];
+        for (k, url) in urls.into_iter().enumerate() {
+            let mut err = st_error {
+                kind: -1,
+                message: std::ptr::null_mut(),
+                message_len: 0,
+            };
+            // SAFETY: a NUL-terminated URL, NULL options (the defaults), valid out-pointers.
+            let rc = unsafe {
+                if k == 0 {
+                    let mut out = std::ptr::null_mut();
+                    st_file_open_remote(
+                        url.as_ptr().cast(),
+                        std::ptr::null(),
+                        0,
+                        &mut out,
+                        &mut err,
+                    )
+                } else {
+                    let mut out = std::ptr::null_mut();
+                    st_checkpoint_open_remote(
+                        url.as_ptr().cast(),
+                        std::ptr::null(),
+                        0,
+                        &mut out,
+                        &mut err,
+                    )
+                }
+            };
+            assert_eq!(rc, crate::status::ST_FAILED);
+            assert_eq!(err.kind, ST_ERR_IO);
+            // SAFETY: the message the library wrote, `message_len` bytes.
+            let text = unsafe {
+                std::slice::from_raw_parts(err.message.cast::<u8>(), err.message_len).to_vec()
+            };
+            let text = String::from_utf8_lossy(&text);
+            assert!(text.contains("UTF-8"), "{text}");
+            assert!(text.contains("http://127.0.0.1:1/m"), "{text}");
+            // SAFETY: the error the call filled.
+            unsafe { crate::status::st_error_clear(&mut err) };
+        }
+    }
 }

@@ -81,12 +81,19 @@ pub struct OpenOptions {
 /// (the length prefix is at 0). Errors are returned as they are (a remote source's errors
 /// already name its URL and say what the server did).
 pub trait RangeSource: Send + Sync {
-    /// Fills each `(at, dst)` with the file's bytes `[at, at + dst.len())`. The runs do not
-    /// overlap and are usually in ascending order (a slice's rows); a source may coalesce them
-    /// and fetch them concurrently.
-    /// All or nothing: on an error, what the buffers hold is unspecified.
+    /// Fills each `(at, dst)` with the file's bytes `[at, at + dst.len())`. The runs never
+    /// overlap (every caller sees to it: [`SafeFile::read_batch`] refuses overlapping ones) and
+    /// are usually in ascending order (a slice's rows); a source may coalesce them, fetch them
+    /// concurrently and write straight into them. All or nothing: on an error, what the
+    /// buffers hold is unspecified.
     fn read_runs(&self, runs: &mut [(u64, &mut [u8])]) -> Result<()>;
 }
+
+/// Most runs of a slice handed to a [`RangeSource`] in one call. A source keeps some 40 bytes
+/// of bookkeeping per run (the run, its place in offset order, and what it spans), so a slice
+/// of millions of one-element runs would otherwise hold many times its own size; calls of this
+/// many runs (about 40 MiB of it) still each fetch plenty concurrently.
+const RANGED_RUNS: usize = 1 << 20;
 
 /// Bytes a caller holds, for [`SafeFile::from_memory`]: anything that can lend a byte slice
 /// for as long as the file lives (a `Vec<u8>`, an `Arc<[u8]>`, a bridge's borrowed buffer).
@@ -699,7 +706,8 @@ impl SafeFile {
         Ok(())
     }
 
-    /// [`SafeFile::read_runs`] from a ranged source: every run in one call.
+    /// [`SafeFile::read_runs`] from a ranged source: the runs in calls of at most
+    /// [`RANGED_RUNS`] each (one call for all but the most scattered slices).
     fn read_runs_ranged(
         &self,
         source: &dyn RangeSource,
@@ -722,6 +730,10 @@ impl SafeFile {
             let (mine, tail) = std::mem::take(&mut rest).split_at_mut(len);
             rest = tail;
             if len > 0 {
+                if runs.len() == RANGED_RUNS {
+                    source.read_runs(&mut runs)?;
+                    runs.clear();
+                }
                 crate::fallible::push(&mut runs, (data_start + at, mine), "a slice's runs")?;
             }
             total += len as u64;
@@ -739,8 +751,10 @@ impl SafeFile {
     }
 
     /// Several reads of the data buffer at once: each `(offset, dst)` gets the data bytes
-    /// `[offset, offset + dst.len())`. The runs must not overlap. A ranged source gets them in
-    /// one call (coalesced and fetched concurrently); other files read them one by one.
+    /// `[offset, offset + dst.len())`. The runs must not overlap (`InvalidSlice`, before
+    /// anything is read). A ranged source gets them in one call (coalesced and fetched
+    /// concurrently); other files read them one by one. On an error the offsets are as given
+    /// and what the buffers hold is unspecified.
     pub fn read_batch(&self, runs: &mut [(u64, &mut [u8])]) -> Result<()> {
         let handle = self.handle()?;
         let Some(Handle::Ranged(source)) = &handle else {

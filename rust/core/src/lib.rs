@@ -67,7 +67,7 @@ pub use prefetch::{advise, Advice, Plan, Prefetch, PrefetchOptions, MAX_REQUEST_
 pub use request::{Request, Source};
 pub use slice::{Indexer, Placed, Runs, SlicePlan};
 pub use stream::{HandOver, StreamOptions, StreamTensor, TensorStream};
-pub use url::{is_url, redact_url, url_scheme};
+pub use url::{is_url, push_url_segment, redact_url, url_scheme, url_text};
 pub use view::{SafeTensors, TensorView};
 pub use writer::{
     dtype_to_write, plan_shards, serialize, serialize_to_file, text_to_write, write_atomically,

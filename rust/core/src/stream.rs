@@ -313,7 +313,9 @@ impl Drop for StreamTensor {
 /// it cuts short, never other bytes (read and direct backends; a mapping of a file cut short
 /// faults with `SIGBUS`). Dropping the stream early cancels the
 /// reads not yet started and returns once the one in progress reaches the end of its piece
-/// (whole tensors are read in pieces of 64 MiB; a slice at once).
+/// (whole tensors are read in pieces of 64 MiB; a slice at once; from a file that reads in
+/// batches, a remote one read on demand, pieces of 256 MiB and batches of small tensors of up
+/// to 256 MiB, each fetched whole).
 pub struct TensorStream {
     shared: Arc<Shared>,
     items: Arc<[Item]>,

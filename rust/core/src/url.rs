@@ -1,6 +1,11 @@
-//! The two rules about URLs that every layer shares, with or without remote support built in
+//! The rules about URLs that every layer shares, with or without remote support built in
 //! (`rust/remote` reads them; the C++ API and the CLI ask through the bridge): which strings
-//! are URLs, and what of a URL a message may show.
+//! are URLs, what of a URL a message may show, and how a name becomes one segment of a URL's
+//! path.
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
 
 /// Whether `s` names a remote object rather than a local path: it starts with `s3://`,
 /// `http://` or `https://` (the scheme in any case). Anything else is a local path.
@@ -47,6 +52,48 @@ pub fn redact_url(url: &str) -> String {
         shown.push_str("...");
     }
     shown
+}
+
+/// `bytes` as the URL text they are, or an `Io` error showing them lossily (and redacted): a
+/// URL is UTF-8 text, and reading other bytes lossily would name another object (`\xff`
+/// becoming U+FFFD). For layers that receive URLs as bytes (C strings, paths).
+///
+/// ```
+/// assert_eq!(safetensors_core::url_text(b"s3://b/m.safetensors").unwrap(), "s3://b/m.safetensors");
+/// assert!(safetensors_core::url_text(b"s3://b/m\xff.safetensors").is_err());
+/// ```
+pub fn url_text(bytes: &[u8]) -> Result<&str> {
+    std::str::from_utf8(bytes).map_err(|_| {
+        let shown = redact_url(&String::from_utf8_lossy(bytes));
+        Error::io(
+            Path::new(&shown),
+            "open",
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "a URL must be UTF-8 text (percent-encode any other byte, as %FF)",
+            ),
+        )
+    })
+}
+
+/// Appends `name` to a URL's path as one segment that means exactly that name: every byte but
+/// the unreserved ones (RFC 3986: letters, digits, `-._~`) percent-encoded. Left as they are,
+/// names would be read as URL syntax: `%2e%2e` and (in `http` URLs) `..\` climb a directory,
+/// `/` adds one, `?` and `#` end the path, and `%41` names another object.
+///
+/// ```
+/// let mut url = "https://host/models/".to_owned();
+/// safetensors_core::push_url_segment(&mut url, "%2e%2e a?.safetensors");
+/// assert_eq!(url, "https://host/models/%252e%252e%20a%3F.safetensors");
+/// ```
+pub fn push_url_segment(url: &mut String, name: &str) {
+    for &b in name.as_bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            url.push(char::from(b));
+        } else {
+            url.push_str(&format!("%{b:02X}"));
+        }
+    }
 }
 
 #[cfg(test)]

@@ -256,3 +256,80 @@ fn an_index_whose_metadata_is_null_has_none_as_a_file_with_null_metadata() {
     let err = Checkpoint::open(&index, Backend::Mmap).err().unwrap();
     assert_eq!(err.kind(), ErrorKind::InvalidIndex, "{err}");
 }
+
+/// A [`ShardOpener`] that has no shards: it records where it was asked to look.
+struct NoShards(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl safetensors_core::ShardOpener for NoShards {
+    fn open_shard(
+        &self,
+        location: &str,
+        _: safetensors_core::OpenOptions,
+    ) -> safetensors_core::Result<safetensors_core::SafeFile> {
+        self.0.lock().unwrap().push(location.to_owned());
+        Err(safetensors_core::Error::io(
+            Path::new(location),
+            "open",
+            std::io::Error::from(std::io::ErrorKind::NotFound),
+        ))
+    }
+}
+
+#[test]
+fn an_index_that_is_not_a_file_names_each_shard_literally_under_its_base() {
+    // Characters a URL would read as something else are escaped, so that every shard is the
+    // object of exactly its name next to the index: `%2e%2e` and `..\` would otherwise climb
+    // out of the index's directory, `?` and `#` end the path, `%41` name another object.
+    let shards = [
+        (
+            "plain",
+            "model-00001-of-00002.safetensors",
+            "model-00001-of-00002.safetensors",
+        ),
+        ("dot", "./sub//m_1~.safetensors", "sub/m_1~.safetensors"),
+        (
+            "climb",
+            "%2e%2e/secret.safetensors",
+            "%252e%252e/secret.safetensors",
+        ),
+        (
+            "back",
+            "..\\\\secret.safetensors",
+            "..%5Csecret.safetensors",
+        ),
+        ("query", "m?x=1#y.safetensors", "m%3Fx%3D1%23y.safetensors"),
+        (
+            "other",
+            "a b%41é.safetensors",
+            "a%20b%2541%C3%A9.safetensors",
+        ),
+    ];
+    let map: Vec<String> = shards
+        .iter()
+        .map(|(t, s, _)| format!("\"{t}\":\"{s}\""))
+        .collect();
+    let index = format!("{{\"weight_map\":{{{}}}}}", map.join(","));
+    let base = "https://example.com/models/gpt2/";
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let opener = Box::new(NoShards(seen.clone()));
+    let c = Checkpoint::from_index_bytes(
+        "https://example.com/models/gpt2/model.safetensors.index.json",
+        index.as_bytes(),
+        base,
+        opener,
+        Default::default(),
+    )
+    .unwrap();
+    for (tensor, shard, escaped) in shards {
+        let i = c.shard_of(tensor).unwrap();
+        let want = format!("{base}{escaped}");
+        assert_eq!(c.shard_path(i).unwrap(), Path::new(&want), "{shard}");
+        let e = c.locate(tensor).err().expect("no shards");
+        assert_eq!(e.kind(), ErrorKind::ShardMissing, "{e}");
+        // The error names the shard as the index spells it.
+        assert!(e.to_string().contains(&shard.replace("\\\\", "\\")), "{e}");
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), shards.len());
+    assert!(seen.iter().all(|l| l.starts_with(base)), "{seen:?}");
+}

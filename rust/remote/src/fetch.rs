@@ -171,7 +171,8 @@ impl Object {
     /// Reads and validates the header of the object at `url` and pins its version.
     pub fn open(url: &str, options: &RemoteOptions, allow_trailing_bytes: bool) -> Result<Object> {
         let options = options.sane();
-        let deadline_at = options.deadline.map(|d| Instant::now() + d);
+        // A deadline too far to be an instant (`Duration::MAX` for "none") is none.
+        let deadline_at = options.deadline.and_then(|d| Instant::now().checked_add(d));
         let location = locate(url, &options)?;
         let getter = Getter {
             name: location.name.clone().into(),

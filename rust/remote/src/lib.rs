@@ -46,7 +46,7 @@ use safetensors_core::{
 };
 
 pub use fetch::Object;
-pub use options::RemoteOptions;
+pub use options::{RemoteOptions, MIN_PART_SIZE};
 pub use safetensors_core::is_url;
 
 /// Opens the object at `url` (`s3://`, `http://` or `https://`) as a file in memory: the header
@@ -96,16 +96,12 @@ pub fn open_checkpoint(
         ));
     }
     let text = fetch::fetch_small(url, remote, MAX_INDEX_SIZE, "a checkpoint index")?;
-    // `locate` refused query strings and fragments, so the path ends the URL.
-    let base = match url.rfind('/') {
-        Some(i) => &url[..=i],
-        None => url,
-    };
+    let base = location::directory_of(url)?;
     let name = safetensors_core::redact_url(url);
     Checkpoint::from_index_bytes(
         &name,
         &text,
-        base,
+        &base,
         Box::new(RemoteShards {
             remote: remote.clone(),
         }),

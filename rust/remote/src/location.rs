@@ -13,7 +13,7 @@ use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::http::HttpBuilder;
 use object_store::path::Path as ObjectPath;
 use object_store::{BackoffConfig, ClientConfigKey, ClientOptions, ObjectStore, RetryConfig};
-use safetensors_core::{redact_url, url_scheme, Result};
+use safetensors_core::{push_url_segment, redact_url, url_scheme, Result};
 use url::Url;
 
 use crate::error::{invalid_url, store_error};
@@ -156,6 +156,27 @@ fn with_profile(builder: AmazonS3Builder) -> AmazonS3Builder {
     builder
 }
 
+/// The URL of the directory holding the object `url` names, ending in `/`: its scheme and
+/// host, then each segment of its object path but the last, as the store reads them (decoded,
+/// after `.` and `..` and, in `http` URLs, `\` are resolved) and encoded again one by one.
+/// Cutting the URL's text at its last `/` would not be that directory where the object path
+/// holds an encoded `/` (`%2F`) or a `\`.
+pub(crate) fn directory_of(url: &str) -> Result<String> {
+    let name = redact_url(url);
+    let parsed =
+        Url::parse(url).map_err(|e| invalid_url(&name, &format!("not a valid URL ({e})")))?;
+    let path = ObjectPath::from_url_path(parsed.path())
+        .map_err(|e| invalid_url(&name, &format!("not a valid object path ({e})")))?;
+    let parts: Vec<_> = path.parts().collect();
+    let mut out = parsed[..url::Position::BeforePath].to_owned();
+    out.push('/');
+    for part in &parts[..parts.len().saturating_sub(1)] {
+        push_url_segment(&mut out, part.as_ref());
+        out.push('/');
+    }
+    Ok(out)
+}
+
 fn millis(d: std::time::Duration) -> String {
     format!("{}ms", d.as_millis().max(1))
 }
@@ -175,6 +196,29 @@ mod tests {
             let text = e.to_string();
             assert!(!text.contains("hunter2"), "{text}");
             assert!(text.contains("https://example.com/m.safetensors"), "{text}");
+        }
+    }
+
+    #[test]
+    fn an_objects_directory_is_what_the_store_reads_its_path_as() {
+        for (url, dir) in [
+            (
+                "http://h:80/models/gpt2/m.index.json",
+                "http://h/models/gpt2/",
+            ),
+            ("http://h/m.index.json", "http://h/"),
+            ("https://h/a/./b/../m.index.json", "https://h/a/"),
+            (
+                "http://h/models%2Fgpt2/m.index.json",
+                "http://h/models/gpt2/",
+            ),
+            ("http://h/models%2Fm.index.json", "http://h/models/"),
+            ("http://h/models\\m.index.json", "http://h/models/"),
+            ("http://h/a%20b/m.index.json", "http://h/a%20b/"),
+            ("s3://bucket/x/y/m.index.json", "s3://bucket/x/y/"),
+            ("s3://bucket/x%2Fy/m.index.json", "s3://bucket/x/y/"),
+        ] {
+            assert_eq!(directory_of(url).unwrap(), dir, "{url}");
         }
     }
 

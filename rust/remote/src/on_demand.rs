@@ -148,8 +148,10 @@ impl RangeSource for OnDemand {
         let count = jobs.len();
         let concurrency = self.options.concurrency.max(1);
         // A part that needs bytes of its own starts only once a permit is free: at most twice
-        // `concurrency` such parts are in flight or waiting to be copied, whatever the read's size.
-        let permits = Arc::new(Semaphore::new(2 * concurrency));
+        // `concurrency` such parts are in flight or waiting to be copied, whatever the read's size
+        // (saturating, and within what a semaphore holds: `usize::MAX` means "no limit").
+        let held = concurrency.saturating_mul(2).min(Semaphore::MAX_PERMITS);
+        let permits = Arc::new(Semaphore::new(held));
         let (tx, rx) = mpsc::channel::<Result<Landed>>();
         // Dropped with the task (finished, aborted or unwound): what `read_runs` waits for
         // before it returns, so that no write through a place outlives the caller's borrow.
@@ -262,5 +264,49 @@ fn scatter(places: &[Place], part: &Fetched) {
                 from.len(),
             )
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{scatter, Fetched, Place};
+
+    /// Byte `k` of the object.
+    fn byte(k: u64) -> u8 {
+        (k * 7 % 251) as u8
+    }
+
+    #[test]
+    fn parts_landing_in_any_order_fill_the_runs_they_span() {
+        // (offset, length): disjoint runs with gaps between them, one spanning several parts,
+        // one inside a part, one crossing a part's end; parts of 64 bytes landing last first.
+        let shape = [(0u64, 150usize), (170, 10), (250, 100), (1000, 5)];
+        let mut buffers: Vec<Vec<u8>> = shape.iter().map(|&(_, n)| vec![0; n]).collect();
+        let places: Vec<Place> = shape
+            .iter()
+            .zip(buffers.iter_mut())
+            .map(|(&(at, len), b)| Place {
+                at,
+                ptr: b.as_mut_ptr(),
+                len,
+            })
+            .collect();
+        let mut parts: Vec<Fetched> = (0..1005u64)
+            .step_by(64)
+            .map(|start| {
+                let range = start..(start + 64).min(1005);
+                let bytes = range.clone().map(byte).collect();
+                Fetched { range, bytes }
+            })
+            .collect();
+        parts.reverse();
+        for part in &parts {
+            scatter(&places, part);
+        }
+        drop(places);
+        for (&(at, n), got) in shape.iter().zip(&buffers) {
+            let want: Vec<u8> = (at..at + n as u64).map(byte).collect();
+            assert_eq!(got, &want, "the run at {at}");
+        }
     }
 }

@@ -2,14 +2,20 @@
 
 use std::time::Duration;
 
+/// The smallest part one GET asks for. A read keeps some bookkeeping for each of its parts (its
+/// range, and for a whole object's fetch a pending request), and each part is a round trip:
+/// parts of a few bytes would make a read of a large tensor millions of requests and hold
+/// many times its size in bookkeeping.
+pub const MIN_PART_SIZE: usize = 4096;
+
 /// Options for [`crate::open`]. The defaults suit a model on S3 or a CDN from a machine with a
 /// fast link; docs/remote.md says when to change them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RemoteOptions {
     /// Ranged GETs in flight at once (at least 1). Default 16.
     pub concurrency: usize,
-    /// Bytes one GET asks for (at least 1; adjacent byte runs are coalesced, then cut into
-    /// parts of this size). Default 8 MiB.
+    /// Bytes one GET asks for (adjacent byte runs are coalesced, then cut into parts of this
+    /// size); less than [`MIN_PART_SIZE`] counts as that. Default 8 MiB.
     pub part_size: usize,
     /// Bytes the first GET asks for: the 8-byte length prefix and, speculatively, the header
     /// and the first tensors. A header longer than this costs a second GET. Default 1 MiB.
@@ -54,11 +60,12 @@ impl Default for RemoteOptions {
 }
 
 impl RemoteOptions {
-    /// The options with every count at least 1, and a first read that holds the length prefix.
+    /// The options with every count at least 1, parts of at least [`MIN_PART_SIZE`], and a
+    /// first read that holds the length prefix.
     pub(crate) fn sane(&self) -> RemoteOptions {
         RemoteOptions {
             concurrency: self.concurrency.max(1),
-            part_size: self.part_size.max(1),
+            part_size: self.part_size.max(MIN_PART_SIZE),
             first_read: self.first_read.max(safetensors_core::LENGTH_PREFIX_SIZE),
             ..self.clone()
         }

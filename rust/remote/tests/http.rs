@@ -673,3 +673,126 @@ fn an_on_demand_read_of_a_hung_connection_ends_at_the_deadline_and_the_file_read
         local.tensor_bytes("big").unwrap()
     );
 }
+
+#[test]
+fn a_remote_shard_is_the_object_of_its_literal_name_next_to_the_index() {
+    let Some(s) = serve("ckpt-names", &sample()) else {
+        return;
+    };
+    // The checkpoint in `dir/`, a file of the same tensor names above it, and a shard whose
+    // name holds characters that mean something in a URL.
+    let dir = s.root.0.join("dir");
+    std::fs::create_dir_all(&dir).unwrap();
+    let want = write_checkpoint(&dir, None);
+    std::fs::copy(
+        dir.join("model-1.safetensors"),
+        dir.join("a b%41+é.safetensors"),
+    )
+    .unwrap();
+    let outside = serialize([("a", TensorView::new(Dtype::U8, &[3], &[9, 9, 9]))], None).unwrap();
+    std::fs::write(s.root.0.join("escape.safetensors"), outside).unwrap();
+    let u = url(s.server.port, "dir/model.safetensors.index.json");
+    let index = |shard: &str| {
+        std::fs::write(
+            dir.join("model.safetensors.index.json"),
+            format!(r#"{{"weight_map": {{"a": "{shard}"}}}}"#),
+        )
+        .unwrap();
+    };
+    // Names that a URL would read as a climb out of `dir/` are plain (missing) names there.
+    for climb in ["%2e%2e/escape.safetensors", r"..\\escape.safetensors"] {
+        index(climb);
+        let ckpt =
+            safetensors_remote::open_checkpoint(&u, &many_parts(), Default::default()).unwrap();
+        let e = ckpt.locate("a").err().expect("refused");
+        assert_eq!(e.kind(), ErrorKind::ShardMissing, "{climb}: {e}");
+    }
+    // A name with a space, a percent sign, a plus and a non-ASCII letter is that file.
+    index("a b%41+é.safetensors");
+    for remote in [many_parts(), on_demand(many_parts())] {
+        let ckpt = safetensors_remote::open_checkpoint(&u, &remote, Default::default()).unwrap();
+        let (file, _) = ckpt.locate("a").unwrap();
+        assert_eq!(&*file.tensor_bytes("a").unwrap(), want[0].1.as_slice());
+    }
+    // An index URL whose path spells its `/` encoded is still the index in `dir/`, and its
+    // shards are next to it there, not next to the URL's last literal `/`.
+    index("model-1.safetensors");
+    std::fs::copy(
+        s.root.0.join("escape.safetensors"),
+        s.root.0.join("model-1.safetensors"),
+    )
+    .unwrap();
+    let encoded = url(s.server.port, "dir%2Fmodel.safetensors.index.json");
+    let ckpt =
+        safetensors_remote::open_checkpoint(&encoded, &many_parts(), Default::default()).unwrap();
+    assert_eq!(
+        ckpt.shard_path(0).unwrap(),
+        Path::new(&url(s.server.port, "dir/model-1.safetensors"))
+    );
+    let (file, _) = ckpt.locate("a").unwrap();
+    assert_eq!(&*file.tensor_bytes("a").unwrap(), want[0].1.as_slice());
+}
+
+#[test]
+fn a_deadline_too_far_to_be_an_instant_is_no_limit() {
+    let bytes = sample();
+    let Some(s) = serve("far-deadline", &bytes) else {
+        return;
+    };
+    let u = url(s.server.port, "model.safetensors");
+    let local = SafeFile::from_memory("local", Box::new(bytes), OpenOptions::default()).unwrap();
+    for remote in [many_parts(), on_demand(many_parts())] {
+        let remote = RemoteOptions {
+            deadline: Some(Duration::MAX),
+            ..remote
+        };
+        let f = open(&u, &remote, OpenOptions::default()).unwrap();
+        same_tensors(&f, &local);
+    }
+}
+
+#[test]
+fn a_part_size_below_the_floor_counts_as_the_floor() {
+    let bytes = sample();
+    let Some(s) = serve("tiny-parts", &bytes) else {
+        return;
+    };
+    let u = url(s.server.port, "model.safetensors");
+    // Parts of one byte would be 1.2 million GETs for the big tensor: the deadline bounds
+    // how long this test takes if they were made.
+    let tiny = RemoteOptions {
+        part_size: 1,
+        deadline: Some(Duration::from_secs(20)),
+        ..many_parts()
+    };
+    let f = open(&u, &on_demand(tiny), OpenOptions::default()).unwrap();
+    let opened = logged(&s, 2).len();
+    let local = SafeFile::from_memory("local", Box::new(bytes), OpenOptions::default()).unwrap();
+    assert_eq!(
+        f.tensor_bytes("big").unwrap(),
+        local.tensor_bytes("big").unwrap()
+    );
+    let parts = 1_200_000usize.div_ceil(safetensors_remote::MIN_PART_SIZE);
+    let log = logged(&s, opened + parts);
+    let fetched: u64 = log[opened..].iter().map(|l| l.2).sum();
+    assert_eq!((log.len() - opened, fetched), (parts, 1_200_000), "{log:?}");
+}
+
+#[test]
+fn an_unbounded_concurrency_reads_as_any_other() {
+    let bytes = sample();
+    let Some(s) = serve("huge-concurrency", &bytes) else {
+        return;
+    };
+    let u = url(s.server.port, "model.safetensors");
+    let local = SafeFile::from_memory("local", Box::new(bytes), OpenOptions::default()).unwrap();
+    // `usize::MAX` for "as many as there are parts", whole and on demand.
+    for remote in [many_parts(), on_demand(many_parts())] {
+        let remote = RemoteOptions {
+            concurrency: usize::MAX,
+            ..remote
+        };
+        let f = open(&u, &remote, OpenOptions::default()).unwrap();
+        same_tensors(&f, &local);
+    }
+}

@@ -14,8 +14,9 @@
 //! A plain `.safetensors` file opens as a checkpoint of one shard.
 //!
 //! An index that is not a local file (a remote one: [`Checkpoint::from_index_bytes`]) has its
-//! shards next to it, named by joining the index's location with each confined shard path, and
-//! opened by a [`ShardOpener`]; no shard is checked to exist at open (that would cost a request
+//! shards next to it, named by joining the index's location with each confined shard path
+//! (percent-encoded: a shard's name is never read as URL syntax), and opened by a
+//! [`ShardOpener`]; no shard is checked to exist at open (that would cost a request
 //! each): a missing one is `ShardMissing` when it is first opened.
 //!
 //! Lenient mode ([`CheckpointOptions::lenient`], opt-in) reads checkpoints as they exist in the
@@ -198,9 +199,10 @@ impl Checkpoint {
     /// A checkpoint whose index is not a local file: `text` is the index's content (at most
     /// [`MAX_INDEX_SIZE`] bytes), `name` stands for it in messages (its URL), and each shard is
     /// `base` (the index's location up to and including its last `/`) followed by the shard's
-    /// path confined as for a local index, its components joined with `/`, opened by `opener`
-    /// on first use and checked against the index as a local shard is. `options.backend` and
-    /// the mapping options are the opener's to honour or ignore.
+    /// path confined as for a local index, its components percent-encoded (a shard is the
+    /// object of exactly the name the index gives, never URL syntax) and joined with `/`,
+    /// opened by `opener` on first use and checked against the index as a local shard is.
+    /// `options.backend` and the mapping options are the opener's to honour or ignore.
     pub fn from_index_bytes(
         name: &str,
         text: &[u8],
@@ -224,7 +226,7 @@ impl Checkpoint {
                 if k > 0 {
                     location.push('/');
                 }
-                location.push_str(&part.to_string_lossy());
+                crate::url::push_url_segment(&mut location, &part.to_string_lossy());
             }
             Ok(PathBuf::from(location))
         })

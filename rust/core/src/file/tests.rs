@@ -426,3 +426,53 @@ fn a_host_load_from_a_ranged_file_reads_its_tensors_and_slices_in_one_call() {
     assert_eq!(calls.len(), 1, "{calls:?}");
     assert_eq!(calls[0].len(), 4, "{calls:?}");
 }
+
+#[test]
+fn a_refused_batch_leaves_its_offsets_as_given_and_reads_nothing() {
+    let bytes = grid();
+    let (f, rec) = ranged(&bytes, false);
+    let data_len = f.header().data_len() as u64;
+    let (mut a, mut b) = (vec![0u8; 4], vec![0u8; 4]);
+    // The second run ends past the data: refused before anything is read.
+    let mut runs: Vec<(u64, &mut [u8])> = vec![(2, &mut a), (data_len - 2, &mut b)];
+    let e = f.read_batch(&mut runs).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidSlice, "{e}");
+    assert_eq!(runs[0].0, 2);
+    assert_eq!(runs[1].0, data_len - 2);
+    assert!(rec.calls.lock().unwrap().is_empty());
+    // The same runs, once in bounds, read their bytes.
+    runs[1].0 = data_len - 4;
+    f.read_batch(&mut runs).unwrap();
+    assert_eq!(runs[0].0, 2);
+    let start = f.header().data_start();
+    assert_eq!(&*runs[0].1, &bytes[start + 2..start + 6]);
+    assert_eq!(&*runs[1].1, &bytes[bytes.len() - 4..]);
+}
+
+#[test]
+fn a_slice_of_millions_of_runs_reaches_a_ranged_source_in_bounded_calls() {
+    use crate::slice::Indexer;
+    // Every other byte of a 1-D tensor: one run per selected byte, twice RANGED_RUNS and some.
+    let n = 2 * (2 * super::RANGED_RUNS + 5);
+    let data: Vec<u8> = (0..n).map(|i| (i % 253) as u8).collect();
+    let bytes = serialize([("v", TensorView::new(Dtype::U8, &[n], &data))], None).unwrap();
+    let (f, rec) = ranged(&bytes, false);
+    let plan = f
+        .plan_slice(
+            "v",
+            &[Indexer::Range {
+                start: None,
+                stop: None,
+                step: 2,
+            }],
+        )
+        .unwrap();
+    let mut got = vec![0u8; plan.byte_len()];
+    f.read_slice("v", &plan, &mut got).unwrap();
+    let want: Vec<u8> = data.iter().step_by(2).copied().collect();
+    assert!(got == want, "the slice's bytes differ");
+    let calls = rec.calls.lock().unwrap();
+    let sizes: Vec<usize> = calls.iter().map(Vec::len).collect();
+    assert_eq!(sizes, [super::RANGED_RUNS, super::RANGED_RUNS, 5]);
+    assert_eq!(f.bytes_read(), want.len() as u64);
+}

@@ -35,12 +35,12 @@ pub fn open_remote(
     status: &mut Status,
 ) -> *mut File {
     guard(status, || {
-        let url = String::from_utf8_lossy(url);
+        let url = safetensors_core::url_text(url)?;
         let open = OpenOptions {
             allow_trailing_bytes,
             ..OpenOptions::default()
         };
-        let file = safetensors_remote::open(&url, &options(remote), open)?;
+        let file = safetensors_remote::open(url, &options(remote), open)?;
         Ok(handed_over(File::wrap(Arc::new(file))))
     })
 }
@@ -53,13 +53,13 @@ pub fn open_remote_checkpoint(
     status: &mut Status,
 ) -> *mut Checkpoint {
     guard(status, || {
-        let url = String::from_utf8_lossy(url);
+        let url = safetensors_core::url_text(url)?;
         let checkpoint = safetensors_core::CheckpointOptions {
             lenient,
             allow_trailing_bytes,
             ..Default::default()
         };
-        let ckpt = safetensors_remote::open_checkpoint(&url, &options(remote), checkpoint)?;
+        let ckpt = safetensors_remote::open_checkpoint(url, &options(remote), checkpoint)?;
         Ok(handed_over(Checkpoint::wrap(ckpt)))
     })
 }
