@@ -222,7 +222,23 @@ TEST(CudaGpu, WholeFilesLandByteForByte) {
 // A remote file read on demand uploads through the same ring: the ring's readers fetch their
 // pieces with ranged GETs, and the device bytes equal the local file's (nginx on loopback; skips
 // without it, or in a build without remote support).
+#if defined(__SANITIZE_THREAD__)
+#define SAFETENSORS_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SAFETENSORS_TEST_TSAN 1
+#endif
+#endif
+
 TEST(CudaGpu, RemoteFilesOnDemandLandByteForByte) {
+#if defined(SAFETENSORS_TEST_TSAN)
+  // The remote transport's threads are Rust's tokio workers, which ThreadSanitizer does not
+  // instrument: it sees their writes into the staging buffers but not the channel that orders
+  // them before the copy. remote_test (dev and asan) and this test in every other preset cover
+  // the path.
+  GTEST_SKIP()
+      << "remote reads run on uninstrumented Rust threads (ThreadSanitizer cannot see their ordering)";
+#endif
   if (!test::gpu_or_skip()) return;
   if (!safetensors::remote_built()) GTEST_SKIP() << "built with SAFETENSORS_REMOTE=OFF";
   test::TempDir root, work;
