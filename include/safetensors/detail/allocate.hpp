@@ -35,12 +35,14 @@ namespace detail {
 /// more than 64 bytes: the direct backend reads into buffers aligned to 4096.
 inline Expected<std::shared_ptr<std::byte[]>> allocate_bytes(std::size_t n, std::string_view what,
                                                              std::size_t alignment = 64) {
-  const Status out_of_memory(ErrorKind::Io,
-                             "cannot allocate " + std::to_string(n) + " bytes for " + std::string(what) +
-                                 " (out of memory); read it in pieces, or use the mapped backend");
+  // The message is built only on failure (not one string allocation per buffer).
+  const auto out_of_memory = [&] {
+    return Status(ErrorKind::Io, "cannot allocate " + std::to_string(n) + " bytes for " + std::string(what) +
+                                     " (out of memory); read it in pieces, or use the mapped backend");
+  };
   // No object may exceed PTRDIFF_MAX bytes, and libstdc++'s aligned `operator new` rounds the
   // size up without an overflow check (SIZE_MAX becomes 0 and "succeeds").
-  if (n > static_cast<std::size_t>(PTRDIFF_MAX)) return out_of_memory;
+  if (n > static_cast<std::size_t>(PTRDIFF_MAX)) return out_of_memory();
 #if defined(__linux__)
   constexpr std::size_t huge = std::size_t{2} << 20;
   if (n >= 2 * huge) {  // at least 4 MiB, so rounding wastes at most a third
@@ -57,7 +59,7 @@ inline Expected<std::shared_ptr<std::byte[]>> allocate_bytes(std::size_t n, std:
   // The non-throwing `operator new`: no `std::bad_alloc` to catch, with or without exceptions.
   const std::align_val_t align{alignment < 64 ? 64 : alignment};
   auto* p = static_cast<std::byte*>(::operator new[](n == 0 ? 1 : n, align, std::nothrow));
-  if (p == nullptr) return out_of_memory;
+  if (p == nullptr) return out_of_memory();
   return std::shared_ptr<std::byte[]>(p, [align](std::byte* q) { ::operator delete[](q, align); });
 }
 
@@ -67,19 +69,23 @@ inline Expected<std::shared_ptr<std::byte[]>> allocate_bytes(std::size_t n, std:
 /// there; only sizes beyond what a vector can hold are caught.)
 template <class T>
 Expected<std::vector<T>> checked_vector(std::size_t n, std::string_view what, std::string_view advice) {
-  const std::string size = sizeof(T) == 1
-                               ? std::to_string(n) + " bytes"
-                               : std::to_string(n) + " elements of " + std::to_string(sizeof(T)) + " bytes";
-  const Status failed(ErrorKind::Io, "cannot allocate " + size + " for " + std::string(what) +
-                                         " (out of memory); " + std::string(advice));
-  if (n > std::vector<T>().max_size()) return failed;
+  // The message is built only on failure (a failed request is large: a message's few bytes
+  // can still be had).
+  const auto failed = [&] {
+    const std::string size = sizeof(T) == 1
+                                 ? std::to_string(n) + " bytes"
+                                 : std::to_string(n) + " elements of " + std::to_string(sizeof(T)) + " bytes";
+    return Status(ErrorKind::Io, "cannot allocate " + size + " for " + std::string(what) +
+                                     " (out of memory); " + std::string(advice));
+  };
+  if (n > std::vector<T>().max_size()) return failed();
 #if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
   try {
     return std::vector<T>(n);
   } catch (const std::bad_alloc&) {
   } catch (const std::length_error&) {
   }
-  return failed;
+  return failed();
 #else
   return std::vector<T>(n);
 #endif

@@ -166,9 +166,11 @@ pub struct SafeFile {
     trailing: u64,
 }
 
-/// How much of the file is read first: one page, which holds the length prefix and many small
-/// headers whole. The rest of the header, when there is more, is read exactly.
-const FIRST_READ: usize = 4096;
+/// How much of the file is read first: four pages, which hold the length prefix and most
+/// headers whole (gpt2's 14 KB, a 100-tensor shard's). The rest of the header, when there is
+/// more, is read exactly. One `pread` instead of two saved ~1 µs of a ~50 µs open; copying
+/// the extra bytes of a small header costs far less.
+const FIRST_READ: usize = 16 * 1024;
 
 /// Largest header the mapped backend copies out with `pread` rather than parsing it in the
 /// mapping: reading is cheaper than faulting in the mapping's first pages (measured ~10 µs of a

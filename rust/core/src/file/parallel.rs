@@ -4,8 +4,7 @@
 //! memory already mapped). Split into pieces on 4 MiB boundaries of the destination, which
 //! threads take in turn, each page is faulted, zeroed and filled by one thread, and the cores
 //! share the work; a thread that another process keeps from running holds up the read by one
-//! piece at most. Small reads, and machines with two cores or fewer, read on the caller's
-//! thread.
+//! piece at most. Small reads, and machines with one core, read on the caller's thread.
 
 use std::fs::File;
 use std::io;
@@ -16,7 +15,7 @@ use std::sync::Mutex;
 /// Reads below this stay on one thread: a thread's start (~20 µs) is small beside a copy of
 /// this size (~1 ms at memory speed), and most tensors below it are read into recycled heap
 /// memory that faults nothing.
-const PARALLEL_MIN: usize = 8 << 20;
+const PARALLEL_MIN: usize = 2 << 20;
 
 /// The pieces: 4 MiB, ending on multiples of 4 MiB in the address space, so that no huge page
 /// is shared by two threads; about a millisecond of copying each.
@@ -26,15 +25,19 @@ const PIECE: usize = 4 << 20;
 const MAX_THREADS: usize = 8;
 
 /// [`FileExt::read_exact_at`] of `dst.len()` bytes at `at`, on several threads when `dst` is
-/// large and the machine has more than two cores. The first error, in file order, is returned;
-/// the bytes of `dst` are then unspecified, as with any failed read.
+/// large and the process may run on more than one core. The first error, in file order, is
+/// returned; the bytes of `dst` are then unspecified, as with any failed read.
 ///
-/// Two cores read on one thread: on a two-core machine shared with other work, two threads
-/// measured 1.2-1.3x slower than one (gpt2's owned load, and a 154 MB read into fresh huge
-/// pages), the second thread mostly waiting for a core.
+/// Two cores read on two threads. Measured on a 2-core AMD EPYC (`bench_cpp --items load_copy`,
+/// gpt2, medians of 9): quiet, 63-65 ms on two threads against 93-100 ms on one (0.82-0.86x
+/// against 0.56-0.61x of one `read()` into mapped memory); with a busy loop holding one core,
+/// 114-116 ms against 101-121 ms, within noise: pieces are taken in turn, so a thread kept
+/// off its core delays the read by one piece at most. (An earlier measurement on a machine
+/// loaded by several builds found two threads 1.2-1.3x slower; the quiet case is the one an
+/// engine's loader meets.) One core (`taskset -c 0`) reads on one thread.
 pub(crate) fn read_exact_at(file: &File, dst: &mut [u8], at: u64) -> io::Result<()> {
     let cores = cores();
-    let threads = if dst.len() < PARALLEL_MIN || cores <= 2 {
+    let threads = if dst.len() < PARALLEL_MIN || cores < 2 {
         1
     } else {
         cores.min(MAX_THREADS).min(dst.len().div_ceil(PIECE))
