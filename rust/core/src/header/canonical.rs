@@ -149,23 +149,31 @@ impl<'a> Scanner<'a> {
     /// A non-negative integer without sign, fraction, exponent or leading zero, that fits.
     fn integer(&mut self) -> Scan<usize> {
         let rest = &self.bytes[self.pos..];
-        let digits = rest.iter().take_while(|c| c.is_ascii_digit()).count();
+        // One pass: up to 19 digits cannot overflow a u64, so the common case checks nothing
+        // but the digits themselves (counting them first, then folding, read each twice).
+        let mut value = 0u64;
+        let mut digits = 0;
+        while let Some(d) = rest.get(digits).map(|c| c.wrapping_sub(b'0')) {
+            if d > 9 || digits == 19 {
+                break;
+            }
+            value = value * 10 + u64::from(d);
+            digits += 1;
+        }
         if digits == 0 || (digits > 1 && rest[0] == b'0') {
             return Err(GiveUp);
         }
-        let value = if digits <= 19 {
-            // Up to 19 digits cannot overflow a u64: no checks in the common case.
-            rest[..digits]
-                .iter()
-                .fold(0u64, |v, &c| v * 10 + u64::from(c - b'0'))
-        } else {
-            rest[..digits]
-                .iter()
-                .try_fold(0u64, |v, &c| {
-                    v.checked_mul(10)?.checked_add(u64::from(c - b'0'))
-                })
-                .ok_or(GiveUp)?
-        };
+        // More digits: checked from here on (a value past u64 is given up on).
+        while let Some(d) = rest.get(digits).map(|c| c.wrapping_sub(b'0')) {
+            if d > 9 {
+                break;
+            }
+            value = value
+                .checked_mul(10)
+                .and_then(|v| v.checked_add(u64::from(d)))
+                .ok_or(GiveUp)?;
+            digits += 1;
+        }
         self.pos += digits;
         usize::try_from(value).map_err(|_| GiveUp)
     }
