@@ -72,6 +72,7 @@
 #include "checked_output.hpp"
 #include "cold.hpp"
 #include "limits.hpp"
+#include "peer_syoyo.hpp"
 
 namespace {
 
@@ -82,7 +83,8 @@ using safetensors::SafeOpen;
 using safetensors::TensorView;
 
 constexpr const char* kUsage =
-    "usage: bench_cpp [--runs N] [--items open,load,load_copy,slice,save,gpu,convert,ring] [--cold] [--json "
+    "usage: bench_cpp [--runs N] [--items open,load,load_copy,slice,save,gpu,convert,ring,peer] [--cold] "
+    "[--json "
     "OUT] "
     "FILE...\n"
     "       bench_cpp --cold [--runs N] [--items disk,mmap,read,direct,prefetch,stream] [--json OUT] "
@@ -93,11 +95,13 @@ constexpr const char* kUsage =
     "  a prefetch, streamed) next to the disk's own rate (fio, else dd), 5 runs by default; the\n"
     "  third, the time per iteration of each load over ITERATIONS iterations (the first one\n"
     "  included). --cold drops the page cache before every run (needs root). A file named like a\n"
-    "  number is given as ./10.\n";
+    "  number is given as ./10. `peer` times syoyo/safetensors-cpp's open, load and load_copy when\n"
+    "  bench_cpp was built with a checkout of it (CMake SAFETENSORS_SYOYO_DIR); it is a default item\n"
+    "  then.\n";
 
 const std::set<std::string> kColdItems{"disk", "mmap", "read", "direct", "prefetch", "stream"};
 const std::set<std::string> kAllItems = [] {
-  std::set<std::string> all{"open", "load", "load_copy", "slice", "save", "gpu", "convert", "ring"};
+  std::set<std::string> all{"open", "load", "load_copy", "slice", "save", "gpu", "convert", "ring", "peer"};
   all.insert(kColdItems.begin(), kColdItems.end());
   return all;
 }();
@@ -553,10 +557,12 @@ Options read_arguments(int argc, char** argv) {
       o.files.emplace_back(a);
     }
   }
-  if (!items_given)
+  if (!items_given) {
     o.items = o.iterations ? kIterationItems
               : o.cold     ? kColdItems
                            : std::set<std::string>{"open", "load", "load_copy", "slice", "save", "gpu"};
+    if (!o.iterations && !o.cold && peer_syoyo::built()) o.items.insert("peer");
+  }
   return o;
 }
 
@@ -603,6 +609,7 @@ std::function<void()> cache_setup(const Options& opt, const fs::path& path) {
 /// Every requested item of one file, each beside the limit it is compared with.
 struct FileResults {
   std::vector<std::pair<Result, const Result*>> items;
+  std::vector<std::pair<std::string, Result>> peer;  // (our item it matches, the peer's result)
   Limits limits;
   bool with_save = false;
   GpuResults gpu;
@@ -702,6 +709,35 @@ void ring_items(const fs::path& path, int runs, const std::function<void()>& set
   }
 }
 
+/// The `peer` item: syoyo/safetensors-cpp doing the work of our open, load and load_copy on the
+/// same file (see peer_syoyo.hpp), or one skipped line when bench_cpp was built without it.
+void peer_items(const fs::path& path, int runs, const std::function<void()>& setup, FileResults& out) {
+  if (!peer_syoyo::built()) {
+    out.items.push_back({Result{"syoyo",
+                                {},
+                                0,
+                                "bench_cpp was built without the syoyo/safetensors-cpp peer (configure with "
+                                "SAFETENSORS_SYOYO_DIR=<a checkout of github.com/syoyo/safetensors-cpp>)"},
+                         nullptr});
+    return;
+  }
+  const std::size_t size = fs::file_size(path);
+  const std::string p = path.string();
+  struct Work {
+    const char* ours;
+    std::uint64_t (*run)(const std::string&);
+    std::size_t bytes;
+  };
+  for (const Work& w : {Work{"open", peer_syoyo::open_all, 0}, Work{"load", peer_syoyo::read_all, size},
+                        Work{"load_copy", peer_syoyo::copy_all, size}}) {
+    Result r{std::string("syoyo ") + w.ours, {}, w.bytes, {}};
+    r.runs = measure::repeat(
+        runs, [&] { sink += w.run(p); }, setup);
+    out.peer.emplace_back(w.ours, r);
+    out.items.push_back({r, nullptr});
+  }
+}
+
 void run_items(const Options& opt, const fs::path& path, int runs, const std::function<void()>& setup,
                FileResults& out) {
   using Kind = measure::LoadItem::Kind;
@@ -721,6 +757,7 @@ void run_items(const Options& opt, const fs::path& path, int runs, const std::fu
     out.items.push_back({save_item(path, runs, setup, false), &out.limits.write_nosync});
   }
   if (opt.items.count("ring")) ring_items(path, runs, setup, out);
+  if (opt.items.count("peer")) peer_items(path, std::max(runs, 5), setup, out);
   if (opt.items.count("gpu")) {
     out.gpu = gpu_item(path, runs, setup);
     bool ran = out.gpu.pinned.skipped.empty();
@@ -743,6 +780,14 @@ void run_items(const Options& opt, const fs::path& path, int runs, const std::fu
 
 void print_file(const FileResults& r) {
   for (const auto& [item, limit] : r.items) print_result(item, limit);
+  for (const auto& [ours_name, theirs] : r.peer) {
+    for (const auto& [ours, limit] : r.items) {
+      if (ours.item != ours_name || ours.runs.empty() || theirs.runs.empty()) continue;
+      const double a = measure::median(ours.runs), b = measure::median(theirs.runs);
+      std::printf("  %-14s ours %.3f ms vs syoyo/safetensors-cpp %.3f ms: %.2fx\n", ours_name.c_str(),
+                  a * 1e3, b * 1e3, b / a);
+    }
+  }
   print_result(r.limits.read, nullptr);
   print_result(r.limits.read_fresh, nullptr);
   print_result(r.limits.memcpy, nullptr);
