@@ -264,3 +264,31 @@ TEST(BenchMemory, ASmokeRunWritesEveryFigureAndRemovesItsFile) {
     EXPECT_TRUE(has(u.err, "usage: bench_memory")) << u.err;
   }
 }
+
+// The optional C++ peer: with bench_cpp built against a checkout of syoyo/safetensors-cpp, the
+// `peer` item times its open, load and load_copy on the same file and sets each beside ours;
+// without one, the item is one skipped line naming the CMake variable that adds it. Either way
+// the run succeeds and its JSON is written.
+TEST(BenchPeer, ThePeerItemTimesSyoyoBesideOursOrSaysHowToAddIt) {
+  test::TempDir dir;
+  const auto model = dir / "model.safetensors";
+  std::array<float, 6> w{1, 2, 3, 4, 5, 6};
+  safetensors::save_file(model, {{"w", TensorView{Dtype::F32, {2, 3}, std::as_bytes(std::span(w)), {}}}});
+  const auto json = dir / "out.json";
+  auto r = test::run({SAFETENSORS_BENCH_CPP, "--runs", "1", "--items", "open,load,load_copy,peer", "--json",
+                      json.string(), model.string()});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  auto report = test::read_bytes(json);
+  const std::string text(report.begin(), report.end());
+  if (has(r.out, "syoyo          skipped:")) {
+    EXPECT_TRUE(has(r.out, "SAFETENSORS_SYOYO_DIR")) << r.out;
+    EXPECT_TRUE(has(text, R"("item":"syoyo")")) << text;
+    return;
+  }
+  for (const char* item : {"open", "load", "load_copy"}) {
+    const std::string name = std::string("syoyo ") + item;
+    EXPECT_TRUE(has(r.out, "  " + name + " ")) << name << "\n" << r.out;
+    EXPECT_TRUE(has(text, "\"item\":\"" + name + "\"")) << name << "\n" << text;
+    EXPECT_TRUE(has(r.out, "ours ") && has(r.out, " vs syoyo/safetensors-cpp ")) << r.out;
+  }
+}
