@@ -31,6 +31,56 @@ pub(crate) unsafe fn to_f32(from: Dtype, src: &[u8], dst: &mut [u8]) {
     }
 }
 
+/// I32 and F64 sources into F32 for an output past the last-level cache: converted in
+/// registers and streamed a 64-byte line at a time. (The staged path, converting into a buffer
+/// in the first-level cache and then streaming it, took 22.6 ms for 256 MiB of I32 where this
+/// takes 13-14 ms, on an AMD EPYC.) The instructions are the ones the portable loops compile
+/// to on x86-64 (`cvtdq2ps`, `cvtpd2ps`: round to nearest even, NaNs quieted with their top
+/// payload bits), so the bits are the same.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C ([`available`]); `from` is I32 or F64 and `src`, `dst` hold
+/// the same number of elements.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn widen_to_f32_streamed(from: Dtype, src: &[u8], dst: &mut [u8]) {
+    let width = if from == Dtype::I32 { 4 } else { 8 };
+    let n = dst.len() / 4;
+    debug_assert_eq!(src.len(), n * width);
+    // Plain stores up to the first line boundary of `dst` (all of it when its elements do not
+    // start on 4-byte boundaries, which never meet one).
+    let head = match dst.as_ptr().align_offset(64) {
+        h if h % 4 == 0 => (h / 4).min(n),
+        _ => n,
+    };
+    let lines = (n - head) / 16;
+    let body = head + 16 * lines;
+    super::decode::to_f32_portable(from, &src[..head * width], &mut dst[..head * 4]);
+    for i in 0..lines {
+        let at = head + 16 * i;
+        // SAFETY: elements `[at, at + 16)` lie inside both buffers (`at + 16 <= body <= n`);
+        // unaligned loads; `dst + 4 * at` is on a 64-byte line, so both stores are aligned.
+        unsafe {
+            let s = src.as_ptr().add(at * width);
+            let d = dst.as_mut_ptr().add(at * 4).cast::<f32>();
+            let (lo, hi) = if from == Dtype::I32 {
+                (
+                    _mm256_cvtepi32_ps(_mm256_loadu_si256(s.cast())),
+                    _mm256_cvtepi32_ps(_mm256_loadu_si256(s.add(32).cast())),
+                )
+            } else {
+                let q = |k: usize| _mm256_cvtpd_ps(_mm256_loadu_pd(s.add(32 * k).cast()));
+                (_mm256_set_m128(q(1), q(0)), _mm256_set_m128(q(3), q(2)))
+            };
+            _mm256_stream_ps(d, lo);
+            _mm256_stream_ps(d.add(8), hi);
+        }
+    }
+    super::decode::to_f32_portable(from, &src[body * width..], &mut dst[body * 4..]);
+    // Streaming stores are weakly ordered: the fence orders them before later stores.
+    _mm_sfence();
+}
+
 /// [`super::to_f64`] compiled for AVX2, F16 through F16C.
 ///
 /// # Safety
