@@ -222,3 +222,56 @@ pub(crate) fn encode_f32_fast(fmt: &Format, bits: u32) -> u16 {
     }
     (sign_bit | code) as u16
 }
+
+/// [`encode_f32_fast`] without branches, for the formats of at most 8 bits (F8, F6, F4; not
+/// E8M0): every case is computed and the result selected, so that the element loops vectorize
+/// (the branchy form ran one element at a time, ~3.8 ns each). The arithmetic is the same as
+/// [`encode_f32_fast`]'s, hence the same bits; only the order of evaluation differs. Meant to
+/// be inlined with `fmt` a constant, which folds every format parameter.
+#[inline(always)]
+pub(crate) fn encode_f32_narrow(fmt: &Format, bits: u32) -> u8 {
+    debug_assert!(fmt.bits() <= 8);
+    let abs = bits & 0x7FFF_FFFF;
+    let negative = bits >> 31 != 0;
+    let sign_bit = if negative { fmt.sign_bit() } else { 0 };
+    let shift = 23 - fmt.mbits;
+    let min_normal = ((fmt.emin() + 127) as u32) << 23;
+    // Subnormal results: one F32 addition whose unit in the last place is the target's
+    // smallest step (as in `encode_f32_fast`). For infinities and NaN it gives garbage that the
+    // selection below never takes.
+    let magic = ((fmt.emin() - fmt.mbits as i32 + 23 + 127) as u32) << 23;
+    let sub = (f32::from_bits(abs) + f32::from_bits(magic))
+        .to_bits()
+        .wrapping_sub(magic);
+    // Normal results: rebias, then add half a step less one plus the kept bit (ties to even).
+    let r = abs.wrapping_sub(((127 - fmt.bias) as u32) << 23);
+    let normal = r.wrapping_add((1 << (shift - 1)) - 1 + ((r >> shift) & 1)) >> shift;
+    let code = if abs < min_normal { sub } else { normal };
+    let max = fmt.max_finite();
+    let exp_ones = ((1u32 << fmt.ebits) - 1) << fmt.mbits;
+    // What NaN, an overflow (infinity included: its code exceeds `max`) and zero give.
+    let (nan, over, zero) = match fmt.specials {
+        Specials::Ieee => (
+            sign_bit | exp_ones | (1 << (fmt.mbits - 1)),
+            sign_bit | exp_ones,
+            sign_bit,
+        ),
+        Specials::FiniteNanOnes => (sign_bit | (max + 1), sign_bit | (max + 1), sign_bit),
+        Specials::FiniteNanNegZero => (fmt.sign_bit(), fmt.sign_bit(), 0),
+        Specials::FiniteOnly => (
+            if negative { 0 } else { fmt.sign_bit() },
+            sign_bit | max,
+            sign_bit,
+        ),
+    };
+    let out = if abs > 0x7F80_0000 {
+        nan
+    } else if code > max {
+        over
+    } else if code == 0 {
+        zero
+    } else {
+        sign_bit | code
+    };
+    out as u8
+}

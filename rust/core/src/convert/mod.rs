@@ -27,7 +27,7 @@ pub use dequant::{dequantize_fp8_blocks, dequantize_mxfp4, mxfp4_output_shape};
 use crate::byte_len::checked_numel;
 use crate::{Dtype, Error, Result};
 use decode::map;
-use encode::{encode, encode_e8m0, encode_f32_fast, f32_to_bf16, split_f64};
+use encode::{encode, encode_e8m0, encode_f32_fast, encode_f32_narrow, f32_to_bf16, split_f64};
 
 /// Whether `to` can be a conversion target: every float dtype.
 pub fn is_float(d: Dtype) -> bool {
@@ -309,24 +309,13 @@ pub(crate) fn encode_from_f32_portable(src: &[u8], to: Dtype, dst: &mut [u8], f1
     match to {
         Dtype::BF16 => map::<4, 2>(src, dst, |b| f32_to_bf16(bits(b)).to_le_bytes()),
         Dtype::F8_E8M0 => map::<4, 1>(src, dst, |b| [encode_e8m0(bits(b))]),
-        Dtype::F4 => {
-            let f = formats::E2M1;
-            map::<8, 1>(src, dst, |b| {
-                let code = |x: [u8; 4]| encode_f32_fast(&f, bits(x)) as u8;
-                [code([b[0], b[1], b[2], b[3]]) | code([b[4], b[5], b[6], b[7]]) << 4]
-            });
-        }
-        Dtype::F6_E2M3 | Dtype::F6_E3M2 => {
-            let f = formats::format_of(to).expect("F6 has a format");
-            map::<16, 3>(src, dst, |b| {
-                let mut codes = [0u8; 4];
-                for (i, c) in codes.iter_mut().enumerate() {
-                    let x = [b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]];
-                    *c = encode_f32_fast(&f, bits(x)) as u8;
-                }
-                decode::pack_f6(codes)
-            });
-        }
+        Dtype::F4 => map::<8, 1>(src, dst, |b| {
+            let code = |x: [u8; 4]| encode_f32_narrow(&formats::E2M1, bits(x));
+            [code([b[0], b[1], b[2], b[3]]) | code([b[4], b[5], b[6], b[7]]) << 4]
+        }),
+        // Each arm with its format as a constant, so that every parameter folds.
+        Dtype::F6_E2M3 => f32_to_f6(&formats::E2M3, src, dst),
+        Dtype::F6_E3M2 => f32_to_f6(&formats::E3M2, src, dst),
         Dtype::F16 => {
             let portable = |s: &[u8], d: &mut [u8]| {
                 map::<4, 2>(s, d, |b| {
@@ -341,12 +330,32 @@ pub(crate) fn encode_from_f32_portable(src: &[u8], to: Dtype, dst: &mut [u8], f1
             let _ = f16c;
             portable(src, dst);
         }
-        _ => {
-            // The remaining targets are the 8-bit formats.
-            let Some(f) = formats::format_of(to) else {
-                return;
-            };
-            map::<4, 1>(src, dst, |b| [encode_f32_fast(&f, bits(b)) as u8]);
-        }
+        // The remaining targets are the 8-bit formats (E8M0 above), each arm with its format
+        // as a constant.
+        Dtype::F8_E5M2 => f32_to_f8(&formats::E5M2, src, dst),
+        Dtype::F8_E4M3 => f32_to_f8(&formats::E4M3, src, dst),
+        Dtype::F8_E4M3FNUZ => f32_to_f8(&formats::E4M3FNUZ, src, dst),
+        Dtype::F8_E5M2FNUZ => f32_to_f8(&formats::E5M2FNUZ, src, dst),
+        _ => {}
     }
+}
+
+/// F32 into an 8-bit float, branch-free (see [`encode_f32_narrow`]).
+#[inline(always)]
+fn f32_to_f8(f: &formats::Format, src: &[u8], dst: &mut [u8]) {
+    map::<4, 1>(src, dst, |b| [encode_f32_narrow(f, u32::from_le_bytes(b))]);
+}
+
+/// F32 into an F6 format, four elements into three bytes.
+#[inline(always)]
+fn f32_to_f6(f: &formats::Format, src: &[u8], dst: &mut [u8]) {
+    map::<16, 3>(src, dst, |b| {
+        let code = |i: usize| {
+            encode_f32_narrow(
+                f,
+                u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]),
+            )
+        };
+        decode::pack_f6([code(0), code(1), code(2), code(3)])
+    });
 }
