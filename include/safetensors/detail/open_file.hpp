@@ -166,11 +166,7 @@ struct OpenFile {
 
  private:
   [[nodiscard]] Expected<TensorView> view_of(const ffi::TensorMeta& m, std::string_view name) const {
-    const std::size_t len = m.end - m.begin;
-    // A view of the mapping cannot fail: the message naming the tensor is built only where
-    // memory is allocated (an allocation per view was a tenth of `open` + 160 views).
-    auto bytes = data != nullptr ? bytes_at(m.begin, len, {})
-                                 : bytes_at(m.begin, len, "tensor `" + std::string(name) + "`");
+    auto bytes = bytes_at(m.begin, m.end - m.begin, "tensor `" + std::string(name) + "`");
     if (!bytes) return bytes.status();
     return TensorView{static_cast<Dtype>(m.dtype), shape_of(m), bytes->first, std::move(bytes->second)};
   }
