@@ -87,15 +87,27 @@ fn read_on(file: &File, dst: &mut [u8], at: u64, threads: usize, piece: usize) -
         *results[i].lock().unwrap_or_else(|e| e.into_inner()) = r;
     };
     std::thread::scope(|scope| {
+        let mut helpers = Vec::new();
         for _ in 1..threads.min(pieces.len()) {
-            let started = std::thread::Builder::new()
+            match std::thread::Builder::new()
                 .name("safetensors-read".into())
-                .spawn_scoped(scope, work);
-            if started.is_err() {
-                break;
+                .spawn_scoped(scope, work)
+            {
+                Ok(h) => helpers.push(h),
+                Err(_) => break,
             }
         }
         work();
+        // Joined one by one (`pthread_join`) rather than left to the scope's own wait (an
+        // atomic count and a futex): a C++ program built with ThreadSanitizer sees the join, so
+        // the bytes the helpers read into its buffer are ordered before its own later reads,
+        // where the scope's wait is invisible to it and would be reported as a race. A helper's
+        // panic is passed on, as the scope would have (its pieces were not all read).
+        for h in helpers {
+            if let Err(panic) = h.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
     });
     // The first failure in file order (a file that shrank fails its last pieces).
     results
