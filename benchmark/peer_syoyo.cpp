@@ -39,7 +39,11 @@ bool built() {
   return true;
 }
 
-std::uint64_t open_all(const std::string& path) {
+namespace {
+
+/// Maps `path` with the peer's `mmap_from_file`, then sums `each(file, tensor)` over its tensors.
+template <class Each>
+std::uint64_t mapped_sum(const std::string& path, Each each) {
   safetensors::safetensors_t st;
   std::string warn, err;
   check(safetensors::mmap_from_file(path, &st, &warn, &err), "mmap_from_file", path, err);
@@ -47,23 +51,23 @@ std::uint64_t open_all(const std::string& path) {
   for (std::size_t i = 0; i < st.tensors.size(); ++i) {
     safetensors::tensor_t t;
     st.tensors.at(i, &t);
-    sink += t.shape.size();
+    sink += each(st, t);
   }
   return sink;
 }
 
+}  // namespace
+
+std::uint64_t open_all(const std::string& path) {
+  return mapped_sum(path, [](const safetensors::safetensors_t&, const safetensors::tensor_t& t) {
+    return static_cast<std::uint64_t>(t.shape.size());
+  });
+}
+
 std::uint64_t read_all(const std::string& path) {
-  safetensors::safetensors_t st;
-  std::string warn, err;
-  check(safetensors::mmap_from_file(path, &st, &warn, &err), "mmap_from_file", path, err);
-  std::uint64_t sink = 0;
-  for (std::size_t i = 0; i < st.tensors.size(); ++i) {
-    safetensors::tensor_t t;
-    st.tensors.at(i, &t);
-    const std::size_t n = t.data_offsets[1] - t.data_offsets[0];
-    sink += checksum(st.databuffer_addr + t.data_offsets[0], n);
-  }
-  return sink;
+  return mapped_sum(path, [](const safetensors::safetensors_t& st, const safetensors::tensor_t& t) {
+    return checksum(st.databuffer_addr + t.data_offsets[0], t.data_offsets[1] - t.data_offsets[0]);
+  });
 }
 
 std::uint64_t copy_all(const std::string& path) {
