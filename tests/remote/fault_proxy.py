@@ -20,6 +20,11 @@ first N requests (default 0) pass untouched; from then on every GET gets FAULT:
     hang-once the first GET after the N hangs as `hang` does; every later one passes untouched
     status500 503 with an HTML body (a failing server; the client retries, then fails)
     redirect  302 back to the same URL (a redirect loop)
+    weak      every ETag sent weak (W/"..."), as servers that transform or cannot promise
+              byte-identical answers do; a GET whose If-Match is weak gets 412 (RFC 9110
+              13.1.1: If-Match compares strongly, so a weak tag never matches). Applies from
+              the first request, whatever --after says.
+    weak-etag as `weak`; after N requests the ETag also changes (the object was replaced)
 """
 import http.client
 import socketserver
@@ -65,7 +70,10 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def do_HEAD(self):
-        self.send(*self.forward())
+        status, headers, body = self.forward()
+        if FAULT in ("weak", "weak-etag"):
+            headers = weaken(headers, replaced=False)
+        self.send(status, headers, body)
 
     def do_GET(self):
         global count
@@ -73,6 +81,9 @@ class Handler(BaseHTTPRequestHandler):
             n = count
             count += 1
         fault = FAULT if n >= AFTER else "none"
+        weak = FAULT in ("weak", "weak-etag")
+        if weak and self.headers.get("If-Match", "").strip().startswith("W/"):
+            return self.send(412, [("Content-Type", "text/plain")], b"precondition failed")
         if fault == "hang-once":
             fault = "hang" if n == AFTER else "none"
         if fault == "hang":
@@ -96,7 +107,16 @@ class Handler(BaseHTTPRequestHandler):
             headers = [(k, shift(v) if k.lower() == "content-range" else v) for k, v in headers]
         elif fault == "etag":
             headers = [(k, '"replaced-0"' if k.lower() == "etag" else v) for k, v in headers]
+        if weak:
+            headers = weaken(headers, replaced=fault == "weak-etag")
         self.send(status, headers, body)
+
+
+def weaken(headers, replaced):
+    """The ETag of `headers` made weak (and another one when `replaced`)."""
+    def tag(v):
+        return 'W/"replaced-0"' if replaced else v if v.startswith("W/") else "W/" + v
+    return [(k, tag(v) if k.lower() == "etag" else v) for k, v in headers]
 
 
 def shift(value):

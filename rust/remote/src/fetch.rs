@@ -35,6 +35,12 @@ pub struct Object {
 
 /// The version every GET after the first must find: the ETag when the server gives one, else
 /// the modification time; and the length.
+///
+/// A weak ETag (`W/"..."`) promises equivalent content, not identical bytes, and `If-Match`
+/// compares strongly (RFC 9110, 13.1.1), so a conforming server answers 412 to every GET
+/// conditional on one. With a weak tag the GETs are conditional on the modification time
+/// instead, and every answer's tag must still be the pinned one by weak comparison (8.8.3.2:
+/// the same opaque tag, either of them weak or not).
 #[derive(Clone)]
 pub(crate) struct Pin {
     meta: ObjectMeta,
@@ -46,18 +52,18 @@ impl Pin {
     /// only the length is checked, see docs/remote.md).
     fn get_options(&self, range: Range<u64>) -> GetOptions {
         let since = self.meta.last_modified;
+        let strong = self.meta.e_tag.as_deref().filter(|t| !is_weak(t));
         GetOptions {
             range: Some(GetRange::Bounded(range)),
-            if_match: self.meta.e_tag.clone(),
-            if_unmodified_since: (self.meta.e_tag.is_none() && since.timestamp() != 0)
-                .then_some(since),
+            if_match: strong.map(str::to_owned),
+            if_unmodified_since: (strong.is_none() && since.timestamp() != 0).then_some(since),
             ..GetOptions::default()
         }
     }
 
     /// Whether an answer is about the pinned version.
     fn check(&self, name: &str, got: &ObjectMeta) -> Result<()> {
-        if got.e_tag != self.meta.e_tag {
+        if got.e_tag.as_deref().map(opaque_tag) != self.meta.e_tag.as_deref().map(opaque_tag) {
             return Err(changed(
                 name,
                 &format!(
@@ -73,11 +79,22 @@ impl Pin {
                 &format!("it had {} bytes and now has {}", self.meta.size, got.size),
             ));
         }
-        if self.meta.e_tag.is_none() && got.last_modified != self.meta.last_modified {
+        let strong = self.meta.e_tag.as_deref().is_some_and(|t| !is_weak(t));
+        if !strong && got.last_modified != self.meta.last_modified {
             return Err(changed(name, "its modification time differs"));
         }
         Ok(())
     }
+}
+
+/// Whether an entity tag is weak (`W/"..."`; the prefix is case-sensitive, RFC 9110 8.8.3).
+fn is_weak(tag: &str) -> bool {
+    tag.starts_with("W/")
+}
+
+/// An entity tag without its weakness prefix: what weak comparison compares.
+fn opaque_tag(tag: &str) -> &str {
+    tag.strip_prefix("W/").unwrap_or(tag)
 }
 
 fn etag_text(e: &Option<String>) -> String {

@@ -332,6 +332,42 @@ fn a_changed_etag_midway_is_refused() {
 }
 
 #[test]
+fn a_server_with_weak_etags_serves_every_read() {
+    // Weak tags only promise equivalent content, and `If-Match` compares strongly, so a
+    // conforming server answers 412 to a GET conditional on one (the proxy does): the pin
+    // falls back to the modification time and checks every answer's tag weakly.
+    let bytes = sample();
+    let Some(s) = serve("weak", &bytes) else {
+        return;
+    };
+    let p = proxy(s.server.port, "weak", 0);
+    let u = url(p.port, "model.safetensors");
+    let local = SafeFile::from_memory("local", Box::new(bytes), OpenOptions::default()).unwrap();
+    let whole = open(&u, &many_parts(), OpenOptions::default()).unwrap();
+    same_tensors(&whole, &local);
+    let lazy = open(&u, &on_demand(many_parts()), OpenOptions::default()).unwrap();
+    same_tensors(&lazy, &local);
+}
+
+#[test]
+fn a_changed_weak_etag_midway_is_refused() {
+    for options in [impatient(), on_demand(impatient())] {
+        let Some(s) = serve("weak-etag", &sample()) else {
+            return;
+        };
+        let p = proxy(s.server.port, "weak-etag", 1);
+        let u = url(p.port, "model.safetensors");
+        let e = open(&u, &options, OpenOptions::default())
+            .and_then(|f| f.tensor_bytes("big").map(|b| b.len()))
+            .expect_err("a replaced object is refused");
+        assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+        let text = e.to_string();
+        assert!(text.contains(&u), "{text}");
+        assert!(text.contains("changed") && text.contains("ETag"), "{text}");
+    }
+}
+
+#[test]
 fn a_failing_server_is_retried_then_refused_with_its_status() {
     let options = RemoteOptions {
         max_retries: 1,
