@@ -180,22 +180,21 @@ pub unsafe extern "C" fn st_checkpoint_open_remote(
 #[cfg(feature = "remote")]
 mod imp {
     use std::path::Path;
-    use std::time::Duration;
 
     use safetensors_core::{Checkpoint, CheckpointOptions, OpenOptions, Result, SafeFile};
-    use safetensors_remote::RemoteOptions;
+    use safetensors_remote::{MillisOptions, RemoteOptions};
 
     use super::{st_remote_options, Defaults, ST_REMOTE_HEADER_ONLY, ST_REMOTE_ON_DEMAND};
 
     /// The remote crate's defaults, so that C and Rust never disagree.
     pub(super) fn defaults() -> Defaults {
-        let d = RemoteOptions::default();
+        let d = MillisOptions::from(&RemoteOptions::default());
         Defaults {
             concurrency: d.concurrency,
             part_size: d.part_size,
             first_read: d.first_read,
-            request_timeout_ms: d.request_timeout.as_millis() as u64,
-            connect_timeout_ms: d.connect_timeout.as_millis() as u64,
+            request_timeout_ms: d.request_timeout_ms,
+            connect_timeout_ms: d.connect_timeout_ms,
             max_retries: d.max_retries,
         }
     }
@@ -208,17 +207,18 @@ mod imp {
     }
 
     fn options(o: &st_remote_options) -> RemoteOptions {
-        RemoteOptions {
+        MillisOptions {
             concurrency: o.concurrency,
             part_size: o.part_size,
             first_read: o.first_read,
-            request_timeout: Duration::from_millis(o.request_timeout_ms),
-            connect_timeout: Duration::from_millis(o.connect_timeout_ms),
+            request_timeout_ms: o.request_timeout_ms,
+            connect_timeout_ms: o.connect_timeout_ms,
             max_retries: o.max_retries,
-            deadline: (o.deadline_ms != 0).then(|| Duration::from_millis(o.deadline_ms)),
+            deadline_ms: o.deadline_ms,
             header_only: o.flags & ST_REMOTE_HEADER_ONLY != 0,
             on_demand: o.flags & ST_REMOTE_ON_DEMAND != 0,
         }
+        .into()
     }
 
     pub(super) fn open(url: &Path, o: &st_remote_options, open: OpenOptions) -> Result<SafeFile> {

@@ -46,7 +46,7 @@ use safetensors_core::{
 };
 
 pub use fetch::Object;
-pub use options::{RemoteOptions, MIN_PART_SIZE};
+pub use options::{MillisOptions, RemoteOptions, MIN_PART_SIZE};
 pub use safetensors_core::is_url;
 
 /// Opens the object at `url` (`s3://`, `http://` or `https://`) as a file in memory: the header

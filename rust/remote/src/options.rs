@@ -71,3 +71,98 @@ impl RemoteOptions {
         }
     }
 }
+
+/// [`RemoteOptions`] as the C and C++ bindings carry them: durations in whole milliseconds, and
+/// a deadline of 0 for none. Both bindings convert through this one type, so that they read
+/// the same fields the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MillisOptions {
+    /// [`RemoteOptions::concurrency`].
+    pub concurrency: usize,
+    /// [`RemoteOptions::part_size`].
+    pub part_size: usize,
+    /// [`RemoteOptions::first_read`].
+    pub first_read: usize,
+    /// [`RemoteOptions::request_timeout`] in milliseconds.
+    pub request_timeout_ms: u64,
+    /// [`RemoteOptions::connect_timeout`] in milliseconds.
+    pub connect_timeout_ms: u64,
+    /// [`RemoteOptions::max_retries`].
+    pub max_retries: usize,
+    /// [`RemoteOptions::deadline`] in milliseconds; 0 for none.
+    pub deadline_ms: u64,
+    /// [`RemoteOptions::header_only`].
+    pub header_only: bool,
+    /// [`RemoteOptions::on_demand`].
+    pub on_demand: bool,
+}
+
+impl From<MillisOptions> for RemoteOptions {
+    fn from(o: MillisOptions) -> Self {
+        RemoteOptions {
+            concurrency: o.concurrency,
+            part_size: o.part_size,
+            first_read: o.first_read,
+            request_timeout: Duration::from_millis(o.request_timeout_ms),
+            connect_timeout: Duration::from_millis(o.connect_timeout_ms),
+            max_retries: o.max_retries,
+            deadline: (o.deadline_ms != 0).then(|| Duration::from_millis(o.deadline_ms)),
+            header_only: o.header_only,
+            on_demand: o.on_demand,
+        }
+    }
+}
+
+impl From<&RemoteOptions> for MillisOptions {
+    /// Durations rounded down to whole milliseconds (saturating); a deadline shorter than one
+    /// millisecond becomes one, since 0 means none.
+    fn from(o: &RemoteOptions) -> Self {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        MillisOptions {
+            concurrency: o.concurrency,
+            part_size: o.part_size,
+            first_read: o.first_read,
+            request_timeout_ms: ms(o.request_timeout),
+            connect_timeout_ms: ms(o.connect_timeout),
+            max_retries: o.max_retries,
+            deadline_ms: o.deadline.map_or(0, |d| ms(d).max(1)),
+            header_only: o.header_only,
+            on_demand: o.on_demand,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn millisecond_options_convert_both_ways() {
+        let d = RemoteOptions::default();
+        let m = MillisOptions::from(&d);
+        assert_eq!(
+            (m.request_timeout_ms, m.connect_timeout_ms, m.deadline_ms),
+            (30_000, 5_000, 0)
+        );
+        assert_eq!(RemoteOptions::from(m), d);
+        let with = RemoteOptions {
+            deadline: Some(Duration::from_millis(1500)),
+            on_demand: true,
+            ..d.clone()
+        };
+        let m = MillisOptions::from(&with);
+        assert_eq!(m.deadline_ms, 1500);
+        assert_eq!(RemoteOptions::from(m), with);
+        // 0 means no deadline, so the shortest deadline is one millisecond, never none.
+        let tiny = RemoteOptions {
+            deadline: Some(Duration::from_micros(10)),
+            ..d.clone()
+        };
+        assert_eq!(MillisOptions::from(&tiny).deadline_ms, 1);
+        let huge = RemoteOptions {
+            deadline: Some(Duration::MAX),
+            ..d
+        };
+        assert_eq!(MillisOptions::from(&huge).deadline_ms, u64::MAX);
+    }
+}

@@ -1,7 +1,6 @@
 //! A build with remote files: `open_remote` over `safetensors_remote::open`.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use safetensors_core::OpenOptions;
 
@@ -15,17 +14,18 @@ pub fn remote_built() -> bool {
 }
 
 fn options(o: &RemoteOptions) -> safetensors_remote::RemoteOptions {
-    safetensors_remote::RemoteOptions {
+    safetensors_remote::MillisOptions {
         concurrency: o.concurrency,
         part_size: o.part_size,
         first_read: o.first_read,
-        request_timeout: Duration::from_millis(o.request_timeout_ms),
-        connect_timeout: Duration::from_millis(o.connect_timeout_ms),
+        request_timeout_ms: o.request_timeout_ms,
+        connect_timeout_ms: o.connect_timeout_ms,
         max_retries: o.max_retries,
-        deadline: (o.deadline_ms != 0).then(|| Duration::from_millis(o.deadline_ms)),
+        deadline_ms: o.deadline_ms,
         header_only: o.header_only,
         on_demand: o.on_demand,
     }
+    .into()
 }
 
 pub fn open_remote(
