@@ -208,8 +208,7 @@ pub(crate) fn convert_on(
     }
     #[cfg(target_arch = "x86_64")]
     if k != Kernels::Portable && to == Dtype::F32 && matches!(from, Dtype::I32 | Dtype::F64) {
-        // SAFETY: the SIMD kernels are only chosen where the CPU has AVX2 and F16C; the caller
-        // checked that the lengths agree.
+        // SAFETY: the SIMD kernels are only chosen where the CPU has AVX2 and F16C.
         return unsafe { simd::widen_to_f32_streamed(from, src, dst) };
     }
     streaming::convert_streamed(store, from, src, to, dst, |s, d| {

@@ -38,15 +38,17 @@ pub(crate) unsafe fn to_f32(from: Dtype, src: &[u8], dst: &mut [u8]) {
 /// to on x86-64 (`cvtdq2ps`, `cvtpd2ps`: round to nearest even, NaNs quieted with their top
 /// payload bits), so the bits are the same.
 ///
+/// Converts the elements both buffers hold, as the portable loops do, so that buffers of
+/// different lengths (a caller's mistake) cost wrong bytes at worst, never a read past `src`.
+///
 /// # Safety
-/// The CPU must have AVX2 and F16C ([`available`]); `from` is I32 or F64 and `src`, `dst` hold
-/// the same number of elements.
+/// The CPU must have AVX2 and F16C ([`available`]); `from` is I32 or F64.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
 pub(crate) unsafe fn widen_to_f32_streamed(from: Dtype, src: &[u8], dst: &mut [u8]) {
     let width = if from == Dtype::I32 { 4 } else { 8 };
-    let n = dst.len() / 4;
-    debug_assert_eq!(src.len(), n * width);
+    // The raw loads below are bounded by this count alone.
+    let n = (dst.len() / 4).min(src.len() / width);
     // Plain stores up to the first line boundary of `dst` (all of it when its elements do not
     // start on 4-byte boundaries, which never meet one).
     let head = match dst.as_ptr().align_offset(64) {
@@ -333,6 +335,45 @@ mod tests {
         unsafe { to_f64(Dtype::F16, src, &mut got) };
         let first_bad = (0..n).find(|&i| want[8 * i..8 * i + 8] != got[8 * i..8 * i + 8]);
         assert_eq!(first_bad, None, "F16 -> F64 differs from the portable path");
+    }
+
+    #[test]
+    fn widening_into_a_streamed_destination_reads_only_the_source() {
+        if !available() {
+            eprintln!("SKIPPED: no AVX2/F16C on this CPU");
+            return;
+        }
+        use crate::convert::{convert_on, streaming::Store, Kernels};
+        // The source is the front of a larger buffer whose bytes past it would convert to
+        // something else; the destination starts on a line and spans many lines. Whatever the
+        // lengths, the kernel converts the elements both hold, as the portable loops do.
+        for from in [Dtype::I32, Dtype::F64] {
+            let width = from.bits() / 8;
+            let backing: Vec<u8> = (0u64..64 * 1024)
+                .map(|i| ((i * 2_654_435_761) >> 13) as u8)
+                .collect();
+            for (src_elems, dst_elems) in [(16usize, 1024usize), (100, 1024), (1024, 100)] {
+                let src = &backing[..src_elems * width];
+                let mut buf = vec![0xA5u8; 4 * dst_elems + 64];
+                let line = buf.as_ptr().align_offset(64);
+                let mut want = buf.clone();
+                convert_on(
+                    Kernels::Portable,
+                    Store::Plain,
+                    from,
+                    src,
+                    Dtype::F32,
+                    &mut want[line..line + 4 * dst_elems],
+                );
+                let dst = &mut buf[line..line + 4 * dst_elems];
+                convert_on(Kernels::Avx2, Store::Avx2Stream, from, src, Dtype::F32, dst);
+                let bad = (0..buf.len()).find(|&i| buf[i] != want[i]);
+                assert_eq!(
+                    bad, None,
+                    "{from}: {src_elems} source, {dst_elems} destination elements"
+                );
+            }
+        }
     }
 
     #[test]
