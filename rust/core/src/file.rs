@@ -879,7 +879,7 @@ fn populate_in_background(map: &Arc<Mmap>, path: &Path) -> Result<()> {
         .map_err(|e| Error::io(path, "start a populate thread", e))
 }
 
-/// The first block of the file (up to 64 KiB).
+/// The first block of the file ([`FIRST_READ`] bytes, fewer when the file is shorter).
 fn read_head(file: &File, path: &Path, len: u64) -> Result<Vec<u8>> {
     let first = len.min(FIRST_READ as u64) as usize;
     let mut head = vec![0u8; first];

@@ -282,3 +282,42 @@ fn lookups_of_missing_tensors_name_the_file() {
     assert_eq!(err.kind(), ErrorKind::TensorNotFound);
     assert!(err.to_string().contains("x.safetensors") && err.to_string().contains("`nope`"));
 }
+
+#[test]
+fn headers_ending_around_the_first_block_read_open_on_every_backend() {
+    // The first read at open takes up to 16 KiB; a header (length prefix included) that ends
+    // one byte before, at or after that, in files shorter and longer than it, parses the same
+    // on every backend, and a header one byte past the file's end is refused.
+    let dir = scratch_dir("headers_around_the_first_read");
+    let path = dir.join("h.safetensors");
+    const FIRST: usize = 16 * 1024;
+    for end in [FIRST - 1, FIRST, FIRST + 1] {
+        for data_len in [0usize, 1, 7, 5000] {
+            let json = format!(
+                r#"{{"t":{{"dtype":"U8","shape":[{data_len}],"data_offsets":[0,{data_len}]}}}}"#
+            );
+            let padded = format!("{json:<width$}", width = end - 8);
+            let bytes = common::raw_file(&padded, data_len);
+            std::fs::write(&path, &bytes).unwrap();
+            for backend in [Backend::Mmap, Backend::Read, Backend::Direct] {
+                let f = SafeFile::open(&path, backend).unwrap();
+                assert_eq!(f.header().data_start(), end, "{backend:?}, header to {end}");
+                let got = f.tensor_bytes("t").unwrap();
+                assert!(
+                    got[..] == bytes[end..],
+                    "{backend:?}, header to {end}, {data_len} data bytes"
+                );
+            }
+            // The same header in a file one byte short of it.
+            std::fs::write(&path, &bytes[..end - 1]).unwrap();
+            for backend in [Backend::Mmap, Backend::Read, Backend::Direct] {
+                let err = SafeFile::open(&path, backend).err().expect("a short file");
+                assert_eq!(
+                    err.kind(),
+                    ErrorKind::InvalidHeaderLength,
+                    "{backend:?}: {err}"
+                );
+            }
+        }
+    }
+}
