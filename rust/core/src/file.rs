@@ -884,8 +884,23 @@ fn read_head(file: &File, path: &Path, len: u64) -> Result<Vec<u8>> {
     let first = len.min(FIRST_READ as u64) as usize;
     let mut head = vec![0u8; first];
     file.read_exact_at(&mut head, 0)
-        .map_err(|e| Error::io(path, "read", e))?;
+        .map_err(|e| header_read_failed(path, e))?;
     Ok(head)
+}
+
+/// An error of reading the header of `path`: running out of file there means it shrank after
+/// its length was measured (std's own text, "failed to fill whole buffer", says nothing).
+fn header_read_failed(path: &Path, e: io::Error) -> Error {
+    let e = if e.kind() == io::ErrorKind::UnexpectedEof {
+        io::Error::new(
+            e.kind(),
+            "the file became shorter while its header was read; was it truncated or replaced \
+             meanwhile?",
+        )
+    } else {
+        e
+    };
+    Error::io(path, "read", e)
 }
 
 /// Extends `head` (the file's first bytes) to `needed` bytes.
@@ -894,7 +909,7 @@ fn read_rest(file: &File, path: &Path, head: &mut Vec<u8>, needed: usize) -> Res
     if needed > have {
         head.resize(needed, 0);
         file.read_exact_at(&mut head[have..], have as u64)
-            .map_err(|e| Error::io(path, "read", e))?;
+            .map_err(|e| header_read_failed(path, e))?;
     }
     Ok(())
 }
@@ -902,6 +917,8 @@ fn read_rest(file: &File, path: &Path, head: &mut Vec<u8>, needed: usize) -> Res
 /// Reads and validates the header with positioned reads: first a small block, then, only once
 /// the length prefix has passed its checks (so a hostile length allocates nothing), the rest.
 fn read_header(file: &File, path: &Path, len: u64, allow_trailing: bool) -> Result<(Header, u64)> {
+    #[cfg(test)]
+    tests::before_map(path);
     let mut head = read_head(file, path, len)?;
     let header_len = read_header_len(&head, len)?;
     read_rest(file, path, &mut head, LENGTH_PREFIX_SIZE + header_len)?;

@@ -10,8 +10,9 @@ use crate::{serialize, Dtype, ErrorKind, TensorView};
 type Hook = Box<dyn Fn(&Path)>;
 
 thread_local! {
-    /// Runs between the `fstat` of an mmap open and the mapping: the window in which
-    /// another process may change the file's length.
+    /// Runs between the `fstat` of an mmap open and the mapping (with the read and direct
+    /// backends: and the header's read): the window in which another process may change the
+    /// file's length.
     static BEFORE_MAP: RefCell<Option<Hook>> = const { RefCell::new(None) };
 }
 
@@ -35,6 +36,37 @@ fn scratch(name: &str) -> std::path::PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+#[test]
+fn a_file_shrunk_before_its_header_is_read_says_so() {
+    let dir = scratch("shrink-read");
+    let path = dir.join("a.safetensors");
+    let data = vec![7u8; 64 * 1024];
+    let bytes = serialize(
+        [("w", TensorView::new(Dtype::U8, &[data.len()], &data))],
+        None,
+    )
+    .unwrap();
+    for backend in [Backend::Read, Backend::Direct] {
+        std::fs::write(&path, &bytes).unwrap();
+        let err = with_hook(
+            |p| {
+                let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+                f.set_len(20).unwrap();
+            },
+            || SafeFile::open(&path, backend),
+        )
+        .err()
+        .unwrap_or_else(|| panic!("{backend:?}: a file shrunk under its open opened"));
+        assert_eq!(err.kind(), ErrorKind::Io, "{backend:?}: {err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("became shorter") && text.contains("a.safetensors"),
+            "{backend:?}: {text}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
