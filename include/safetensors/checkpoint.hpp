@@ -439,7 +439,11 @@ inline Expected<std::vector<std::string>> nothrow::missing(const Checkpoint& ckp
   if (!names) return names.status();
   std::vector<std::string> out;
   out.reserve(names->size());
-  for (const auto& n : *names) out.emplace_back(n.data(), n.size());
+  // Through data() and size(), as detail/bridge.hpp says, and as a string_view: the same
+  // `emplace_back` that `keys` instantiates.
+  const ::rust::String* items = names->data();
+  for (std::size_t i = 0; i < names->size(); ++i)
+    out.emplace_back(std::string_view(items[i].data(), items[i].size()));
   return out;
 }
 
