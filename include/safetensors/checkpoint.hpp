@@ -217,14 +217,17 @@ class Checkpoint {
   // opening a shard and another reading it would be invisible there and reported as a race.
   // Each shard is therefore published again here, through a C++ atomic (one acquire load per
   // lookup) and a per-shard mutex for the first open.
+  // (One array of both, not two arrays: one `std::unique_ptr` instantiation fewer for every
+  // translation unit that includes this header.)
   struct Handle {
+    struct Shard {
+      std::atomic<const ffi::File*> file{nullptr};
+      std::mutex opening;
+    };
     explicit Handle(::rust::Box<ffi::Checkpoint> c)
-        : ckpt(std::move(c)),
-          files(std::make_unique<std::atomic<const ffi::File*>[]>(ckpt->shard_count())),
-          opening(std::make_unique<std::mutex[]>(ckpt->shard_count())) {}
+        : ckpt(std::move(c)), shards(std::make_unique<Shard[]>(ckpt->shard_count())) {}
     ::rust::Box<ffi::Checkpoint> ckpt;
-    std::unique_ptr<std::atomic<const ffi::File*>[]> files;
-    std::unique_ptr<std::mutex[]> opening;
+    std::unique_ptr<Shard[]> shards;
   };
 
   explicit Checkpoint(std::shared_ptr<const Handle> state) : state_(std::move(state)) {}
@@ -326,10 +329,10 @@ struct Access<Checkpoint> {
 
   /// Shard `shard`, opened once and published through the handle's atomics.
   static Expected<const ffi::File*> open_shard(const Checkpoint::Handle& h, std::size_t shard) {
-    auto& slot = h.files[shard];
+    auto& slot = h.shards[shard].file;
     const ffi::File* file = slot.load(std::memory_order_acquire);
     if (file != nullptr) return file;
-    std::lock_guard lock(h.opening[shard]);
+    std::lock_guard lock(h.shards[shard].opening);
     file = slot.load(std::memory_order_relaxed);
     if (file == nullptr) {
       auto opened = attempt([&](ffi::Status& st) { return h.ckpt->shard_file(shard, st); });
@@ -436,7 +439,11 @@ inline Expected<std::vector<std::string>> nothrow::missing(const Checkpoint& ckp
   if (!names) return names.status();
   std::vector<std::string> out;
   out.reserve(names->size());
-  for (const auto& n : *names) out.emplace_back(n.data(), n.size());
+  // Through data() and size(), as detail/bridge.hpp says, and as a string_view: the same
+  // `emplace_back` that `keys` instantiates.
+  const ::rust::String* items = names->data();
+  for (std::size_t i = 0; i < names->size(); ++i)
+    out.emplace_back(std::string_view(items[i].data(), items[i].size()));
   return out;
 }
 

@@ -162,17 +162,28 @@ inline Status convert(const TensorView& src, Dtype to, std::span<std::byte> dst)
 
 }  // namespace nothrow
 
-template <class T>
-Expected<std::vector<T>> detail::converted_vector(const TensorView& src, Dtype to) {
+namespace detail {
+/// Bytes of `src` converted to `to`, after checking `src` (the part of `converted_vector` that
+/// does not depend on the element type, kept out of the template).
+inline Expected<std::size_t> converted_vector_bytes(const TensorView& src, Dtype to) {
   // The source first: a view whose bytes disagree with its shape is named as such, before its
   // shape sizes an allocation.
   if (auto st = check_source(src, "the source tensor"); !st.ok()) return st;
-  auto len = converted_bytes(src.shape, to);
+  return converted_bytes(src.shape, to);
+}
+}  // namespace detail
+
+template <class T>
+Expected<std::vector<T>> detail::converted_vector(const TensorView& src, Dtype to) {
+  auto len = converted_vector_bytes(src, to);
   if (!len) return len.status();
   auto out = checked_vector<T>(*len / sizeof(T), "a converted " + std::string(to_string(to)) + " tensor",
                                "convert into a buffer of your own, in pieces");
   if (!out) return out.status();
-  if (auto st = nothrow::convert(src, to, std::as_writable_bytes(std::span(*out))); !st.ok()) return st;
+  // A span from pointer and size: one built from the vector itself would instantiate the
+  // ranges machinery for each element type.
+  if (auto st = nothrow::convert(src, to, {reinterpret_cast<std::byte*>(out->data()), *len}); !st.ok())
+    return st;
   return out;
 }
 

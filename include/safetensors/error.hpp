@@ -208,7 +208,7 @@ class [[nodiscard]] Expected {
  public:
   using value_type = T;
 
-  Expected(T value) : value_(std::move(value)) {}  // NOLINT: implicit, like std::expected
+  Expected(T value) : value_(std::move(value)), has_value_(true) {}  // NOLINT: implicit, like std::expected
   /// An error. An `ok()` status here (a defect) is turned into an `Internal` error, so that an
   /// `Expected` always holds one or the other.
   Expected(Status error)  // NOLINT: implicit, so that functions can `return status;`
@@ -216,7 +216,46 @@ class [[nodiscard]] Expected {
                     ? Status(ErrorKind::Internal, "an Expected was made from a success without a value")
                     : std::move(error)) {}
 
-  [[nodiscard]] bool has_value() const noexcept { return value_.has_value(); }
+  // The value lives in a union rather than a `std::optional`: every header instantiates
+  // `Expected` for some twenty types, and `std::optional`'s layers of traits cost each
+  // translation unit about as much as the rest of `Expected` together. Copies and moves keep
+  // `std::optional`'s meaning: a moved-from `Expected` still holds its (moved-from) value.
+  Expected(const Expected& other) requires std::is_copy_constructible_v<T> : has_value_(other.has_value_),
+                                                                             status_(other.status_) {
+    if (has_value_) ::new (static_cast<void*>(&value_)) T(other.value_);
+  }
+  Expected(Expected&& other) noexcept(std::is_nothrow_move_constructible_v<T>)
+      : has_value_(other.has_value_), status_(std::move(other.status_)) {
+    if (has_value_) ::new (static_cast<void*>(&value_)) T(std::move(other.value_));
+  }
+  Expected& operator=(const Expected& other) requires(
+      std::is_copy_constructible_v<T>&& std::is_copy_assignable_v<T>) {
+    if (this != &other) {
+      if (other.has_value_) {
+        emplace(other.value_);
+      } else {
+        reset();
+      }
+      status_ = other.status_;
+    }
+    return *this;
+  }
+  Expected& operator=(Expected&& other) noexcept(
+      std::is_nothrow_move_constructible_v<T>&& std::is_nothrow_move_assignable_v<T>) requires
+      std::is_move_assignable_v<T> {
+    if (this != &other) {
+      if (other.has_value_) {
+        emplace(std::move(other.value_));
+      } else {
+        reset();
+      }
+      status_ = std::move(other.status_);
+    }
+    return *this;
+  }
+  ~Expected() { reset(); }
+
+  [[nodiscard]] bool has_value() const noexcept { return has_value_; }
   explicit operator bool() const noexcept { return has_value(); }
 
   /// The outcome: `ok()` when there is a value, else the error.
@@ -225,26 +264,26 @@ class [[nodiscard]] Expected {
   /// The value; without one, reports the error the throwing way (throws `Error`).
   [[nodiscard]] T& value() & {
     check();
-    return *value_;
+    return value_;
   }
   [[nodiscard]] const T& value() const& {
     check();
-    return *value_;
+    return value_;
   }
   /// On a temporary: the value moved out, by value (a reference would dangle in `for (auto& x :
   /// *nothrow::keys(f))`).
   [[nodiscard]] T value() && {
     check();
-    return std::move(*value_);
+    return std::move(value_);
   }
   /// The value, or `fallback` when there is none.
   template <class U>
   [[nodiscard]] T value_or(U&& fallback) const& {
-    return value_ ? *value_ : static_cast<T>(std::forward<U>(fallback));
+    return has_value_ ? value_ : static_cast<T>(std::forward<U>(fallback));
   }
   template <class U>
   [[nodiscard]] T value_or(U&& fallback) && {
-    return value_ ? std::move(*value_) : static_cast<T>(std::forward<U>(fallback));
+    return has_value_ ? std::move(value_) : static_cast<T>(std::forward<U>(fallback));
   }
 
   /// The value; like `value()`, it never hands out a missing one.
@@ -256,10 +295,31 @@ class [[nodiscard]] Expected {
 
  private:
   void check() const {
-    if (!value_) detail::raise(status_);
+    if (!has_value_) detail::raise(status_);
   }
 
-  std::optional<T> value_;
+  void reset() noexcept {
+    if (has_value_) {
+      value_.~T();
+      has_value_ = false;
+    }
+  }
+
+  /// `value` assigned over the value held, or constructed in place when there is none.
+  template <class V>
+  void emplace(V&& value) {
+    if (has_value_) {
+      value_ = std::forward<V>(value);
+    } else {
+      ::new (static_cast<void*>(&value_)) T(std::forward<V>(value));
+      has_value_ = true;
+    }
+  }
+
+  union {
+    T value_;
+  };
+  bool has_value_ = false;
   Status status_;
 };
 

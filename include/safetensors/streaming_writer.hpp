@@ -87,6 +87,11 @@ Status save_sharded(const std::filesystem::path& dir, detail::TensorList tensors
                     const Metadata& metadata = {}, ShardOptions shards = {}, SaveOptions options = {});
 }  // namespace nothrow
 
+namespace detail {
+Status save_sharded_list(const std::filesystem::path& dir, TensorList tensors, const Metadata& metadata,
+                         ShardOptions shards, SaveOptions options);
+}  // namespace detail
+
 /// A safetensors file written in pieces. Declare every tensor (in any order) and the metadata;
 /// then hand over each tensor's bytes, whole or in pieces at their offsets, in any order, from
 /// any number of threads at once (`write` is thread-safe); then `finish`, once every write has
@@ -196,7 +201,7 @@ void save_sharded(const std::filesystem::path& dir, R&& tensors, const Metadata&
 }
 inline void save_sharded(const std::filesystem::path& dir, detail::TensorList tensors,
                          const Metadata& metadata = {}, ShardOptions shards = {}, SaveOptions options = {}) {
-  save_sharded<const detail::TensorList&>(dir, tensors, metadata, std::move(shards), options);
+  detail::save_sharded_list(dir, tensors, metadata, std::move(shards), options).throw_if_error();
 }
 
 namespace detail {
@@ -297,22 +302,22 @@ inline Status nothrow::finish(StreamingWriter& writer) {
   return detail::Access<StreamingWriter>::finish(writer);
 }
 
-template <NamedTensorRange R>
-Status nothrow::save_sharded(const std::filesystem::path& dir, R&& tensors, const Metadata& metadata,
-                             ShardOptions shards, SaveOptions options) {
-  // One pass over the range: each tensor's declaration, and its bytes kept alive until written.
-  detail::KeptTensors<R> kept;
-  std::vector<TensorSpec> specs;
-  std::vector<std::span<const std::byte>> data;
-  auto listed =
-      detail::for_each_tensor(std::forward<R>(tensors), kept, [&](std::string_view name, const auto& t) {
-        TensorSpec spec{std::string(name), Dtype{t.dtype}, {}};
-        if (auto st = detail::dims_of(dir.native(), name, t, spec.shape); !st.ok()) return st;
-        specs.push_back(std::move(spec));
-        data.push_back(std::as_bytes(std::span(t.data)));
-        return Status{};
-      });
-  if (!listed.ok()) return listed;
+namespace detail {
+/// One tensor of `save_sharded` listed: its declaration and its bytes.
+template <class Tensor>
+Status list_tensor(const std::filesystem::path& dir, std::string_view name, const Tensor& t,
+                   std::vector<TensorSpec>& specs, std::vector<std::span<const std::byte>>& data) {
+  TensorSpec spec{std::string(name), Dtype{t.dtype}, {}};
+  if (auto st = dims_of(dir.native(), name, t, spec.shape); !st.ok()) return st;
+  specs.push_back(std::move(spec));
+  data.push_back(std::as_bytes(std::span(t.data)));
+  return {};
+}
+
+/// `save_sharded` once its tensors are listed: the writer, each tensor's bytes, the finish.
+inline Status save_listed(const std::filesystem::path& dir, const std::vector<TensorSpec>& specs,
+                          const std::vector<std::span<const std::byte>>& data, const Metadata& metadata,
+                          ShardOptions shards, SaveOptions options) {
   auto writer = nothrow::make_sharded_writer(dir, specs, metadata, std::move(shards), options);
   if (!writer) return writer.status();
   for (std::size_t i = 0; i < specs.size(); ++i) {
@@ -321,9 +326,36 @@ Status nothrow::save_sharded(const std::filesystem::path& dir, R&& tensors, cons
   return nothrow::finish(*writer);
 }
 
+/// `nothrow::save_sharded` of a braced list, without the range templates (see `make_list_writer`
+/// in writer.hpp for why).
+inline Status save_sharded_list(const std::filesystem::path& dir, TensorList tensors,
+                                const Metadata& metadata, ShardOptions shards, SaveOptions options) {
+  std::vector<TensorSpec> specs;
+  std::vector<std::span<const std::byte>> data;
+  for (const auto& entry : tensors) {
+    if (auto st = list_tensor(dir, entry.first, entry.second, specs, data); !st.ok()) return st;
+  }
+  return save_listed(dir, specs, data, metadata, std::move(shards), options);
+}
+}  // namespace detail
+
+template <NamedTensorRange R>
+Status nothrow::save_sharded(const std::filesystem::path& dir, R&& tensors, const Metadata& metadata,
+                             ShardOptions shards, SaveOptions options) {
+  // One pass over the range: each tensor's declaration, and its bytes kept alive until written.
+  detail::KeptTensors<R> kept;
+  std::vector<TensorSpec> specs;
+  std::vector<std::span<const std::byte>> data;
+  auto listed = detail::for_each_tensor(
+      std::forward<R>(tensors), kept,
+      [&](std::string_view name, const auto& t) { return detail::list_tensor(dir, name, t, specs, data); });
+  if (!listed.ok()) return listed;
+  return detail::save_listed(dir, specs, data, metadata, std::move(shards), options);
+}
+
 inline Status nothrow::save_sharded(const std::filesystem::path& dir, detail::TensorList tensors,
                                     const Metadata& metadata, ShardOptions shards, SaveOptions options) {
-  return nothrow::save_sharded<const detail::TensorList&>(dir, tensors, metadata, std::move(shards), options);
+  return detail::save_sharded_list(dir, tensors, metadata, std::move(shards), options);
 }
 
 }  // namespace SAFETENSORS_ABI

@@ -169,6 +169,18 @@ Status for_each_tensor(R&& tensors, KeptTensors<R>& kept, F&& f) {
   return {};
 }
 
+/// Adds `metadata` to a writer (and keeps an empty `__metadata__` when asked), after its tensors.
+inline Status add_metadata(ffi::Writer& writer, const Metadata& metadata, bool empty_metadata) {
+  if (empty_metadata) writer.keep_metadata();
+  // Not a structured binding: clang before 16 cannot capture one in a lambda.
+  for (const auto& entry : metadata) {
+    auto meta =
+        attempt([&](ffi::Status& st) { writer.add_metadata(bytes(entry.first), bytes(entry.second), st); });
+    if (!meta.ok()) return meta;
+  }
+  return {};
+}
+
 /// Feeds a writer for the file at `target` (empty for bytes in memory), which its errors name.
 /// It keeps the address of every tensor's data until it is dropped, so the callers below keep
 /// `kept` (and the range) alive until then, inside one function call.
@@ -182,17 +194,64 @@ Expected<::rust::Box<ffi::Writer>> make_writer(std::string_view target, R&& tens
         return add_tensor(*writer, target, name, tensor, shape);
       });
   if (!added.ok()) return added;
-  if (empty_metadata) writer->keep_metadata();
-  // Not a structured binding: clang before 16 cannot capture one in a lambda.
-  for (const auto& entry : metadata) {
-    auto meta =
-        attempt([&](ffi::Status& st) { writer->add_metadata(bytes(entry.first), bytes(entry.second), st); });
-    if (!meta.ok()) return meta;
-  }
+  if (auto meta = add_metadata(*writer, metadata, empty_metadata); !meta.ok()) return meta;
   return writer;
 }
 
 using TensorList = std::initializer_list<std::pair<std::string_view, TensorView>>;
+
+// The overloads taking a braced list (`save_file(path, {{"w", view}})`) are inline functions,
+// compiled in every file that includes this header whether it writes or not. They feed the
+// writer with the loop below rather than through the range templates above, which would
+// instantiate the range concepts, a deque and the rest for the list's type in each of those
+// files. (They call the functions below by their own names: overload resolution against the
+// templates would check the range concepts too.) The writer sees the same calls either way.
+
+/// `make_writer` for a braced list: the list's tensors outlive the call, so none is kept.
+inline Expected<::rust::Box<ffi::Writer>> make_list_writer(std::string_view target, TensorList tensors,
+                                                           const Metadata& metadata, bool empty_metadata) {
+  auto writer = ffi::new_writer(bytes(target));
+  std::vector<std::size_t> shape;
+  for (const auto& entry : tensors) {
+    if (auto st = add_tensor(*writer, target, entry.first, entry.second, shape); !st.ok()) return st;
+  }
+  if (auto meta = add_metadata(*writer, metadata, empty_metadata); !meta.ok()) return meta;
+  return writer;
+}
+
+/// The bytes of the file a fed writer lays out.
+inline Expected<std::vector<std::byte>> serialized(ffi::Writer& writer, SaveOptions options) {
+  // Laid out once: `prepare` checks everything and keeps the layout that `write_into` writes.
+  auto len = attempt([&](ffi::Status& st) { return writer.prepare(options.alignment, st); });
+  if (!len) return len.status();
+  auto out = checked_vector<std::byte>(*len, "the serialized file", "write to a file with save_file instead");
+  if (!out) return out.status();
+  ::rust::Slice<std::uint8_t> dst{reinterpret_cast<std::uint8_t*>(out->data()), out->size()};
+  if (auto st = attempt([&](ffi::Status& s) { writer.write_into(dst, s); }); !st.ok()) return st;
+  return out;
+}
+
+/// A fed writer's file written to `path`.
+inline Status write_file(ffi::Writer& writer, const std::filesystem::path& path, SaveOptions options) {
+  return attempt(
+      [&](ffi::Status& st) { writer.write_file(bytes(path.native()), options.sync, options.alignment, st); });
+}
+
+/// `nothrow::serialize` of a braced list.
+inline Expected<std::vector<std::byte>> serialize_list(TensorList tensors, const Metadata& metadata,
+                                                       SaveOptions options) {
+  auto writer = make_list_writer({}, tensors, metadata, options.empty_metadata);
+  if (!writer) return writer.status();
+  return serialized(**writer, options);
+}
+
+/// `nothrow::save_file` of a braced list.
+inline Status save_list(const std::filesystem::path& path, TensorList tensors, const Metadata& metadata,
+                        SaveOptions options) {
+  auto writer = make_list_writer(path.native(), tensors, metadata, options.empty_metadata);
+  if (!writer) return writer.status();
+  return write_file(**writer, path, options);
+}
 
 }  // namespace detail
 
@@ -205,20 +264,12 @@ template <NamedTensorRange R>
   detail::KeptTensors<R> kept;
   auto writer = detail::make_writer({}, std::forward<R>(tensors), metadata, options.empty_metadata, kept);
   if (!writer) return writer.status();
-  // Laid out once: `prepare` checks everything and keeps the layout that `write_into` writes.
-  auto len = detail::attempt([&](ffi::Status& st) { return (*writer)->prepare(options.alignment, st); });
-  if (!len) return len.status();
-  auto out = detail::checked_vector<std::byte>(*len, "the serialized file",
-                                               "write to a file with save_file instead");
-  if (!out) return out.status();
-  ::rust::Slice<std::uint8_t> dst{reinterpret_cast<std::uint8_t*>(out->data()), out->size()};
-  if (auto st = detail::attempt([&](ffi::Status& s) { (*writer)->write_into(dst, s); }); !st.ok()) return st;
-  return out;
+  return detail::serialized(**writer, options);
 }
 [[nodiscard]] inline Expected<std::vector<std::byte>> serialize(detail::TensorList tensors,
                                                                 const Metadata& metadata = {},
                                                                 SaveOptions options = {}) {
-  return serialize<const detail::TensorList&>(tensors, metadata, options);
+  return detail::serialize_list(tensors, metadata, options);
 }
 
 /// `safetensors::save_file` without exceptions.
@@ -232,13 +283,11 @@ Status save_file(const std::filesystem::path& path, R&& tensors, const Metadata&
   auto writer =
       detail::make_writer(path.native(), std::forward<R>(tensors), metadata, options.empty_metadata, kept);
   if (!writer) return writer.status();
-  return detail::attempt([&](ffi::Status& st) {
-    (*writer)->write_file(detail::bytes(path.native()), options.sync, options.alignment, st);
-  });
+  return detail::write_file(**writer, path, options);
 }
 inline Status save_file(const std::filesystem::path& path, detail::TensorList tensors,
                         const Metadata& metadata = {}, SaveOptions options = {}) {
-  return save_file<const detail::TensorList&>(path, tensors, metadata, options);
+  return detail::save_list(path, tensors, metadata, options);
 }
 
 }  // namespace nothrow
@@ -255,7 +304,7 @@ template <NamedTensorRange R>
 [[nodiscard]] inline std::vector<std::byte> serialize(detail::TensorList tensors,
                                                       const Metadata& metadata = {},
                                                       SaveOptions options = {}) {
-  return serialize<const detail::TensorList&>(tensors, metadata, options);
+  return detail::serialize_list(tensors, metadata, options).value();
 }
 
 /// Writes `tensors` and `metadata` to `path` atomically: a temporary file beside it is written,
@@ -275,7 +324,7 @@ void save_file(const std::filesystem::path& path, R&& tensors, const Metadata& m
 }
 inline void save_file(const std::filesystem::path& path, detail::TensorList tensors,
                       const Metadata& metadata = {}, SaveOptions options = {}) {
-  save_file<const detail::TensorList&>(path, tensors, metadata, options);
+  detail::save_list(path, tensors, metadata, options).throw_if_error();
 }
 
 }  // namespace SAFETENSORS_ABI

@@ -7,7 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "support.hpp"
@@ -168,6 +171,12 @@ TEST_F(Nothrow, WritingReportsWhatTheThrowingWriterThrows) {
   auto bytes = nt::serialize({{"w", w}}, {{"k", "v"}});
   ASSERT_TRUE(bytes);
   EXPECT_EQ(*bytes, safetensors::serialize({{"w", w}}, {{"k", "v"}}));
+  // A braced list takes a loop of its own, not the range templates: the same bytes as a range,
+  // with any layout option.
+  using Tensors = std::map<std::string, safetensors::TensorView>;
+  EXPECT_EQ(*bytes, safetensors::serialize(Tensors{{"w", w}}, {{"k", "v"}}));
+  EXPECT_EQ(safetensors::serialize({{"w", w}}, {}, {.empty_metadata = true, .alignment = 64}),
+            safetensors::serialize(Tensors{{"w", w}}, {}, {.empty_metadata = true, .alignment = 64}));
   EXPECT_TRUE(nt::save_file(dir_ / "b.safetensors", {{"w", w}}).ok());
   auto written = safetensors::SafeOpen(dir_ / "b.safetensors").get_tensor("w");
   EXPECT_EQ(written.as<float>()[2], 3.0f);
@@ -178,6 +187,7 @@ TEST_F(Nothrow, WritingReportsWhatTheThrowingWriterThrows) {
            {"w", short_view}, {"__metadata__", w}, {"x", bad_dtype}, {std::string("\xff"), w}}) {
     auto s = nt::serialize({{name, view}});
     ASSERT_FALSE(s) << name;
+    expect_same(s.status(), nt::serialize(Tensors{{name, view}}).status());
     expect_same(s.status(), thrown([&] { (void)safetensors::serialize({{name, view}}); }));
     auto saved = nt::save_file(dir_ / "c.safetensors", {{name, view}});
     EXPECT_EQ(saved.kind(), s.status().kind());
@@ -258,6 +268,75 @@ TEST(NothrowTypes, ExpectedHoldsAValueOrAnErrorAndValueThrowsTheError) {
   ASSERT_NE(owned, nullptr);
   EXPECT_EQ(*owned, 4);
   EXPECT_EQ(Expected<std::unique_ptr<int>>(Status(ErrorKind::Io, "x")).value_or(nullptr), nullptr);
+}
+
+// Expected keeps its value in storage of its own (not a std::optional): every copy, move and
+// assignment between a value and an error constructs and destroys the value exactly once, and
+// copying is offered exactly when the value can be copied.
+struct Counted {
+  explicit Counted(int v) : value(v) { ++live; }
+  Counted(const Counted& o) : value(o.value) { ++live; }
+  Counted(Counted&& o) noexcept : value(std::exchange(o.value, -1)) { ++live; }
+  Counted& operator=(const Counted&) = default;
+  Counted& operator=(Counted&& o) noexcept {
+    value = std::exchange(o.value, -1);
+    return *this;
+  }
+  ~Counted() { --live; }
+  int value;
+  static inline int live = 0;
+};
+
+static_assert(std::is_copy_constructible_v<Expected<Counted>> &&
+              std::is_copy_assignable_v<Expected<Counted>>);
+static_assert(!std::is_copy_constructible_v<Expected<std::unique_ptr<int>>>);
+static_assert(!std::is_copy_assignable_v<Expected<std::unique_ptr<int>>>);
+static_assert(std::is_nothrow_move_constructible_v<Expected<std::unique_ptr<int>>>);
+
+TEST(NothrowTypes, ExpectedCopiesMovesAndAssignsItsValueExactlyOnce) {
+  {
+    Expected<Counted> one = Counted(1);
+    Expected<Counted> error = Status(ErrorKind::Io, "gone");
+    EXPECT_EQ(Counted::live, 1);
+    Expected<Counted> copy = one;
+    EXPECT_EQ(Counted::live, 2);
+    EXPECT_EQ(copy->value, 1);
+    copy = error;  // a value replaced by an error is destroyed
+    EXPECT_EQ(Counted::live, 1);
+    EXPECT_FALSE(copy);
+    EXPECT_EQ(copy.status().message(), "gone");
+    copy = one;  // an error replaced by a value holds a copy
+    EXPECT_EQ(Counted::live, 2);
+    EXPECT_EQ(copy->value, 1);
+    EXPECT_TRUE(copy.status().ok());
+    Expected<Counted> two = Counted(2);
+    copy = std::move(two);  // value over value: assigned, none made or lost
+    EXPECT_EQ(Counted::live, 3);
+    EXPECT_EQ(copy->value, 2);
+    EXPECT_TRUE(two.has_value());  // as std::optional: a moved-from Expected holds a moved-from value
+    EXPECT_EQ(two->value, -1);
+    Expected<Counted> moved = std::move(copy);
+    EXPECT_EQ(Counted::live, 4);
+    EXPECT_EQ(moved->value, 2);
+    moved = Expected<Counted>(Status(ErrorKind::TypeMismatch, "no"));
+    EXPECT_EQ(Counted::live, 3);
+    EXPECT_EQ(moved.status().kind(), ErrorKind::TypeMismatch);
+    EXPECT_EQ(Counted(error.value_or(Counted(5))).value, 5);
+    EXPECT_EQ(Counted::live, 3);
+    Counted out = std::move(one).value();  // by value from a temporary, the Expected keeps its own
+    EXPECT_EQ(out.value, 1);
+    EXPECT_EQ(Counted::live, 4);
+    std::vector<Expected<Counted>> many;
+    for (int i = 0; i < 50; ++i)
+      many.push_back(i % 3 ? Expected<Counted>(Counted(i)) : Status(ErrorKind::Io, "e"));
+    EXPECT_EQ(Counted::live, 4 + 33);
+    EXPECT_EQ(many[49]->value, 49);
+    EXPECT_FALSE(many[48]);
+  }
+  EXPECT_EQ(Counted::live, 0);  // nothing leaked, nothing destroyed twice
+  Expected<std::unique_ptr<int>> p = std::make_unique<int>(3);
+  auto q = std::move(p);
+  EXPECT_EQ(**q, 3);
 }
 
 }  // namespace

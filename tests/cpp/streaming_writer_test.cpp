@@ -493,4 +493,52 @@ TEST(ShardedWriter, SaveShardedWritesOneFileWhenEverythingFitsAndReplacesAnEarli
   EXPECT_EQ(listing(dir.path()), (std::vector<std::string>{"model.safetensors", "single.safetensors"}));
 }
 
+// A braced list of tensors is written by a loop of its own rather than the range templates
+// (which every file including the header would otherwise instantiate for the list's type): the
+// same shards, index and bytes as the same tensors as a range, through both faces.
+TEST(ShardedWriter, SaveShardedOfABracedListWritesWhatTheRangeWrites) {
+  Model m;
+  const auto v = m.views();  // sorted by name: the braced lists below keep that order
+  test::TempDir from_range, from_list, from_nothrow;
+  const safetensors::ShardOptions shards{.max_shard_size = 1000};
+  safetensors::save_sharded(from_range.path(), v, kMeta, shards);
+  safetensors::save_sharded(from_list.path(),
+                            {{"big", v.at("big")},
+                             {"embed", v.at("embed")},
+                             {"ids", v.at("ids")},
+                             {"layers.1.w", v.at("layers.1.w")},
+                             {"mask", v.at("mask")},
+                             {"none", v.at("none")},
+                             {"q", v.at("q")},
+                             {"scale", v.at("scale")}},
+                            kMeta, shards);
+  auto st = safetensors::nothrow::save_sharded(from_nothrow.path(),
+                                               {{"big", v.at("big")},
+                                                {"embed", v.at("embed")},
+                                                {"ids", v.at("ids")},
+                                                {"layers.1.w", v.at("layers.1.w")},
+                                                {"mask", v.at("mask")},
+                                                {"none", v.at("none")},
+                                                {"q", v.at("q")},
+                                                {"scale", v.at("scale")}},
+                                               kMeta, shards);
+  ASSERT_TRUE(st.ok()) << st.message();
+  const auto files = listing(from_range.path());
+  ASSERT_GE(files.size(), 3u);  // shards and the index
+  EXPECT_EQ(listing(from_list.path()), files);
+  EXPECT_EQ(listing(from_nothrow.path()), files);
+  for (const auto& f : files) {
+    EXPECT_EQ(test::read_bytes(from_list / f), test::read_bytes(from_range / f)) << f;
+    EXPECT_EQ(test::read_bytes(from_nothrow / f), test::read_bytes(from_range / f)) << f;
+  }
+  // And a list's error names its tensor as the range's does.
+  std::vector<std::uint8_t> three(3);
+  const TensorView bad{Dtype::F32, {1}, std::as_bytes(std::span(three)), {}};
+  auto listed = safetensors::nothrow::save_sharded(from_list.path(), {{"w", bad}});
+  auto ranged =
+      safetensors::nothrow::save_sharded(from_list.path(), std::map<std::string, TensorView>{{"w", bad}});
+  EXPECT_EQ(listed.kind(), ErrorKind::TensorInvalidInfo);
+  EXPECT_EQ(listed.message(), ranged.message());
+}
+
 }  // namespace

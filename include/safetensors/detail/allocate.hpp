@@ -23,6 +23,24 @@ namespace safetensors {
 inline namespace SAFETENSORS_ABI {
 namespace detail {
 
+/// How an `allocate_bytes` buffer is given back: its whole mapping when it is one (`len` > 0),
+/// else the aligned `operator delete[]`. One deleter type for both kinds, so that a translation
+/// unit instantiates `shared_ptr`'s control block for it once rather than once per kind.
+struct ReleaseBytes {
+  void* base = nullptr;
+  std::size_t len = 0;
+  std::align_val_t align{64};
+  void operator()(std::byte* p) const noexcept {
+#if defined(__linux__)
+    if (len != 0) {
+      ::munmap(base, len);
+      return;
+    }
+#endif
+    ::operator delete[](p, align);
+  }
+};
+
 /// An uninitialised buffer, owned by a `shared_ptr`, for bytes copied out of a file (read
 /// backend, slices): 64-byte aligned, and for large buffers on Linux 2 MiB aligned and backed by
 /// transparent huge pages when the system allows them. Fresh memory costs one page fault per
@@ -52,7 +70,7 @@ inline Expected<std::shared_ptr<std::byte[]>> allocate_bytes(std::size_t n, std:
       auto addr = reinterpret_cast<std::uintptr_t>(base);
       auto* aligned = reinterpret_cast<std::byte*>((addr + huge - 1) / huge * huge);
       ::madvise(aligned, len - huge, MADV_HUGEPAGE);  // advice only: failure is harmless
-      return std::shared_ptr<std::byte[]>(aligned, [base, len](std::byte*) { ::munmap(base, len); });
+      return std::shared_ptr<std::byte[]>(aligned, ReleaseBytes{base, len});
     }
   }
 #endif
@@ -60,7 +78,18 @@ inline Expected<std::shared_ptr<std::byte[]>> allocate_bytes(std::size_t n, std:
   const std::align_val_t align{alignment < 64 ? 64 : alignment};
   auto* p = static_cast<std::byte*>(::operator new[](n == 0 ? 1 : n, align, std::nothrow));
   if (p == nullptr) return out_of_memory();
-  return std::shared_ptr<std::byte[]>(p, [align](std::byte* q) { ::operator delete[](q, align); });
+  return std::shared_ptr<std::byte[]>(p, ReleaseBytes{nullptr, 0, align});
+}
+
+/// The error `checked_vector` reports: `n` elements of `size` bytes for `what` could not be had.
+/// Built only on failure (a failed request is large: a message's few bytes can still be had),
+/// and not a template, so that each element type costs a translation unit only the allocation.
+inline Status vector_unavailable(std::size_t n, std::size_t size, std::string_view what,
+                                 std::string_view advice) {
+  const std::string count = size == 1 ? std::to_string(n) + " bytes"
+                                      : std::to_string(n) + " elements of " + std::to_string(size) + " bytes";
+  return Status(ErrorKind::Io, "cannot allocate " + count + " for " + std::string(what) +
+                                   " (out of memory); " + std::string(advice));
 }
 
 /// A `std::vector` of `n` elements, as a typed `Io` error (naming `what` and the size, with
@@ -69,23 +98,17 @@ inline Expected<std::shared_ptr<std::byte[]>> allocate_bytes(std::size_t n, std:
 /// there; only sizes beyond what a vector can hold are caught.)
 template <class T>
 Expected<std::vector<T>> checked_vector(std::size_t n, std::string_view what, std::string_view advice) {
-  // The message is built only on failure (a failed request is large: a message's few bytes
-  // can still be had).
-  const auto failed = [&] {
-    const std::string size = sizeof(T) == 1
-                                 ? std::to_string(n) + " bytes"
-                                 : std::to_string(n) + " elements of " + std::to_string(sizeof(T)) + " bytes";
-    return Status(ErrorKind::Io, "cannot allocate " + size + " for " + std::string(what) +
-                                     " (out of memory); " + std::string(advice));
-  };
-  if (n > std::vector<T>().max_size()) return failed();
+  // No vector holds more than PTRDIFF_MAX bytes; every standard library's `max_size()` is at
+  // least this bound, so a size within it never throws `std::length_error`.
+  constexpr std::size_t most = static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T);
+  if (n > most) return vector_unavailable(n, sizeof(T), what, advice);
 #if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
   try {
     return std::vector<T>(n);
   } catch (const std::bad_alloc&) {
   } catch (const std::length_error&) {
   }
-  return failed();
+  return vector_unavailable(n, sizeof(T), what, advice);
 #else
   return std::vector<T>(n);
 #endif

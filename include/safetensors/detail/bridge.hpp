@@ -38,16 +38,18 @@ inline Status status_of(const ffi::Status& s) {
 /// Runs a bridge call that reports through the `ffi::Status&` it is given (a lambda taking it
 /// and passing it on as the call's last argument): a `Status` for a call without a result,
 /// else an `Expected` of its result. The bridge never throws, so this is all the error handling
-/// a call needs, with or without exceptions.
+/// a call needs, with or without exceptions. Every header makes some twenty of these calls, so
+/// the template stays plain: `decltype` rather than `std::invoke_result_t`, and the lambda
+/// called as it is (no `std::forward` instantiated per lambda).
 template <class F>
 auto attempt(F&& call) {
   ffi::Status st{};
-  using R = std::invoke_result_t<F, ffi::Status&>;
+  using R = decltype(call(st));
   if constexpr (std::is_void_v<R>) {
-    std::forward<F>(call)(st);
+    call(st);
     return status_of(st);
   } else {
-    R result = std::forward<F>(call)(st);
+    R result = call(st);
     if (!st.ok) return Expected<R>(status_of(st));
     return Expected<R>(std::move(result));
   }
