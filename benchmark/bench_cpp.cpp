@@ -6,7 +6,7 @@
 //   bench_cpp [--items open,load,load_copy,gpu] [--cold] [--json OUT] MODEL... ITERATIONS
 //
 // Work items (bench.py measures the same ones with Python's safetensors):
-//   open       open the file, list keys, take every tensor's view (no data touched)
+//   open       open the file, list keys, take every tensor's shape (no data touched)
 //   load       every byte of every tensor read (a checksum through the mapping): the honest
 //              "load" of a zero-copy loader; limit: one plain read() of the file into memory
 //              that is already mapped

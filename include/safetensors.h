@@ -985,9 +985,11 @@ int st_file_key(const struct st_file *file,
 /**
  * Describes tensor `name` (`name_len` bytes) into `*out`: dtype, shape, data offsets, and its
  * bytes zero-copy when the file is mapped or in memory (NULL otherwise: use `st_file_read`).
- * Reads no tensor data. Every pointer in `*out` is valid while the file lives.
+ * Reads no tensor data. Every pointer in `*out` is valid while the file lives. A mapped file
+ * is mapped at the first call that needs its bytes (this one, or a read), not at open.
  *
- * Errors: `ST_ERR_TENSOR_NOT_FOUND`.
+ * Errors: `ST_ERR_TENSOR_NOT_FOUND`; `ST_ERR_IO` when that mapping fails (the file was
+ * truncated since it was opened).
  */
 int st_file_info(const struct st_file *file,
                  const char *name,

@@ -10,7 +10,9 @@ inline namespace SAFETENSORS_ABI {
 
 /// How tensor bytes are reached.
 enum class Backend : std::uint8_t {
-  /// Map the file read-only; views point into the mapping (zero copy). The default.
+  /// Map the file read-only; views point into the mapping (zero copy). The default. The file is
+  /// mapped at its first access of tensor bytes, not at open (docs/reading.md, "Backends"); a
+  /// file truncated in between is an `Io` error then.
   Mmap = 0,
   /// Read the header at open, and each tensor's bytes with `pread` when asked. For network
   /// filesystems, unified-memory machines, and files another process may truncate.

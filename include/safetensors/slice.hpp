@@ -339,7 +339,7 @@ inline Status nothrow::read_into(const Selection& selection, std::span<std::byte
   auto plan = detail::Access<Selection>::plan(selection);
   if (!plan) return plan.status();
   const auto& src = detail::Access<Selection>::open_file(selection);
-  if (auto st = detail::refuse_overlap("read_into", src.memory, dst); !st.ok()) return st;
+  if (auto st = src.refuse_overlap_with("read_into", dst); !st.ok()) return st;
   ::rust::Slice<std::uint8_t> out{reinterpret_cast<std::uint8_t*>(dst.data()), dst.size()};
   return detail::attempt([&](ffi::Status& st) { src.file->read_slice(**plan, out, st); });
 }
@@ -351,7 +351,7 @@ inline Expected<TensorView> nothrow::read(const Selection& selection) {
   const std::size_t len = (*plan)->byte_len();
   if (len == 0) return v;
   const auto& src = detail::Access<Selection>::open_file(selection);
-  if ((src.data != nullptr || src.direct) && (*plan)->contiguous()) {
+  if ((src.mapped || src.direct) && (*plan)->contiguous()) {
     auto bytes = src.bytes_at(static_cast<std::size_t>((*plan)->first_offset()), len, "a slice");
     if (!bytes) return bytes.status();
     v.data = bytes->first;
@@ -370,7 +370,7 @@ inline Status nothrow::read_as(const Selection& selection, Dtype to, std::span<s
   // The whole file, not only the selection: `dst` inside a file in memory would be the file
   // changing under its own readers.
   const auto& src = detail::Access<Selection>::open_file(selection);
-  if (auto st = detail::refuse_overlap("read_as", src.memory, dst); !st.ok()) return st;
+  if (auto st = src.refuse_overlap_with("read_as", dst); !st.ok()) return st;
   auto view = nothrow::read(selection);
   if (!view) return view.status();
   return nothrow::convert(*view, to, dst);
@@ -387,7 +387,7 @@ namespace detail {
 /// checkpoint): `dst` refused when it overlaps the file's memory, as `read_as` refuses it, then
 /// the tensor's view converted (straight out of the mapping when mapped).
 inline Status get_tensor_as(const OpenFile& src, std::string_view name, Dtype to, std::span<std::byte> dst) {
-  if (auto st = refuse_overlap("get_tensor_as", src.memory, dst); !st.ok()) return st;
+  if (auto st = src.refuse_overlap_with("get_tensor_as", dst); !st.ok()) return st;
   auto view = src.get_tensor(name);
   if (!view) return view.status();
   return nothrow::convert(*view, to, dst);

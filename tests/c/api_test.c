@@ -7,6 +7,8 @@
  *   c_api_test WORK_DIR */
 #include "support.h"
 
+#include <unistd.h>
+
 #include <stdint.h>
 
 static const char* work;
@@ -240,6 +242,31 @@ static void test_file(uint32_t backend) {
   FAILS(ST_ERR_INVALID_SLICE, st_file_read(f, ST_LITERAL("b"), values, 20, err));
   FAILS(ST_ERR_INVALID_SLICE, st_file_read_data(f, 30, values, 20, err));
   FAILS(ST_ERR_INTERNAL, st_file_read(f, ST_LITERAL("b"), NULL, 24, err));
+  st_file_free(f);
+}
+
+/* A mapped file is mapped at its first call that needs its bytes, not at open: one truncated
+ * in between is an Io error saying so, never a pointer past the mapping. */
+static void test_truncated_before_first_read(void) {
+  st_file* f = NULL;
+  st_tensor info;
+  float values[6];
+  size_t size = 0;
+  unsigned char* bytes = read_file(fixture, &size);
+  char path[4096];
+  snprintf(path, sizeof path, "%s", path_in(work, "truncated.safetensors"));
+  CHECK(bytes != NULL);
+  if (bytes == NULL) return;
+  write_file(path, bytes, size);
+  free(bytes);
+  OK(st_file_open(path, ST_BACKEND_MMAP, &f, err));
+  if (f == NULL) return;
+  CHECK(truncate(path, 20) == 0);
+  FAILS(ST_ERR_IO, st_file_info(f, ST_LITERAL("b"), &info, err));
+  CHECK(strstr(last_message, "became shorter") != NULL &&
+        strstr(last_message, "truncated.safetensors") != NULL);
+  FAILS(ST_ERR_IO, st_file_read(f, ST_LITERAL("b"), values, sizeof values, err));
+  FAILS(ST_ERR_IO, st_file_read_data(f, 8, values, sizeof values, err));
   st_file_free(f);
 }
 
@@ -846,6 +873,7 @@ int main(int argc, char** argv) {
   test_file(ST_BACKEND_MMAP);
   test_file(ST_BACKEND_READ);
   test_file(ST_BACKEND_DIRECT);
+  test_truncated_before_first_read();
   test_memory();
   test_slices(ST_BACKEND_MMAP);
   test_slices(ST_BACKEND_READ);

@@ -182,6 +182,71 @@ TEST_P(SafeOpenTest, ReadsConcurrentlyFromManyThreads) {
 INSTANTIATE_TEST_SUITE_P(Backends, SafeOpenTest, ::testing::ValuesIn(kBackends),
                          [](const auto& p) { return p.param == Backend::Mmap ? "Mmap" : "Read"; });
 
+// The mapped backend maps a file at its first access of tensor bytes, not at open (see
+// `LazyMap` in rust/core/src/file.rs): what happens to the file in between must never reach a
+// view as bytes past the mapping, nor as another file's bytes.
+TEST(SafeOpen, AMappedFileTruncatedBeforeItsFirstReadIsAnIoErrorOnEveryReadingCall) {
+  test::TempDir dir;
+  const auto path = dir / "three.safetensors";
+  const auto bytes = three_tensor_file();
+  const std::vector<std::function<void(const SafeOpen&)>> reads = {
+      [](const SafeOpen& f) { (void)f.get_tensor("alpha"); },
+      [](const SafeOpen& f) {
+        (void)f.get_slice("alpha").select({Index::all(), Index::range(0, 1)}).read();
+      },
+      [](const SafeOpen& f) {
+        std::vector<std::byte> out(16);
+        f.get_tensor_into("alpha", out);
+      },
+      [](const SafeOpen& f) {
+        std::vector<std::byte> out(8);
+        f.read_data(0, out);
+      },
+      [](const SafeOpen& f) {
+        for (const auto& t : f) (void)t;
+      },
+  };
+  for (std::size_t i = 0; i < reads.size(); ++i) {
+    test::write_bytes(path, bytes);
+    SafeOpen f(path);
+    EXPECT_EQ(f.info("alpha").shape, (std::vector<std::size_t>{2, 2}));
+    std::filesystem::resize_file(path, 20);
+    try {
+      reads[i](f);
+      ADD_FAILURE() << "read " << i << " of a file truncated since its open succeeded";
+    } catch (const safetensors::Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Io) << i << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("became shorter"), std::string::npos) << i << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("three.safetensors"), std::string::npos) << i << ": " << e.what();
+    }
+    // Without exceptions, the same error.
+    auto view = safetensors::nothrow::get_tensor(f, "zeta");
+    ASSERT_FALSE(view.has_value()) << i;
+    EXPECT_EQ(view.status().kind(), ErrorKind::Io) << i;
+  }
+}
+
+TEST(SafeOpen, AMappedFileReplacedOrRemovedBeforeItsFirstReadReadsTheFileThatWasOpened) {
+  test::TempDir dir;
+  const auto path = dir / "three.safetensors";
+  test::write_bytes(path, three_tensor_file());
+  SafeOpen replaced(path);
+  // A writer replaces the file by renaming a new one over it.
+  test::write_bytes(dir / "next.safetensors",
+                    test::raw_file(R"({"alpha":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 1));
+  std::filesystem::rename(dir / "next.safetensors", path);
+  const auto alpha_view = replaced.get_tensor("alpha");
+  auto alpha = alpha_view.as<float>();
+  EXPECT_EQ(std::vector<float>(alpha.begin(), alpha.end()), (std::vector<float>{10, 20, 30, 40}));
+
+  test::write_bytes(path, three_tensor_file());
+  SafeOpen removed(path);
+  std::filesystem::remove(path);
+  const auto zeta_view = removed.get_tensor("zeta");
+  auto zeta = zeta_view.as<float>();
+  EXPECT_EQ(std::vector<float>(zeta.begin(), zeta.end()), (std::vector<float>{1.5f, -2.0f}));
+}
+
 TEST(SafeOpen, EveryDtypeCrossesTheBridgeWithItsName) {
   test::TempDir dir;
   std::string json = "{";

@@ -52,32 +52,49 @@ using OwnedBytes = std::pair<std::span<const std::byte>, std::shared_ptr<const v
 /// buffer of their own size, so that a file of many tiny tensors does not cost a block each.
 inline constexpr std::size_t direct_view_min_bytes = 4096;
 
-/// One open file: the bridge object, its mapped data (null with the read backend), every
-/// tensor's dimensions, whether it reads with the direct backend, and the shared owner that
-/// keeps them alive (a SafeOpen's handle, or a checkpoint's). Built once per file, so that a
-/// lookup costs one call into the bridge.
+/// One open file: the bridge object, every tensor's dimensions, whether it is mapped or reads
+/// with the direct backend, and the shared owner that keeps them alive (a SafeOpen's handle, or
+/// a checkpoint's). Built once per file, so that a lookup costs one call into the bridge. A
+/// mapped file's bytes are asked of the bridge when a read needs them (`data`, `memory`): its
+/// mapping is made at the first access of tensor bytes, not at open, so that an open that reads
+/// only the header maps nothing.
 struct OpenFile {
   const ffi::File* file = nullptr;
-  const std::byte* data = nullptr;
   const std::size_t* dims = nullptr;
   std::shared_ptr<const void> owner;
   bool direct = false;
-  /// The whole file when it is in memory (mapped, or bytes a caller lent): what the core reads
-  /// from, so no output buffer may overlap it (see `refuse_overlap`). Empty for the read and
-  /// direct backends, and for a file without data bytes, which no read reaches.
-  std::span<const std::byte> memory;
+  /// Views borrow the file's bytes (mapped, or bytes a caller lent) rather than copy them.
+  bool mapped = false;
 
   static OpenFile of(const ffi::File& f, std::shared_ptr<const void> owner) {
-    auto mapped = f.mapped_data();
-    const std::byte* data =
-        f.is_mapped() && mapped.size() > 0 ? reinterpret_cast<const std::byte*>(mapped.data()) : nullptr;
-    std::span<const std::byte> memory;
-    if (data != nullptr) {
-      // The data buffer starts `8 + N` bytes into the file, and trailing bytes follow its end.
-      const std::size_t head = 8 + f.header_len();
-      memory = {data - head, head + f.data_len() + static_cast<std::size_t>(f.trailing_bytes())};
-    }
-    return {&f, data, f.dims().data(), std::move(owner), f.backend() == ffi::Backend::Direct, memory};
+    return {&f, f.dims().data(), std::move(owner), f.backend() == ffi::Backend::Direct, f.is_mapped()};
+  }
+
+  /// The data buffer's bytes when mapped (mapping the file now if it is not yet); empty for the
+  /// read and direct backends and for a file without data bytes, which no read reaches.
+  [[nodiscard]] Expected<std::span<const std::byte>> data() const {
+    if (!mapped) return std::span<const std::byte>{};
+    auto bytes = attempt([&](ffi::Status& st) { return file->mapped_data(st); });
+    if (!bytes) return bytes.status();
+    return std::span<const std::byte>{reinterpret_cast<const std::byte*>(bytes->data()), bytes->size()};
+  }
+
+  /// The whole file when it is in memory (mapped, or bytes a caller lent): what the core reads
+  /// from, so no output buffer may overlap it (see `refuse_overlap`). Empty where `data` is.
+  [[nodiscard]] Expected<std::span<const std::byte>> memory() const {
+    auto bytes = data();
+    if (!bytes || bytes->empty()) return bytes;
+    // The data buffer starts `8 + N` bytes into the file, and trailing bytes follow its end.
+    const std::size_t head = 8 + file->header_len();
+    return std::span<const std::byte>{
+        bytes->data() - head, head + bytes->size() + static_cast<std::size_t>(file->trailing_bytes())};
+  }
+
+  /// `dst` refused when it overlaps the file's memory (see `refuse_overlap`).
+  [[nodiscard]] Status refuse_overlap_with(const char* what, std::span<const std::byte> dst) const {
+    auto mem = memory();
+    if (!mem) return mem.status();
+    return refuse_overlap(what, *mem, dst);
   }
 
   [[nodiscard]] Expected<ffi::TensorMeta> find(std::string_view name) const {
@@ -95,7 +112,7 @@ struct OpenFile {
   }
 
   [[nodiscard]] Status read_data(std::size_t offset, std::span<std::byte> dst) const {
-    if (auto st = refuse_overlap("read_data", memory, dst); !st.ok()) return st;
+    if (auto st = refuse_overlap_with("read_data", dst); !st.ok()) return st;
     ::rust::Slice<std::uint8_t> out{reinterpret_cast<std::uint8_t*>(dst.data()), dst.size()};
     return attempt([&](ffi::Status& st) { file->read_data(offset, out, st); });
   }
@@ -106,7 +123,15 @@ struct OpenFile {
   [[nodiscard]] Expected<OwnedBytes> bytes_at(std::size_t offset, std::size_t len,
                                               std::string_view what) const {
     if (len == 0) return OwnedBytes{};
-    if (data != nullptr) return OwnedBytes{{data + offset, len}, owner};
+    if (mapped) {
+      auto bytes = data();
+      if (!bytes) return bytes.status();
+      // A view inside the data buffer, which the header's validation put every tensor in; a
+      // range outside it (no tensor's) is read below and refused there.
+      if (offset <= bytes->size() && len <= bytes->size() - offset) {
+        return OwnedBytes{bytes->subspan(offset, len), owner};
+      }
+    }
     if (direct && len >= direct_view_min_bytes) return aligned_bytes(offset, len, what);
     auto buffer = allocate_bytes(len, what);
     if (!buffer) return buffer.status();
@@ -159,7 +184,7 @@ struct OpenFile {
                         shape_text(shape_of(*m)) + ") has " + std::to_string(len) + "; pass exactly " +
                         std::to_string(len) + " bytes (info(name).byte_size())");
     }
-    if (auto st = refuse_overlap("get_tensor_into", memory, dst); !st.ok()) return st;
+    if (auto st = refuse_overlap_with("get_tensor_into", dst); !st.ok()) return st;
     if (len == 0) return {};
     return read_data(m->begin, dst);
   }

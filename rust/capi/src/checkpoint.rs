@@ -186,7 +186,7 @@ pub unsafe extern "C" fn st_checkpoint_info(
             )
         };
         let (file, info) = ckpt.locate(name)?;
-        *out = st_tensor::of(file, &info);
+        *out = st_tensor::of(file, &info)?;
         Ok(())
     })
 }

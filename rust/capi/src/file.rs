@@ -102,16 +102,17 @@ pub(crate) fn metadata_list(
 
 /// The address range of a file's bytes in memory (mapped, or a caller's), which no output
 /// buffer may overlap; empty for the read and direct backends and for a file without data
-/// bytes, which no read reaches.
-pub(crate) fn memory_span(file: &SafeFile) -> (usize, usize) {
-    match file.mapped_data() {
+/// bytes, which no read reaches. A file whose mapping was deferred is mapped now: the read
+/// that asks goes through the mapping anyway.
+pub(crate) fn memory_span(file: &SafeFile) -> safetensors_core::Result<(usize, usize)> {
+    Ok(match file.mapped_data()? {
         Some(data) if !data.is_empty() => {
             let head = safetensors_core::LENGTH_PREFIX_SIZE + file.header().header_len();
             let len = head as u64 + data.len() as u64 + file.trailing_bytes();
             ((data.as_ptr() as usize).wrapping_sub(head), len as usize)
         }
         _ => (0, 0),
-    }
+    })
 }
 
 /// Opens and validates the safetensors file at `path` (NUL-terminated, as the OS takes it).
@@ -392,9 +393,11 @@ pub unsafe extern "C" fn st_file_key(
 
 /// Describes tensor `name` (`name_len` bytes) into `*out`: dtype, shape, data offsets, and its
 /// bytes zero-copy when the file is mapped or in memory (NULL otherwise: use `st_file_read`).
-/// Reads no tensor data. Every pointer in `*out` is valid while the file lives.
+/// Reads no tensor data. Every pointer in `*out` is valid while the file lives. A mapped file
+/// is mapped at the first call that needs its bytes (this one, or a read), not at open.
 ///
-/// Errors: `ST_ERR_TENSOR_NOT_FOUND`.
+/// Errors: `ST_ERR_TENSOR_NOT_FOUND`; `ST_ERR_IO` when that mapping fails (the file was
+/// truncated since it was opened).
 #[no_mangle]
 pub unsafe extern "C" fn st_file_info(
     file: *const st_file,
@@ -413,7 +416,7 @@ pub unsafe extern "C" fn st_file_info(
                 c.out(out, "out")?,
             )
         };
-        *out = st_tensor::of(&file.inner, &file.find(name)?);
+        *out = st_tensor::of(&file.inner, &file.find(name)?)?;
         Ok(())
     })
 }
@@ -427,7 +430,7 @@ unsafe fn read_into(
     dst: *mut c_void,
     len: usize,
 ) -> Res<()> {
-    refuse_overlap(c, memory_span(file), (dst, len))?;
+    refuse_overlap(c, memory_span(file)?, (dst, len))?;
     // SAFETY: the caller's promise; it overlaps nothing the read reads (checked above).
     let dst = unsafe { c.bytes_mut(dst, len, "dst")? };
     Ok(file.read_data(offset, dst)?)

@@ -191,7 +191,7 @@ pub unsafe extern "C" fn st_slice_tensor(
             runs.next();
             runs.next().is_none()
         };
-        let data = match slice.file.mapped_data() {
+        let data = match slice.file.mapped_data()? {
             Some(d) if one_run => d
                 .get(begin + lo..begin + hi)
                 .map_or(std::ptr::null(), bytes_ptr),
@@ -225,7 +225,7 @@ pub unsafe extern "C" fn st_slice_read(
     run(err, || {
         // SAFETY: the header's contract for each argument.
         let slice = unsafe { c.handle(slice, "slice")? };
-        refuse_overlap(c, memory_span(&slice.file), (dst, dst_len))?;
+        refuse_overlap(c, memory_span(&slice.file)?, (dst, dst_len))?;
         // SAFETY: as above; it overlaps nothing the read reads (checked above).
         let dst = unsafe { c.bytes_mut(dst, dst_len, "dst")? };
         let info = slice.info()?;

@@ -46,14 +46,18 @@ pub struct st_tensor {
 }
 
 impl st_tensor {
-    /// The description of `info` in `file`, its bytes zero-copy when the file is in memory.
-    pub(crate) fn of(file: &SafeFile, info: &TensorInfo<'_>) -> st_tensor {
+    /// The description of `info` in `file`, its bytes zero-copy when the file is in memory
+    /// (mapped now if its mapping was deferred, which can fail: `Io`).
+    pub(crate) fn of(
+        file: &SafeFile,
+        info: &TensorInfo<'_>,
+    ) -> safetensors_core::Result<st_tensor> {
         let (begin, end) = info.data_offsets;
         let data = file
-            .mapped_data()
+            .mapped_data()?
             .and_then(|d| d.get(begin..end))
             .map_or(std::ptr::null(), bytes_ptr);
-        st_tensor {
+        Ok(st_tensor {
             name: st_str::of(info.name.as_bytes()),
             dtype: info.dtype as i32,
             rank: info.shape.len(),
@@ -62,7 +66,7 @@ impl st_tensor {
             byte_size: end - begin,
             data_begin: begin as u64,
             data_end: end as u64,
-        }
+        })
     }
 }
 

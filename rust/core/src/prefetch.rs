@@ -470,10 +470,11 @@ pub enum Advice {
 /// does not cover `file`). A no-op for the read and direct backends (nothing is mapped). Hints
 /// that the kernel refuses are reported as `Io`.
 pub fn advise(file: &SafeFile, plan: &Plan, advice: Advice) -> Result<()> {
-    let Some(data) = file.mapped_data() else {
+    let Some(entry) = plan.files.iter().find(|f| f.path == file.path()) else {
         return Ok(());
     };
-    let Some(entry) = plan.files.iter().find(|f| f.path == file.path()) else {
+    // Advice is for reading soon: a file not mapped yet is mapped now to take it.
+    let Some(data) = file.mapped_data()? else {
         return Ok(());
     };
     let flag = match advice {

@@ -60,7 +60,7 @@ fn mapped_pages<'a>(
 /// A refusal is `Io`, saying why: above all `RLIMIT_MEMLOCK`, the most an unprivileged process
 /// may lock (often 64 KiB or 8 MiB), with its value and how to raise it.
 pub fn lock(file: &SafeFile, plan: &Plan) -> Result<()> {
-    let Some(data) = mapping(file) else {
+    let Some(data) = mapping(file, true)? else {
         return Ok(());
     };
     for (at, len) in mapped_pages(data, &ranges_of(file, plan)) {
@@ -75,7 +75,7 @@ pub fn lock(file: &SafeFile, plan: &Plan) -> Result<()> {
 /// Unlocks the pages [`lock`] locked (`munlock`); pages never locked are left as they are.
 /// Nothing where [`lock`] does nothing.
 pub fn unlock(file: &SafeFile, plan: &Plan) -> Result<()> {
-    let Some(data) = mapping(file) else {
+    let Some(data) = mapping(file, false)? else {
         return Ok(());
     };
     for (at, len) in mapped_pages(data, &ranges_of(file, plan)) {
@@ -108,7 +108,7 @@ pub fn release(file: &SafeFile, plan: &Plan) -> Result<()> {
     if ranges.is_empty() {
         return Ok(());
     }
-    if let Some(data) = mapping(file) {
+    if let Some(data) = mapping(file, false)? {
         for (at, len) in mapped_pages(data, &ranges) {
             // SAFETY: the range lies inside this file's live, read-only, file-backed mapping:
             // dropping its pages changes no byte a later access reads (they come from the file).
@@ -173,11 +173,13 @@ fn drop_cached(file: &SafeFile, ranges: &[(u64, u64)]) -> Result<()> {
 }
 
 /// The whole mapping of a mapped file (`None` for the other backends and bytes in memory).
-fn mapping(file: &SafeFile) -> Option<&[u8]> {
-    if file.is_in_memory() {
-        return None;
+/// A file not mapped yet (see [`crate::Populate::Lazy`]) is mapped now when `map_now`, else
+/// `None`: nothing of it is mapped to unlock or to drop.
+fn mapping(file: &SafeFile, map_now: bool) -> Result<Option<&[u8]>> {
+    if file.is_in_memory() || (!map_now && !file.is_mapped_now()) {
+        return Ok(None);
     }
-    file.mapped_data().filter(|d| !d.is_empty())
+    Ok(file.mapped_data()?.filter(|d| !d.is_empty()))
 }
 
 /// A refused `mlock` of `len` bytes, as an `Io` error saying what limits it and how to lift it.

@@ -89,7 +89,7 @@ fn direct_backend_reads_the_same_bytes_as_the_mapping_at_every_alignment() {
     assert_eq!(f.bytes_read(), LENS.iter().sum::<usize>() as u64);
     // Ranges starting on, before and after a block boundary of the file, into destinations that
     // are page aligned (the zero-copy path) and not.
-    let data = m.mapped_data().unwrap();
+    let data = m.mapped_data().unwrap().unwrap();
     let start = m.header().data_start();
     let first_block = (DIRECT_ALIGN - start % DIRECT_ALIGN) % DIRECT_ALIGN;
     let mut backing = vec![0u8; (9 << 20) + 3 * DIRECT_ALIGN];
@@ -165,7 +165,7 @@ fn aligned(len: usize) -> AlignedBuf {
 /// on, before and after block boundaries (spans that begin in the header and end past the end of
 /// the file included), into aligned destinations and not. Returns how many ranges it checked.
 fn check_aligned_reads(f: &SafeFile, m: &SafeFile) -> usize {
-    let data = m.mapped_data().unwrap();
+    let data = m.mapped_data().unwrap().unwrap();
     let start = f.header().data_start();
     let file = std::fs::read(f.path()).unwrap();
     let first_block = (DIRECT_ALIGN - start % DIRECT_ALIGN) % DIRECT_ALIGN;
@@ -410,7 +410,7 @@ fn same_as_mapped(path: &Path, hook: Option<&str>) -> String {
     for (order, d) in [d0, d1].iter().enumerate() {
         for info in m.header().iter() {
             let (begin, end) = info.data_offsets;
-            let want = &m.mapped_data().unwrap()[begin..end];
+            let want = &m.mapped_data().unwrap().unwrap()[begin..end];
             let aligned_read = || {
                 let mut buf = aligned(d.aligned_len(begin as u64, end - begin).unwrap());
                 let head = d

@@ -103,7 +103,7 @@ fn open(path: &Path, populate: Populate, huge_pages: bool) -> SafeFile {
 }
 
 fn mapped(f: &SafeFile) -> &[u8] {
-    f.mapped_data().unwrap()
+    f.mapped_data().unwrap().unwrap()
 }
 
 fn whole(f: &SafeFile) -> Plan {
@@ -217,7 +217,7 @@ fn mapping_controls_are_ignored_without_a_mapping() {
                 &a[..],
                 "{backend:?} {populate:?}"
             );
-            assert!(f.mapped_data().is_none());
+            assert!(f.mapped_data().unwrap().is_none());
         }
     }
 }

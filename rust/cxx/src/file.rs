@@ -140,9 +140,11 @@ pub mod ffi {
         fn has_metadata(self: &File) -> bool;
         /// The `__metadata__` entries (none when absent).
         fn metadata(self: &File) -> &Metadata;
-        /// The data buffer when mapped; empty with the read backend.
-        fn mapped_data(self: &File) -> &[u8];
-        /// Whether the file is mapped.
+        /// The data buffer when mapped (mapped now if its mapping was deferred, which can
+        /// fail); empty with the read and direct backends.
+        unsafe fn mapped_data<'a>(self: &'a File, status: &mut Status) -> &'a [u8];
+        /// Whether the file is mapped, or will be at its first access of tensor bytes (the
+        /// mapped backend, and bytes in memory).
         fn is_mapped(self: &File) -> bool;
         /// The header length `N`.
         fn header_len(self: &File) -> usize;
@@ -477,12 +479,12 @@ impl File {
         &self.metadata
     }
 
-    pub fn mapped_data(&self) -> &[u8] {
-        self.inner.mapped_data().unwrap_or(&[])
+    pub fn mapped_data<'a>(&'a self, status: &mut Status) -> &'a [u8] {
+        guard(status, || Ok(self.inner.mapped_data()?.unwrap_or(&[])))
     }
 
     pub fn is_mapped(&self) -> bool {
-        self.inner.mapped_data().is_some()
+        self.inner.backend() == safetensors_core::Backend::Mmap
     }
 
     pub fn header_len(&self) -> usize {

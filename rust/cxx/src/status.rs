@@ -115,6 +115,12 @@ impl<T> Fallback for &mut [T] {
     }
 }
 
+impl<T> Fallback for &[T] {
+    fn fallback() -> Self {
+        &[]
+    }
+}
+
 /// Runs `f` and records how it ended in `status`: `ok`, or the error's kind and message (a
 /// panic becomes an `Internal` error instead of aborting the host process). On failure the
 /// result is `T`'s placeholder.

@@ -4,8 +4,23 @@
 use std::cell::RefCell;
 use std::path::Path;
 
-use super::{Backend, SafeFile};
+use super::{Backend, OpenOptions, Populate, SafeFile};
 use crate::{serialize, Dtype, ErrorKind, TensorView};
+
+/// A mapped open that maps at once (`AtOpen`), and one that maps at the first access of tensor
+/// bytes (the default).
+const MAPPED: [Populate; 2] = [Populate::AtOpen, Populate::Lazy];
+
+fn open_mapped(path: &Path, populate: Populate) -> crate::Result<SafeFile> {
+    SafeFile::open_with(
+        path,
+        OpenOptions {
+            backend: Backend::Mmap,
+            populate,
+            ..OpenOptions::default()
+        },
+    )
+}
 
 type Hook = Box<dyn Fn(&Path)>;
 
@@ -79,33 +94,48 @@ fn mapped_open_validates_against_the_mapping_not_an_earlier_fstat() {
         None,
     )
     .unwrap();
-    for keep in [bytes.len() - 1, bytes.len() / 2, 100, 7, 0] {
-        std::fs::write(&path, &bytes).unwrap();
-        // Another process shrinks the file in place after the open measured it.
-        let result = with_hook(
-            move |p| {
-                let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
-                f.set_len(keep as u64).unwrap();
-            },
-            || SafeFile::open(&path, Backend::Mmap),
-        );
-        let err = match result {
-            Ok(file) => {
-                // Before the fix the open succeeded and this view ran past the mapping.
-                let view = file.view("w").map(|v| v.map(|v| v.data.len()));
-                panic!("opened a file shrunk to {keep} bytes; view: {view:?}");
-            }
-            Err(e) => e,
-        };
-        assert!(
-            matches!(
-                err.kind(),
-                ErrorKind::MetadataIncompleteBuffer
-                    | ErrorKind::InvalidHeaderLength
-                    | ErrorKind::HeaderTooSmall
-            ),
-            "shrunk to {keep}: {err}"
-        );
+    for populate in MAPPED {
+        for keep in [bytes.len() - 1, bytes.len() / 2, 100, 7, 0] {
+            std::fs::write(&path, &bytes).unwrap();
+            // Another process shrinks the file in place after the open measured it.
+            let result = with_hook(
+                move |p| {
+                    let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+                    f.set_len(keep as u64).unwrap();
+                },
+                || open_mapped(&path, populate),
+            );
+            let err = match result {
+                // A deferred mapping (validated, like the read backend, against the length at
+                // open) is checked when it is made: the view is an error, never bytes past
+                // the end of the mapping.
+                Ok(file) if populate == Populate::Lazy => match file.view("w") {
+                    Ok(v) => panic!(
+                        "a view of a file shrunk to {keep} bytes: {:?} bytes",
+                        v.map(|v| v.data.len())
+                    ),
+                    Err(e) => {
+                        assert!(e.to_string().contains("became shorter"), "{keep}: {e}");
+                        e
+                    }
+                },
+                Ok(file) => {
+                    // Before the fix the open succeeded and this view ran past the mapping.
+                    let view = file.view("w").map(|v| v.map(|v| v.data.len()));
+                    panic!("opened a file shrunk to {keep} bytes; view: {view:?}");
+                }
+                Err(e) => e,
+            };
+            assert!(
+                matches!(
+                    err.kind(),
+                    ErrorKind::MetadataIncompleteBuffer
+                        | ErrorKind::InvalidHeaderLength
+                        | ErrorKind::HeaderTooSmall
+                ) || (populate == Populate::Lazy && err.kind() == ErrorKind::Io),
+                "{populate:?}, shrunk to {keep}: {err}"
+            );
+        }
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -115,18 +145,108 @@ fn mapped_open_of_a_file_that_grew_sees_the_trailing_bytes() {
     let dir = scratch("grow");
     let path = dir.join("a.safetensors");
     let bytes = serialize([("w", TensorView::new(Dtype::U8, &[16], &[1; 16]))], None).unwrap();
-    std::fs::write(&path, &bytes).unwrap();
-    let err = with_hook(
-        |p| {
-            use std::io::Write;
-            let mut f = std::fs::OpenOptions::new().append(true).open(p).unwrap();
-            f.write_all(&[0; 8]).unwrap();
-        },
-        || SafeFile::open(&path, Backend::Mmap),
+    for populate in MAPPED {
+        std::fs::write(&path, &bytes).unwrap();
+        let result = with_hook(
+            |p| {
+                use std::io::Write;
+                let mut f = std::fs::OpenOptions::new().append(true).open(p).unwrap();
+                f.write_all(&[0; 8]).unwrap();
+            },
+            || open_mapped(&path, populate),
+        );
+        match populate {
+            // Mapped first: the header is checked against the mapping, trailing bytes and all.
+            Populate::AtOpen => {
+                let err = result.err().unwrap();
+                assert_eq!(err.kind(), ErrorKind::MetadataIncompleteBuffer, "{err}");
+            }
+            // Checked against the length at open (before the append), as the read backend is;
+            // the later mapping covers every tensor, so the views are the file's bytes.
+            _ => {
+                let file = result.unwrap();
+                assert_eq!(file.view("w").unwrap().unwrap().data, &[1; 16]);
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_mapped_file_is_mapped_at_its_first_access_of_tensor_bytes() {
+    let dir = scratch("lazy");
+    let path = dir.join("a.safetensors");
+    let a: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+    let b = vec![9u8; 8];
+    let bytes = serialize(
+        [
+            ("a", TensorView::new(Dtype::U8, &[a.len()], &a)),
+            ("b", TensorView::new(Dtype::U8, &[b.len()], &b)),
+        ],
+        None,
     )
-    .err()
     .unwrap();
-    assert_eq!(err.kind(), ErrorKind::MetadataIncompleteBuffer, "{err}");
+    std::fs::write(&path, &bytes).unwrap();
+    // Populated opens map at open; the default open maps nothing until bytes are asked for.
+    let populated = open_mapped(&path, Populate::AtOpen).unwrap();
+    assert!(populated.is_mapped_now());
+    let file = open_mapped(&path, Populate::Lazy).unwrap();
+    assert!(!file.is_mapped_now());
+    assert_eq!(file.info("a").unwrap().shape, &[4096]);
+    let first = crate::Indexer::Range {
+        start: Some(0),
+        stop: Some(8),
+        step: 1,
+    };
+    let plan = file.plan_slice("a", &[first]).unwrap();
+    assert_eq!(plan.byte_len(), 8);
+    assert!(!file.is_mapped_now(), "header-only work mapped the file");
+
+    // Many threads' first accesses map it once: every view borrows the same mapping.
+    let file = std::sync::Arc::new(file);
+    let seen: Vec<(usize, Vec<u8>)> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let file = file.clone();
+                s.spawn(move || {
+                    let v = file.view("a").unwrap().unwrap();
+                    (v.data.as_ptr() as usize, v.data.to_vec())
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    assert!(file.is_mapped_now());
+    for (ptr, data) in &seen {
+        assert_eq!(*ptr, seen[0].0);
+        assert_eq!(data, &a);
+    }
+    let mut out = vec![0u8; 8];
+    file.read_data(4096, &mut out).unwrap();
+    assert_eq!(out, b);
+    assert_eq!(file.tensor_bytes("b").unwrap().as_ref(), &b[..]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_file_replaced_before_its_first_access_is_still_the_file_that_was_opened() {
+    // Writers (ours among them) replace a file by renaming a new one over it: a server that
+    // opened the old one must read the old one's bytes, never the new file's under the old
+    // header.
+    let dir = scratch("replaced");
+    let path = dir.join("a.safetensors");
+    let old = serialize([("w", TensorView::new(Dtype::U8, &[64], &[1; 64]))], None).unwrap();
+    let new = serialize([("w", TensorView::new(Dtype::U8, &[32], &[2; 32]))], None).unwrap();
+    std::fs::write(&path, &old).unwrap();
+    let file = open_mapped(&path, Populate::Lazy).unwrap();
+    let next = dir.join("next.safetensors");
+    std::fs::write(&next, &new).unwrap();
+    std::fs::rename(&next, &path).unwrap();
+    assert_eq!(file.view("w").unwrap().unwrap().data, &[1; 64]);
+    // Removed altogether: the same.
+    let other = open_mapped(&path, Populate::Lazy).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(other.view("w").unwrap().unwrap().data, &[2; 32]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -232,7 +352,7 @@ fn a_ranged_file_reads_exactly_what_is_asked_and_slices_in_one_call() {
         SafeFile::from_memory("local", Box::new(bytes.clone()), Default::default()).unwrap();
     let (f, rec) = ranged(&bytes, false);
     assert_eq!(f.backend(), Backend::Read);
-    assert!(!f.is_in_memory() && f.mapped_data().is_none());
+    assert!(!f.is_in_memory() && f.mapped_data().unwrap().is_none());
     assert_eq!(&*f.tensor_bytes("small").unwrap(), &[7, 8, 9]);
     let start = f.header().data_start() as u64;
     let (b, _) = f.info("small").unwrap().data_offsets;
