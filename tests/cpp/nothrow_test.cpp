@@ -6,8 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -337,6 +339,22 @@ TEST(NothrowTypes, ExpectedCopiesMovesAndAssignsItsValueExactlyOnce) {
   Expected<std::unique_ptr<int>> p = std::make_unique<int>(3);
   auto q = std::move(p);
   EXPECT_EQ(**q, 3);
+}
+
+// `as_f32` and `as_f64` fill a vector of their element type through one private helper that
+// sizes it from the target's bytes. Given an element that is not the target's (three F16
+// values are 6 bytes, one float and a half), the destination is the vector's own bytes, and
+// the core refuses it rather than writing past the vector (the asan preset sees such a write).
+TEST(NothrowTypes, AConvertedVectorOfAnotherElementThanTheTargetIsRefusedNotOverrun) {
+  std::vector<std::uint16_t> half{0x3c00, 0x4000, 0x4200};  // 1, 2, 3
+  const safetensors::TensorView t{Dtype::F16, {3}, std::as_bytes(std::span(half)), {}};
+  auto out = safetensors::detail::converted_vector<float>(t, Dtype::F16);
+  ASSERT_FALSE(out);
+  EXPECT_EQ(out.status().kind(), ErrorKind::TensorInvalidInfo) << out.status().message();
+  // The helper as the public functions call it.
+  auto floats = nt::as_f32(t);
+  ASSERT_TRUE(floats) << floats.status().message();
+  EXPECT_EQ(*floats, (std::vector<float>{1.0f, 2.0f, 3.0f}));
 }
 
 }  // namespace
