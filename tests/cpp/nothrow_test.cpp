@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <new>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -339,6 +340,79 @@ TEST(NothrowTypes, ExpectedCopiesMovesAndAssignsItsValueExactlyOnce) {
   Expected<std::unique_ptr<int>> p = std::make_unique<int>(3);
   auto q = std::move(p);
   EXPECT_EQ(**q, 3);
+}
+
+// A value whose copy or move throws (an allocation that fails) leaves an `Expected` as it was:
+// a value never built is never destroyed, one already held is destroyed once, and an error
+// keeps its message. The values own heap memory, so the asan preset sees a double or a missed
+// destruction.
+struct Fragile {
+  explicit Fragile(std::string t) : text(std::move(t)) { ++live; }
+  Fragile(const Fragile& o) : text(unless_failing(o.text)) { ++live; }
+  Fragile(Fragile&& o) : text(unless_failing(std::move(o.text))) { ++live; }
+  Fragile& operator=(const Fragile& o) {
+    if (failing) throw std::bad_alloc();
+    text = o.text;
+    return *this;
+  }
+  Fragile& operator=(Fragile&& o) {
+    if (failing) throw std::bad_alloc();
+    text = std::move(o.text);
+    return *this;
+  }
+  ~Fragile() { --live; }
+  /// `s` as given, or the throw before anything is taken from it.
+  template <class S>
+  static S&& unless_failing(S&& s) {
+    if (failing) throw std::bad_alloc();
+    return std::forward<S>(s);
+  }
+  std::string text;
+  static inline int live = 0;
+  static inline bool failing = false;
+};
+
+TEST(NothrowTypes, ExpectedStaysWholeWhenItsValueFailsToCopyOrMove) {
+  const std::string long_text(64, 'v');  // beyond the small-string buffer: on the heap
+  const std::string long_error(64, 'e');
+  {
+    Expected<Fragile> value = Fragile(long_text);
+    Expected<Fragile> error = Status(ErrorKind::Io, long_error);
+    Expected<Fragile> other = Fragile("other" + long_text);
+    Fragile::failing = true;
+    EXPECT_THROW((void)Expected<Fragile>{value}, std::bad_alloc);
+    EXPECT_THROW((void)Expected<Fragile>{std::move(value)}, std::bad_alloc);
+    EXPECT_THROW(error = value, std::bad_alloc);  // nothing built: still the error
+    EXPECT_THROW(error = std::move(value), std::bad_alloc);
+    EXPECT_THROW(other = value, std::bad_alloc);  // the value held stays held
+    EXPECT_THROW(other = std::move(value), std::bad_alloc);
+    Fragile::failing = false;
+    EXPECT_EQ(Fragile::live, 2);
+    ASSERT_FALSE(error);
+    EXPECT_EQ(error.status().kind(), ErrorKind::Io);
+    EXPECT_EQ(error.status().message(), long_error);
+    ASSERT_TRUE(value);
+    EXPECT_EQ(value->text, long_text);
+    ASSERT_TRUE(other);
+    EXPECT_EQ(other->text, "other" + long_text);
+    // Self-assignment keeps either state as it is.
+    auto& same = value;
+    value = same;
+    value = std::move(same);
+    auto& same_error = error;
+    error = same_error;
+    error = std::move(same_error);
+    EXPECT_EQ(value->text, long_text);
+    EXPECT_EQ(error.status().message(), long_error);
+    // And each state still reports as it should.
+    EXPECT_EQ(test::kind_of([&] { (void)error->text; }), ErrorKind::Io);
+    EXPECT_EQ(test::kind_of([&] { (void)*std::as_const(error); }), ErrorKind::Io);
+    EXPECT_EQ(test::kind_of([&] { (void)std::move(error).value(); }), ErrorKind::Io);
+    error = value;
+    EXPECT_EQ(Fragile::live, 3);
+    EXPECT_EQ(error->text, long_text);
+  }
+  EXPECT_EQ(Fragile::live, 0);
 }
 
 // `as_f32` and `as_f64` fill a vector of their element type through one private helper that
