@@ -186,8 +186,11 @@ TEST_F(Nothrow, WritingReportsWhatTheThrowingWriterThrows) {
 
   safetensors::TensorView short_view{Dtype::F32, {3, 2}, std::as_bytes(std::span(values_))};
   safetensors::TensorView bad_dtype{static_cast<Dtype>(99), {4}, std::as_bytes(std::span(values_))};
-  for (const auto& [name, view] : std::vector<std::pair<std::string, safetensors::TensorView>>{
+  // Not a structured binding: clang before 16 cannot capture one in a lambda.
+  for (const auto& entry : std::vector<std::pair<std::string, safetensors::TensorView>>{
            {"w", short_view}, {"__metadata__", w}, {"x", bad_dtype}, {std::string("\xff"), w}}) {
+    const std::string& name = entry.first;
+    const safetensors::TensorView& view = entry.second;
     auto s = nt::serialize({{name, view}});
     ASSERT_FALSE(s) << name;
     expect_same(s.status(), nt::serialize(Tensors{{name, view}}).status());
