@@ -181,9 +181,11 @@ Expected<std::vector<T>> detail::converted_vector(const TensorView& src, Dtype t
                                "convert into a buffer of your own, in pieces");
   if (!out) return out.status();
   // A span from pointer and size: one built from the vector itself would instantiate the
-  // ranges machinery for each element type.
-  if (auto st = nothrow::convert(src, to, {reinterpret_cast<std::byte*>(out->data()), *len}); !st.ok())
-    return st;
+  // ranges machinery for each element type. Its size is the vector's own bytes, not `*len`: a
+  // `T` that is not `to`'s element leaves the vector shorter than `*len`, and the core then
+  // refuses the destination instead of writing past the vector.
+  const std::span<std::byte> dst{reinterpret_cast<std::byte*>(out->data()), out->size() * sizeof(T)};
+  if (auto st = nothrow::convert(src, to, dst); !st.ok()) return st;
   return out;
 }
 

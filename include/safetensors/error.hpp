@@ -181,9 +181,9 @@ namespace detail {
   raise(Status(kind, std::move(message)));
 }
 
-/// The error an operation on a moved-from `SafeOpen`, `Checkpoint`, `Slice`, `Selection` or
-/// `Uploader` reports: a caller's mistake, as `Internal` (no kind fits better, and a new one
-/// would change the stable set).
+/// The error an operation on a moved-from `SafeOpen`, `Checkpoint`, `Slice`, `Selection`, `Uploader`,
+/// tensor iterator or range reports: a caller's mistake, as `Internal` (no kind fits better, and a
+/// new one would change the stable set).
 inline Status moved_from(std::string_view type) {
   return Status(ErrorKind::Internal, "this " + std::string(type) +
                                          " was moved from and holds nothing; use the " + std::string(type) +

@@ -193,6 +193,74 @@ TEST(IterationCareless, AMovedFromSafeOpenIsInternalNeverACrash) {
   EXPECT_EQ(g.offset_keys(), kFileOrder);
 }
 
+/// An iterator or a nothrow range moved from holds nothing: what it points at is `Internal`,
+/// then the walk ends, even after what it was moved into, and the file, are gone. It must not
+/// hand out the view it gave away, nor read through the file it no longer holds: the view's
+/// bytes are read here, so handing them out would be a use after free (a crash with a mapping).
+TEST(IterationCareless, AMovedFromIteratorOrRangeIsInternalNeverAUseAfterFree) {
+  test::TempDir dir;
+  test::write_bytes(dir / "s.safetensors", sample_file());
+  const auto probe = [](auto it) {
+    std::optional<decltype(it)> taken(std::move(it));
+    ++*taken;
+    EXPECT_EQ((*taken)->name, "mid");
+    taken.reset();                             // the file, and each view the walk made, go with it
+    ASSERT_TRUE(it != std::default_sentinel);  // NOLINT: moved from on purpose
+    try {
+      const NamedTensor& t = *it;
+      ADD_FAILURE() << "a moved-from iterator gave `" << t.name << "` of " << bytes_of(t.view).size()
+                    << " bytes";
+    } catch (const safetensors::Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Internal) << e.what();
+    }
+    // Then the end: walking on would read through the file it gave away, gone now.
+    std::size_t more = 0;
+    for (++it; it != std::default_sentinel && more < kFileOrder.size(); ++it, ++more) {
+      EXPECT_EQ(bytes_of(it->view).size(), 0u) << "read a view of a file that is gone";
+    }
+    EXPECT_EQ(more, 0u);
+  };
+  // Each source is a temporary, gone before the probe starts.
+  for (Backend b : kBackends) {
+    auto it = SafeOpen(dir / "s.safetensors", OpenOptions{b}).begin();
+    probe(std::move(it));
+  }
+  auto from_checkpoint = Checkpoint(dir / "s.safetensors").begin();
+  probe(std::move(from_checkpoint));
+
+  // The nothrow face: a moved-from range, and an iterator moved from by assignment, each give
+  // one `Internal` error, then the end.
+  const auto probe_nothrow = [](auto range) {
+    std::optional<decltype(range)> kept(std::move(range));
+    auto it = kept->begin();
+    std::optional<decltype(it)> taken(std::in_place);
+    *taken = std::move(it);
+    ASSERT_TRUE(**taken);
+    EXPECT_EQ((**taken)->name, "zeta");
+    kept.reset();
+    taken.reset();
+    ASSERT_TRUE(it != std::default_sentinel);  // NOLINT: moved from on purpose
+    EXPECT_EQ((*it).status().kind(), ErrorKind::Internal);
+    ++it;
+    EXPECT_TRUE(it == std::default_sentinel);
+    std::size_t items = 0;
+    for (const auto& item : range) {  // NOLINT: moved from on purpose
+      ++items;
+      EXPECT_EQ(item.status().kind(), ErrorKind::Internal);
+      if (item) {
+        EXPECT_EQ(bytes_of(item->view).size(), 0u) << "read a view of a file that is gone";
+      }
+    }
+    EXPECT_EQ(items, 1u) << "one error, then the end";
+  };
+  for (Backend b : kBackends) {
+    auto range = safetensors::nothrow::tensors(SafeOpen(dir / "s.safetensors", OpenOptions{b}));
+    probe_nothrow(std::move(range));
+  }
+  auto checkpoint_range = safetensors::nothrow::tensors(Checkpoint(dir / "s.safetensors"));
+  probe_nothrow(std::move(checkpoint_range));
+}
+
 /// With the read backend each view is read when the loop reaches it: a file that shrank since
 /// the open is an `Io` error at the first tensor past its new end, thrown there (or given as
 /// the last item by the nothrow face), never bytes that are not the file's.

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -209,6 +210,42 @@ TEST_P(Lifetime, SlicesSelectionsAndViewsReadAfterTheirSourceIsGone) {
       ASSERT_EQ(static_cast<std::uint8_t>(got.data[i]), all[1000 + 3 * i]) << i;
     }
     EXPECT_TRUE(same(view.data, all));
+  }
+  expect_owner_released();
+}
+
+TEST_P(Lifetime, IteratorsAndRangesReadAfterTheirSourceIsGone) {
+  // An iterator, a nothrow range, and a copy of an iterator taken mid-walk, each from a source
+  // that is gone; the copy walks on by itself after the original is dropped.
+  const auto walk = [](auto it, auto range) {
+    ASSERT_NE(it, std::default_sentinel);
+    EXPECT_EQ(it->name, "t0");
+    ++it;
+    std::optional<decltype(it)> copy(it);
+    it = {};
+    std::size_t seen = 1;
+    for (; *copy != std::default_sentinel; ++*copy, ++seen) {
+      EXPECT_EQ((*copy)->name, "t" + std::to_string(seen));
+      EXPECT_TRUE(same((*copy)->view.data, expected(seen))) << seen;
+    }
+    copy.reset();
+    EXPECT_EQ(seen, kCount);
+    seen = 0;
+    for (const auto& item : range) {
+      ASSERT_TRUE(item) << item.status().message();
+      EXPECT_TRUE(same(item->view.data, expected(seen))) << seen;
+      ++seen;
+    }
+    EXPECT_EQ(seen, kCount);
+  };
+  if (GetParam() == Kind::Checkpoint) {
+    auto it = Checkpoint(dir / "model.safetensors.index.json").begin();
+    auto range = nothrow::tensors(Checkpoint(dir / "model.safetensors.index.json"));
+    walk(std::move(it), std::move(range));
+  } else {
+    auto it = open_file().begin();
+    auto range = nothrow::tensors(open_file());
+    walk(std::move(it), std::move(range));
   }
   expect_owner_released();
 }

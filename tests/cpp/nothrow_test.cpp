@@ -6,8 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <map>
 #include <memory>
+#include <new>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -183,8 +186,11 @@ TEST_F(Nothrow, WritingReportsWhatTheThrowingWriterThrows) {
 
   safetensors::TensorView short_view{Dtype::F32, {3, 2}, std::as_bytes(std::span(values_))};
   safetensors::TensorView bad_dtype{static_cast<Dtype>(99), {4}, std::as_bytes(std::span(values_))};
-  for (const auto& [name, view] : std::vector<std::pair<std::string, safetensors::TensorView>>{
+  // Not a structured binding: clang before 16 cannot capture one in a lambda.
+  for (const auto& entry : std::vector<std::pair<std::string, safetensors::TensorView>>{
            {"w", short_view}, {"__metadata__", w}, {"x", bad_dtype}, {std::string("\xff"), w}}) {
+    const std::string& name = entry.first;
+    const safetensors::TensorView& view = entry.second;
     auto s = nt::serialize({{name, view}});
     ASSERT_FALSE(s) << name;
     expect_same(s.status(), nt::serialize(Tensors{{name, view}}).status());
@@ -337,6 +343,95 @@ TEST(NothrowTypes, ExpectedCopiesMovesAndAssignsItsValueExactlyOnce) {
   Expected<std::unique_ptr<int>> p = std::make_unique<int>(3);
   auto q = std::move(p);
   EXPECT_EQ(**q, 3);
+}
+
+// A value whose copy or move throws (an allocation that fails) leaves an `Expected` as it was:
+// a value never built is never destroyed, one already held is destroyed once, and an error
+// keeps its message. The values own heap memory, so the asan preset sees a double or a missed
+// destruction.
+struct Fragile {
+  explicit Fragile(std::string t) : text(std::move(t)) { ++live; }
+  Fragile(const Fragile& o) : text(unless_failing(o.text)) { ++live; }
+  Fragile(Fragile&& o) : text(unless_failing(std::move(o.text))) { ++live; }
+  Fragile& operator=(const Fragile& o) {
+    if (failing) throw std::bad_alloc();
+    text = o.text;
+    return *this;
+  }
+  Fragile& operator=(Fragile&& o) {
+    if (failing) throw std::bad_alloc();
+    text = std::move(o.text);
+    return *this;
+  }
+  ~Fragile() { --live; }
+  /// `s` as given, or the throw before anything is taken from it.
+  template <class S>
+  static S&& unless_failing(S&& s) {
+    if (failing) throw std::bad_alloc();
+    return std::forward<S>(s);
+  }
+  std::string text;
+  static inline int live = 0;
+  static inline bool failing = false;
+};
+
+TEST(NothrowTypes, ExpectedStaysWholeWhenItsValueFailsToCopyOrMove) {
+  const std::string long_text(64, 'v');  // beyond the small-string buffer: on the heap
+  const std::string long_error(64, 'e');
+  {
+    Expected<Fragile> value = Fragile(long_text);
+    Expected<Fragile> error = Status(ErrorKind::Io, long_error);
+    Expected<Fragile> other = Fragile("other" + long_text);
+    Fragile::failing = true;
+    EXPECT_THROW((void)Expected<Fragile>{value}, std::bad_alloc);
+    EXPECT_THROW((void)Expected<Fragile>{std::move(value)}, std::bad_alloc);
+    EXPECT_THROW(error = value, std::bad_alloc);  // nothing built: still the error
+    EXPECT_THROW(error = std::move(value), std::bad_alloc);
+    EXPECT_THROW(other = value, std::bad_alloc);  // the value held stays held
+    EXPECT_THROW(other = std::move(value), std::bad_alloc);
+    Fragile::failing = false;
+    EXPECT_EQ(Fragile::live, 2);
+    ASSERT_FALSE(error);
+    EXPECT_EQ(error.status().kind(), ErrorKind::Io);
+    EXPECT_EQ(error.status().message(), long_error);
+    ASSERT_TRUE(value);
+    EXPECT_EQ(value->text, long_text);
+    ASSERT_TRUE(other);
+    EXPECT_EQ(other->text, "other" + long_text);
+    // Self-assignment keeps either state as it is.
+    auto& same = value;
+    value = same;
+    value = std::move(same);
+    auto& same_error = error;
+    error = same_error;
+    error = std::move(same_error);
+    EXPECT_EQ(value->text, long_text);
+    EXPECT_EQ(error.status().message(), long_error);
+    // And each state still reports as it should.
+    EXPECT_EQ(test::kind_of([&] { (void)error->text; }), ErrorKind::Io);
+    EXPECT_EQ(test::kind_of([&] { (void)*std::as_const(error); }), ErrorKind::Io);
+    EXPECT_EQ(test::kind_of([&] { (void)std::move(error).value(); }), ErrorKind::Io);
+    error = value;
+    EXPECT_EQ(Fragile::live, 3);
+    EXPECT_EQ(error->text, long_text);
+  }
+  EXPECT_EQ(Fragile::live, 0);
+}
+
+// `as_f32` and `as_f64` fill a vector of their element type through one private helper that
+// sizes it from the target's bytes. Given an element that is not the target's (three F16
+// values are 6 bytes, one float and a half), the destination is the vector's own bytes, and
+// the core refuses it rather than writing past the vector (the asan preset sees such a write).
+TEST(NothrowTypes, AConvertedVectorOfAnotherElementThanTheTargetIsRefusedNotOverrun) {
+  std::vector<std::uint16_t> half{0x3c00, 0x4000, 0x4200};  // 1, 2, 3
+  const safetensors::TensorView t{Dtype::F16, {3}, std::as_bytes(std::span(half)), {}};
+  auto out = safetensors::detail::converted_vector<float>(t, Dtype::F16);
+  ASSERT_FALSE(out);
+  EXPECT_EQ(out.status().kind(), ErrorKind::TensorInvalidInfo) << out.status().message();
+  // The helper as the public functions call it.
+  auto floats = nt::as_f32(t);
+  ASSERT_TRUE(floats) << floats.status().message();
+  EXPECT_EQ(*floats, (std::vector<float>{1.0f, 2.0f, 3.0f}));
 }
 
 }  // namespace

@@ -45,6 +45,25 @@ class TensorIterator {
     cursor_.emplace(std::move(*cursor));
     advance();
   }
+  TensorIterator(const TensorIterator&) = default;
+  TensorIterator& operator=(const TensorIterator&) = default;
+  /// A moved-from iterator holds nothing: what it points at is `Internal`, then its walk ends.
+  /// (Left as moved, its cursor would still point into the file it gave away, and step on
+  /// into that file once the iterator it was moved into let go of it.)
+  TensorIterator(TensorIterator&& other)
+      : cursor_(std::move(other.cursor_)), item_(std::move(other.item_)), done_(other.done_) {
+    other.empty();
+  }
+  TensorIterator& operator=(TensorIterator&& other) {
+    if (this != &other) {
+      cursor_ = std::move(other.cursor_);
+      item_ = std::move(other.item_);
+      done_ = other.done_;
+      other.empty();
+    }
+    return *this;
+  }
+  ~TensorIterator() = default;
 
   [[nodiscard]] reference operator*() const {
     if constexpr (Nothrow) {
@@ -80,6 +99,12 @@ class TensorIterator {
     }
   }
 
+  void empty() {
+    cursor_.reset();
+    item_ = moved_from("tensor iterator");
+    done_ = false;
+  }
+
   std::optional<Cursor> cursor_;
   Expected<NamedTensor> item_{Status(ErrorKind::Internal, "the end iterator was dereferenced")};
   bool done_ = false;
@@ -91,6 +116,20 @@ template <class Cursor, bool Nothrow>
 class TensorRange {
  public:
   explicit TensorRange(Expected<Cursor> cursor) : cursor_(std::move(cursor)) {}
+  TensorRange(const TensorRange&) = default;
+  TensorRange& operator=(const TensorRange&) = default;
+  /// A moved-from range holds nothing: its walk is one `Internal` error (as an iterator's).
+  TensorRange(TensorRange&& other) : cursor_(std::move(other.cursor_)) {
+    other.cursor_ = moved_from("tensor range");
+  }
+  TensorRange& operator=(TensorRange&& other) {
+    if (this != &other) {
+      cursor_ = std::move(other.cursor_);
+      other.cursor_ = moved_from("tensor range");
+    }
+    return *this;
+  }
+  ~TensorRange() = default;
   [[nodiscard]] TensorIterator<Cursor, Nothrow> begin() const {
     return TensorIterator<Cursor, Nothrow>(cursor_);
   }
