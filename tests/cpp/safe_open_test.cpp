@@ -4,10 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
 #include <thread>
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "support.hpp"
 
@@ -245,6 +250,35 @@ TEST(SafeOpen, AMappedFileReplacedOrRemovedBeforeItsFirstReadReadsTheFileThatWas
   const auto zeta_view = removed.get_tensor("zeta");
   auto zeta = zeta_view.as<float>();
   EXPECT_EQ(std::vector<float>(zeta.begin(), zeta.end()), (std::vector<float>{1.5f, -2.0f}));
+}
+
+// Files wait for their first read to be mapped holding a descriptor, but only while the process
+// has descriptors to spare: a program that holds hundreds of mapped files open never runs out
+// because of the deferral (a child process with a limit of 64 holds 300).
+TEST(SafeOpen, HundredsOfMappedFilesHeldOpenNeverRunOutOfDescriptors) {
+  test::TempDir dir;
+  const auto path = dir / "three.safetensors";
+  test::write_bytes(path, three_tensor_file());
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    rlimit limit{64, 64};
+    if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) ::_exit(4);
+    std::vector<SafeOpen> files;
+    try {
+      for (int i = 0; i < 300; ++i) files.emplace_back(path);
+      for (const auto& f : files) {
+        if (f.get_tensor("alpha").data.size() != 16) ::_exit(3);
+      }
+    } catch (const safetensors::Error& e) {
+      std::fprintf(stderr, "after %zu files: %s\n", files.size(), e.what());
+      ::_exit(1);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
 }
 
 TEST(SafeOpen, EveryDtypeCrossesTheBridgeWithItsName) {

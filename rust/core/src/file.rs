@@ -7,6 +7,7 @@
 use std::borrow::Cow;
 use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -122,7 +123,8 @@ enum Storage {
 /// no `mmap` and `munmap`, which were ~8 µs of a ~48 µs open of gpt2 (548 MB) with every
 /// tensor's shape. Until then the file stays open (one descriptor, as the read backend keeps
 /// one), so that what is mapped is the very file whose header was validated even if its path
-/// is replaced or removed meanwhile; the descriptor is closed once the file is mapped. A
+/// is replaced or removed meanwhile; the descriptor is closed once the file is mapped, and a
+/// process short of descriptors maps at open instead (`descriptors_to_spare`). A
 /// mapping shorter than the header's data (the file was truncated since the open) is an `Io`
 /// error, never a view past its end. Populated opens, headers parsed in the mapping and
 /// checkpoint shards (which hold no descriptor between reads) map at open, as before.
@@ -391,7 +393,11 @@ impl SafeFile {
         let allow = options.allow_trailing_bytes;
         let (file, meta) = open_regular(path, "a safetensors file")?;
         let ((header, trailing), storage) = match options.backend {
-            Backend::Mmap if hold && options.populate == Populate::Lazy => {
+            Backend::Mmap
+                if hold
+                    && options.populate == Populate::Lazy
+                    && descriptors_to_spare(file.as_raw_fd()) =>
+            {
                 // Mapped at the first access of tensor bytes (see `LazyMap`), when the header
                 // is small enough to be read by `pread` (see HEADER_COPY_LIMIT); validated,
                 // like the read backend's, against the file's length now.
@@ -893,6 +899,28 @@ impl SafeFile {
     pub fn bytes_read(&self) -> u64 {
         self.bytes_read.load(Ordering::Relaxed)
     }
+}
+
+/// Whether a file opened as descriptor `fd` may stay open until its first access of tensor
+/// bytes (see `LazyMap`): only while the process uses under half of its descriptor limit
+/// (`RLIMIT_NOFILE`; descriptors are numbered lowest first, so `fd` counts those in use). A
+/// program that holds many files open, mapped, must not run out of descriptors because of the
+/// mapping's deferral: past that point files are mapped at open and hold none, as before.
+fn descriptors_to_spare(fd: std::os::fd::RawFd) -> bool {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return false;
+    }
+    under_half(fd, limit.rlim_cur)
+}
+
+/// `fd < limit / 2` (`RLIM_INFINITY` is the largest value, so it always holds there).
+fn under_half(fd: std::os::fd::RawFd, limit: libc::rlim_t) -> bool {
+    u64::try_from(fd).is_ok_and(|fd| fd < limit / 2)
 }
 
 /// The mapped backend's open when the file is mapped at once: map first, then validate

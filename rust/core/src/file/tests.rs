@@ -628,3 +628,13 @@ fn a_slice_of_millions_of_runs_reaches_a_ranged_source_in_bounded_calls() {
     assert_eq!(sizes, [super::RANGED_RUNS, super::RANGED_RUNS, 5]);
     assert_eq!(f.bytes_read(), want.len() as u64);
 }
+
+#[test]
+fn files_are_mapped_at_open_once_half_the_descriptor_limit_is_in_use() {
+    assert!(super::under_half(3, 1024));
+    assert!(super::under_half(511, 1024));
+    assert!(!super::under_half(512, 1024));
+    assert!(!super::under_half(3, 0));
+    assert!(!super::under_half(-1, 1024));
+    assert!(super::under_half(1 << 20, libc::RLIM_INFINITY));
+}
