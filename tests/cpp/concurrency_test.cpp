@@ -2,7 +2,10 @@
 // copies into caller buffers and (with a GPU) device uploads, every byte checked. The tsan
 // preset runs these under ThreadSanitizer.
 #include <safetensors/cuda.hpp>
+#include <safetensors/memory.hpp>
+#include <safetensors/prefetch.hpp>
 #include <safetensors/safetensors.hpp>
+#include <safetensors/stream.hpp>
 
 #include <gtest/gtest.h>
 
@@ -150,6 +153,135 @@ TEST_P(Concurrency, SixteenThreadsUploadToTheGpu) {
     });
   }
   for (auto& t : threads) t.join();
+  EXPECT_EQ(bad.load(), 0u);
+}
+
+/// One way into a file's tensor bytes, made as a file's very first access by one thread while
+/// the others make theirs: returns the number of wrong bytes (or wrong outcomes).
+std::size_t first_access(const safetensors::SafeOpen& f, int way, std::size_t i) {
+  const auto name = "t" + std::to_string(i);
+  const auto size = f.info(name).byte_size();
+  std::size_t bad = 0;
+  auto check = [&](std::span<const std::byte> got, std::size_t from = 0) {
+    for (std::size_t j = 0; j < got.size(); ++j)
+      bad += static_cast<std::uint8_t>(got[j]) != expected(i, from + j);
+  };
+  std::vector<std::byte> out(size);
+  const std::vector<safetensors::Request> want{{name}};
+  switch (way) {
+    case 0:
+      check(f.get_tensor(name).data);
+      break;
+    case 1:
+      f.get_tensor_into(name, out);
+      check(out);
+      break;
+    case 2: {
+      // Tensor t0 starts the data buffer (saved in name order, one file, no padding before).
+      std::vector<std::byte> head(f.info("t0").byte_size());
+      f.read_data(0, head);
+      for (std::size_t j = 0; j < head.size(); ++j)
+        bad += static_cast<std::uint8_t>(head[j]) != expected(0, j);
+      break;
+    }
+    case 3: {
+      auto rows = f.get_slice(name).select({Index::range(1, 2), Index::all()});
+      check(rows.read().data, 64);
+      std::vector<std::byte> copy(rows.byte_size());
+      rows.read_into(copy);
+      check(copy, 64);
+      break;
+    }
+    case 4: {
+      std::vector<float> wide(size);
+      f.get_tensor_as(name, Dtype::F32, std::as_writable_bytes(std::span(wide)));
+      for (std::size_t j = 0; j < wide.size(); ++j) bad += wide[j] != static_cast<float>(expected(i, j));
+      break;
+    }
+    case 5: {
+      std::vector<float> wide(64);
+      f.get_slice(name)
+          .select({0, Index::all()})
+          .read_as(Dtype::F32, std::as_writable_bytes(std::span(wide)));
+      for (std::size_t j = 0; j < wide.size(); ++j) bad += wide[j] != static_cast<float>(expected(i, j));
+      break;
+    }
+    case 6:
+      for (const auto& [n, view] : f) {
+        if (n == name) check(view.data);
+      }
+      break;
+    case 7:
+      check(safetensors::load(f, want).get_tensor(name).data);
+      break;
+    case 8: {
+      // Locking maps the file; a refusal can only be the memlock limit, which the message names.
+      auto locked = safetensors::nothrow::lock_pages(f, want);
+      if (!locked.ok()) bad += locked.message().find("RLIMIT_MEMLOCK") == std::string::npos;
+      check(f.get_tensor(name).data);
+      safetensors::unlock_pages(f, want);
+      break;
+    }
+    case 9:
+      safetensors::advise(f, safetensors::Advice::WillNeed, want);
+      check(f.get_tensor(name).data);
+      break;
+    case 10:
+      safetensors::release_pages(f, want);
+      check(f.get_tensor(name).data);
+      break;
+    case 11:
+      for (const auto& item : safetensors::TensorStream(f, want)) check(item.view.data);
+      break;
+    case 12:
+      safetensors::prefetch(f, want).wait();
+      check(f.get_tensor(name).data);
+      break;
+    default: {
+      // A destination inside the file's own memory is refused, whichever call maps it.
+      const auto view = f.get_tensor(name);
+      std::span<std::byte> inside{const_cast<std::byte*>(view.data.data()), view.data.size()};
+      bad += safetensors::nothrow::get_tensor_into(f, name, inside).kind() !=
+             safetensors::ErrorKind::InvalidSlice;
+      bad += safetensors::nothrow::read_data(f, 0, inside.first(8)).kind() !=
+             safetensors::ErrorKind::InvalidSlice;
+      check(view.data);
+      break;
+    }
+  }
+  return bad;
+}
+
+constexpr int kWays = 14;
+
+// The mapped backend maps a file at its first access of tensor bytes (see `LazyMap` in
+// rust/core/src/file.rs): every way in makes that first access, and sixteen threads make it at
+// once, each its own way, on files freshly opened round after round.
+TEST(Concurrency, SixteenThreadsMakeAMappedFilesFirstAccessEachItsOwnWay) {
+  test::TempDir dir;
+  auto data = make_data(16);
+  safetensors::save_file(dir / "m.safetensors", views_of(data, 0, data.size()));
+  std::atomic<std::size_t> bad{0};
+  for (int round = 0; round < 12; ++round) {
+    safetensors::SafeOpen f(dir / "m.safetensors");
+    std::barrier start(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        start.arrive_and_wait();
+        try {
+          const int way = (t + round) % kWays;
+          bad += first_access(f, way, static_cast<std::size_t>(t + round) % data.size());
+          // And every tensor afterwards, through the mapping another thread may have made.
+          for (std::size_t i = 0; i < data.size(); ++i) bad += first_access(f, 0, i);
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "thread " << t << " round " << round << ": " << e.what();
+          ++bad;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
   EXPECT_EQ(bad.load(), 0u);
 }
 

@@ -1,5 +1,8 @@
 // SafeOpen and TensorView through the public header only.
+#include <safetensors/memory.hpp>
+#include <safetensors/prefetch.hpp>
 #include <safetensors/safetensors.hpp>
+#include <safetensors/stream.hpp>
 
 #include <gtest/gtest.h>
 
@@ -228,6 +231,58 @@ TEST(SafeOpen, AMappedFileTruncatedBeforeItsFirstReadIsAnIoErrorOnEveryReadingCa
     auto view = safetensors::nothrow::get_tensor(f, "zeta");
     ASSERT_FALSE(view.has_value()) << i;
     EXPECT_EQ(view.status().kind(), ErrorKind::Io) << i;
+  }
+}
+
+// The ways in that the test above leaves out: conversions, loads, residency, hints, streams.
+// Each is the file's first access of tensor bytes, so each finds the truncation, as an `Io`
+// error naming the file (never bytes past the mapping, nor a fault).
+TEST(SafeOpen, AMappedFileTruncatedBeforeItsFirstReadIsAnIoErrorThroughEveryOtherWayIn) {
+  test::TempDir dir;
+  const auto path = dir / "three.safetensors";
+  const auto bytes = three_tensor_file();
+  const std::vector<std::function<void(const SafeOpen&)>> reads = {
+      [](const SafeOpen& f) {
+        std::vector<double> out(4);
+        f.get_tensor_as("alpha", Dtype::F64, std::as_writable_bytes(std::span(out)));
+      },
+      [](const SafeOpen& f) { (void)f.get_tensor_as("alpha", Dtype::F64); },
+      [](const SafeOpen& f) {
+        std::vector<double> out(2);
+        f.get_slice("alpha")
+            .select({0, Index::all()})
+            .read_as(Dtype::F64, std::as_writable_bytes(std::span(out)));
+      },
+      [](const SafeOpen& f) {
+        std::vector<std::byte> out(8);
+        f.get_slice("alpha").select({1, Index::all()}).read_into(out);
+      },
+      [](const SafeOpen& f) { (void)safetensors::load(f); },
+      [](const SafeOpen& f) { safetensors::lock_pages(f); },
+      [](const SafeOpen& f) { safetensors::advise(f, safetensors::Advice::WillNeed); },
+      [](const SafeOpen& f) {
+        for (const auto& item : safetensors::TensorStream(f)) (void)item;
+      },
+  };
+  for (std::size_t i = 0; i < reads.size(); ++i) {
+    test::write_bytes(path, bytes);
+    SafeOpen f(path);
+    std::filesystem::resize_file(path, 20);
+    try {
+      reads[i](f);
+      ADD_FAILURE() << "read " << i << " of a file truncated since its open succeeded";
+    } catch (const safetensors::Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Io) << i << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("three.safetensors"), std::string::npos) << i << ": " << e.what();
+    }
+    // Nothing of it was mapped: unlocking and releasing touch no page and do not map it.
+    safetensors::unlock_pages(f);
+    auto released = safetensors::nothrow::release_pages(f);
+    EXPECT_TRUE(released.ok() || released.kind() == ErrorKind::Io) << i << ": " << released.message();
+    auto view = safetensors::nothrow::get_tensor(f, "zeta");
+    ASSERT_FALSE(view.has_value()) << i;
+    EXPECT_NE(view.status().message().find("became shorter"), std::string::npos)
+        << i << ": " << view.status().message();
   }
 }
 

@@ -229,6 +229,61 @@ fn a_mapped_file_is_mapped_at_its_first_access_of_tensor_bytes() {
 }
 
 #[test]
+fn a_file_cut_anywhere_before_its_first_access_is_io_until_it_is_whole_again() {
+    // Emptied, cut to its header, cut by one byte: each is an `Io` error naming the file and
+    // saying it became shorter, on every access; the descriptor is kept, so that once the file
+    // has its bytes again (rewritten in place) the next access maps it. Trailing bytes cut away
+    // are no loss: the tensors are whole.
+    use std::os::unix::fs::FileExt as _;
+    let dir = scratch("cut");
+    let path = dir.join("a.safetensors");
+    let bytes = serialize([("w", TensorView::new(Dtype::U8, &[64], &[5; 64]))], None).unwrap();
+    let data_start = bytes.len() - 64;
+    for cut in [0, 7, data_start, bytes.len() - 1] {
+        std::fs::write(&path, &bytes).unwrap();
+        let file = open_mapped(&path, Populate::Lazy).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(cut as u64)
+            .unwrap();
+        for _ in 0..2 {
+            let e = file.view("w").unwrap_err();
+            let text = e.to_string();
+            assert_eq!(e.kind(), ErrorKind::Io, "{cut}: {text}");
+            assert!(text.contains("became shorter"), "{cut}: {text}");
+            assert!(text.contains("a.safetensors"), "{cut}: {text}");
+        }
+        assert!(!file.is_mapped_now());
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .write_all_at(&bytes, 0)
+            .unwrap();
+        assert_eq!(file.view("w").unwrap().unwrap().data, &[5; 64], "{cut}");
+    }
+    let mut trailing = bytes.clone();
+    trailing.extend_from_slice(&[0; 100]);
+    std::fs::write(&path, &trailing).unwrap();
+    let options = OpenOptions {
+        allow_trailing_bytes: true,
+        ..OpenOptions::default()
+    };
+    let file = SafeFile::open_with(&path, options).unwrap();
+    assert_eq!(file.trailing_bytes(), 100);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(bytes.len() as u64)
+        .unwrap();
+    assert_eq!(file.view("w").unwrap().unwrap().data, &[5; 64]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn a_file_replaced_before_its_first_access_is_still_the_file_that_was_opened() {
     // Writers (ours among them) replace a file by renaming a new one over it: a server that
     // opened the old one must read the old one's bytes, never the new file's under the old
