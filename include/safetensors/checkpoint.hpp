@@ -456,10 +456,10 @@ inline Expected<ShardSizes> nothrow::shard_sizes(const Checkpoint& ckpt, std::si
 
 inline Status nothrow::read_shard_data(const Checkpoint& ckpt, std::size_t shard, std::size_t offset,
                                        std::span<std::byte> dst) {
-  auto f = detail::Access<Checkpoint>::shard(ckpt, shard);
-  if (!f) return f.status();
-  ::rust::Slice<std::uint8_t> out{reinterpret_cast<std::uint8_t*>(dst.data()), dst.size()};
-  return detail::attempt([&](ffi::Status& st) { (*f)->read_data(offset, out, st); });
+  // Through the shard's `OpenFile`, whose read refuses a destination inside the shard's memory.
+  auto src = detail::Access<Checkpoint>::shard_source(ckpt, shard);
+  if (!src) return src.status();
+  return src->read_data(offset, dst);
 }
 
 inline Expected<std::vector<std::pair<std::filesystem::path, std::uint64_t>>> nothrow::trailing_bytes(

@@ -232,6 +232,17 @@ TEST(Checkpoint, ReadsAShardsDataThroughTheCheckpoint) {
   EXPECT_EQ(status.kind(), ErrorKind::ShardMissing);
   EXPECT_NE(status.message().find("the checkpoint has 2 shards"), std::string::npos) << status.message();
   EXPECT_EQ(safetensors::nothrow::shard_sizes(ckpt, 1).value().data, 8u);
+
+  // A destination inside the shard's own (read-only) mapping, taken from a view of it, is
+  // refused as every other read into a caller's buffer refuses it, before the core sees it;
+  // unrefused, the copy wrote into the read-only mapping and the process died.
+  auto y = ckpt.get_tensor("y");
+  ASSERT_EQ(y.data.size(), 4u);
+  const std::span<std::byte> inside(const_cast<std::byte*>(y.data.data()), y.data.size());
+  auto refused = safetensors::nothrow::read_shard_data(ckpt, 1, 4, inside);
+  EXPECT_EQ(refused.kind(), ErrorKind::InvalidSlice) << refused.message();
+  EXPECT_NE(refused.message().find("read_data: the destination (4 bytes) overlaps"), std::string::npos)
+      << refused.message();
 }
 
 }  // namespace

@@ -336,6 +336,29 @@ TEST(SafeOpen, HundredsOfMappedFilesHeldOpenNeverRunOutOfDescriptors) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
 }
 
+// Bytes appended to a file between its open and its mapping are part of the mapping: a
+// destination there (the read-only mapping) is refused like one inside the data, never written.
+TEST(SafeOpen, ADestinationInBytesAppendedBeforeTheMappingIsRefused) {
+  test::TempDir dir;
+  const auto path = dir / "three.safetensors";
+  test::write_bytes(path, three_tensor_file());
+  SafeOpen f(path);
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::app);
+    out << std::string(8192, '\x7f');
+  }
+  auto alpha = f.get_tensor("alpha");  // the last tensor: the appended bytes follow it
+  const std::span<std::byte> tail(const_cast<std::byte*>(alpha.data.data() + alpha.data.size()) + 64, 8);
+  EXPECT_EQ(kind_of([&] { f.read_data(0, tail); }), ErrorKind::InvalidSlice);
+  EXPECT_EQ(kind_of([&] { f.get_tensor_into("zeta", tail); }), ErrorKind::InvalidSlice);
+  EXPECT_EQ(kind_of([&] { f.get_slice("zeta").select({}).read_into(tail); }), ErrorKind::InvalidSlice);
+  std::vector<std::byte> mine(8);
+  f.read_data(0, mine);
+  float first = 0;
+  std::memcpy(&first, mine.data(), 4);
+  EXPECT_EQ(first, 1.5f);
+}
+
 TEST(SafeOpen, EveryDtypeCrossesTheBridgeWithItsName) {
   test::TempDir dir;
   std::string json = "{";

@@ -70,24 +70,31 @@ struct OpenFile {
     return {&f, f.dims().data(), std::move(owner), f.backend() == ffi::Backend::Direct, f.is_mapped()};
   }
 
-  /// The data buffer's bytes when mapped (mapping the file now if it is not yet); empty for the
-  /// read and direct backends and for a file without data bytes, which no read reaches.
-  [[nodiscard]] Expected<std::span<const std::byte>> data() const {
+  /// The whole file when it is in memory (the mapping, made now if it is not yet, with whatever
+  /// followed the data when it was made; or bytes a caller lent): what the core reads from, so
+  /// no output buffer may overlap it (see `refuse_overlap`). Empty for the read and direct
+  /// backends.
+  [[nodiscard]] Expected<std::span<const std::byte>> memory() const {
     if (!mapped) return std::span<const std::byte>{};
-    auto bytes = attempt([&](ffi::Status& st) { return file->mapped_data(st); });
+    auto bytes = attempt([&](ffi::Status& st) { return file->mapped_file(st); });
     if (!bytes) return bytes.status();
     return std::span<const std::byte>{reinterpret_cast<const std::byte*>(bytes->data()), bytes->size()};
   }
 
-  /// The whole file when it is in memory (mapped, or bytes a caller lent): what the core reads
-  /// from, so no output buffer may overlap it (see `refuse_overlap`). Empty where `data` is.
-  [[nodiscard]] Expected<std::span<const std::byte>> memory() const {
-    auto bytes = data();
-    if (!bytes || bytes->empty()) return bytes;
-    // The data buffer starts `8 + N` bytes into the file, and trailing bytes follow its end.
+  /// The data buffer's bytes when mapped (mapping the file now if it is not yet); empty for the
+  /// read and direct backends. It starts `8 + N` bytes into the file; the core made the mapping
+  /// at least as long as the header says the data runs (else the call failed), which `subspan`
+  /// would otherwise assume.
+  [[nodiscard]] Expected<std::span<const std::byte>> data() const {
+    auto all = memory();
+    if (!all || all->empty()) return all;
     const std::size_t head = 8 + file->header_len();
-    return std::span<const std::byte>{
-        bytes->data() - head, head + bytes->size() + static_cast<std::size_t>(file->trailing_bytes())};
+    const std::size_t len = file->data_len();
+    if (all->size() < head || all->size() - head < len) {
+      return Status(ErrorKind::Internal,
+                    "the file's bytes in memory are shorter than its validated header says");
+    }
+    return all->subspan(head, len);
   }
 
   /// `dst` refused when it overlaps the file's memory (see `refuse_overlap`).

@@ -100,19 +100,14 @@ pub(crate) fn metadata_list(
         .unwrap_or_default()
 }
 
-/// The address range of a file's bytes in memory (mapped, or a caller's), which no output
-/// buffer may overlap; empty for the read and direct backends and for a file without data
-/// bytes, which no read reaches. A file whose mapping was deferred is mapped now: the read
-/// that asks goes through the mapping anyway.
+/// The address range of a file's bytes in memory (the whole mapping, or a caller's whole
+/// buffer), which no output buffer may overlap; empty for the read and direct backends. A file
+/// whose mapping was deferred is mapped now: the read that asks goes through the mapping
+/// anyway.
 pub(crate) fn memory_span(file: &SafeFile) -> safetensors_core::Result<(usize, usize)> {
-    Ok(match file.mapped_data()? {
-        Some(data) if !data.is_empty() => {
-            let head = safetensors_core::LENGTH_PREFIX_SIZE + file.header().header_len();
-            let len = head as u64 + data.len() as u64 + file.trailing_bytes();
-            ((data.as_ptr() as usize).wrapping_sub(head), len as usize)
-        }
-        _ => (0, 0),
-    })
+    Ok(file
+        .mapped_file()?
+        .map_or((0, 0), |all| (all.as_ptr() as usize, all.len())))
 }
 
 /// Opens and validates the safetensors file at `path` (NUL-terminated, as the OS takes it).

@@ -124,7 +124,7 @@ enum Storage {
 /// tensor's shape. Until then the file stays open (one descriptor, as the read backend keeps
 /// one), so that what is mapped is the very file whose header was validated even if its path
 /// is replaced or removed meanwhile; the descriptor is closed once the file is mapped, and a
-/// process short of descriptors maps at open instead (`descriptors_to_spare`). A
+/// process with many descriptors in use maps at open instead (`descriptors_to_spare`). A
 /// mapping shorter than the header's data (the file was truncated since the open) is an `Io`
 /// error, never a view past its end. Populated opens, headers parsed in the mapping and
 /// checkpoint shards (which hold no descriptor between reads) map at open, as before.
@@ -505,21 +505,28 @@ impl SafeFile {
     /// which can fail: `Io` when the system refuses the mapping, or when the file was
     /// truncated since it was opened.
     pub fn mapped_data(&self) -> Result<Option<&[u8]>> {
-        let all: &[u8] = match &self.storage {
+        // The header was validated against this length (the mapping's checked when it was
+        // made, the buffer's at open), so the range is inside it; `get` keeps that a checked
+        // fact rather than an assumption. Trailing bytes (when allowed) lie past `file_len` and
+        // are never part of a view.
+        Ok(self.mapped_file()?.map(|all| {
+            all.get(self.header.data_start()..self.header.file_len())
+                .unwrap_or(&[])
+        }))
+    }
+
+    /// Every byte in memory, from the length prefix on, when the file is mapped or in memory
+    /// (mapped now if deferred, as [`SafeFile::mapped_data`]): the whole mapping, with whatever
+    /// followed the data when it was made, or the caller's whole buffer. What no output buffer
+    /// may overlap.
+    pub fn mapped_file(&self) -> Result<Option<&[u8]>> {
+        Ok(Some(match &self.storage {
             Storage::Mapped(lazy) => lazy.get(&self.path, self.header.file_len() as u64)?,
             Storage::Memory(bytes) => (**bytes).as_ref(),
             Storage::Reader(_) | Storage::Direct(_) | Storage::HeaderOnly | Storage::Ranged(_) => {
                 return Ok(None)
             }
-        };
-        // The header was validated against this length (the mapping's checked above, the
-        // buffer's at open), so the range is inside it; `get` keeps that a checked fact rather
-        // than an assumption. Trailing bytes (when allowed) lie past `file_len` and are never
-        // part of a view.
-        Ok(Some(
-            all.get(self.header.data_start()..self.header.file_len())
-                .unwrap_or(&[]),
-        ))
+        }))
     }
 
     /// Whether the file's bytes are mapped now (always, for bytes in memory): false for the
@@ -902,10 +909,12 @@ impl SafeFile {
 }
 
 /// Whether a file opened as descriptor `fd` may stay open until its first access of tensor
-/// bytes (see `LazyMap`): only while the process uses under half of its descriptor limit
-/// (`RLIMIT_NOFILE`; descriptors are numbered lowest first, so `fd` counts those in use). A
-/// program that holds many files open, mapped, must not run out of descriptors because of the
-/// mapping's deferral: past that point files are mapped at open and hold none, as before.
+/// bytes (see `LazyMap`). Descriptors are numbered lowest first, so `fd` counts those in use:
+/// only while it is below a quarter of the process's limit (`RLIMIT_NOFILE`) and below
+/// [`DEFERRED_FD_CEILING`]. A program that holds many files open, mapped, never runs out of
+/// descriptors because of the deferral, nor sees its own descriptors numbered past what
+/// `select()` takes (1024) because of it: past that point files are mapped at open and hold
+/// none, as before.
 fn descriptors_to_spare(fd: std::os::fd::RawFd) -> bool {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
@@ -915,12 +924,15 @@ fn descriptors_to_spare(fd: std::os::fd::RawFd) -> bool {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
         return false;
     }
-    under_half(fd, limit.rlim_cur)
+    may_defer(fd, limit.rlim_cur)
 }
 
-/// `fd < limit / 2` (`RLIM_INFINITY` is the largest value, so it always holds there).
-fn under_half(fd: std::os::fd::RawFd, limit: libc::rlim_t) -> bool {
-    u64::try_from(fd).is_ok_and(|fd| fd < limit / 2)
+/// The highest descriptor number a deferred mapping may hold.
+const DEFERRED_FD_CEILING: u64 = 256;
+
+/// `fd < min(limit / 4, DEFERRED_FD_CEILING)` (`RLIM_INFINITY` is the largest value).
+fn may_defer(fd: std::os::fd::RawFd, limit: libc::rlim_t) -> bool {
+    u64::try_from(fd).is_ok_and(|fd| fd < (limit / 4).min(DEFERRED_FD_CEILING))
 }
 
 /// The mapped backend's open when the file is mapped at once: map first, then validate

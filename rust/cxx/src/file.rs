@@ -140,9 +140,10 @@ pub mod ffi {
         fn has_metadata(self: &File) -> bool;
         /// The `__metadata__` entries (none when absent).
         fn metadata(self: &File) -> &Metadata;
-        /// The data buffer when mapped (mapped now if its mapping was deferred, which can
-        /// fail); empty with the read and direct backends.
-        unsafe fn mapped_data<'a>(self: &'a File, status: &mut Status) -> &'a [u8];
+        /// Every byte of the file in memory, from the length prefix on, when mapped or in
+        /// memory (mapped now if its mapping was deferred, which can fail); empty with the read
+        /// and direct backends. The data buffer starts `8 + header_len()` bytes in.
+        unsafe fn mapped_file<'a>(self: &'a File, status: &mut Status) -> &'a [u8];
         /// Whether the file is mapped, or will be at its first access of tensor bytes (the
         /// mapped backend, and bytes in memory).
         fn is_mapped(self: &File) -> bool;
@@ -479,8 +480,8 @@ impl File {
         &self.metadata
     }
 
-    pub fn mapped_data<'a>(&'a self, status: &mut Status) -> &'a [u8] {
-        guard(status, || Ok(self.inner.mapped_data()?.unwrap_or(&[])))
+    pub fn mapped_file<'a>(&'a self, status: &mut Status) -> &'a [u8] {
+        guard(status, || Ok(self.inner.mapped_file()?.unwrap_or(&[])))
     }
 
     pub fn is_mapped(&self) -> bool {
