@@ -129,17 +129,35 @@ enum Storage {
 /// error, never a view past its end. Populated opens, headers parsed in the mapping and
 /// checkpoint shards (which hold no descriptor between reads) map at open, as before.
 struct LazyMap {
-    /// Shared with a background population thread, which holds it weakly (see `populate`).
-    map: OnceLock<Arc<Mmap>>,
+    map: OnceLock<Mapping>,
     /// The file, until it is mapped.
     file: Mutex<Option<File>>,
     huge_pages: bool,
 }
 
+/// A mapped file's memory: memmap2's when mapped at open (shared with a background population
+/// thread, which holds it weakly: see `populate_in_background`), or the system call's when the
+/// mapping was deferred (see `file/raw_map.rs` for why).
+enum Mapping {
+    AtOpen(Arc<Mmap>),
+    Deferred(raw_map::RawMap),
+}
+
+impl std::ops::Deref for Mapping {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Mapping::AtOpen(map) => map,
+            Mapping::Deferred(map) => map,
+        }
+    }
+}
+
 impl LazyMap {
     fn mapped(map: Arc<Mmap>) -> LazyMap {
         LazyMap {
-            map: OnceLock::from(map),
+            map: OnceLock::from(Mapping::AtOpen(map)),
             file: Mutex::new(None),
             huge_pages: false,
         }
@@ -155,7 +173,7 @@ impl LazyMap {
 
     /// The mapping, made now if it was deferred; `need` is the file length the header was
     /// validated against (the end of its data).
-    fn get(&self, path: &Path, need: u64) -> Result<&Mmap> {
+    fn get(&self, path: &Path, need: u64) -> Result<&[u8]> {
         if let Some(map) = self.map.get() {
             return Ok(map);
         }
@@ -168,11 +186,8 @@ impl LazyMap {
         let f = file.as_ref().ok_or_else(|| Error::Internal {
             message: format!("{} has neither a mapping nor its file", path.display()),
         })?;
-        let options = OpenOptions {
-            huge_pages: self.huge_pages,
-            ..OpenOptions::default()
-        };
-        let map = map_file(f, path, options)?;
+        let map =
+            raw_map::RawMap::map(f, self.huge_pages).map_err(|e| Error::io(path, "mmap", e))?;
         if (map.len() as u64) < need {
             return Err(Error::io(
                 path,
@@ -188,7 +203,7 @@ impl LazyMap {
             ));
         }
         *file = None;
-        Ok(self.map.get_or_init(|| map))
+        Ok(self.map.get_or_init(|| Mapping::Deferred(map)))
     }
 }
 
@@ -1102,5 +1117,6 @@ pub(crate) fn parse_allowing(head: &[u8], len: u64, allow_trailing: bool) -> Res
 }
 
 mod parallel;
+mod raw_map;
 #[cfg(test)]
 mod tests;
