@@ -20,6 +20,10 @@
 //   gpu        every tensor copied to cuda:0, synchronized, through a reused Uploader, the file
 //              opened inside the timed body; `gpu one-shot` the same through cuda::load (when
 //              built with CUDA and a GPU exists). Device frees stay outside the timing.
+//   ranks      only when asked for: the multi-rank device load, 2 and 4 threads as ranks on
+//              cuda:0, via the host and via a device broadcast, every 2-D+ tensor split along
+//              dimension 0 and vectors replicated (bench_ranks.hpp), beside the single-rank
+//              `gpu` load of the same file
 //   convert    not per file, and only when asked for (--items convert, no FILE needed): each
 //              dtype to F32 and F32 to BF16/F16/F8_E4M3 on 64 Mi elements (bench_convert.hpp)
 // Limits also measured: read() into fresh memory (what any copy into new memory pays for page
@@ -69,6 +73,7 @@
 #include <thread>
 
 #include "bench_convert.hpp"
+#include "bench_ranks.hpp"
 #include "checked_output.hpp"
 #include "cold.hpp"
 #include "limits.hpp"
@@ -83,7 +88,8 @@ using safetensors::SafeOpen;
 using safetensors::TensorView;
 
 constexpr const char* kUsage =
-    "usage: bench_cpp [--runs N] [--items open,load,load_copy,slice,save,gpu,convert,ring,peer] [--cold] "
+    "usage: bench_cpp [--runs N] [--items open,load,load_copy,slice,save,gpu,convert,ring,peer,ranks] "
+    "[--cold] "
     "[--json "
     "OUT] "
     "FILE...\n"
@@ -101,7 +107,8 @@ constexpr const char* kUsage =
 
 const std::set<std::string> kColdItems{"disk", "mmap", "read", "direct", "prefetch", "stream"};
 const std::set<std::string> kAllItems = [] {
-  std::set<std::string> all{"open", "load", "load_copy", "slice", "save", "gpu", "convert", "ring", "peer"};
+  std::set<std::string> all{"open", "load",    "load_copy", "slice", "save",
+                            "gpu",  "convert", "ring",      "peer",  "ranks"};
   all.insert(kColdItems.begin(), kColdItems.end());
   return all;
 }();
@@ -709,6 +716,55 @@ void ring_items(const fs::path& path, int runs, const std::function<void()>& set
   }
 }
 
+/// The `ranks` item (bench_ranks.hpp): W = 2 and 4 threads as ranks loading their shares onto
+/// device 0, via the host and via the device, each run's device memory freed outside the
+/// timing; against the single-rank `Uploader::load` of the whole file, timed here too so that
+/// the two are side by side in one run.
+void ranks_items(const fs::path& path, int runs, const std::function<void()>& setup, FileResults& out) {
+  namespace cuda = safetensors::cuda;
+  const std::size_t size = fs::file_size(path);
+  std::string why = cuda::available() ? std::string() : "no usable GPU: " + cuda::why_unavailable();
+  Result single{"ranks 1 (Uploader::load, the whole file)", {}, size, why};
+  if (why.empty()) {
+    cuda::Uploader up(0);
+    std::optional<cuda::DeviceTensors> loaded;
+    single.runs = measure::repeat(
+        runs, [&] { loaded = up.load(SafeOpen(path)); },
+        [&] {
+          loaded.reset();
+          setup();
+        });
+  }
+  out.ring_limits.push_back(single);
+  const Result* limit = why.empty() ? &out.ring_limits.back() : nullptr;
+  out.items.push_back({single, nullptr});
+  for (std::size_t world : {2u, 4u}) {
+    for (cuda::Via via : {cuda::Via::Host, cuda::Via::Device}) {
+      const bool host = via == cuda::Via::Host;
+      Result r{"ranks " + std::to_string(world) + ", via the " + (host ? "host" : "device"), {}, size, why};
+      if (why.empty()) {
+        bench_ranks::Group group(world);
+        if (!host && !group.has_device_path()) {
+          r.skipped = "the driver lacks an entry point the in-process device broadcast needs";
+        } else {
+          std::vector<std::optional<cuda::DeviceTensors>> kept;
+          try {
+            r.runs = measure::repeat(
+                runs, [&] { bench_ranks::load_once(path, world, via, group, kept); },
+                [&] {
+                  kept.clear();
+                  setup();
+                });
+          } catch (const safetensors::Error& e) {
+            r.skipped = e.what();
+          }
+        }
+      }
+      out.items.push_back({r, r.skipped.empty() ? limit : nullptr});
+    }
+  }
+}
+
 /// The `peer` item: syoyo/safetensors-cpp doing the work of our open, load and load_copy on the
 /// same file (see peer_syoyo.hpp), or one skipped line when bench_cpp was built without it.
 void peer_items(const fs::path& path, int runs, const std::function<void()>& setup, FileResults& out) {
@@ -757,6 +813,7 @@ void run_items(const Options& opt, const fs::path& path, int runs, const std::fu
     out.items.push_back({save_item(path, runs, setup, false), &out.limits.write_nosync});
   }
   if (opt.items.count("ring")) ring_items(path, runs, setup, out);
+  if (opt.items.count("ranks")) ranks_items(path, runs, setup, out);
   if (opt.items.count("peer")) peer_items(path, std::max(runs, 5), setup, out);
   if (opt.items.count("gpu")) {
     out.gpu = gpu_item(path, runs, setup);

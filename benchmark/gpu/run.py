@@ -18,7 +18,8 @@ Steps, in this order (each either runs or says why not, and the rest go on):
                device and context unchanged (tests/python/runtime_interop.py)
   host_memory  the host memory an upload adds, beside its staging ring (gpu_host_memory)
   bench_warm   bench_cpp's gpu item (every tensor into one allocation) beside one copy from
-               pinned memory, the page cache warm
+               pinned memory, the page cache warm; and its ranks item (2 and 4 threads as ranks,
+               the multi-rank device load via the host and the device, beside one rank)
   peers_warm   fastsafetensors and instanttensor (wheels in the kit), the page cache warm
   python_warm  Python's safetensors load_file(device="cuda:0") and a naive torch .to("cuda:0")
   bench_cold   the same as bench_warm with the page cache dropped before every run, beside the

@@ -275,7 +275,7 @@ def step_bench(run, limit, cold):
     out_json = os.path.join(run.a.work, name + ".json")
     if os.path.exists(out_json):
         os.remove(out_json)
-    cmd = [bin_path("bench_cpp"), "--items", "disk,gpu" if cold else "gpu"] + (["--cold"] if cold else [])
+    cmd = [bin_path("bench_cpp"), "--items", "disk,gpu" if cold else "gpu,ranks"] + (["--cold"] if cold else [])
     rc, out = command(run, name, cmd + runs_args(run, cold) + ["--json", out_json] + run.files, limit, echo=True)
     return bench_json(run, name, rc, out, out_json, limit)
 

@@ -57,6 +57,9 @@ class DeviceGroup : public test::LocalGroup {
         EXPECT_EQ(copy(reinterpret_cast<std::uintptr_t>(bytes),
                        reinterpret_cast<std::uintptr_t>(group_.slots_[root]), len),
                   0);
+        // A device-to-device cuMemcpy does not wait for the host: wait for it (the legacy
+        // stream) before the barrier that lets the root reuse its buffer.
+        EXPECT_EQ(d.get<int (*)(void*)>("cuStreamSynchronize")(nullptr), 0);
       }
       group_.sync_.arrive_and_wait();
       device_broadcasts++;
