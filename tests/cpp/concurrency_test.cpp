@@ -226,10 +226,14 @@ std::size_t first_access(const safetensors::SafeOpen& f, int way, std::size_t i)
       safetensors::advise(f, safetensors::Advice::WillNeed, want);
       check(f.get_tensor(name).data);
       break;
-    case 10:
-      safetensors::release_pages(f, want);
+    case 10: {
+      // A page this tensor shares with a neighbour may be locked by another thread (way 8) at
+      // this moment: releasing it is then refused, as documented (Io, "unlock them first").
+      const auto released = safetensors::nothrow::release_pages(f, want);
+      if (!released.ok()) bad += released.message().find("the pages are locked") == std::string::npos;
       check(f.get_tensor(name).data);
       break;
+    }
     case 11:
       for (const auto& item : safetensors::TensorStream(f, want)) check(item.view.data);
       break;
