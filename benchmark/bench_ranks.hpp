@@ -5,7 +5,7 @@
 // land on the device add up to the file's (plus the replicated vectors W times), so the wall
 // time reads directly against the single-rank `gpu` item (`Uploader::load` of the whole file).
 //
-// The collective is in-process (a barrier and pointers, as tests/cpp/multi_rank.hpp's), with a
+// The collective is in-process (cpp/local_group.hpp, as the multi-rank tests use), with a
 // device broadcast made of the driver's own device-to-device copies on the one GPU, each waited
 // for before the barrier that lets the root reuse its buffer (a copy between device buffers
 // does not wait for the host). Not NCCL: this times our side of the load, not a link.
@@ -30,17 +30,17 @@
 #include <thread>
 #include <vector>
 
+#include "local_group.hpp"
 #include "measure.hpp"
 
 namespace bench_ranks {
 
-/// W threads' meeting point. The device broadcast needs the driver (its primary context on
-/// device 0, a stream wait and a device-to-device copy); without those entry points only the
-/// host path runs.
-class Group {
+/// W threads' meeting point (cpp/local_group.hpp) with a device broadcast, which needs the
+/// driver (its primary context on device 0, a stream wait and a device-to-device copy); without
+/// those entry points only the host path runs.
+class Group : public local::Group {
  public:
-  explicit Group(std::size_t world)
-      : world_(world), sync_(static_cast<std::ptrdiff_t>(world)), slots_(world) {
+  explicit Group(std::size_t world) : local::Group(world) {
     void* lib = ::dlopen("libcuda.so.1", RTLD_NOW);  // the driver the library loaded
     if (lib == nullptr) return;
     retain_ = reinterpret_cast<int (*)(void**, int)>(::dlsym(lib, "cuDevicePrimaryCtxRetain"));
@@ -59,52 +59,33 @@ class Group {
 
   [[nodiscard]] bool has_device_path() const { return device_; }
 
-  class Member final : public safetensors::Collective {
+  class Member final : public local::Group::Member {
    public:
-    Member(Group& g, std::size_t rank) : g_(g), rank_(rank) {}
-    [[nodiscard]] std::size_t rank() const override { return rank_; }
-    [[nodiscard]] std::size_t size() const override { return g_.world_; }
-    void broadcast(std::span<std::byte> bytes, std::size_t root) override {
-      if (rank_ == root) g_.slots_[root] = bytes.data();
-      g_.sync_.arrive_and_wait();
-      if (rank_ != root && !bytes.empty()) std::memcpy(bytes.data(), g_.slots_[root], bytes.size());
-      g_.sync_.arrive_and_wait();
-    }
-    void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) override {
-      g_.slots_[rank_] = const_cast<std::byte*>(mine.data());
-      g_.sync_.arrive_and_wait();
-      for (std::size_t r = 0; r < g_.world_; ++r) {
-        if (!mine.empty()) std::memcpy(all.data() + r * mine.size(), g_.slots_[r], mine.size());
-      }
-      g_.sync_.arrive_and_wait();
-    }
+    Member(Group& g, std::size_t rank) : local::Group::Member(g, rank), group_(g) {}
     void broadcast_device(void* bytes, std::size_t len, std::size_t root, void* stream) override {
+      auto& g = group_;
       // Every rank arrives at both barriers whatever fails, so that none is left waiting.
-      int failed = g_.set_(g_.ctx_);
-      if (failed == 0) failed = g_.stream_sync_(stream);  // the root's bytes are there; ours are free
-      if (rank_ == root) g_.slots_[root] = static_cast<std::byte*>(bytes);
-      g_.sync_.arrive_and_wait();
+      int failed = g.set_(g.ctx_);
+      if (failed == 0) failed = g.stream_sync_(stream);  // the root's bytes are there; ours are free
+      if (rank_ == root) g.slots_[root] = static_cast<std::byte*>(bytes);
+      g.sync_.arrive_and_wait();
       if (failed == 0 && rank_ != root && len > 0) {
-        failed = g_.copy_(reinterpret_cast<std::uintptr_t>(bytes),
-                          reinterpret_cast<std::uintptr_t>(g_.slots_[root]), len);
+        failed = g.copy_(reinterpret_cast<std::uintptr_t>(bytes),
+                         reinterpret_cast<std::uintptr_t>(g.slots_[root]), len);
         // A device-to-device cuMemcpy does not wait for the host: wait for it (the legacy stream)
         // before the root may overwrite its buffer.
-        if (failed == 0) failed = g_.stream_sync_(nullptr);
+        if (failed == 0) failed = g.stream_sync_(nullptr);
       }
-      g_.sync_.arrive_and_wait();
+      g.sync_.arrive_and_wait();
       if (failed != 0)
         throw std::runtime_error("the device broadcast failed (CUresult " + std::to_string(failed) + ")");
     }
 
    private:
-    Group& g_;
-    std::size_t rank_;
+    Group& group_;
   };
 
  private:
-  std::size_t world_;
-  std::barrier<> sync_;
-  std::vector<std::byte*> slots_;
   bool device_ = false;
   void* ctx_ = nullptr;
   int (*retain_)(void**, int) = nullptr;

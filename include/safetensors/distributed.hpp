@@ -30,9 +30,70 @@ struct DeviceLoad;  // the device half of `LoadPlan::load` (safetensors/distribu
 }  // namespace detail
 
 struct LoadOptions {
-  /// The longest single read (and broadcast); a rank stages at most this much at a time.
+  /// The longest single read (and broadcast); a rank stages at most this much at a time (a
+  /// device load, two such buffers: one filling while the other's copies run). Consecutive
+  /// steps that a rank reads for itself alone are read together, on several threads, up to
+  /// this many bytes and at most 64 MiB.
   std::size_t max_step_bytes = std::size_t{64} << 20;
 };
+
+namespace detail {
+
+/// A turn of a rank's walk over a plan's steps: one shared step (every rank takes part in its
+/// broadcast, in step order), or consecutive steps this rank reads for itself alone, together at
+/// most the plan's `max_step_bytes` and 64 MiB (or one larger step), read at once on several
+/// threads (a rank's share of many tensors is many small steps).
+struct StepBatch {
+  std::vector<std::size_t> steps;
+  std::size_t len = 0;
+  bool shared = false;
+  bool reads = false;  ///< this rank reads them
+  std::size_t reader = 0;
+};
+
+/// The walk: `next` fills `b` with the next turn; false once every step is passed. Steps the
+/// rank has no part in (read by another rank for itself) are passed over.
+class StepBatches {
+ public:
+  StepBatches(const ffi::DistPlan& plan, std::size_t rank, std::size_t max_bytes)
+      : plan_(plan), rank_(rank), max_(std::min(max_bytes, kMaxBatch)), steps_(plan.step_count()) {}
+
+  /// However large the steps may be: a batch is staging memory (pinned, on a device load).
+  static constexpr std::size_t kMaxBatch = std::size_t{64} << 20;
+
+  bool next(StepBatch& b) {
+    b.steps.clear();
+    b.len = 0;
+    for (; at_ < steps_; ++at_) {
+      const auto s = plan_.step(at_);
+      const bool reads = s.reader == rank_;
+      if (!reads && !s.shared) continue;
+      const auto len = static_cast<std::size_t>(s.len);
+      if (!b.steps.empty() && (s.shared || len > max_ - std::min(max_, b.len))) break;
+      b.steps.push_back(at_);
+      b.len += len;
+      b.shared = s.shared;
+      b.reads = reads;
+      b.reader = s.reader;
+      if (s.shared) {
+        ++at_;
+        break;
+      }
+    }
+    return !b.steps.empty();
+  }
+
+ private:
+  const ffi::DistPlan& plan_;
+  std::size_t rank_, max_, steps_, at_ = 0;
+};
+
+/// `steps` as the bridge takes them.
+inline ::rust::Slice<const std::size_t> step_list(const std::vector<std::size_t>& steps) {
+  return {steps.data(), steps.size()};
+}
+
+}  // namespace detail
 
 /// One read a plan object has done: `[offset, offset + length)` of the data buffer of the
 /// plan's file number `file` (files numbered in the order the requests first name them).
@@ -70,6 +131,7 @@ class LoadPlan {
         shapes_[r].push_back({sel.name(), sel.dtype(), sel.shape()});
       }
     }
+    max_step_bytes_ = options.max_step_bytes;
     plan_ = detail::share(detail::adopt(detail::attempt([&](ffi::Status& st) {
                             return builder->build_plan(options.max_step_bytes, st);
                           })).value());
@@ -122,33 +184,37 @@ class LoadPlan {
     std::size_t next_part = 0;
     std::shared_ptr<std::byte[]> staging;
     std::size_t staging_len = 0;
-    const std::size_t steps = plan_->step_count();
-    for (std::size_t i = 0; i < steps; ++i) {
-      auto s = plan_->step(i);
-      const bool reads = s.reader == rank;
-      if (!reads && !s.shared) continue;
-      const auto len = static_cast<std::size_t>(s.len);
-      if (len > staging_len) {
-        staging = detail::allocate_bytes(len, "a shared read").value();
-        staging_len = len;
+    detail::StepBatches walk(*plan_, rank, max_step_bytes_);
+    detail::StepBatch b;
+    while (walk.next(b)) {
+      if (b.len > staging_len) {
+        staging = detail::allocate_bytes(b.len, "a shared read").value();
+        staging_len = b.len;
       }
-      std::span<std::byte> buf{staging.get(), len};
-      if (reads) {
+      std::span<std::byte> buf{staging.get(), b.len};
+      if (b.reads) {
         ::rust::Slice<std::uint8_t> dst{reinterpret_cast<std::uint8_t*>(buf.data()), buf.size()};
-        detail::attempt([&](ffi::Status& st) { plan_->read_step(i, dst, st); }).throw_if_error();
-      }
-      if (s.shared) c.broadcast(buf, s.reader);
-      // The core copies each request's bytes out of the step, walking its selection: a
-      // strided selection is one step here, not one per element.
-      const ::rust::Slice<const std::uint8_t> from{reinterpret_cast<const std::uint8_t*>(buf.data()),
-                                                   buf.size()};
-      for (; next_part < parts.size() && parts.data()[next_part].step == i; ++next_part) {
-        const auto& p = parts.data()[next_part];
-        ::rust::Slice<std::uint8_t> to{reinterpret_cast<std::uint8_t*>(buffers[p.request].get()),
-                                       static_cast<std::size_t>(lens[p.request])};
         detail::attempt([&](ffi::Status& st) {
-          plan_->scatter(rank, i, p.request, from, to, st);
+          plan_->read_steps(detail::step_list(b.steps), dst, st);
         }).throw_if_error();
+      }
+      if (b.shared) c.broadcast(buf, b.reader);
+      // The core copies each request's bytes out of its step, walking its selection: a
+      // strided selection is one step here, not one per element.
+      std::size_t base = 0;
+      for (const std::size_t i : b.steps) {
+        const auto len = static_cast<std::size_t>(plan_->step(i).len);
+        const ::rust::Slice<const std::uint8_t> from{reinterpret_cast<const std::uint8_t*>(buf.data() + base),
+                                                     len};
+        for (; next_part < parts.size() && parts.data()[next_part].step == i; ++next_part) {
+          const auto& p = parts.data()[next_part];
+          ::rust::Slice<std::uint8_t> to{reinterpret_cast<std::uint8_t*>(buffers[p.request].get()),
+                                         static_cast<std::size_t>(lens[p.request])};
+          detail::attempt([&](ffi::Status& st) {
+            plan_->scatter(rank, i, p.request, from, to, st);
+          }).throw_if_error();
+        }
+        base += len;
       }
     }
     std::vector<TensorView> out;
@@ -182,6 +248,7 @@ class LoadPlan {
     std::vector<std::size_t> shape;
   };
   std::shared_ptr<const ffi::DistPlan> plan_;
+  std::size_t max_step_bytes_ = 0;
   std::vector<std::vector<Shape>> shapes_;
   std::vector<std::shared_ptr<const void>> owners_;  // keeps the files the plan reads open
 };

@@ -86,52 +86,60 @@ struct DeviceLoad {
     auto* stream = reinterpret_cast<void*>(static_cast<std::uintptr_t>(stage->stream()));
     const auto parts = attempt([&](ffi::Status& st) { return plan.plan_->parts(rank, st); }).value();
     std::size_t next_part = 0;
-    const std::size_t steps = plan.plan_->step_count();
-    for (std::size_t i = 0; i < steps; ++i) {
-      auto s = plan.plan_->step(i);
-      const bool reads = s.reader == rank;
-      if (!reads && !s.shared) continue;
-      const auto len = static_cast<std::size_t>(s.len);
-      // Shared bytes travel on the device only when asked; a step this rank alone needs never
-      // leaves it.
-      const bool on_device = s.shared && o.via == cuda::Via::Device;
-      if (reads || !on_device) {
-        // Waits for the copies out of the staging buffer before it is refilled.
-        auto host = attempt([&](ffi::Status& st) { return stage->host(len, st); }).value();
-        if (reads) attempt([&](ffi::Status& st) { plan.plan_->read_step(i, host, st); }).throw_if_error();
-        if (s.shared && !on_device) {
-          c.broadcast({reinterpret_cast<std::byte*>(host.data()), host.size()}, s.reader);
+    StepBatches walk(*plan.plan_, rank, plan.max_step_bytes_);
+    StepBatch b;
+    while (walk.next(b)) {
+      // Shared bytes travel on the device only when asked; steps this rank alone needs never
+      // leave it.
+      const bool on_device = b.shared && o.via == cuda::Via::Device;
+      if (b.reads || !on_device) {
+        // The next of the two staging buffers, once the copies out of it are done: the copies
+        // of the turn before run on while this one reads.
+        auto host = attempt([&](ffi::Status& st) { return stage->host(b.len, st); }).value();
+        if (b.reads) {
+          attempt([&](ffi::Status& st) {
+            plan.plan_->read_steps(step_list(b.steps), host, st);
+          }).throw_if_error();
+        }
+        if (b.shared && !on_device) {
+          c.broadcast({reinterpret_cast<std::byte*>(host.data()), host.size()}, b.reader);
         }
       }
-      if (on_device) {
+      if (on_device) {  // one shared step
         const std::uint64_t scratch =
-            attempt([&](ffi::Status& st) { return stage->scratch(len, st); }).value();
-        if (reads) attempt([&](ffi::Status& st) { stage->host_to_scratch(len, st); }).throw_if_error();
-        c.broadcast_device(reinterpret_cast<void*>(static_cast<std::uintptr_t>(scratch)), len, s.reader,
+            attempt([&](ffi::Status& st) { return stage->scratch(b.len, st); }).value();
+        if (b.reads) attempt([&](ffi::Status& st) { stage->host_to_scratch(b.len, st); }).throw_if_error();
+        c.broadcast_device(reinterpret_cast<void*>(static_cast<std::uintptr_t>(scratch)), b.len, b.reader,
                            stream);
       }
-      for (; next_part < parts.size() && parts.data()[next_part].step == i; ++next_part) {
-        const auto& part = parts.data()[next_part];
-        // The pieces come in bounded batches, each going on where the last one stopped.
-        constexpr std::size_t batch = 4096;
-        for (std::uint64_t next = 0;;) {
-          const auto pieces = plan.plan_->pieces(rank, i, part.request, next, batch);
-          for (std::size_t k = 0; k < pieces.size(); ++k) {
-            const auto& p = pieces.data()[k];
-            const auto from = static_cast<std::size_t>(p.step_offset);
-            const auto n = static_cast<std::size_t>(p.len);
-            const std::size_t to = placements[part.request].offset + static_cast<std::size_t>(p.out_offset);
-            if (on_device) {
-              attempt([&](ffi::Status& st) {
-                stage->scratch_to_destination(from, n, to, st);
-              }).throw_if_error();
-            } else {
-              attempt([&](ffi::Status& st) { stage->host_to_destination(from, n, to, st); }).throw_if_error();
+      std::size_t base = 0;  // where step i starts in the staging buffer
+      for (const std::size_t i : b.steps) {
+        for (; next_part < parts.size() && parts.data()[next_part].step == i; ++next_part) {
+          const auto& part = parts.data()[next_part];
+          // The pieces come in bounded batches, each going on where the last one stopped.
+          constexpr std::size_t batch = 4096;
+          for (std::uint64_t next = 0;;) {
+            const auto pieces = plan.plan_->pieces(rank, i, part.request, next, batch);
+            for (std::size_t k = 0; k < pieces.size(); ++k) {
+              const auto& p = pieces.data()[k];
+              const auto from = base + static_cast<std::size_t>(p.step_offset);
+              const auto n = static_cast<std::size_t>(p.len);
+              const std::size_t to = placements[part.request].offset + static_cast<std::size_t>(p.out_offset);
+              if (on_device) {
+                attempt([&](ffi::Status& st) {
+                  stage->scratch_to_destination(from, n, to, st);
+                }).throw_if_error();
+              } else {
+                attempt([&](ffi::Status& st) {
+                  stage->host_to_destination(from, n, to, st);
+                }).throw_if_error();
+              }
             }
+            if (pieces.size() < batch) break;
+            next = pieces.data()[pieces.size() - 1].next;
           }
-          if (pieces.size() < batch) break;
-          next = pieces.data()[pieces.size() - 1].next;
         }
+        base += static_cast<std::size_t>(plan.plan_->step(i).len);
       }
     }
     const std::uint64_t ptr = attempt([&](ffi::Status& st) { return stage->finish(st); }).value();

@@ -36,7 +36,7 @@ using test::Driver;
 /// with it, as NCCL's broadcast would on one device.
 class DeviceGroup : public test::LocalGroup {
  public:
-  explicit DeviceGroup(std::size_t world) : LocalGroup(world) {
+  explicit DeviceGroup(std::size_t world) : test::LocalGroup(world) {
     int dev = 0;
     drv_.get<int (*)(int*, int)>("cuDeviceGet")(&dev, 0);
     drv_.get<int (*)(void**, int)>("cuDevicePrimaryCtxRetain")(&ctx_, dev);
@@ -85,7 +85,8 @@ class DeviceLayer : public test::LayerFile {
   /// Runs a world of `world` threads loading `wants` onto device 0 via `via`, each checking its
   /// allocation against single-process slices; then checks that the bytes read across ranks
   /// are the union of the needed bytes.
-  void run_world(std::size_t world, const std::vector<Want>& wants, cuda::Via via) {
+  void run_world(std::size_t world, const std::vector<Want>& wants, cuda::Via via,
+                 std::size_t step_bytes = 64) {
     DeviceGroup group(world);
     std::vector<std::uint64_t> read_by(world);
     std::vector<std::size_t> host_bc(world), device_bc(world);
@@ -96,7 +97,8 @@ class DeviceLayer : public test::LayerFile {
         try {
           SafeOpen f(path());  // each rank opens the file itself, as a process would
           auto needs = test::needs_of(f, wants, world);
-          LoadPlan plan(needs, {64});  // small steps: many reads and broadcasts per tensor
+          // By default small steps: many reads and broadcasts per tensor.
+          LoadPlan plan(needs, {step_bytes});
           DeviceGroup::DeviceMember me(group, rank);
           auto mine = cuda::load(plan, me, {.device = 0, .via = via});
           const auto& placed = mine.placements();
@@ -275,6 +277,31 @@ TEST_F(DeviceLayer, StagingIsNotRefilledUnderAPendingCopy) {
   run_world(2, layer_wants(), cuda::Via::Host);
   run_world(2, layer_wants(), cuda::Via::Device);
   drv.get<void (*)(unsigned)>("fakecuda_set_latency_us")(0);
+}
+
+/// The rows file of multi_rank.hpp: each rank's rows of six weights, steps of different
+/// lengths it reads for itself alone, and a shared vector.
+class DeviceRows : public DeviceLayer {
+ protected:
+  void SetUp() override { test::write_rows_file(path()); }
+};
+
+TEST_F(DeviceRows, ARanksOwnStepsReadTogetherLandWhereTheyBelong) {
+  // The default step size: each rank's rows of the weights before the shared vector are read
+  // together into one staging buffer, the vector alone, the rows after it together again; the
+  // two staging buffers take turns, and with slow copies under the emulated driver a buffer
+  // refilled before the copies out of it were done would be caught.
+  if (!test::gpu_or_skip()) return;
+  Driver drv;
+  if (drv.emulated()) drv.get<void (*)(unsigned)>("fakecuda_set_latency_us")(2000);
+  for (auto via : {cuda::Via::Host, cuda::Via::Device}) {
+    for (std::size_t world : {2, 4}) run_world(world, test::rows_wants(), via, LoadOptions{}.max_step_bytes);
+    // Turns of two or three steps of different lengths (two ranks: 1024, 1536, ... 3584 bytes
+    // each), and steps of 100 bytes, many to a turn.
+    run_world(2, test::rows_wants(), via, 4000);
+    run_world(4, test::rows_wants(), via, 100);
+  }
+  if (drv.emulated()) drv.get<void (*)(unsigned)>("fakecuda_set_latency_us")(0);
 }
 
 TEST_F(DeviceLayer, ARefillWaitsForTheCopiesOutOfTheBufferNotTheStream) {

@@ -36,7 +36,8 @@ using test::whole;
 /// less than a page between them).
 template <class Open>
 void run_world(std::size_t world, const std::vector<Want>& wants, Open open,
-               std::function<std::string(const std::string&)> file_of = nullptr) {
+               std::function<std::string(const std::string&)> file_of = nullptr,
+               std::size_t step_bytes = 64) {
   LocalGroup group(world);
   std::mutex mu;
   std::vector<PlannedRead> reads;
@@ -51,7 +52,8 @@ void run_world(std::size_t world, const std::vector<Want>& wants, Open open,
       try {
         auto src = open();
         auto needs = test::needs_of(src, wants, world);
-        LoadPlan plan(needs, {64});  // small steps: many reads and broadcasts per tensor
+        // By default small steps: many reads and broadcasts per tensor.
+        LoadPlan plan(needs, {step_bytes});
         LocalGroup::Member me(group, rank);
         auto mine = plan.load(me);
         ASSERT_EQ(mine.size(), wants.size());
@@ -141,6 +143,22 @@ class Layer : public test::LayerFile {
 
 using test::layer_wants;
 const Gqa& gqa = test::kLayerGqa;
+
+TEST(Rows, ARanksOwnStepsReadTogetherLandWhereTheyBelong) {
+  // Each rank's rows of six weights (steps of different lengths that it reads for itself alone)
+  // read together in turns, with a shared vector read and broadcast on its own: at the default
+  // step size (one turn), in turns of two or three steps, and of many 100-byte steps.
+  test::TempDir dir;
+  const auto path = dir / "rows.safetensors";
+  test::write_rows_file(path);
+  for (auto backend : {Backend::Mmap, Backend::Read}) {
+    auto open = [&] { return SafeOpen(path, {backend}); };
+    for (std::size_t world : {2, 4})
+      run_world(world, test::rows_wants(), open, nullptr, LoadOptions{}.max_step_bytes);
+    run_world(2, test::rows_wants(), open, nullptr, 4000);
+    run_world(4, test::rows_wants(), open, nullptr, 100);
+  }
+}
 
 TEST_F(Layer, TwoRanksSplitKvHeads) {
   run_world(2, layer_wants(), opener());

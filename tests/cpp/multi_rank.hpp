@@ -18,49 +18,14 @@
 #include <string>
 #include <vector>
 
+#include "../../cpp/local_group.hpp"
 #include "support.hpp"
 
 namespace test {
 
-/// W threads' meeting point: host broadcasts and all-gathers through pointers published between
-/// two barriers. (The device tests extend it with a device broadcast.)
-class LocalGroup {
- public:
-  explicit LocalGroup(std::size_t world)
-      : world_(world), sync_(static_cast<std::ptrdiff_t>(world)), slots_(world) {}
-
-  class Member : public safetensors::Collective {
-   public:
-    Member(LocalGroup& g, std::size_t rank) : g_(g), rank_(rank) {}
-    [[nodiscard]] std::size_t rank() const override { return rank_; }
-    [[nodiscard]] std::size_t size() const override { return g_.world_; }
-    void broadcast(std::span<std::byte> bytes, std::size_t root) override {
-      if (rank_ == root) g_.slots_[root] = bytes.data();
-      g_.sync_.arrive_and_wait();
-      if (rank_ != root && !bytes.empty()) std::memcpy(bytes.data(), g_.slots_[root], bytes.size());
-      g_.sync_.arrive_and_wait();
-      host_broadcasts++;
-    }
-    void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) override {
-      g_.slots_[rank_] = const_cast<std::byte*>(mine.data());
-      g_.sync_.arrive_and_wait();
-      for (std::size_t r = 0; r < g_.world_; ++r) {
-        if (!mine.empty()) std::memcpy(all.data() + r * mine.size(), g_.slots_[r], mine.size());
-      }
-      g_.sync_.arrive_and_wait();
-    }
-    std::size_t host_broadcasts = 0;
-
-   protected:
-    LocalGroup& g_;
-    std::size_t rank_;
-  };
-
- protected:
-  std::size_t world_;
-  std::barrier<> sync_;
-  std::vector<std::byte*> slots_;
-};
+/// W threads' meeting point (cpp/local_group.hpp). The device tests extend it with a device
+/// broadcast.
+using LocalGroup = local::Group;
 
 /// One request: which tensor, and how rank `r` of `w` selects it.
 struct Want {
@@ -129,6 +94,37 @@ inline std::vector<Want> layer_wants() {
        [](const Slice& s, std::size_t r, std::size_t w) { return qkv_shard(s, kLayerGqa, r, w).k; }},
       {"attn.qkv.weight",
        [](const Slice& s, std::size_t r, std::size_t w) { return qkv_shard(s, kLayerGqa, r, w).v; }}};
+}
+
+/// Six weights of different widths split by rows (each rank's rows of each, 512 bytes or more:
+/// a step it reads for itself alone, too long to be merged with its neighbours', each of another
+/// length) and a replicated vector (a shared step), written to `path`; `rows_wants()` asks for
+/// them.
+inline void write_rows_file(const std::filesystem::path& path) {
+  using safetensors::Dtype;
+  using safetensors::TensorView;
+  std::vector<std::vector<std::byte>> data;
+  data.reserve(7);
+  std::vector<std::pair<std::string, TensorView>> tensors;
+  for (int i = 0; i < 6; ++i) {
+    const std::size_t cols = 64 + 32 * static_cast<std::size_t>(i);
+    data.push_back(iota_bytes(8 * cols * 4, static_cast<unsigned>(10 + i)));
+    tensors.emplace_back("w" + std::to_string(i), TensorView{Dtype::F32, {8, cols}, data.back(), {}});
+  }
+  data.push_back(iota_bytes(256 * 2, 99));
+  tensors.emplace_back("norm", TensorView{Dtype::F16, {256}, data.back(), {}});
+  safetensors::save_file(path, tensors);
+}
+
+inline std::vector<Want> rows_wants() {
+  std::vector<Want> out;
+  for (int i = 0; i < 6; ++i) {
+    out.push_back({"w" + std::to_string(i), [](const safetensors::Slice& s, std::size_t r, std::size_t w) {
+                     return column_parallel(s, r, w);
+                   }});
+    if (i == 2) out.push_back({"norm", whole});
+  }
+  return out;
 }
 
 }  // namespace test

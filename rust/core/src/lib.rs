@@ -60,7 +60,7 @@ pub use checkpoint::{Checkpoint, CheckpointOptions, ShardOpener, MAX_INDEX_SIZE}
 pub use direct::{AlignedBuf, DIRECT_ALIGN};
 pub use dtype::{Dtype, UnknownDtype};
 pub use error::{Error, ErrorKind, HeaderContents, PieceProblem, Result, TextField};
-pub use file::{Backend, MemoryBytes, OpenOptions, Populate, RangeSource, SafeFile};
+pub use file::{read_many, Backend, MemoryBytes, OpenOptions, Populate, RangeSource, SafeFile};
 pub use format::{LENGTH_PREFIX_SIZE, MAX_HEADER_SIZE, MAX_RANK, METADATA_KEY};
 pub use header::{read_header_len, test_hooks, Header, TensorInfo};
 pub use prefetch::{advise, Advice, Plan, Prefetch, PrefetchOptions, MAX_REQUEST_BYTES};

@@ -1,9 +1,13 @@
 //! The device half of a multi-rank load (`LoadPlan` in the C++ API): one destination allocation
-//! that a rank's tensors land in, one pinned staging buffer that its reads (and host broadcasts)
-//! fill, a device scratch buffer that device broadcasts (NCCL) carry shared reads in, and one
-//! non-blocking stream that every copy is ordered on. Copies from the host come only from the
-//! pinned buffer (an asynchronous copy from pageable memory would be synchronous and staged by
-//! the driver), and that buffer is refilled only once the copies out of it are done.
+//! that a rank's tensors land in, two pinned staging buffers that its reads (and host
+//! broadcasts) fill in turn, a device scratch buffer that device broadcasts (NCCL) carry shared
+//! reads in, and one non-blocking stream that every copy is ordered on. Copies from the host
+//! come only from the pinned buffers (an asynchronous copy from pageable memory would be
+//! synchronous and staged by the driver), and a buffer is refilled only once the copies out of
+//! it are done. With two, the read of one turn runs while the copies of the turn before it do
+//! (one buffer serialised them: on a 16-core host with an H200, two ranks on one GPU loaded a
+//! 4.7 GB file in 464 ms with one buffer and 165 ms with two and parallel reads, one rank's
+//! uploader in 103-142 ms).
 
 use std::sync::Arc;
 
@@ -18,9 +22,11 @@ use crate::pinned::{Pending, PinnedSlot};
 /// Dropping it waits for its copies, then frees what it still owns (the destination too, unless
 /// [`Stager::finish`] handed it over).
 pub struct Stager {
-    // Dropped in this order, after `Drop::drop` has waited for the stream: the pinned buffer,
+    // Dropped in this order, after `Drop::drop` has waited for the stream: the pinned buffers,
     // the device buffers, then the stream.
-    slot: Option<PinnedSlot>,
+    slots: [Option<PinnedSlot>; 2],
+    /// The buffer `host` last handed out: the one copies come from.
+    current: usize,
     scratch: Option<DeviceBuffer>,
     dst: Option<DeviceBuffer>,
     stream: Stream,
@@ -51,7 +57,8 @@ impl Stager {
         let stream = Stream::new(&gpu)?;
         let dst = gpu.alloc(total)?;
         Ok(Stager {
-            slot: None,
+            slots: [None, None],
+            current: 1,
             scratch: None,
             dst: Some(dst),
             stream,
@@ -73,21 +80,25 @@ impl Stager {
         self.stream.handle as u64
     }
 
-    /// The pinned staging buffer, at least `len` bytes, once every copy out of it is done (and
-    /// only those: device work queued after them on the stream may still run).
+    /// The next pinned staging buffer (the two take turns), at least `len` bytes, once every
+    /// copy out of it is done (and only those: the copies out of the other buffer, and device
+    /// work queued after them on the stream, may still run).
     pub fn host(&mut self, len: usize) -> Result<&mut [u8]> {
         let _current = self.gpu.enter()?;
-        let grow = self.slot.as_ref().is_none_or(|s| s.len < len);
-        if let Some(slot) = self.slot.as_mut() {
+        let next = 1 - self.current;
+        let slot = &mut self.slots[next];
+        let grow = slot.as_ref().is_none_or(|s| s.len < len);
+        if let Some(slot) = slot.as_mut() {
             slot.wait()?;
         }
         if grow {
             // The old buffer has no copy pending (waited for above), so dropping it frees it.
-            self.slot = None;
+            *slot = None;
             // At least one byte: a zero-byte pinned allocation is an error to the driver.
-            self.slot = Some(PinnedSlot::new(&self.gpu, len.max(1))?);
+            *slot = Some(PinnedSlot::new(&self.gpu, len.max(1))?);
         }
-        let slot = self.slot.as_mut().expect("made above");
+        self.current = next;
+        let slot = slot.as_mut().expect("made above");
         Ok(&mut slot.buffer()[..len])
     }
 
@@ -153,7 +164,7 @@ impl Stager {
 
     fn copy_from_host(&mut self, src_offset: usize, len: usize, dst: u64) -> Result<()> {
         let stream = self.stream.handle;
-        let Some(slot) = self.slot.as_mut() else {
+        let Some(slot) = self.slots[self.current].as_mut() else {
             return Err(out_of_range("staging buffer", src_offset, len, 0));
         };
         check_range("staging buffer", src_offset, len, slot.len)?;
@@ -190,7 +201,7 @@ impl Stager {
     pub fn finish(&mut self) -> Result<u64> {
         let _current = self.gpu.enter()?;
         self.stream.synchronize()?;
-        if let Some(slot) = self.slot.as_mut() {
+        for slot in self.slots.iter_mut().flatten() {
             slot.pending = Pending::None;
         }
         Ok(self.dst.take().map_or(0, |d| d.release()))

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use safetensors_core::distributed::{
     qkv_indexers, shard_indexers, Gqa, LoadPlan, Need, QkvPart, Split,
 };
-use safetensors_core::{fallible, Error, Indexer, SafeFile};
+use safetensors_core::{fallible, read_many, Error, Indexer, SafeFile};
 
 use crate::file::{slice_index, File, SlicePlan};
 use crate::status::handed_over;
@@ -150,9 +150,10 @@ pub mod ffi {
         ) -> Vec<DistPiece>;
         /// Byte length of each of `rank`'s results.
         fn result_lens(self: &DistPlan, rank: usize) -> Vec<u64>;
-        /// Reads step `i` into `dst` (exactly its length).
-        fn read_step(self: &DistPlan, i: usize, dst: &mut [u8], status: &mut Status);
-        /// Bytes this object has read through `read_step`.
+        /// Reads the steps `steps` into `dst`, one after another (exactly their lengths
+        /// together), on several threads at once.
+        fn read_steps(self: &DistPlan, steps: &[usize], dst: &mut [u8], status: &mut Status);
+        /// Bytes this object has read through `read_steps`.
         fn bytes_read_here(self: &DistPlan) -> u64;
         /// The steps this object has read, in order.
         fn reads_here(self: &DistPlan) -> Vec<DistStep>;
@@ -360,25 +361,46 @@ impl DistPlan {
     pub fn result_lens(&self, rank: usize) -> Vec<u64> {
         self.plan.result_lens(rank).to_vec()
     }
-    /// Reads step `i` into `dst` (exactly its length), counting and logging the read.
-    pub fn read_step(&self, i: usize, dst: &mut [u8], status: &mut Status) {
+    /// Reads the steps `steps` into `dst`, one after another (exactly their lengths together),
+    /// on several threads at once ([`read_many`]), counting and logging each read.
+    pub fn read_steps(&self, steps: &[usize], dst: &mut [u8], status: &mut Status) {
         guard(status, || {
-            let s = self.step(i);
-            if i >= self.step_count() || dst.len() as u64 != s.len {
+            let mut total = 0u64;
+            for &i in steps {
+                if i >= self.step_count() {
+                    return Err(Error::InvalidSlice {
+                        tensor: String::new(),
+                        reason: format!("there is no step {i}: the plan has {}", self.step_count()),
+                    });
+                }
+                total = total.saturating_add(self.step(i).len);
+            }
+            if dst.len() as u64 != total {
+                let what = match steps {
+                    [i] => format!("step {i} of {}", self.step_count()),
+                    _ => format!("{} steps", steps.len()),
+                };
                 return Err(Error::InvalidSlice {
                     tensor: String::new(),
-                    reason: format!(
-                        "step {i} of {} needs a {}-byte buffer, got {}",
-                        self.step_count(),
-                        s.len,
-                        dst.len()
-                    ),
+                    reason: format!("{what} needs a {total}-byte buffer, got {}", dst.len()),
                 });
             }
-            self.files[s.file].read_data(s.offset, dst)?;
-            self.read.fetch_add(s.len, Ordering::Relaxed);
-            if let Ok(mut log) = self.log.lock() {
-                log.push(s);
+            let mut reads = Vec::new();
+            fallible::reserve(&mut reads, steps.len(), "a batch of step reads")?;
+            let mut rest = dst;
+            for &i in steps {
+                let s = self.step(i);
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(s.len as usize);
+                reads.push((self.files[s.file].as_ref(), s.offset, head));
+                rest = tail;
+            }
+            read_many(&mut reads)?;
+            for &i in steps {
+                let s = self.step(i);
+                self.read.fetch_add(s.len, Ordering::Relaxed);
+                if let Ok(mut log) = self.log.lock() {
+                    log.push(s);
+                }
             }
             Ok(())
         })

@@ -17,6 +17,11 @@ use std::sync::Mutex;
 /// weights (a sixth of the file) are shared too.
 const PARALLEL_MIN: usize = 2 << 20;
 
+/// The pieces of [`read_many`](super::read_many), ending on multiples of this in the address
+/// space: small enough that each is read on one thread (below [`PARALLEL_MIN`]), large enough
+/// that a thread's turn costs little beside its copy.
+pub(crate) const MANY_PIECE: usize = 1 << 20;
+
 /// The pieces: 4 MiB, ending on multiples of 4 MiB in the address space, so that no huge page
 /// is shared by two threads; about a millisecond of copying each.
 const PIECE: usize = 4 << 20;
@@ -36,13 +41,17 @@ const MAX_THREADS: usize = 8;
 /// loaded by several builds found two threads 1.2-1.3x slower; the quiet case is the one an
 /// engine's loader meets.) One core (`taskset -c 0`) reads on one thread.
 pub(crate) fn read_exact_at(file: &File, dst: &mut [u8], at: u64) -> io::Result<()> {
+    read_on(file, dst, at, threads_for(dst.len()), PIECE)
+}
+
+/// Threads for a read of `len` bytes: one below [`PARALLEL_MIN`] or on one core.
+pub(crate) fn threads_for(len: usize) -> usize {
     let cores = cores();
-    let threads = if dst.len() < PARALLEL_MIN || cores < 2 {
+    if len < PARALLEL_MIN || cores < 2 {
         1
     } else {
-        cores.min(MAX_THREADS).min(dst.len().div_ceil(PIECE))
-    };
-    read_on(file, dst, at, threads, PIECE)
+        cores.min(MAX_THREADS).min(len.div_ceil(PIECE))
+    }
 }
 
 /// The cores this process may run on (cached: the answer reads cgroup files).
@@ -59,57 +68,93 @@ fn cores() -> usize {
 }
 
 /// The read on `threads` threads (the caller's among them), in pieces that end on multiples of
-/// `piece` in the address space. Every thread takes the next piece not yet taken, so that a slow
-/// thread, or one the system refuses to start (a thread limit is no reason to fail a read),
-/// leaves its share to the others.
+/// `piece` in the address space.
 fn read_on(file: &File, dst: &mut [u8], at: u64, threads: usize, piece: usize) -> io::Result<()> {
     if threads <= 1 {
         return file.read_exact_at(dst, at);
     }
-    let mut offset = at;
-    let pieces: Vec<(u64, Mutex<&mut [u8]>)> = split(dst, piece)
+    on_pieces(dst, threads, piece, |offset, p| {
+        file.read_exact_at(p, at + offset as u64)
+    })
+}
+
+/// `work(offset in dst, piece)` over `dst` in pieces that end on multiples of `piece` in the
+/// address space, on `threads` threads (the caller's among them). The first failure, in buffer
+/// order, is returned.
+fn on_pieces<F>(dst: &mut [u8], threads: usize, piece: usize, work: F) -> io::Result<()>
+where
+    F: Fn(usize, &mut [u8]) -> io::Result<()> + Sync,
+{
+    let mut offset = 0;
+    let pieces: Vec<(usize, Mutex<&mut [u8]>)> = split(dst, piece)
         .into_iter()
         .map(|piece| {
             let start = offset;
-            offset += piece.len() as u64;
+            offset += piece.len();
             (start, Mutex::new(piece))
         })
         .collect();
-    let results: Vec<Mutex<io::Result<()>>> = pieces.iter().map(|_| Mutex::new(Ok(()))).collect();
-    let next = AtomicUsize::new(0);
-    let work = || loop {
-        let i = next.fetch_add(1, Ordering::Relaxed);
-        let Some((start, piece)) = pieces.get(i) else {
-            return;
-        };
+    on_tasks(pieces.len(), threads, |i| {
+        let (start, piece) = &pieces[i];
         let mut piece = piece.lock().unwrap_or_else(|e| e.into_inner());
-        let r = file.read_exact_at(&mut piece, *start);
+        work(*start, &mut piece)
+    })
+}
+
+/// `work(i)` for every `i` in `0..tasks`, on at most `threads` threads (the caller's among
+/// them). Every thread takes the next task not yet taken, so that a slow thread, or one the
+/// system refuses to start (a thread limit is no reason to fail a read), leaves its share to the
+/// others. Every task runs; the first failure, in task order, is returned.
+pub(crate) fn on_tasks<E, F>(tasks: usize, threads: usize, work: F) -> std::result::Result<(), E>
+where
+    E: Send,
+    F: Fn(usize) -> std::result::Result<(), E> + Sync,
+{
+    if threads <= 1 || tasks <= 1 {
+        let mut first = Ok(());
+        for i in 0..tasks {
+            let r = work(i);
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        return first;
+    }
+    let results: Vec<Mutex<std::result::Result<(), E>>> =
+        (0..tasks).map(|_| Mutex::new(Ok(()))).collect();
+    let next = AtomicUsize::new(0);
+    let run = || loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= tasks {
+            return;
+        }
+        let r = work(i);
         *results[i].lock().unwrap_or_else(|e| e.into_inner()) = r;
     };
     std::thread::scope(|scope| {
         let mut helpers = Vec::new();
-        for _ in 1..threads.min(pieces.len()) {
+        for _ in 1..threads.min(tasks) {
             match std::thread::Builder::new()
                 .name("safetensors-read".into())
-                .spawn_scoped(scope, work)
+                .spawn_scoped(scope, run)
             {
                 Ok(h) => helpers.push(h),
                 Err(_) => break,
             }
         }
-        work();
+        run();
         // Joined one by one (`pthread_join`) rather than left to the scope's own wait (an
         // atomic count and a futex): a C++ program built with ThreadSanitizer sees the join, so
         // the bytes the helpers read into its buffer are ordered before its own later reads,
         // where the scope's wait is invisible to it and would be reported as a race. A helper's
-        // panic is passed on, as the scope would have (its pieces were not all read).
+        // panic is passed on, as the scope would have (its tasks were not all done).
         for h in helpers {
             if let Err(panic) = h.join() {
                 std::panic::resume_unwind(panic);
             }
         }
     });
-    // The first failure in file order (a file that shrank fails its last pieces).
+    // The first failure in task order (a file that shrank fails its last pieces).
     results
         .into_iter()
         .try_for_each(|r| r.into_inner().unwrap_or_else(|e| e.into_inner()))
@@ -117,7 +162,7 @@ fn read_on(file: &File, dst: &mut [u8], at: u64, threads: usize, piece: usize) -
 
 /// `dst` in pieces that end on multiples of `piece` in the address space (the first and last
 /// may be shorter).
-fn split(dst: &mut [u8], piece: usize) -> Vec<&mut [u8]> {
+pub(crate) fn split(dst: &mut [u8], piece: usize) -> Vec<&mut [u8]> {
     let base = dst.as_ptr() as usize;
     let mut out = Vec::with_capacity(dst.len() / piece + 2);
     let mut rest = dst;
@@ -212,6 +257,26 @@ mod tests {
         read_exact_at(&f, &mut got, 3).unwrap();
         assert!(got == big[3..]);
         std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn tasks_all_run_on_any_thread_count_and_the_first_failure_in_order_is_returned() {
+        for threads in [1usize, 2, 3, 8] {
+            let ran: Vec<AtomicUsize> = (0..20).map(|_| AtomicUsize::new(0)).collect();
+            let r = on_tasks(ran.len(), threads, |i| {
+                ran[i].fetch_add(1, Ordering::Relaxed);
+                if i % 7 == 5 {
+                    Err(i)
+                } else {
+                    Ok(())
+                }
+            });
+            assert_eq!(r, Err(5), "{threads} threads");
+            assert!(
+                ran.iter().all(|n| n.load(Ordering::Relaxed) == 1),
+                "{threads} threads"
+            );
+        }
     }
 
     #[test]

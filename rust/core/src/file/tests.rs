@@ -334,6 +334,89 @@ fn read_backend_reads_a_large_tensor_exactly_and_a_shrunk_one_as_io() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn many_reads_across_files_and_backends_give_each_its_bytes_and_the_first_error() {
+    // Enough bytes together to be read on several threads, each read under the size a single
+    // read is split at, one of them longer than a piece (file/parallel.rs), from two files.
+    let dir = scratch("many");
+    let pattern = |n: u64, seed: u64| -> Vec<u8> {
+        (0..n)
+            .map(|i| (((i + seed) * 2_654_435_761) >> 11) as u8)
+            .collect()
+    };
+    let (a, b) = (pattern((3 << 20) + 4097, 1), pattern(5 << 20, 2));
+    let mut files = Vec::new();
+    for (name, data) in [("a", &a), ("b", &b)] {
+        let path = dir.join(format!("{name}.safetensors"));
+        let bytes = serialize(
+            [("w", TensorView::new(Dtype::U8, &[data.len()], data))],
+            None,
+        )
+        .unwrap();
+        std::fs::write(&path, &bytes).unwrap();
+        files.push(path);
+    }
+    for backend in [Backend::Mmap, Backend::Read] {
+        let fa = SafeFile::open(&files[0], backend).unwrap();
+        let fb = SafeFile::open(&files[1], backend).unwrap();
+        // (file, offset, length): in file order and out of it, one empty, one over a piece.
+        let wanted: [(usize, u64, usize); 6] = [
+            (0, 0, 1 << 20),
+            (1, 7, (1 << 20) + 3),
+            (0, (2 << 20) + 1, (1 << 20) + 4096),
+            (1, 3 << 20, 1),
+            (0, 5, 0),
+            (1, 4 << 20, 1 << 20),
+        ];
+        let mut bufs: Vec<Vec<u8>> = wanted.iter().map(|w| vec![0xEE; w.2]).collect();
+        let mut reads: Vec<(&SafeFile, u64, &mut [u8])> = wanted
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(w, buf)| (if w.0 == 0 { &fa } else { &fb }, w.1, &mut buf[..]))
+            .collect();
+        super::read_many(&mut reads).unwrap();
+        for (w, got) in wanted.iter().zip(&bufs) {
+            let src = if w.0 == 0 { &a } else { &b };
+            let at = w.1 as usize;
+            assert!(got[..] == src[at..at + w.2], "{backend:?}: {w:?}");
+        }
+        // A range past a file's end: refused before anything is read.
+        let mut past = vec![0u8; 1 << 20];
+        let mut whole = vec![0u8; 5 << 20];
+        let mut reads: Vec<(&SafeFile, u64, &mut [u8])> = vec![
+            (&fb, 0, &mut whole[..]),
+            (&fa, (3 << 20) + 1, &mut past[..]),
+        ];
+        let err = super::read_many(&mut reads).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidSlice, "{backend:?}: {err}");
+        assert!(
+            whole.iter().all(|&x| x == 0),
+            "{backend:?}: read before the check"
+        );
+        // An empty read out of range is refused too, whatever else the batch holds.
+        let mut none: [u8; 0] = [];
+        let mut reads: Vec<(&SafeFile, u64, &mut [u8])> =
+            vec![(&fb, 0, &mut whole[..]), (&fa, u64::MAX, &mut none[..])];
+        assert_eq!(
+            super::read_many(&mut reads).unwrap_err().kind(),
+            ErrorKind::InvalidSlice
+        );
+    }
+    // A held file cut short after its open: the pieces past the cut fail on whichever thread
+    // reads them, and the read is a typed error, not short data.
+    let fb = SafeFile::open(&files[1], Backend::Read).unwrap();
+    let cut = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&files[1])
+        .unwrap();
+    cut.set_len(2 << 20).unwrap();
+    let mut whole = vec![0u8; 5 << 20];
+    let mut reads: Vec<(&SafeFile, u64, &mut [u8])> = vec![(&fb, 0, &mut whole[..])];
+    let err = super::read_many(&mut reads).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Io, "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A [`super::RangeSource`] over bytes in memory that records every call's runs.
 struct Recorded {
     bytes: Vec<u8>,
@@ -697,4 +780,18 @@ fn files_are_mapped_at_open_once_many_descriptors_are_in_use() {
     assert!(super::may_defer(255, libc::RLIM_INFINITY));
     assert!(!super::may_defer(256, libc::RLIM_INFINITY));
     assert!(!super::may_defer(1 << 20, libc::RLIM_INFINITY));
+}
+
+#[test]
+fn many_reads_of_a_remote_file_reach_its_source_in_one_call() {
+    let bytes = grid();
+    let (f, rec) = ranged(&bytes, false);
+    let data = f.tensor_bytes("grid").unwrap().to_vec();
+    let (mut a, mut b) = (vec![0u8; 5], vec![0u8; 9]);
+    let mut reads: Vec<(&SafeFile, u64, &mut [u8])> =
+        vec![(&f, 30, &mut a[..]), (&f, 2, &mut b[..])];
+    let before = rec.calls.lock().unwrap().len();
+    super::read_many(&mut reads).unwrap();
+    assert_eq!(rec.calls.lock().unwrap().len(), before + 1);
+    assert!(a[..] == data[30..35] && b[..] == data[2..11]);
 }
