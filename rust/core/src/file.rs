@@ -1169,6 +1169,14 @@ pub fn read_many(reads: &mut [(&SafeFile, u64, &mut [u8])]) -> Result<()> {
         .map(|((_, _, dst), _)| dst.len())
         .sum();
     let threads = parallel::threads_for(total);
+    if threads <= 1 {
+        // One thread: each read whole, not in pieces (one system call, not one per MiB).
+        return reads
+            .iter_mut()
+            .zip(&done)
+            .filter(|(_, &d)| !d)
+            .try_for_each(|((file, offset, dst), _)| file.read_data(*offset, dst));
+    }
     let mut pieces: Vec<(&SafeFile, u64, Mutex<&mut [u8]>)> = Vec::new();
     crate::fallible::reserve(
         &mut pieces,

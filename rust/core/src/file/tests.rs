@@ -380,6 +380,15 @@ fn many_reads_across_files_and_backends_give_each_its_bytes_and_the_first_error(
             let at = w.1 as usize;
             assert!(got[..] == src[at..at + w.2], "{backend:?}: {w:?}");
         }
+        // Too few bytes to share out: each read whole on this thread.
+        let (mut x, mut y) = (vec![0u8; 4099], vec![0u8; 3]);
+        let mut reads: Vec<(&SafeFile, u64, &mut [u8])> =
+            vec![(&fb, 11, &mut x[..]), (&fa, 70_000, &mut y[..])];
+        super::read_many(&mut reads).unwrap();
+        assert!(
+            x[..] == b[11..11 + 4099] && y[..] == a[70_000..70_003],
+            "{backend:?}"
+        );
         // A range past a file's end: refused before anything is read.
         let mut past = vec![0u8; 1 << 20];
         let mut whole = vec![0u8; 5 << 20];
