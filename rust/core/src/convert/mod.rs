@@ -206,6 +206,11 @@ pub(crate) fn convert_on(
         // SAFETY: `Kernels::Avx512` is only chosen where the CPU has AVX-512F, AVX2 and F16C.
         return unsafe { simd::float8_to_f32_streamed(from, src, dst) };
     }
+    #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+    if k == Kernels::Avx512 && to == Dtype::F32 && from == Dtype::F64 {
+        // SAFETY: `Kernels::Avx512` is only chosen where the CPU has AVX-512F, AVX2 and F16C.
+        return unsafe { simd::f64_to_f32_streamed_avx512(src, dst) };
+    }
     #[cfg(target_arch = "x86_64")]
     if k != Kernels::Portable && to == Dtype::F32 && matches!(from, Dtype::I32 | Dtype::F64) {
         // SAFETY: the SIMD kernels are only chosen where the CPU has AVX2 and F16C.
