@@ -331,6 +331,46 @@ TEST_F(DeviceLayer, ARefillWaitsForTheCopiesOutOfTheBufferNotTheStream) {
   EXPECT_EQ(waits_many, waits_one) << many << " steps";
 }
 
+TEST(DeviceStage, ACopyComesOnlyFromTheBytesOfTheLastTurn) {
+  // The two staging buffers take turns and keep their size: a buffer reused for a shorter turn
+  // still holds an earlier, longer turn's bytes after the new ones. A copy past what the turn
+  // staged is the plan and the staging disagreeing: refused (a Cuda error), not stale bytes
+  // copied. Driven through the bridge, as the device load drives it.
+  if (!test::gpu_or_skip()) return;
+  using detail::adopt;
+  using detail::attempt;
+  auto stage = adopt(attempt([&](ffi::Status& st) { return ffi::new_device_stage(0, 1024, st); })).value();
+  auto fill = [&](std::size_t len, std::uint8_t value) {
+    auto host = attempt([&](ffi::Status& st) { return stage->host(len, st); }).value();
+    ASSERT_EQ(host.size(), len);
+    std::fill(host.begin(), host.end(), value);
+  };
+  auto copy = [&](std::size_t from, std::size_t len, std::size_t to) {
+    return attempt([&](ffi::Status& st) { stage->host_to_destination(from, len, to, st); });
+  };
+  fill(512, 1);  // the first buffer, 512 bytes
+  EXPECT_TRUE(copy(0, 512, 0).ok());
+  fill(100, 2);  // the second buffer
+  EXPECT_TRUE(copy(0, 100, 512).ok());
+  fill(300, 3);  // the first again: 300 bytes staged in a buffer of 512
+  EXPECT_TRUE(copy(0, 300, 0).ok());
+  const Status past = copy(200, 200, 0);
+  EXPECT_EQ(past.kind(), ErrorKind::Cuda);
+  EXPECT_NE(past.message().find("staging buffer"), std::string::npos) << past.message();
+  EXPECT_NE(past.message().find("(300 bytes)"), std::string::npos) << past.message();
+  // What did land is the last turns' bytes.
+  const std::uint64_t dst = attempt([&](ffi::Status& st) { return stage->finish(st); }).value();
+  std::vector<std::byte> got(612);
+  cuda::copy_to_host(reinterpret_cast<const void*>(static_cast<std::uintptr_t>(dst)), got);
+  EXPECT_EQ(got[0], std::byte{3});
+  EXPECT_EQ(got[299], std::byte{3});
+  EXPECT_EQ(got[300], std::byte{1});
+  EXPECT_EQ(got[512], std::byte{2});
+  EXPECT_EQ(got[611], std::byte{2});
+  Driver drv;
+  drv.get<int (*)(std::uint64_t)>("cuMemFree_v2")(dst);
+}
+
 TEST(DeviceStrided, AStepOfManyPiecesLandsWhole) {
   if (!test::gpu_or_skip()) return;
   // Every other byte of 8200 (rank 0 the even ones, rank 1 the odd ones): one step of 4100

@@ -1124,7 +1124,8 @@ pub(crate) fn parse_allowing(head: &[u8], len: u64, allow_trailing: bool) -> Res
 /// concurrently there); reads of a file that opens a descriptor per read, or of the direct
 /// backend, are made one by one (each splits a large read itself). Every range is checked
 /// before anything is read; the first error met is returned, and what the buffers hold is then
-/// unspecified.
+/// unspecified. Reads of a remote file whose ranges overlap are refused (`InvalidSlice`, as its
+/// batched read refuses them, before anything is fetched); the callers' steps never overlap.
 pub fn read_many(reads: &mut [(&SafeFile, u64, &mut [u8])]) -> Result<()> {
     for (file, offset, dst) in reads.iter() {
         offset

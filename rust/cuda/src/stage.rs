@@ -27,6 +27,9 @@ pub struct Stager {
     slots: [Option<PinnedSlot>; 2],
     /// The buffer `host` last handed out: the one copies come from.
     current: usize,
+    /// How many bytes `host` last handed out: copies come from those only, not from what an
+    /// earlier, longer turn left in the rest of a buffer.
+    staged: usize,
     scratch: Option<DeviceBuffer>,
     dst: Option<DeviceBuffer>,
     stream: Stream,
@@ -59,6 +62,7 @@ impl Stager {
         Ok(Stager {
             slots: [None, None],
             current: 1,
+            staged: 0,
             scratch: None,
             dst: Some(dst),
             stream,
@@ -98,6 +102,7 @@ impl Stager {
             *slot = Some(PinnedSlot::new(&self.gpu, len.max(1))?);
         }
         self.current = next;
+        self.staged = len;
         let slot = slot.as_mut().expect("made above");
         Ok(&mut slot.buffer()[..len])
     }
@@ -167,7 +172,7 @@ impl Stager {
         let Some(slot) = self.slots[self.current].as_mut() else {
             return Err(out_of_range("staging buffer", src_offset, len, 0));
         };
-        check_range("staging buffer", src_offset, len, slot.len)?;
+        check_range("staging buffer", src_offset, len, self.staged.min(slot.len))?;
         if len == 0 {
             return Ok(());
         }
