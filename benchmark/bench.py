@@ -40,6 +40,9 @@ import checked_output  # noqa: E402
 
 ITEMS = {"open", "load", "load_copy", "slice", "save", "save_nosync", "gpu", "convert"}
 ITERATION_ITEMS = {"open", "load", "load_copy", "gpu"}
+# Runs of the open item at least, as bench_cpp (kOpenRuns): an open takes microseconds, and with
+# 21 runs one stall of the machine could move a round's median.
+OPEN_RUNS = 201
 
 
 def timings(n, body, setup=lambda: None):
@@ -115,6 +118,17 @@ def frameworks(path):
     return st_torch.load_file, st_torch.save_file, "pt"
 
 
+def warm(path):
+    """Puts `path` in the page cache as one sequential read leaves it, as bench_cpp's warm-up
+    does (cpp/measure.hpp `warm`): its cached pages dropped first (a mapping's are left alone),
+    then read, so that both programs' runs find it in the same shape whichever touched it first."""
+    with open(path, "rb") as f:
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        while f.read(1 << 24):
+            pass
+
+
 def open_all(path):
     """The `open` item: open the file, list keys, take every tensor's slice shape."""
     with safe_open(path, framework="np") as f:
@@ -127,9 +141,7 @@ def bench_file(path, runs, items, cold=False):
     size = os.path.getsize(path)
     setup = drop_caches if cold else (lambda: None)
     if not cold:
-        with open(path, "rb") as f:  # warm the page cache
-            while f.read(1 << 24):
-                pass
+        warm(path)
     with safe_open(path, framework="np") as f:
         keys = list(f.keys())
     out = []
@@ -143,7 +155,7 @@ def bench_file(path, runs, items, cold=False):
         load_file_fw, save_file_fw, framework = fw
 
     if "open" in items:
-        out.append(result("open", timed(max(runs, 21), lambda: open_all(path), setup)))
+        out.append(result("open", timed(max(runs, OPEN_RUNS), lambda: open_all(path), setup)))
     if "load" in items or "load_copy" in items:
         held = []
         t = timed(runs, lambda: held.append(load_file_fw(path)), lambda: (held.clear(), setup()))
@@ -229,6 +241,7 @@ def convert_items(runs, elements=64 << 20):
     try:
         import ml_dtypes as md
     except ImportError as e:
+        print(f"  convert: skipped: no ml_dtypes ({e}); pip install ml_dtypes")
         return [result("convert", [], skipped=f"no ml_dtypes: {e}")]
     types = {"F8_E4M3": md.float8_e4m3fn, "F8_E5M2": md.float8_e5m2, "F8_E4M3FNUZ": md.float8_e4m3fnuz,
              "F8_E5M2FNUZ": md.float8_e5m2fnuz, "F8_E8M0": md.float8_e8m0fnu, "F4": md.float4_e2m1fn,
@@ -269,9 +282,7 @@ def iterate_file(path, iterations, items, cold=False):
     size = os.path.getsize(path)
     setup = drop_caches if cold else (lambda: None)
     if not cold:
-        with open(path, "rb") as f:  # warm the page cache, as bench_cpp does
-            while f.read(1 << 24):
-                pass
+        warm(path)
     with safe_open(path, framework="np") as f:
         tensors = len(f.keys())
     out = []

@@ -42,12 +42,13 @@
 // medians, the spread (min-max) and each item's rate as a fraction of the disk's are printed
 // and written to the JSON.
 //
-// Medians of --runs runs (default 7; 3 for files over 2 GB; 5 with --cold), after one warm-up
-// run (none for the cold items). With a number ITERATIONS after the files instead (the seed
-// README's `bench_cpp MODEL ITERATIONS`): the time per iteration of each load over ITERATIONS
-// iterations, the first one included, as in its table of 1, 10 and 100 iterations. The page
-// cache is warm unless --cold (needs root), which drops it before every run. A bad argument or a missing file
-// is a usage message and exit code 2; a file that is not valid safetensors, exit code 1.
+// Medians of --runs runs (default 7; 3 for files over 2 GB; 5 with --cold; the open item at
+// least 201), after one warm-up run (none for the cold items). With a number ITERATIONS after
+// the files instead (the seed README's `bench_cpp MODEL ITERATIONS`): the time per iteration of
+// each load over ITERATIONS iterations, the first one included, as in its table of 1, 10 and 100
+// iterations. The page cache is warm (see measure::warm) unless --cold (needs root), which
+// drops it before every run. A bad argument or a missing file is a usage message and exit code
+// 2; a file that is not valid safetensors, exit code 1.
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -112,6 +113,9 @@ const std::set<std::string> kAllItems = [] {
   all.insert(kColdItems.begin(), kColdItems.end());
   return all;
 }();
+/// Runs of the open item at least (bench.py's OPEN_RUNS is the same).
+constexpr int kOpenRuns = 201;
+
 const std::set<std::string> kIterationItems{"open", "load", "load_copy", "gpu"};
 
 struct Options {
@@ -801,7 +805,10 @@ void run_items(const Options& opt, const fs::path& path, int runs, const std::fu
   out.with_save = opt.items.count("save") && size < (2ull << 30);
   out.limits = limits(path, runs, out.with_save, setup);
   if (opt.items.count("open"))
-    out.items.push_back({load_result(Kind::Open, path, std::max(runs, 21), setup), nullptr});
+    // An open takes tens of microseconds: 201 runs (bench.py takes as many) span a few
+    // milliseconds, so that one stall of the machine cannot move the median (with 21, one in a
+    // round of five moved gpt2's from 25 to 37 us).
+    out.items.push_back({load_result(Kind::Open, path, std::max(runs, kOpenRuns), setup), nullptr});
   if (opt.items.count("load"))
     out.items.push_back({load_result(Kind::Load, path, runs, setup), &out.limits.read});
   if (opt.items.count("load_copy")) {

@@ -73,6 +73,12 @@ inline bool stdout_arrived(const char* program, const char* kind = "") {
   errno = 0;
   if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return true;
   int err = errno;
+  if (err == 0) {
+    // stdio drops what it failed to write and keeps no reason, so a failure followed by nothing
+    // left to flush (the last output larger than the buffer, written past it) reports none. Ask
+    // the descriptor itself with one byte more: the output is already incomplete.
+    if (::write(STDOUT_FILENO, "\n", 1) < 0) err = errno;
+  }
   std::fprintf(stderr, "%s: %scannot write to standard output: %s\n", program, kind,
                err ? std::strerror(err) : "write error");
   return false;
