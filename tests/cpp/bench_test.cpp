@@ -193,6 +193,39 @@ INSTANTIATE_TEST_SUITE_P(Programs, Bench, ::testing::Values(kBenchCpp, kBenchPy)
 
 }  // namespace
 
+// report.py's last lines judge the goals: met lines say nothing, a goal below its line is
+// missed, and one above it with fewer rounds than a judgement needs (the --quick run has one) is
+// said to be not judged, never "missed".
+TEST(BenchOutputs, AGoalWithTooFewRoundsIsNotJudgedRatherThanMissed) {
+  test::TempDir dir;
+  // gpt2's save against its limit: 1.03x in each round given; its load_copy 0.5x.
+  auto round = [&](int r) {
+    const auto path = dir / ("round" + std::to_string(r) + "-cpp.json");
+    std::ofstream(path) << R"j({"tool":"bench_cpp","cache":"warm","machine":"m","date":"d","files":[)j"
+                        << R"j({"name":"gpt2.safetensors","bytes":548105232,"tensors":160,"items":[)j"
+                        << R"j({"item":"save","median_s":1.0},{"item":"load_copy","median_s":2.0}],)j"
+                        << R"j("limits":[{"item":"write()+fsync","median_s":1.03},)j"
+                        << R"j({"item":"read()","median_s":1.0}]}]})j";
+    return path.string();
+  };
+  auto report = [&](const std::vector<std::string>& inputs) {
+    std::string cmd = test::quote(SAFETENSORS_TEST_PYTHON) + " " + test::quote(SAFETENSORS_REPORT_PY) +
+                      " --out " + test::quote((dir / "out").string());
+    for (const auto& in : inputs) cmd += " " + test::quote(in);
+    cmd += " >" + test::quote((dir / "stdout").string()) + " 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0);
+    auto out = test::read_bytes(dir / "stdout");
+    return std::string(out.begin(), out.end());
+  };
+  const std::string one = report({round(1)});
+  EXPECT_TRUE(has(one, "goal not judged (1 of 3 rounds): gpt2.safetensors save: 1.03x")) << one;
+  EXPECT_FALSE(has(one, "goal missed: gpt2.safetensors save")) << one;
+  EXPECT_TRUE(has(one, "goal missed: gpt2.safetensors load_copy: 0.5x")) << one;
+  const std::string three = report({round(1), round(2), round(3)});
+  EXPECT_FALSE(has(three, "gpt2.safetensors save:")) << "met, so not listed: " << three;
+  EXPECT_TRUE(has(three, "goal missed: gpt2.safetensors load_copy: 0.5x")) << three;
+}
+
 // The other benchmark programs' outputs: report.py's results and standard output, and
 // make_bench_files's standard output.
 TEST(BenchOutputs, ReportAndFileMakerFailOnAnOutputThatCannotBeWritten) {
