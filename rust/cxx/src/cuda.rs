@@ -120,7 +120,8 @@ pub mod ffi {
         /// The stream every copy is ordered on.
         fn stream(self: &DeviceStage) -> u64;
         /// The next pinned staging buffer (`len` bytes; two take turns), once the copies out of
-        /// it are done (empty on failure). `unsafe` only because cxx requires it to spell the lifetime.
+        /// it are done (empty on failure). `unsafe` only because cxx requires it to spell the
+        /// lifetime.
         unsafe fn host<'a>(
             self: &'a mut DeviceStage,
             len: usize,

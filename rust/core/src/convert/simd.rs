@@ -31,6 +31,22 @@ pub(crate) unsafe fn to_f32(from: Dtype, src: &[u8], dst: &mut [u8]) {
     }
 }
 
+/// How the streamed widening kernels split `dst` (F32) for `elements` source elements: the
+/// count converted is what both buffers hold (the raw loads are bounded by it alone), `head`
+/// elements stored plainly up to the first 64-byte line of `dst` (all of them when its elements
+/// do not start on 4-byte boundaries, which never meet one), then `lines` whole lines of 16
+/// streamed, then plain stores from element `body` on.
+#[cfg(target_arch = "x86_64")]
+fn f32_lines(elements: usize, dst: &[u8]) -> (usize, usize, usize) {
+    let n = (dst.len() / 4).min(elements);
+    let head = match dst.as_ptr().align_offset(64) {
+        h if h % 4 == 0 => (h / 4).min(n),
+        _ => n,
+    };
+    let lines = (n - head) / 16;
+    (head, lines, head + 16 * lines)
+}
+
 /// I32 and F64 sources into F32 for an output past the last-level cache: converted in
 /// registers and streamed a 64-byte line at a time. (The staged path, converting into a buffer
 /// in the first-level cache and then streaming it, took 22.6 ms for 256 MiB of I32 where this
@@ -47,16 +63,7 @@ pub(crate) unsafe fn to_f32(from: Dtype, src: &[u8], dst: &mut [u8]) {
 #[target_feature(enable = "avx2,f16c")]
 pub(crate) unsafe fn widen_to_f32_streamed(from: Dtype, src: &[u8], dst: &mut [u8]) {
     let width = if from == Dtype::I32 { 4 } else { 8 };
-    // The raw loads below are bounded by this count alone.
-    let n = (dst.len() / 4).min(src.len() / width);
-    // Plain stores up to the first line boundary of `dst` (all of it when its elements do not
-    // start on 4-byte boundaries, which never meet one).
-    let head = match dst.as_ptr().align_offset(64) {
-        h if h % 4 == 0 => (h / 4).min(n),
-        _ => n,
-    };
-    let lines = (n - head) / 16;
-    let body = head + 16 * lines;
+    let (head, lines, body) = f32_lines(src.len() / width, dst);
     super::decode::to_f32_portable(from, &src[..head * width], &mut dst[..head * 4]);
     for i in 0..lines {
         let at = head + 16 * i;
@@ -97,16 +104,7 @@ pub(crate) unsafe fn widen_to_f32_streamed(from: Dtype, src: &[u8], dst: &mut [u
 #[allow(clippy::incompatible_msrv)] // compiled only by a Rust that has them (build.rs)
 #[target_feature(enable = "avx512f,avx2,f16c")]
 pub(crate) unsafe fn f64_to_f32_streamed_avx512(src: &[u8], dst: &mut [u8]) {
-    // The raw loads below are bounded by this count alone.
-    let n = (dst.len() / 4).min(src.len() / 8);
-    // Plain stores up to the first line boundary of `dst` (all of it when its elements do not
-    // start on 4-byte boundaries, which never meet one).
-    let head = match dst.as_ptr().align_offset(64) {
-        h if h % 4 == 0 => (h / 4).min(n),
-        _ => n,
-    };
-    let lines = (n - head) / 16;
-    let body = head + 16 * lines;
+    let (head, lines, body) = f32_lines(src.len() / 8, dst);
     super::decode::to_f32_portable(Dtype::F64, &src[..head * 8], &mut dst[..head * 4]);
     for i in 0..lines {
         let at = head + 16 * i;
