@@ -17,6 +17,7 @@
 
 #include <safetensors/checkpoint.hpp>
 #include <safetensors/error.hpp>
+#include <safetensors/remote.hpp>
 #include <safetensors/safe_open.hpp>
 
 #include "json.hpp"

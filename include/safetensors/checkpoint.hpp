@@ -6,22 +6,23 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "safetensors/detail/bridge.hpp"
 #include "safetensors/detail/iteration.hpp"
 #include "safetensors/detail/open_file.hpp"
+#include "safetensors/detail/remote_open.hpp"
 #include "safetensors/ffi/src/checkpoint.rs.h"
 #include "safetensors/options.hpp"
-#include "safetensors/remote.hpp"
+#include "safetensors/path.hpp"
 #include "safetensors/slice.hpp"
 #include "safetensors/tensor.hpp"
 
@@ -49,11 +50,11 @@ namespace nothrow {
 ///
 ///   auto opened = safetensors::nothrow::open_checkpoint(index);
 ///   if (!opened) std::puts(opened.status().message().c_str());
-[[nodiscard]] Expected<Checkpoint> open_checkpoint(const std::filesystem::path& path,
-                                                   CheckpointOptions options = {});
-/// `Checkpoint::open_remote` without exceptions.
-[[nodiscard]] Expected<Checkpoint> open_remote_checkpoint(std::string_view url,
-                                                          const RemoteOptions& remote = {},
+[[nodiscard]] Expected<Checkpoint> open_checkpoint(PathRef path, CheckpointOptions options = {});
+/// `Checkpoint::open_remote` without exceptions (needs safetensors/remote.hpp, as
+/// `SafeOpen::open_remote` says).
+template <class Remote = RemoteOptions>
+[[nodiscard]] Expected<Checkpoint> open_remote_checkpoint(std::string_view url, const Remote& remote = {},
                                                           CheckpointOptions options = {});
 /// `Checkpoint::keys` without exceptions.
 [[nodiscard]] Expected<std::vector<std::string>> keys(const Checkpoint& ckpt);
@@ -68,10 +69,10 @@ namespace nothrow {
 /// `Checkpoint::missing` without exceptions.
 [[nodiscard]] Expected<std::vector<std::string>> missing(const Checkpoint& ckpt);
 /// `Checkpoint::trailing_bytes` without exceptions.
-[[nodiscard]] Expected<std::vector<std::pair<std::filesystem::path, std::uint64_t>>> trailing_bytes(
+[[nodiscard]] Expected<std::vector<std::pair<std::string, std::uint64_t>>> trailing_bytes(
     const Checkpoint& ckpt);
 /// `Checkpoint::shard_of` without exceptions.
-[[nodiscard]] Expected<std::filesystem::path> shard_of(const Checkpoint& ckpt, std::string_view name);
+[[nodiscard]] Expected<std::string> shard_of(const Checkpoint& ckpt, std::string_view name);
 /// `Checkpoint::shard_sizes` without exceptions.
 [[nodiscard]] Expected<ShardSizes> shard_sizes(const Checkpoint& ckpt, std::size_t shard);
 /// `Checkpoint::read_shard_data` without exceptions.
@@ -104,7 +105,7 @@ Status get_tensor_as(const Checkpoint& ckpt, std::string_view name, Dtype to, st
 /// that can fail has a twin in `safetensors::nothrow` returning the error as a value.
 class Checkpoint {
  public:
-  explicit Checkpoint(const std::filesystem::path& path, CheckpointOptions options = {})
+  explicit Checkpoint(PathRef path, CheckpointOptions options = {})
       : Checkpoint(nothrow::open_checkpoint(path, options).value()) {}
 
   /// A remote checkpoint: an index (`s3://`, `http://` or `https://` URL whose path ends in
@@ -113,11 +114,12 @@ class Checkpoint {
   /// checked against the index; or one remote file, as a checkpoint of one shard. Of `options`,
   /// `lenient` and `allow_trailing_bytes` apply. A shard the server lacks is `ShardMissing` when
   /// first used (no request per shard at open). `shard_path(i)` gives each shard's URL. See
-  /// docs/remote.md.
+  /// docs/remote.md. `RemoteOptions` is in safetensors/remote.hpp, as for `SafeOpen::open_remote`.
   ///
   ///   auto ckpt = safetensors::Checkpoint::open_remote("s3://models/llama/model.safetensors.index.json",
   ///                                                    {.on_demand = true});
-  [[nodiscard]] static Checkpoint open_remote(std::string_view url, const RemoteOptions& remote = {},
+  template <class Remote = RemoteOptions>
+  [[nodiscard]] static Checkpoint open_remote(std::string_view url, const Remote& remote = {},
                                               CheckpointOptions options = {}) {
     return nothrow::open_remote_checkpoint(url, remote, options).value();
   }
@@ -128,7 +130,7 @@ class Checkpoint {
 
   /// Shards with bytes after their last tensor, with the count; opens every shard to know.
   /// Empty unless opened with `allow_trailing_bytes` (without it such a shard fails to open).
-  [[nodiscard]] std::vector<std::pair<std::filesystem::path, std::uint64_t>> trailing_bytes() const {
+  [[nodiscard]] std::vector<std::pair<std::string, std::uint64_t>> trailing_bytes() const {
     return nothrow::trailing_bytes(*this).value();
   }
 
@@ -181,14 +183,15 @@ class Checkpoint {
 
   /// Number of shard files.
   [[nodiscard]] std::size_t shard_count() const { return ckpt().shard_count(); }
-  /// The shard files, in the order the index first names them.
-  [[nodiscard]] std::vector<std::filesystem::path> shard_paths() const {
-    std::vector<std::filesystem::path> out;
+  /// The shard files, in the order the index first names them (`std::string`s, as
+  /// `SafeOpen::path()`; safetensors/path.hpp says why).
+  [[nodiscard]] std::vector<std::string> shard_paths() const {
+    std::vector<std::string> out;
     for (std::size_t i = 0; i < shard_count(); ++i) out.emplace_back(shard_path(ckpt(), i));
     return out;
   }
   /// The file holding `name` (throws `TensorNotFound`). Opens nothing.
-  [[nodiscard]] std::filesystem::path shard_of(std::string_view name) const {
+  [[nodiscard]] std::string shard_of(std::string_view name) const {
     return nothrow::shard_of(*this, name).value();
   }
   /// How many shard files have been opened so far.
@@ -238,7 +241,7 @@ class Checkpoint {
     return *state_->ckpt;
   }
 
-  [[nodiscard]] static std::filesystem::path shard_path(const ffi::Checkpoint& c, std::size_t i) {
+  [[nodiscard]] static std::string shard_path(const ffi::Checkpoint& c, std::size_t i) {
     auto p = c.shard_path(i);
     return std::string(reinterpret_cast<const char*>(p.data()), p.size());
   }
@@ -255,7 +258,7 @@ struct Access<Checkpoint> {
     return c.state_->ckpt.operator->();
   }
 
-  static Expected<Checkpoint> open(const std::filesystem::path& path, CheckpointOptions options) {
+  static Expected<Checkpoint> open(PathRef path, CheckpointOptions options) {
     auto c = adopt(attempt([&](ffi::Status& st) {
       return ffi::open_checkpoint(bytes(path.native()), static_cast<ffi::Backend>(options.backend),
                                   options.lenient, options.allow_trailing_bytes,
@@ -265,7 +268,8 @@ struct Access<Checkpoint> {
     return Checkpoint(std::make_shared<const Checkpoint::Handle>(std::move(*c)));
   }
 
-  static Expected<Checkpoint> open_remote(std::string_view url, const RemoteOptions& remote,
+  template <class Remote>
+  static Expected<Checkpoint> open_remote(std::string_view url, const Remote& remote,
                                           CheckpointOptions options) {
     const ffi::RemoteOptions crossing = remote_options(remote);
     auto c = adopt(attempt([&](ffi::Status& st) {
@@ -276,7 +280,7 @@ struct Access<Checkpoint> {
     return Checkpoint(std::make_shared<const Checkpoint::Handle>(std::move(*c)));
   }
 
-  static std::filesystem::path shard_path(const ffi::Checkpoint& c, std::size_t i) {
+  static std::string shard_path(const ffi::Checkpoint& c, std::size_t i) {
     return Checkpoint::shard_path(c, i);
   }
 
@@ -388,13 +392,14 @@ struct ShardCursor {
 };
 }  // namespace detail
 
-inline Expected<Checkpoint> nothrow::open_checkpoint(const std::filesystem::path& path,
-                                                     CheckpointOptions options) {
+inline Expected<Checkpoint> nothrow::open_checkpoint(PathRef path, CheckpointOptions options) {
   return detail::Access<Checkpoint>::open(path, options);
 }
 
-inline Expected<Checkpoint> nothrow::open_remote_checkpoint(std::string_view url, const RemoteOptions& remote,
-                                                            CheckpointOptions options) {
+template <class Remote>
+Expected<Checkpoint> nothrow::open_remote_checkpoint(std::string_view url, const Remote& remote,
+                                                     CheckpointOptions options) {
+  static_assert(std::is_same_v<Remote, RemoteOptions>, "open_remote takes a safetensors::RemoteOptions");
   return detail::Access<Checkpoint>::open_remote(url, remote, options);
 }
 
@@ -462,12 +467,12 @@ inline Status nothrow::read_shard_data(const Checkpoint& ckpt, std::size_t shard
   return src->read_data(offset, dst);
 }
 
-inline Expected<std::vector<std::pair<std::filesystem::path, std::uint64_t>>> nothrow::trailing_bytes(
+inline Expected<std::vector<std::pair<std::string, std::uint64_t>>> nothrow::trailing_bytes(
     const Checkpoint& ckpt) {
   auto c = detail::Access<Checkpoint>::checkpoint(ckpt);
   if (!c) return c.status();
   if (auto opened = detail::Access<Checkpoint>::open_every_shard(ckpt); !opened.ok()) return opened;
-  std::vector<std::pair<std::filesystem::path, std::uint64_t>> out;
+  std::vector<std::pair<std::string, std::uint64_t>> out;
   for (std::size_t i = 0; i < (*c)->shard_count(); ++i) {
     auto n = detail::attempt([&](ffi::Status& st) { return (*c)->shard_trailing_bytes(i, st); });
     if (!n) return n.status();
@@ -476,7 +481,7 @@ inline Expected<std::vector<std::pair<std::filesystem::path, std::uint64_t>>> no
   return out;
 }
 
-inline Expected<std::filesystem::path> nothrow::shard_of(const Checkpoint& ckpt, std::string_view name) {
+inline Expected<std::string> nothrow::shard_of(const Checkpoint& ckpt, std::string_view name) {
   auto c = detail::Access<Checkpoint>::checkpoint(ckpt);
   if (!c) return c.status();
   auto shard = detail::attempt([&](ffi::Status& st) { return (*c)->shard_of(detail::bytes(name), st); });

@@ -1,5 +1,6 @@
 // Remote files: which strings are URLs, and how they are read (docs/remote.md).
-// `SafeOpen::open_remote` (safe_open.hpp) opens them.
+// `SafeOpen::open_remote` (safe_open.hpp) and `Checkpoint::open_remote` (checkpoint.hpp) open
+// them; a program that calls either includes this header too (safetensors.hpp does).
 #pragma once
 
 #include "safetensors/abi.hpp"
@@ -9,6 +10,7 @@
 #include <string_view>
 
 #include "safetensors/detail/bridge.hpp"
+#include "safetensors/detail/remote_open.hpp"
 #include "safetensors/ffi/src/remote.rs.h"
 
 namespace safetensors {

@@ -6,22 +6,23 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <new>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "safetensors/detail/allocate.hpp"
 #include "safetensors/detail/bridge.hpp"
 #include "safetensors/detail/iteration.hpp"
 #include "safetensors/detail/open_file.hpp"
+#include "safetensors/detail/remote_open.hpp"
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
 #include "safetensors/options.hpp"
-#include "safetensors/remote.hpp"
+#include "safetensors/path.hpp"
 #include "safetensors/slice.hpp"
 #include "safetensors/tensor.hpp"
 
@@ -41,15 +42,17 @@ namespace nothrow {
 ///
 ///   auto opened = safetensors::nothrow::open("model.safetensors");
 ///   if (!opened) std::puts(opened.status().message().c_str());
-[[nodiscard]] Expected<SafeOpen> open(const std::filesystem::path& path, OpenOptions options = {});
+[[nodiscard]] Expected<SafeOpen> open(PathRef path, OpenOptions options = {});
 /// `SafeOpen::from_bytes` without exceptions.
 [[nodiscard]] Expected<SafeOpen> from_bytes(std::span<const std::byte> bytes,
                                             std::shared_ptr<const void> keep_alive = {},
                                             OpenOptions options = {}, std::string name = "<memory>");
-/// `SafeOpen::open_remote` without exceptions.
+/// `SafeOpen::open_remote` without exceptions (`RemoteOptions` and this function's use need
+/// safetensors/remote.hpp, as `SafeOpen::open_remote` says).
 ///
 ///   auto opened = safetensors::nothrow::open_remote("https://example.com/model.safetensors");
-[[nodiscard]] Expected<SafeOpen> open_remote(std::string_view url, const RemoteOptions& remote = {},
+template <class Remote = RemoteOptions>
+[[nodiscard]] Expected<SafeOpen> open_remote(std::string_view url, const Remote& remote = {},
                                              OpenOptions options = {});
 /// `SafeOpen::from_bytes_copy` without exceptions.
 [[nodiscard]] Expected<SafeOpen> from_bytes_copy(std::span<const std::byte> bytes, OpenOptions options = {},
@@ -101,7 +104,7 @@ Status get_tensor_as(const SafeOpen& file, std::string_view name, Dtype to, std:
 /// `nothrow::get_tensor`, ...); the methods here are those twins' `.value()`.
 class SafeOpen {
  public:
-  explicit SafeOpen(const std::filesystem::path& path, OpenOptions options = {})
+  explicit SafeOpen(PathRef path, OpenOptions options = {})
       : SafeOpen(nothrow::open(path, options).value()) {}
 
   /// A file already in memory (downloaded, embedded), validated exactly as a file on disk.
@@ -130,8 +133,14 @@ class SafeOpen {
   /// Errors (`Io` for everything the network or the server does) name the URL, never a
   /// credential. See docs/remote.md.
   ///
+  /// `RemoteOptions` is in safetensors/remote.hpp, which a program that opens remote files
+  /// includes (safetensors.hpp does): the reading headers leave it out, and with it <chrono>
+  /// (without it, a call here stops at "incomplete type RemoteOptions").
+  ///
+  ///   #include <safetensors/remote.hpp>
   ///   auto f = safetensors::SafeOpen::open_remote("s3://models/gpt2/model.safetensors");
-  [[nodiscard]] static SafeOpen open_remote(std::string_view url, const RemoteOptions& remote = {},
+  template <class Remote = RemoteOptions>
+  [[nodiscard]] static SafeOpen open_remote(std::string_view url, const Remote& remote = {},
                                             OpenOptions options = {}) {
     return nothrow::open_remote(url, remote, options).value();
   }
@@ -227,8 +236,9 @@ class SafeOpen {
     nothrow::read_data(*this, offset, dst).throw_if_error();
   }
 
-  /// The path this file was opened with.
-  [[nodiscard]] std::filesystem::path path() const { return handle().path; }
+  /// The path this file was opened with, as given (the URL for a remote file, the name given to
+  /// `from_bytes` for one in memory); `std::filesystem::path(f.path())` for a path object.
+  [[nodiscard]] std::string path() const { return handle().path; }
 
   [[nodiscard]] Backend backend() const { return static_cast<Backend>(file().backend()); }
 
@@ -284,19 +294,19 @@ struct Access<SafeOpen> {
     return FileCursor{**src};
   }
 
-  static Expected<SafeOpen> open(const std::filesystem::path& path, OpenOptions options) {
-    const auto& native = path.native();
+  static Expected<SafeOpen> open(PathRef path, OpenOptions options) {
+    const std::string_view native = path.native();
     auto file = adopt(attempt([&](ffi::Status& st) {
       return ffi::open_file(bytes(native), static_cast<ffi::Backend>(options.backend),
                             options.allow_trailing_bytes, static_cast<ffi::Populate>(options.populate),
                             options.huge_pages, st);
     }));
     if (!file) return file.status();
-    return SafeOpen(std::make_shared<const FileHandle>(FileHandle{std::move(*file), native}));
+    return SafeOpen(std::make_shared<const FileHandle>(FileHandle{std::move(*file), std::string(native)}));
   }
 
-  static Expected<SafeOpen> open_remote(std::string_view url, const RemoteOptions& remote,
-                                        OpenOptions options) {
+  template <class Remote>
+  static Expected<SafeOpen> open_remote(std::string_view url, const Remote& remote, OpenOptions options) {
     const ffi::RemoteOptions crossing = remote_options(remote);
     auto file = adopt(attempt([&](ffi::Status& st) {
       return ffi::open_remote(bytes(url), crossing, options.allow_trailing_bytes, st);
@@ -329,7 +339,7 @@ struct Access<SafeOpen> {
 };
 }  // namespace detail
 
-inline Expected<SafeOpen> nothrow::open(const std::filesystem::path& path, OpenOptions options) {
+inline Expected<SafeOpen> nothrow::open(PathRef path, OpenOptions options) {
   return detail::Access<SafeOpen>::open(path, options);
 }
 
@@ -339,8 +349,9 @@ inline Expected<SafeOpen> nothrow::from_bytes(std::span<const std::byte> bytes,
   return detail::Access<SafeOpen>::open_memory(bytes, std::move(keep_alive), options, std::move(name));
 }
 
-inline Expected<SafeOpen> nothrow::open_remote(std::string_view url, const RemoteOptions& remote,
-                                               OpenOptions options) {
+template <class Remote>
+Expected<SafeOpen> nothrow::open_remote(std::string_view url, const Remote& remote, OpenOptions options) {
+  static_assert(std::is_same_v<Remote, RemoteOptions>, "open_remote takes a safetensors::RemoteOptions");
   return detail::Access<SafeOpen>::open_remote(url, remote, options);
 }
 

@@ -14,6 +14,8 @@
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
 #include "safetensors/options.hpp"
+#include "safetensors/path.hpp"
+#include "safetensors/remote.hpp"
 #include "safetensors/safe_open.hpp"
 #include "safetensors/slice.hpp"
 #include "safetensors/streaming_writer.hpp"

@@ -347,7 +347,7 @@ TEST(Distributed, ShardedPythonCheckpointOverFourRanks) {
       wants.push_back({name, whole});  // layer norms: replicated
     }
   }
-  auto file_of = [&probe](const std::string& name) { return probe.shard_of(name).string(); };
+  auto file_of = [&probe](const std::string& name) { return probe.shard_of(name); };
   run_world(
       4, wants, [&] { return Checkpoint(index); }, file_of);
   run_world(

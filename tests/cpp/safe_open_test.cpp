@@ -195,6 +195,43 @@ INSTANTIATE_TEST_SUITE_P(Backends, SafeOpenTest, ::testing::ValuesIn(kBackends),
 // view as bytes past the mapping, nor as another file's bytes. Every way in (views, slices,
 // copies, conversions, iteration, loads, residency, hints, streams) is the file's first access
 // of tensor bytes, so each finds the truncation, as an `Io` error naming the file.
+// Every form a caller holds a path in opens the same file (PathRef), and the path comes back as
+// the characters given; a checkpoint takes the same forms and gives its shards back as strings.
+TEST(SafeOpen, EveryFormOfAPathOpensTheFileAndThePathComesBackAsGiven) {
+  test::TempDir dir;
+  const std::filesystem::path as_path = dir / "three.safetensors";
+  test::write_bytes(as_path, three_tensor_file());
+  const std::string as_string = as_path.string();
+  const std::string_view as_view = as_string;
+  const char* as_c = as_string.c_str();
+  for (const SafeOpen& f : {SafeOpen(as_path), SafeOpen(as_string), SafeOpen(as_view), SafeOpen(as_c),
+                            SafeOpen(dir / "three.safetensors"), SafeOpen(std::string(as_string))}) {
+    EXPECT_EQ(f.path(), as_string);
+    EXPECT_EQ(f.keys(), (std::vector<std::string>{"alpha", "mid", "zeta"}));
+  }
+  auto opened = safetensors::nothrow::open(as_path, OpenOptions{Backend::Read});
+  ASSERT_TRUE(opened.has_value());
+  EXPECT_EQ(opened->path(), as_string);
+  const safetensors::TensorView zeta = opened->get_tensor("zeta");
+  EXPECT_EQ(zeta.as<float>()[1], -2.0f);
+
+  // A path that names no file is an Io error naming it, whichever form it came in.
+  const std::filesystem::path absent = dir / "absent.safetensors";
+  for (auto status : {safetensors::nothrow::open(absent).status(),
+                      safetensors::nothrow::open(absent.string()).status(),
+                      safetensors::nothrow::open(absent.c_str()).status()}) {
+    EXPECT_EQ(status.kind(), ErrorKind::Io);
+    EXPECT_NE(status.message().find(absent.string()), std::string::npos) << status.message();
+  }
+  const char* null_path = nullptr;
+  EXPECT_EQ(safetensors::nothrow::open(null_path).status().kind(), ErrorKind::Io);
+
+  safetensors::Checkpoint ckpt(as_path);
+  EXPECT_EQ(ckpt.shard_paths(), (std::vector<std::string>{as_string}));
+  EXPECT_EQ(ckpt.shard_of("mid"), as_string);
+  EXPECT_EQ(safetensors::Checkpoint(as_view).shard_of("alpha"), as_string);
+}
+
 TEST(SafeOpen, AMappedFileTruncatedBeforeItsFirstReadIsAnIoErrorOnEveryWayIn) {
   test::TempDir dir;
   const auto path = dir / "three.safetensors";

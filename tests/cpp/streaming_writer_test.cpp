@@ -468,7 +468,7 @@ TEST(ShardedWriter, SplitsAsHuggingFaceHubAndReadsBackAsACheckpoint) {
     EXPECT_TRUE(std::equal(t.data.begin(), t.data.end(), m.data[k].begin(), m.data[k].end()))
         << m.specs[k].name;
   }
-  EXPECT_EQ(ckpt.shard_of("big").filename().string(), files.front().filename().string())
+  EXPECT_EQ(fs::path(ckpt.shard_of("big")).filename().string(), files.front().filename().string())
       << "a tensor over the maximum gets a shard of its own, in the place it comes";
 }
 

@@ -139,7 +139,7 @@ int run(const fs::path& dir) {
     std::size_t union_bytes = 0;
     for (std::size_t r = 0; r < world; ++r) {
       for (std::size_t i = 0; i < list.size(); ++i) {
-        auto id = ids.emplace(ckpt.shard_of(list[i].name).string(), ids.size()).first->second;
+        auto id = ids.emplace(ckpt.shard_of(list[i].name), ids.size()).first->second;
         auto& mask = needed[id];
         for (const auto& run : needs[r][i].runs()) {
           mask.resize(std::max(mask.size(), run.offset + run.length));
