@@ -88,7 +88,8 @@ inline std::vector<std::filesystem::path> copy(
       if (progress) progress(done, total);
     }
   }
-  auto files = out.files();
+  const auto published = out.files();
+  std::vector<std::filesystem::path> files(published.begin(), published.end());
   out.finish();
   return files;
 }

@@ -48,6 +48,7 @@
 #include "safetensors/cuda_options.hpp"
 #include "safetensors/detail/cuda.hpp"
 #include "safetensors/detail/overlap.hpp"
+#include "safetensors/path.hpp"
 #include "safetensors/request.hpp"
 #include "safetensors/streaming_writer.hpp"
 
@@ -90,11 +91,11 @@ Status write_tensors(const StreamingWriter& writer, std::span<const void* const>
 ///
 ///   auto saved = safetensors::nothrow::cuda::save("out.safetensors", tensors);
 ///   if (!saved.ok()) std::puts(saved.message().c_str());
-Status save(const std::filesystem::path& path, std::span<const safetensors::cuda::DeviceTensorView> tensors,
+Status save(PathRef path, std::span<const safetensors::cuda::DeviceTensorView> tensors,
             const Metadata& metadata = {}, SaveOptions options = {}, int device = 0,
             SaveStaging staging = {});
 /// `cuda::save(path, device_tensors, ...)` without exceptions.
-Status save(const std::filesystem::path& path, const DeviceTensors& tensors, const Metadata& metadata = {},
+Status save(PathRef path, const DeviceTensors& tensors, const Metadata& metadata = {},
             SaveOptions options = {}, SaveStaging staging = {});
 }  // namespace cuda
 }  // namespace nothrow
@@ -203,16 +204,15 @@ inline void write_tensors(const StreamingWriter& writer, std::span<const void* c
 ///
 ///   std::vector<safetensors::cuda::DeviceTensorView> t{{"w", safetensors::Dtype::F32, {n}, dev_ptr}};
 ///   safetensors::cuda::save("out.safetensors", t, {{"format", "pt"}});
-inline void save(const std::filesystem::path& path, std::span<const DeviceTensorView> tensors,
-                 const Metadata& metadata = {}, SaveOptions options = {}, int device = 0,
-                 SaveStaging staging = {}) {
+inline void save(PathRef path, std::span<const DeviceTensorView> tensors, const Metadata& metadata = {},
+                 SaveOptions options = {}, int device = 0, SaveStaging staging = {}) {
   nothrow::cuda::save(path, tensors, metadata, options, device, staging).throw_if_error();
 }
 
 /// Saves tensors uploaded into one allocation (`cuda::load`, `Uploader::load`), from their
 /// device, as `save(path, views, ...)` does.
-inline void save(const std::filesystem::path& path, const DeviceTensors& tensors,
-                 const Metadata& metadata = {}, SaveOptions options = {}, SaveStaging staging = {}) {
+inline void save(PathRef path, const DeviceTensors& tensors, const Metadata& metadata = {},
+                 SaveOptions options = {}, SaveStaging staging = {}) {
   nothrow::cuda::save(path, tensors, metadata, options, staging).throw_if_error();
 }
 
@@ -304,9 +304,8 @@ inline Status write_tensors(const StreamingWriter& writer, std::span<const void*
   });
 }
 
-inline Status save(const std::filesystem::path& path,
-                   std::span<const safetensors::cuda::DeviceTensorView> tensors, const Metadata& metadata,
-                   SaveOptions options, int device, SaveStaging staging) {
+inline Status save(PathRef path, std::span<const safetensors::cuda::DeviceTensorView> tensors,
+                   const Metadata& metadata, SaveOptions options, int device, SaveStaging staging) {
   std::vector<TensorSpec> specs;
   std::vector<const void*> data;
   specs.reserve(tensors.size());
@@ -320,8 +319,8 @@ inline Status save(const std::filesystem::path& path,
   return nothrow::finish(*writer);
 }
 
-inline Status save(const std::filesystem::path& path, const DeviceTensors& tensors, const Metadata& metadata,
-                   SaveOptions options, SaveStaging staging) {
+inline Status save(PathRef path, const DeviceTensors& tensors, const Metadata& metadata, SaveOptions options,
+                   SaveStaging staging) {
   const auto* base = static_cast<const std::byte*>(tensors.buffer().data());
   if (base == nullptr && !tensors.placements().empty()) {
     return Status(ErrorKind::Internal,

@@ -1,13 +1,13 @@
-// How the reading API takes a path: `PathRef`, which accepts a `std::filesystem::path` without
-// this header (or any reading header) including <filesystem>.
+// How the API takes a path: `PathRef`, which accepts a `std::filesystem::path` without this
+// header (or any public header) including <filesystem>.
 //
 // Why not `const std::filesystem::path&`: <filesystem> alone costs about 0.15 s of CPU in every
 // translation unit that includes it (g++ 12, -fsyntax-only; docs/benchmarks.md, "What the headers
 // cost"), a quarter of the reading include's budget, for a type the library only ever reads the
 // characters of. A program that has a `std::filesystem::path` has included <filesystem> already;
 // `PathRef` takes it through its `native()` string. Paths the library gives back (`SafeOpen::
-// path()`, `Checkpoint::shard_paths()`) are `std::string`s, the characters as opened:
-// `std::filesystem::path(f.path())` where a path object is wanted.
+// path()`, `Checkpoint::shard_paths()`, `StreamingWriter::files()`, ...) are `std::string`s, the
+// characters as opened: `std::filesystem::path(f.path())` where a path object is wanted.
 #pragma once
 
 #include "safetensors/abi.hpp"

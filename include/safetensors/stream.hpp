@@ -7,7 +7,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <filesystem>
 #include <iterator>
 #include <memory>
 #include <optional>
@@ -72,8 +71,8 @@ struct StreamItem {
   std::size_t shard = 0;
   /// Its position in that file, in offset (file) order.
   std::size_t index = 0;
-  /// Path of the file it came from.
-  std::filesystem::path path;
+  /// Path of the file it came from (a `std::string`, as `SafeOpen::path()`).
+  std::string path;
 };
 
 class TensorStream;

@@ -19,7 +19,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <filesystem>
 #include <memory>
 #include <span>
 #include <string>
@@ -32,6 +31,7 @@
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
 #include "safetensors/ffi/src/writer.rs.h"
+#include "safetensors/path.hpp"
 #include "safetensors/writer.hpp"
 
 namespace safetensors {
@@ -63,13 +63,12 @@ namespace nothrow {
 ///
 ///   auto out = safetensors::nothrow::make_streaming_writer("out.safetensors", specs);
 ///   if (!out) std::puts(out.status().message().c_str());
-[[nodiscard]] Expected<StreamingWriter> make_streaming_writer(const std::filesystem::path& path,
+[[nodiscard]] Expected<StreamingWriter> make_streaming_writer(PathRef path,
                                                               const std::vector<TensorSpec>& tensors,
                                                               const Metadata& metadata = {},
                                                               SaveOptions options = {});
 /// `ShardedWriter(dir, tensors, metadata, shards, options)` without exceptions.
-[[nodiscard]] Expected<ShardedWriter> make_sharded_writer(const std::filesystem::path& dir,
-                                                          const std::vector<TensorSpec>& tensors,
+[[nodiscard]] Expected<ShardedWriter> make_sharded_writer(PathRef dir, const std::vector<TensorSpec>& tensors,
                                                           const Metadata& metadata = {},
                                                           ShardOptions shards = {}, SaveOptions options = {});
 /// `StreamingWriter::write(name, bytes)` without exceptions.
@@ -81,15 +80,15 @@ Status write(const StreamingWriter& writer, std::string_view name, std::uint64_t
 Status finish(StreamingWriter& writer);
 /// `safetensors::save_sharded` without exceptions.
 template <NamedTensorRange R>
-Status save_sharded(const std::filesystem::path& dir, R&& tensors, const Metadata& metadata = {},
+Status save_sharded(PathRef dir, R&& tensors, const Metadata& metadata = {}, ShardOptions shards = {},
+                    SaveOptions options = {});
+Status save_sharded(PathRef dir, detail::TensorList tensors, const Metadata& metadata = {},
                     ShardOptions shards = {}, SaveOptions options = {});
-Status save_sharded(const std::filesystem::path& dir, detail::TensorList tensors,
-                    const Metadata& metadata = {}, ShardOptions shards = {}, SaveOptions options = {});
 }  // namespace nothrow
 
 namespace detail {
-Status save_sharded_list(const std::filesystem::path& dir, TensorList tensors, const Metadata& metadata,
-                         ShardOptions shards, SaveOptions options);
+Status save_sharded_list(PathRef dir, TensorList tensors, const Metadata& metadata, ShardOptions shards,
+                         SaveOptions options);
 }  // namespace detail
 
 /// A safetensors file written in pieces. Declare every tensor (in any order) and the metadata;
@@ -110,8 +109,8 @@ Status save_sharded_list(const std::filesystem::path& dir, TensorList tensors, c
 ///   out.finish();
 class StreamingWriter {
  public:
-  StreamingWriter(const std::filesystem::path& path, const std::vector<TensorSpec>& tensors,
-                  const Metadata& metadata = {}, SaveOptions options = {})
+  StreamingWriter(PathRef path, const std::vector<TensorSpec>& tensors, const Metadata& metadata = {},
+                  SaveOptions options = {})
       : StreamingWriter(nothrow::make_streaming_writer(path, tensors, metadata, options).value()) {}
   StreamingWriter(StreamingWriter&&) noexcept = default;
   StreamingWriter& operator=(StreamingWriter&&) noexcept = default;
@@ -134,14 +133,19 @@ class StreamingWriter {
   /// target (synced unless `SaveOptions::sync` is false), or the shards and the index.
   void finish() { nothrow::finish(*this).throw_if_error(); }
 
-  /// The files `finish` publishes: the target, or a checkpoint's shards then its index.
-  [[nodiscard]] std::vector<std::filesystem::path> files() const {
-    std::vector<std::filesystem::path> out;
+  /// The files `finish` publishes: the target, or a checkpoint's shards then its index, each
+  /// the directory as given joined with the file's name (`std::string`s; safetensors/path.hpp
+  /// says why).
+  [[nodiscard]] std::vector<std::string> files() const {
+    std::vector<std::string> out;
     if (!sharded_) {
       out.push_back(target_);
       return out;
     }
-    for (const auto& name : impl().files()) out.push_back(target_ / std::string(name.data(), name.size()));
+    const bool joined = target_.empty() || target_.back() == '/';
+    for (const auto& name : impl().files()) {
+      out.push_back((joined ? target_ : target_ + '/') + std::string(name.data(), name.size()));
+    }
     return out;
   }
   /// The bytes of every tensor together (an index's `total_size`).
@@ -150,7 +154,7 @@ class StreamingWriter {
  private:
   friend struct detail::Access<StreamingWriter>;
 
-  StreamingWriter(std::filesystem::path target, bool sharded, ::rust::Box<ffi::StreamingWriter> impl)
+  StreamingWriter(std::string target, bool sharded, ::rust::Box<ffi::StreamingWriter> impl)
       : target_(std::move(target)), sharded_(sharded), impl_(detail::share(std::move(impl))) {}
 
   [[nodiscard]] const ffi::StreamingWriter& impl() const {
@@ -158,7 +162,7 @@ class StreamingWriter {
     return *impl_;
   }
 
-  std::filesystem::path target_;
+  std::string target_;
   bool sharded_ = false;
   std::shared_ptr<const ffi::StreamingWriter> impl_;
 };
@@ -179,8 +183,8 @@ class StreamingWriter {
 ///   out.finish();   // ckpt/model-00001-of-0000N.safetensors..., ckpt/model.safetensors.index.json
 class ShardedWriter : public StreamingWriter {
  public:
-  ShardedWriter(const std::filesystem::path& dir, const std::vector<TensorSpec>& tensors,
-                const Metadata& metadata = {}, ShardOptions shards = {}, SaveOptions options = {})
+  ShardedWriter(PathRef dir, const std::vector<TensorSpec>& tensors, const Metadata& metadata = {},
+                ShardOptions shards = {}, SaveOptions options = {})
       : ShardedWriter(
             nothrow::make_sharded_writer(dir, tensors, metadata, std::move(shards), options).value()) {}
 
@@ -195,12 +199,12 @@ class ShardedWriter : public StreamingWriter {
 ///
 ///   safetensors::save_sharded("ckpt", tensors, {{"format", "pt"}}, {.max_shard_size = 2'000'000'000});
 template <NamedTensorRange R>
-void save_sharded(const std::filesystem::path& dir, R&& tensors, const Metadata& metadata = {},
-                  ShardOptions shards = {}, SaveOptions options = {}) {
+void save_sharded(PathRef dir, R&& tensors, const Metadata& metadata = {}, ShardOptions shards = {},
+                  SaveOptions options = {}) {
   nothrow::save_sharded(dir, std::forward<R>(tensors), metadata, std::move(shards), options).throw_if_error();
 }
-inline void save_sharded(const std::filesystem::path& dir, detail::TensorList tensors,
-                         const Metadata& metadata = {}, ShardOptions shards = {}, SaveOptions options = {}) {
+inline void save_sharded(PathRef dir, detail::TensorList tensors, const Metadata& metadata = {},
+                         ShardOptions shards = {}, SaveOptions options = {}) {
   detail::save_sharded_list(dir, tensors, metadata, std::move(shards), options).throw_if_error();
 }
 
@@ -215,9 +219,9 @@ struct Access<StreamingWriter> {
 
   /// Declares `tensors` and `metadata` in one call: names, keys, values and the prefix in one
   /// text buffer, the shapes in another.
-  static Expected<StreamingWriter> make(const std::filesystem::path& target,
-                                        const std::vector<TensorSpec>& tensors, const Metadata& metadata,
-                                        SaveOptions options, const ShardOptions* shards) {
+  static Expected<StreamingWriter> make(PathRef target, const std::vector<TensorSpec>& tensors,
+                                        const Metadata& metadata, SaveOptions options,
+                                        const ShardOptions* shards) {
     std::string text;
     std::vector<std::size_t> dims;
     std::vector<ffi::TensorDecl> decls;
@@ -251,7 +255,7 @@ struct Access<StreamingWriter> {
                                        st);
     }));
     if (!made) return made.status();
-    return StreamingWriter(target, shards != nullptr, std::move(*made));
+    return StreamingWriter(std::string(target.native()), shards != nullptr, std::move(*made));
   }
 
   static ShardedWriter sharded(StreamingWriter w) { return ShardedWriter(std::move(w)); }
@@ -272,14 +276,14 @@ struct Access<StreamingWriter> {
 };
 }  // namespace detail
 
-inline Expected<StreamingWriter> nothrow::make_streaming_writer(const std::filesystem::path& path,
+inline Expected<StreamingWriter> nothrow::make_streaming_writer(PathRef path,
                                                                 const std::vector<TensorSpec>& tensors,
                                                                 const Metadata& metadata,
                                                                 SaveOptions options) {
   return detail::Access<StreamingWriter>::make(path, tensors, metadata, options, nullptr);
 }
 
-inline Expected<ShardedWriter> nothrow::make_sharded_writer(const std::filesystem::path& dir,
+inline Expected<ShardedWriter> nothrow::make_sharded_writer(PathRef dir,
                                                             const std::vector<TensorSpec>& tensors,
                                                             const Metadata& metadata, ShardOptions shards,
                                                             SaveOptions options) {
@@ -305,8 +309,8 @@ inline Status nothrow::finish(StreamingWriter& writer) {
 namespace detail {
 /// One tensor of `save_sharded` listed: its declaration and its bytes.
 template <class Tensor>
-Status list_tensor(const std::filesystem::path& dir, std::string_view name, const Tensor& t,
-                   std::vector<TensorSpec>& specs, std::vector<std::span<const std::byte>>& data) {
+Status list_tensor(PathRef dir, std::string_view name, const Tensor& t, std::vector<TensorSpec>& specs,
+                   std::vector<std::span<const std::byte>>& data) {
   TensorSpec spec{std::string(name), Dtype{t.dtype}, {}};
   if (auto st = dims_of(dir.native(), name, t, spec.shape); !st.ok()) return st;
   specs.push_back(std::move(spec));
@@ -315,7 +319,7 @@ Status list_tensor(const std::filesystem::path& dir, std::string_view name, cons
 }
 
 /// `save_sharded` once its tensors are listed: the writer, each tensor's bytes, the finish.
-inline Status save_listed(const std::filesystem::path& dir, const std::vector<TensorSpec>& specs,
+inline Status save_listed(PathRef dir, const std::vector<TensorSpec>& specs,
                           const std::vector<std::span<const std::byte>>& data, const Metadata& metadata,
                           ShardOptions shards, SaveOptions options) {
   auto writer = nothrow::make_sharded_writer(dir, specs, metadata, std::move(shards), options);
@@ -328,8 +332,8 @@ inline Status save_listed(const std::filesystem::path& dir, const std::vector<Te
 
 /// `nothrow::save_sharded` of a braced list, without the range templates (see `make_list_writer`
 /// in writer.hpp for why).
-inline Status save_sharded_list(const std::filesystem::path& dir, TensorList tensors,
-                                const Metadata& metadata, ShardOptions shards, SaveOptions options) {
+inline Status save_sharded_list(PathRef dir, TensorList tensors, const Metadata& metadata,
+                                ShardOptions shards, SaveOptions options) {
   std::vector<TensorSpec> specs;
   std::vector<std::span<const std::byte>> data;
   for (const auto& entry : tensors) {
@@ -340,8 +344,8 @@ inline Status save_sharded_list(const std::filesystem::path& dir, TensorList ten
 }  // namespace detail
 
 template <NamedTensorRange R>
-Status nothrow::save_sharded(const std::filesystem::path& dir, R&& tensors, const Metadata& metadata,
-                             ShardOptions shards, SaveOptions options) {
+Status nothrow::save_sharded(PathRef dir, R&& tensors, const Metadata& metadata, ShardOptions shards,
+                             SaveOptions options) {
   // One pass over the range: each tensor's declaration, and its bytes kept alive until written.
   detail::KeptTensors<R> kept;
   std::vector<TensorSpec> specs;
@@ -353,8 +357,8 @@ Status nothrow::save_sharded(const std::filesystem::path& dir, R&& tensors, cons
   return detail::save_listed(dir, specs, data, metadata, std::move(shards), options);
 }
 
-inline Status nothrow::save_sharded(const std::filesystem::path& dir, detail::TensorList tensors,
-                                    const Metadata& metadata, ShardOptions shards, SaveOptions options) {
+inline Status nothrow::save_sharded(PathRef dir, detail::TensorList tensors, const Metadata& metadata,
+                                    ShardOptions shards, SaveOptions options) {
   return detail::save_sharded_list(dir, tensors, metadata, std::move(shards), options);
 }
 

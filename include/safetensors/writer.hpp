@@ -6,7 +6,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <filesystem>
 #include <initializer_list>
 #include <limits>
 #include <map>
@@ -25,6 +24,7 @@
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
 #include "safetensors/ffi/src/writer.rs.h"
+#include "safetensors/path.hpp"
 #include "safetensors/tensor.hpp"
 
 namespace safetensors {
@@ -232,7 +232,7 @@ inline Expected<std::vector<std::byte>> serialized(ffi::Writer& writer, SaveOpti
 }
 
 /// A fed writer's file written to `path`.
-inline Status write_file(ffi::Writer& writer, const std::filesystem::path& path, SaveOptions options) {
+inline Status write_file(ffi::Writer& writer, PathRef path, SaveOptions options) {
   return attempt(
       [&](ffi::Status& st) { writer.write_file(bytes(path.native()), options.sync, options.alignment, st); });
 }
@@ -246,8 +246,7 @@ inline Expected<std::vector<std::byte>> serialize_list(TensorList tensors, const
 }
 
 /// `nothrow::save_file` of a braced list.
-inline Status save_list(const std::filesystem::path& path, TensorList tensors, const Metadata& metadata,
-                        SaveOptions options) {
+inline Status save_list(PathRef path, TensorList tensors, const Metadata& metadata, SaveOptions options) {
   auto writer = make_list_writer(path.native(), tensors, metadata, options.empty_metadata);
   if (!writer) return writer.status();
   return write_file(**writer, path, options);
@@ -277,16 +276,15 @@ template <NamedTensorRange R>
 ///   auto saved = safetensors::nothrow::save_file("out.safetensors", {{"w", view}});
 ///   if (!saved.ok()) std::puts(saved.message().c_str());
 template <NamedTensorRange R>
-Status save_file(const std::filesystem::path& path, R&& tensors, const Metadata& metadata = {},
-                 SaveOptions options = {}) {
+Status save_file(PathRef path, R&& tensors, const Metadata& metadata = {}, SaveOptions options = {}) {
   detail::KeptTensors<R> kept;
   auto writer =
       detail::make_writer(path.native(), std::forward<R>(tensors), metadata, options.empty_metadata, kept);
   if (!writer) return writer.status();
   return detail::write_file(**writer, path, options);
 }
-inline Status save_file(const std::filesystem::path& path, detail::TensorList tensors,
-                        const Metadata& metadata = {}, SaveOptions options = {}) {
+inline Status save_file(PathRef path, detail::TensorList tensors, const Metadata& metadata = {},
+                        SaveOptions options = {}) {
   return detail::save_list(path, tensors, metadata, options);
 }
 
@@ -318,12 +316,11 @@ template <NamedTensorRange R>
 ///
 ///   safetensors::save_file("out.safetensors", std::map<std::string, TensorView>{{"w", view}});
 template <NamedTensorRange R>
-void save_file(const std::filesystem::path& path, R&& tensors, const Metadata& metadata = {},
-               SaveOptions options = {}) {
+void save_file(PathRef path, R&& tensors, const Metadata& metadata = {}, SaveOptions options = {}) {
   nothrow::save_file(path, std::forward<R>(tensors), metadata, options).throw_if_error();
 }
-inline void save_file(const std::filesystem::path& path, detail::TensorList tensors,
-                      const Metadata& metadata = {}, SaveOptions options = {}) {
+inline void save_file(PathRef path, detail::TensorList tensors, const Metadata& metadata = {},
+                      SaveOptions options = {}) {
   detail::save_list(path, tensors, metadata, options).throw_if_error();
 }
 
