@@ -436,6 +436,28 @@ TEST(StreamingWriter, AlignedFilesStartTheirDataOnTheBoundaryAndReadBackEverywhe
             fs::file_size(dir / "a4096.safetensors"));
 }
 
+// files() joins the directory as given with each file's name: one separator whether or not the
+// directory ends in one, and the names are the ones finish() publishes.
+TEST(ShardedWriter, FilesJoinTheDirectoryAsGivenWithOneSeparator) {
+  test::TempDir dir;
+  Model m;
+  const std::string plain = dir.path().string();
+  for (const std::string& given : {plain, plain + "/"}) {
+    ShardedWriter out(given, m.specs, kMeta, {.max_shard_size = 2000});
+    const auto files = out.files();
+    ASSERT_GE(files.size(), 3u);
+    EXPECT_EQ(files.back(), plain + "/model.safetensors.index.json") << given;
+    for (const auto& f : files) {
+      EXPECT_EQ(f.rfind(plain + "/", 0), 0u) << f;
+      EXPECT_EQ(f.find("//"), std::string::npos) << f;
+      EXPECT_EQ(f.find('/', plain.size() + 1), std::string::npos) << f;
+    }
+    for (std::size_t k = 0; k < m.specs.size(); ++k) out.write(m.specs[k].name, m.data[k]);
+    out.finish();
+    for (const auto& f : files) EXPECT_TRUE(fs::exists(f)) << f;
+  }
+}
+
 TEST(ShardedWriter, SplitsAsHuggingFaceHubAndReadsBackAsACheckpoint) {
   test::TempDir dir;
   Model m;
