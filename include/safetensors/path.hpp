@@ -31,11 +31,12 @@ class PathRef {
   PathRef(const char* path) noexcept : text_(path != nullptr ? std::string_view(path) : std::string_view()) {}
   PathRef(const std::string& path) noexcept : text_(path) {}
   PathRef(std::string_view path) noexcept : text_(path) {}
-  /// A `std::filesystem::path`, or any type whose `native()` gives the path's characters as a
-  /// `std::string` (as a POSIX `std::filesystem::path` does).
+  /// A `std::filesystem::path`, or any type whose `native()` gives a reference to the path's
+  /// characters as a `std::string` (as a POSIX `std::filesystem::path` does). A `native()` that
+  /// returns a string by value is refused: the view would outlive it.
   template <class P>
   requires requires(const P& p) {
-    { p.native() } -> std::convertible_to<const std::string&>;
+    { p.native() } -> std::same_as<const std::string&>;
   }
   PathRef(const P& path) noexcept(noexcept(path.native())) : text_(path.native()) {}
 

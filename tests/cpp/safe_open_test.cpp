@@ -12,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <thread>
+#include <type_traits>
 
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -195,6 +196,23 @@ INSTANTIATE_TEST_SUITE_P(Backends, SafeOpenTest, ::testing::ValuesIn(kBackends),
 // view as bytes past the mapping, nor as another file's bytes. Every way in (views, slices,
 // copies, conversions, iteration, loads, residency, hints, streams) is the file's first access
 // of tensor bytes, so each finds the truncation, as an `Io` error naming the file.
+// What PathRef takes: every form a path comes in, by reference to its characters; never a type
+// whose native() hands back a temporary string (the view would dangle), nor a non-path.
+struct PathByValue {
+  std::string native() const { return "model.safetensors"; }
+};
+struct PathByReference {
+  std::string text;
+  const std::string& native() const { return text; }
+};
+static_assert(std::is_convertible_v<std::filesystem::path, safetensors::PathRef>);
+static_assert(std::is_convertible_v<PathByReference, safetensors::PathRef>);
+static_assert(!std::is_convertible_v<PathByValue, safetensors::PathRef>);
+static_assert(std::is_convertible_v<const char*, safetensors::PathRef>);
+static_assert(std::is_convertible_v<std::string, safetensors::PathRef>);
+static_assert(std::is_convertible_v<std::string_view, safetensors::PathRef>);
+static_assert(!std::is_convertible_v<int, safetensors::PathRef>);
+
 // Every form a caller holds a path in opens the same file (PathRef), and the path comes back as
 // the characters given; a checkpoint takes the same forms and gives its shards back as strings.
 TEST(SafeOpen, EveryFormOfAPathOpensTheFileAndThePathComesBackAsGiven) {
@@ -217,9 +235,9 @@ TEST(SafeOpen, EveryFormOfAPathOpensTheFileAndThePathComesBackAsGiven) {
 
   // A path that names no file is an Io error naming it, whichever form it came in.
   const std::filesystem::path absent = dir / "absent.safetensors";
-  for (auto status : {safetensors::nothrow::open(absent).status(),
-                      safetensors::nothrow::open(absent.string()).status(),
-                      safetensors::nothrow::open(absent.c_str()).status()}) {
+  for (auto status :
+       {safetensors::nothrow::open(absent).status(), safetensors::nothrow::open(absent.string()).status(),
+        safetensors::nothrow::open(absent.c_str()).status()}) {
     EXPECT_EQ(status.kind(), ErrorKind::Io);
     EXPECT_NE(status.message().find(absent.string()), std::string::npos) << status.message();
   }
