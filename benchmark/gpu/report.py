@@ -402,12 +402,27 @@ def markdown(runs, gl):
         if it:
             lines += ["", "Time per iteration over 1, 10 and 100 iterations, the first included (the seed README's "
                       "table; each count a fresh process):", "", it]
+    for s in runs.ran("cpu"):
+        if s["data"].get("table"):
+            lines += ["", "**The CPU goals on this machine's CPU** (the cpu step: bench_cpp and bench.py, interleaved "
+                      "rounds; conversions and load_copy on one core in raw.tar.gz, cpu/raw):", ""] + s["data"]["table"]
     lines += ["", checks_section(runs), "**Steps**:", "", "| step | outcome | seconds |", "|---|---|---|"]
     for r in runs.results:
         for s in r.get("steps", []):
             lines.append(f"| {s['name']} | {s['status']}" + (f": {s['why']}" if s.get("why") else "") +
                          f" | {s['seconds']} |")
     return "\n".join(lines) + "\n"
+
+
+def cpu_goal_lines(runs):
+    """One line per goal of the cpu step's table (file, work, the goal's cell), for the summary."""
+    out = []
+    for s in runs.ran("cpu"):
+        for row in s["data"].get("table", []):
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            if len(cells) == 8 and "≥" in cells[7]:
+                out.append(f"  {cells[0]} {cells[1]}: {cells[7]}"[:230])
+    return out
 
 
 def summary(runs, gl, out_dir):
@@ -420,6 +435,9 @@ def summary(runs, gl, out_dir):
     lines.append("Goals:")
     for g in gl:
         lines.append(f"  {mark[g['status']]}{g['goal']}" + (f" — {g['file']}" if g["file"] else "") + f": {g['detail']}"[:230])
+    cpu = cpu_goal_lines(runs)
+    if cpu:
+        lines += ["", "CPU goals on this machine's CPU (the cpu step; its table: raw.tar.gz, cpu/results.md):"] + cpu
     lines += ["", "Steps:"]
     for i, r in enumerate(runs.results):
         if len(runs.results) > 1:

@@ -4,7 +4,8 @@ a machine with an NVIDIA GPU, from a kit that `benchmark/gpu-kit build DIR` made
 file is DIR/scripts/run.py; DIR/run starts it).
 
     DIR/run [--out DIR] [--work DIR] [--large] [--files NAMES] [--steps NAMES] [--skip NAMES]
-            [--budget SECONDS] [--runs N] [--iterations 1,10,100] [--emulated-driver DIR] [--cold]
+            [--budget SECONDS] [--runs N] [--iterations 1,10,100] [--cpu-rounds N]
+            [--emulated-driver DIR] [--cold]
 
 Steps, in this order (each either runs or says why not, and the rest go on):
   environment  the device, driver, CUDA, Python and package versions, the work folder's disk
@@ -25,6 +26,11 @@ Steps, in this order (each either runs or says why not, and the rest go on):
   bench_cold   the same as bench_warm with the page cache dropped before every run, beside the
                disk's own rate (needs root)
   peers_cold, python_cold   the same, cold
+  cpu          the CPU goals on this machine's CPU, a second CPU model beside the one CI builds on:
+               bench_cpp and bench.py in --cpu-rounds (default 3) interleaved rounds on gpt2 and
+               the 20,000-tensor file (open, load, load_copy, slice, and syoyo/safetensors-cpp
+               when bench_cpp was built with it), both programs' conversions, load_copy on one
+               core, and benchmark/report.py's table with the goals (WORK/cpu, packed in raw.tar.gz)
   sanitizer    compute-sanitizer memcheck, racecheck and synccheck over the GPU tests (at most
                240 s in a full run: what does not fit says so; --steps sanitizer runs it alone)
   iterations   the seed README's table: time per iteration over 1, 10 and 100 iterations
@@ -94,6 +100,8 @@ def pack_raw(run):
     with tarfile.open(path, "w:gz") as t:
         for f in sorted(glob.glob(os.path.join(run.a.work, "*.json")) + glob.glob(os.path.join(run.a.work, "tests", "*.json"))):
             t.add(f, arcname=os.path.relpath(f, run.a.work))
+        if os.path.isdir(os.path.join(run.a.work, "cpu")):
+            t.add(os.path.join(run.a.work, "cpu"), arcname="cpu")
         t.add(run.logs, arcname="logs")
 
 
@@ -109,6 +117,7 @@ def parse(argv):
     ap.add_argument("--budget", type=float, default=560)
     ap.add_argument("--runs", type=int)
     ap.add_argument("--iterations", default="1,10,100", help="the iterations step's counts (default 1,10,100)")
+    ap.add_argument("--cpu-rounds", type=int, default=3, help="the cpu step's interleaved rounds (default 3)")
     ap.add_argument("--emulated-driver", help="a folder holding the emulated libcuda.so.1 (the kit's own test)")
     ap.add_argument("--cold", action="store_true", help="with --emulated-driver: run the cold steps too")
     a = ap.parse_args(argv)
@@ -133,6 +142,8 @@ def parse(argv):
         a.leave.add("sanitizer")
     if not 30 <= a.budget <= 86400:
         ap.error("--budget takes 30 to 86400 seconds")
+    if not 1 <= a.cpu_rounds <= 20:
+        ap.error("--cpu-rounds takes 1 to 20")
     if a.runs is not None and not 1 <= a.runs <= 1000:
         ap.error("--runs takes 1 to 1000")
     if a.emulated_driver and not os.path.exists(os.path.join(a.emulated_driver, "libcuda.so.1")):

@@ -5,14 +5,16 @@ import glob
 import json
 import os
 import platform
+import re
+import shutil
 import time
 import zipfile
 
-from runner import HERE, KIT, bin_path, can_drop_caches, command, read_json, remaining, tail, tool
+from runner import FILE_NAMES, HERE, KIT, bin_path, can_drop_caches, command, read_json, remaining, tail, tool
 
 # In the order they run: correctness first, then the measurements, the slow and optional last.
 STEPS = ["environment", "files", "fixtures", "tests", "interop", "host_memory", "bench_warm", "peers_warm",
-         "python_warm", "bench_cold", "peers_cold", "python_cold", "sanitizer", "iterations", "report"]
+         "python_warm", "bench_cold", "peers_cold", "python_cold", "cpu", "sanitizer", "iterations", "report"]
 # Every program tests/CMakeLists.txt declares with safetensors_gpu_test (the kit's test checks
 # that the two lists agree, and that benchmark/gpu-kit packs each).
 TEST_PROGRAMS = ["cuda_test", "cuda_upload_test", "cuda_stream_test", "cuda_save_test", "distributed_cuda_test",
@@ -32,6 +34,10 @@ def step_environment(run, limit):
     try:
         with open("/proc/cpuinfo") as f:
             d["cpu"] = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+        with open("/proc/cpuinfo") as f:  # what the conversions choose between at run time
+            flags = next(l.split(":", 1)[1].split() for l in f if l.startswith("flags"))
+        d["cpu_flags"] = " ".join(f for f in flags if f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+                                                             "avx512_bf16", "avx512_fp16", "amx_tile")) or "none of note"
         with open("/proc/meminfo") as f:
             d["memory_gib"] = round(next(int(l.split()[1]) for l in f if l.startswith("MemTotal")) / 2**20, 1)
     except (OSError, StopIteration):
@@ -104,7 +110,7 @@ def step_environment(run, limit):
     wheel_python = run.manifest.get("wheels_python")
     if wheel_python and platform.python_version().rsplit(".", 1)[0] != wheel_python:
         d["wheels_note"] = f"the kit's wheels are for Python {wheel_python}; this is {platform.python_version()}"
-    for k in ("gpus", "numa", "nvidia_smi_header", "cuda_driver_api", "torch", "torch_cuda", "torch_device", "cupy", "nvcc",
+    for k in ("cpu", "cpu_flags", "gpus", "numa", "nvidia_smi_header", "cuda_driver_api", "torch", "torch_cuda", "torch_device", "cupy", "nvcc",
               "compute-sanitizer", "python", "work_disk", "drop_caches", "driver_under_test", "wheels_note"):
         if k in d:
             run.say(f"    {k}: {d[k]}")
@@ -452,6 +458,90 @@ def step_iterations(run, limit):
     return "ran", ("not measured: " + ", ".join(skipped)) if skipped else None, data
 
 
+# The cpu step's work: what benchmark/run measures (open, every byte through the mapping, owned
+# copies, slices; syoyo/safetensors-cpp where bench_cpp was built with it) and the conversions,
+# both programs. Not save: it measures the work folder's disk, not the CPU.
+CPU_CPP_ITEMS = "open,load,load_copy,slice,peer"
+CPU_PY_ITEMS = "open,load,load_copy,slice"
+CPU_FILES = ["gpt2", "20k"]
+
+
+def step_cpu(run, limit):
+    """The CPU goals on this machine's CPU (the machine that lends a GPU is a second CPU model):
+    bench_cpp and bench.py in --cpu-rounds interleaved rounds on gpt2 and the 20,000-tensor file,
+    then the conversions of both programs, then load_copy on one core, then benchmark/report.py's
+    table. Everything lands in WORK/cpu (raw JSON under WORK/cpu/raw), which raw.tar.gz carries
+    (the device tool brings back few files); the table and the goals' verdicts are also in the
+    step's data. A round whose estimate does not fit in the time left is not started, saying so."""
+    out_dir = os.path.join(run.a.work, "cpu")
+    raw = os.path.join(out_dir, "raw")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(raw)
+    step_end = time.time() + limit
+    files_dir = os.path.join(run.a.work, "files")
+    paths = [os.path.join(files_dir, FILE_NAMES[n]) for n in CPU_FILES]
+    missing = [n for n, p in zip(CPU_FILES, paths) if not os.path.isfile(p)]
+    if missing:
+        rc, out = command(run, "cpu", [bin_path("make_bench_files"), files_dir] + missing, remaining(run, step_end))
+        if rc != 0:
+            return "failed", f"make_bench_files {' '.join(missing)}: exit code {rc}: {tail(out)}", {}
+    runs = ["--runs", str(run.a.runs)] if run.a.runs else []
+    has_py = os.path.exists(os.path.join(HERE, "bench.py"))
+    plan = []  # (name, command): one round is bench_cpp, bench.py, then both conversions
+    for r in range(1, run.a.cpu_rounds + 1):
+        plan.append((f"round{r}-cpp", [bin_path("bench_cpp"), "--items", CPU_CPP_ITEMS] + runs))
+        if has_py:
+            plan.append((f"round{r}-py", [run.python, os.path.join(HERE, "bench.py"), "--items", CPU_PY_ITEMS] + runs))
+        plan.append((f"convert{r}-cpp", [bin_path("bench_cpp"), "--items", "convert"] + (runs or ["--runs", "5"])))
+        if has_py:
+            plan.append((f"convert{r}-py", [run.python, os.path.join(HERE, "bench.py"), "--items", "convert"] +
+                         (runs or ["--runs", "5"])))
+    taskset = tool("taskset")
+    if taskset:
+        plan.append(("load_copy-one-core", [taskset, "-c", "0", bin_path("bench_cpp"), "--items", "load_copy",
+                                            "--runs", str(run.a.runs or 9)]))
+    data, skipped, took = {}, [], {}
+    for name, cmd in plan:
+        kind = re.sub(r"\d+", "", name)
+        left = remaining(run, step_end)
+        estimate = took.get(kind, 0) * 1.3 + 3
+        if estimate > left:
+            skipped.append(f"{name} (about {estimate:.0f} s, {left:.0f} s left)")
+            continue
+        out_json = os.path.join(raw, name + ".json")
+        t0 = time.time()
+        # The conversions' buffers are their own (the file only names the run); load_copy on one
+        # core is gpt2's goal.
+        target = paths if name.startswith("round") else paths[:1]
+        rc, out = command(run, "cpu", cmd + ["--json", out_json] + target, left, echo=True)
+        took[kind] = time.time() - t0
+        if rc != 0 or not read_json(out_json):
+            why = "timed out" if rc is None else f"exit code {rc}: {tail(out, 2)}"
+            if rc == 1 and "needs safetensors" in out:
+                why = tail(out, 1)
+            skipped.append(f"{name}: {why}")
+            continue
+        data[name] = read_json(out_json)
+    rounds = sorted(glob.glob(os.path.join(raw, "round*.json")))
+    report = os.path.join(HERE, "load_report.py")
+    result = {"measured": sorted(data), "out": out_dir}
+    if rounds and os.path.exists(report):
+        rc, out = command(run, "cpu", [run.python, report, "--out", out_dir] + rounds, max(remaining(run, step_end), 20))
+        if rc != 0:
+            skipped.append(f"load_report.py: exit code {rc}: {tail(out, 2)}")
+        else:
+            result["table"] = [l for l in out.splitlines() if l.startswith("|")]
+            result["goals_missed"] = [l for l in out.splitlines() if l.startswith("goal ")]
+            for line in result["table"]:
+                if "goal" not in line and "≥" in line:
+                    run.say("    " + line)
+            for line in result["goals_missed"]:
+                run.say("    " + line)
+    if not data:
+        return "skipped", "nothing measured: " + "; ".join(skipped[:3]), result
+    return "ran", ("not measured: " + "; ".join(skipped)) if skipped else None, result
+
+
 def step_report(run, limit):
     run.save()
     rc, out = command(run, "report", [run.python, os.path.join(HERE, "report.py"), "--out", run.a.out,
@@ -476,6 +566,7 @@ STEP_FUNCTIONS = {
     "bench_cold": (step_bench, 300),
     "peers_cold": (step_peers, 240),
     "python_cold": (step_python, 240),
+    "cpu": (step_cpu, 300),
     "sanitizer": (step_sanitizer, 240),
     "iterations": (step_iterations, 600),
 }

@@ -59,7 +59,7 @@ def main(argv):
     if not check(p.returncode == 0, f"gpu-kit build: exit code {p.returncode}"):
         return finish()
     for f in ("run", "MANIFEST.json", "bin/cuda_test", "bin/bench_cpp", "bin/make_bench_files", "bin/gpu_host_memory",
-              "lib/libruntime_interop.so", "scripts/run.py", "scripts/report.py", "scripts/peers.py",
+              "lib/libruntime_interop.so", "scripts/run.py", "scripts/report.py", "scripts/load_report.py", "scripts/peers.py",
               "scripts/bench.py", "scripts/runtime_interop.py", "scripts/interop.py"):
         check(os.path.exists(os.path.join(kit, f)), f"the kit has no {f}")
     # Every GPU test program CMake declares runs in the kit (a program left out runs on no GPU).
@@ -84,7 +84,7 @@ def main(argv):
     bad = run([os.path.join(kit, "run"), "--steps", "nonsense"], env=env)
     check(bad.returncode == 2 and "unknown step" in bad.stderr, f"a bad step name: exit code {bad.returncode}")
 
-    cmd = [os.path.join(kit, "run"), "--emulated-driver", a.emulated_driver, "--files", "20k", "--runs", "2", "--iterations", "1,10",
+    cmd = [os.path.join(kit, "run"), "--emulated-driver", a.emulated_driver, "--files", "20k", "--runs", "2", "--iterations", "1,10", "--cpu-rounds", "1",
            "--out", out, "--work", work, "--budget", "800"] + (["--cold"] if cold else [])
     p = run(cmd, env=env)
     check(p.returncode == 0, f"the kit's run: exit code {p.returncode}")
@@ -98,7 +98,7 @@ def main(argv):
 
     names = [s["name"] for s in results["steps"]]
     check(names == ["environment", "files", "fixtures", "tests", "interop", "host_memory", "bench_warm", "peers_warm",
-                    "python_warm", "bench_cold", "peers_cold", "python_cold", "sanitizer", "iterations", "report"],
+                    "python_warm", "bench_cold", "peers_cold", "python_cold", "cpu", "sanitizer", "iterations", "report"],
           f"steps in order: {names}")
     for s in results["steps"]:
         check(s["status"] in STATUSES, f"{s['name']}: unknown status {s['status']}")
@@ -141,6 +141,17 @@ def main(argv):
         else:
             ok = s["status"] == "ran" or (name == "python_cold" and s["status"] == "skipped" and "torch" in why)
         check(ok, f"{name} (CI={os.environ.get('CI')}, may drop the page cache: {can_drop}): {s['status']} ({why})")
+    # The CPU goals on this machine's CPU: both files, the conversions, the table with its goals.
+    cpu = step(results, "cpu")
+    measured = cpu.get("data", {}).get("measured", [])
+    check(cpu["status"] == "ran" and {"round1-cpp", "convert1-cpp"} <= set(measured), f"the cpu step: {cpu}")
+    cpu_md = os.path.join(work, "cpu", "results.md")
+    table = open(cpu_md).read() if os.path.exists(cpu_md) else ""
+    check("| gpt2.safetensors | open |" in table and "| 20k.safetensors | load_copy |" in table,
+          f"the cpu step's table ({cpu_md}) has gpt2's and the 20k file's rows")
+    check(os.path.exists(os.path.join(work, "cpu", "raw", "round1-cpp.json")), "the cpu step keeps its raw JSON")
+    check(any("| gpt2.safetensors | open |" in l for l in cpu.get("data", {}).get("table", [])),
+          "results.json carries the cpu step's table")
     iters = step(results, "iterations")["data"]
     for n in (1, 10):
         entry = iters.get(f"20k.safetensors bench_cpp {n}", {})
