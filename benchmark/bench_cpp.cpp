@@ -1060,7 +1060,7 @@ int main(int argc, char** argv) {
     json << "]";
     if (opt.items.count("convert")) {
       int runs = opt.runs ? opt.runs : 3;
-      std::printf("convert (64 Mi elements, %d runs, single thread)\n", runs);
+      std::printf("convert (64 Mi elements, %d runs, as the library runs it, and on one core)\n", runs);
       json << ",\"convert\":" << bench_convert::run(std::size_t{64} << 20, runs);
     }
     json << "}";

@@ -1199,7 +1199,7 @@ pub fn read_many(reads: &mut [(&SafeFile, u64, &mut [u8])]) -> Result<()> {
     })
 }
 
-mod parallel;
+pub(crate) mod parallel;
 mod raw_map;
 #[cfg(test)]
 mod tests;

@@ -1,4 +1,4 @@
-//! Outputs larger than the last-level cache: converted a few thousand elements at a time into a
+//! Outputs larger than a quarter of the last-level cache: converted a few thousand elements at a time into a
 //! small buffer that stays in the first-level cache, then written out with streaming
 //! (non-temporal) stores. A plain store first reads the destination's cache line from memory
 //! (to merge into it) and later writes it back, so a conversion into memory the cache cannot
@@ -28,12 +28,12 @@ pub(crate) enum Store {
 }
 
 impl Store {
-    /// The way to store an output of `len` bytes on this CPU: streaming past the last-level
-    /// cache, where the output cannot stay cached for its reader anyway.
+    /// The way to store an output of `len` bytes on this CPU: streaming from a quarter of the
+    /// last-level cache on ([`STREAM_FROM`]).
     #[inline]
     pub(crate) fn detect(len: usize) -> Self {
         #[cfg(target_arch = "x86_64")]
-        if len > last_level_cache() {
+        if len > last_level_cache() / STREAM_FROM {
             #[cfg(avx512_intrinsics)]
             if is_x86_feature_detected!("avx512f") {
                 return Store::Avx512Stream;
@@ -65,10 +65,21 @@ impl Store {
     }
 }
 
+/// Outputs larger than the last-level cache divided by this stream. A last-level cache is shared
+/// by every core of its socket (or core complex), and on a virtual machine by other tenants, so
+/// an output that fits in it has no claim to stay there: on a virtual 16-core Intel Xeon
+/// (model 207, one socket's 300 MiB L3 shared by all its cores) a 256 MiB U8 -> F32 conversion
+/// stored plainly took 37-40 ms, streamed 16-18 ms (memcpy 25-29 ms), and BF16 37-42 against
+/// 22-26 ms. A quarter is glibc's own threshold for non-temporal stores in `memcpy` since 2.38
+/// ("roughly sizeof_L3 / 4", libc-alpha, May 2023), which is why its copies of such outputs
+/// already streamed there.
+#[cfg(target_arch = "x86_64")]
+const STREAM_FROM: usize = 4;
+
 /// Bytes of the last-level cache one core uses: the kernel's own description of cpu0's caches
 /// (`/sys/devices/system/cpu/cpu0/cache/index*/`: the highest-level data or unified cache, one
-/// instance), else what glibc answers from CPUID, else 32 MiB (a common size today), so that only
-/// outputs larger than that stream. The kernel's figure comes first: on an AMD EPYC virtual
+/// instance), else what glibc answers from CPUID, else 32 MiB (a common size today). The
+/// kernel's figure comes first: on an AMD EPYC virtual
 /// machine glibc answered 320 MiB (every core complex's L3 together) where one core complex has
 /// 32 MiB, so a 256 MiB conversion was stored plainly at 0.55x the speed of streaming stores.
 #[cfg(target_arch = "x86_64")]
@@ -228,7 +239,7 @@ unsafe fn stream_lines_avx512(src: &[u8], dst: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::convert::{convert_on, is_float, Kernels};
+    use crate::convert::{convert_in_pieces, convert_on, is_float, Kernels};
 
     #[cfg(target_arch = "x86_64")]
     #[test]
@@ -365,6 +376,86 @@ mod tests {
             }
         }
         assert!(compared > 0);
+    }
+
+    #[test]
+    fn several_threads_give_the_portable_bits_for_every_pair_any_length_and_alignment() {
+        // Small pieces, so that every pair meets many of them, a last short one, and a count
+        // that is not a whole number of pieces.
+        let counts = [0usize, 8, 3 * 64 + 16, 7 * 64];
+        let offsets = [(0usize, 0usize), (3, 17)];
+        let store = Store::all_here().pop().unwrap();
+        let mut compared = 0;
+        for from in Dtype::ALL {
+            for to in Dtype::ALL {
+                if from == Dtype::C64 || !is_float(to) {
+                    continue;
+                }
+                for n in counts {
+                    let (Some(sl), Some(dl)) = (from.byte_size(n), to.byte_size(n)) else {
+                        continue;
+                    };
+                    for (so, dof) in offsets {
+                        let src = source(from, so + sl);
+                        let src = &src[so..];
+                        let mut want = vec![0xA5u8; dof + dl + 64];
+                        convert_on(
+                            Kernels::Portable,
+                            Store::Plain,
+                            from,
+                            src,
+                            to,
+                            &mut want[dof..dof + dl],
+                        );
+                        for threads in [2, 3] {
+                            let mut got = vec![0xA5u8; dof + dl + 64];
+                            convert_in_pieces(
+                                Kernels::detect(),
+                                store,
+                                threads,
+                                64,
+                                from,
+                                src,
+                                to,
+                                &mut got[dof..dof + dl],
+                            );
+                            let bad = (0..got.len()).find(|&i| got[i] != want[i]);
+                            assert_eq!(
+                                bad, None,
+                                "{from} -> {to}, {n} elements, +{so}/+{dof}, {threads} threads"
+                            );
+                            compared += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(compared > 0);
+    }
+
+    #[test]
+    fn a_large_conversion_takes_the_threaded_path_and_gives_the_portable_bits() {
+        // Past the size from which conversions use several threads, with a piece's tail.
+        let n = super::super::PARALLEL_FROM / 4 + 40;
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let threads =
+            crate::file::parallel::threads_now(4 * n, super::super::PARALLEL_FROM, 4 << 20);
+        assert_eq!(threads > 1, cores > 1, "{cores} cores, {threads} threads");
+        for (from, to) in [
+            (Dtype::U8, Dtype::F32),
+            (Dtype::BF16, Dtype::F32),
+            (Dtype::F32, Dtype::F32),
+        ] {
+            let src = source(from, from.byte_size(n).unwrap());
+            let mut want = vec![0u8; to.byte_size(n).unwrap()];
+            convert_on(Kernels::Portable, Store::Plain, from, &src, to, &mut want);
+            let mut got = vec![0xA5u8; want.len()];
+            super::super::convert_unchecked(from, &src, to, &mut got);
+            assert!(
+                got == want,
+                "{from} -> {to}: the threaded conversion differs from the portable loop"
+            );
+        }
     }
 
     #[test]

@@ -54,6 +54,19 @@ pub(crate) fn threads_for(len: usize) -> usize {
     }
 }
 
+/// Threads for `len` bytes of memory-bound work in pieces of `piece` bytes, from `min` bytes
+/// up: the cores this process may run on now, at most [`MAX_THREADS`]. Not cached, unlike
+/// [`threads_for`]: it is asked once per piece of work that takes milliseconds, and a program
+/// that narrows its CPU affinity (a benchmark measuring one core, an engine pinning a loader
+/// thread) is heard at the next call.
+pub(crate) fn threads_now(len: usize, min: usize, piece: usize) -> usize {
+    if len < min {
+        return 1;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores.min(MAX_THREADS).min(len.div_ceil(piece)).max(1)
+}
+
 /// The cores this process may run on (cached: the answer reads cgroup files).
 fn cores() -> usize {
     static CORES: AtomicUsize = AtomicUsize::new(0);
@@ -135,7 +148,7 @@ where
         let mut helpers = Vec::new();
         for _ in 1..threads.min(tasks) {
             match std::thread::Builder::new()
-                .name("safetensors-read".into())
+                .name("safetensors-work".into())
                 .spawn_scoped(scope, run)
             {
                 Ok(h) => helpers.push(h),
