@@ -156,7 +156,7 @@ pub(crate) fn convert_in_pieces(
     to: Dtype,
     dst: &mut [u8],
 ) {
-    debug_assert!(piece_elements > 0 && piece_elements % 8 == 0);
+    debug_assert!(piece_elements > 0 && piece_elements.is_multiple_of(8));
     if threads <= 1 {
         return convert_on(kernels, store, from, src, to, dst);
     }
