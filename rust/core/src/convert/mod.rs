@@ -138,9 +138,14 @@ const PIECE_ELEMENTS: usize = 1 << 20;
 /// several threads; the bits are the same on every path.
 pub(crate) fn convert_unchecked(from: Dtype, src: &[u8], to: Dtype, dst: &mut [u8]) {
     let (kernels, store) = (Kernels::detect(), streaming::Store::detect(dst.len()));
-    let piece = PIECE_ELEMENTS * to.bits() / 8;
-    let threads = crate::file::parallel::threads_now(dst.len(), PARALLEL_FROM, piece);
+    let threads = conversion_threads(to, dst.len());
     convert_in_pieces(kernels, store, threads, PIECE_ELEMENTS, from, src, to, dst);
+}
+
+/// Threads for a conversion into `len` bytes of `to`: one below [`PARALLEL_FROM`], else one
+/// per core the process may run on now, at most eight and at most one per piece.
+pub(crate) fn conversion_threads(to: Dtype, len: usize) -> usize {
+    crate::file::parallel::threads_now(len, PARALLEL_FROM, PIECE_ELEMENTS * to.bits() / 8)
 }
 
 /// [`convert_on`] on `threads` threads (the caller's among them; one converts in place), in
@@ -161,8 +166,10 @@ pub(crate) fn convert_in_pieces(
         return convert_on(kernels, store, from, src, to, dst);
     }
     // Piece i of the source and of the destination hold the same elements (whole bytes each:
-    // `piece_elements` is a multiple of 8). Lengths that disagree (a caller's mistake) pair
-    // fewer pieces: wrong bytes at worst, never an access outside either buffer.
+    // `piece_elements` is a multiple of 8; F6's groups of four elements in three bytes stay
+    // whole). Every caller has checked that the lengths agree; lengths that did not would pair
+    // fewer pieces and could give wrong bytes or a panic (caught at the bridge), never an access
+    // outside either buffer.
     let pieces: Vec<(&[u8], std::sync::Mutex<&mut [u8]>)> = src
         .chunks(piece_elements * from.bits() / 8)
         .zip(

@@ -1,5 +1,5 @@
-//! Outputs larger than a quarter of the last-level cache: converted a few thousand elements at a time into a
-//! small buffer that stays in the first-level cache, then written out with streaming
+//! Outputs larger than a quarter of the last-level cache: converted a few thousand elements at a
+//! time into a small buffer that stays in the first-level cache, then written out with streaming
 //! (non-temporal) stores. A plain store first reads the destination's cache line from memory
 //! (to merge into it) and later writes it back, so a conversion into memory the cache cannot
 //! hold moves the output across the bus twice; streaming stores write whole lines without that
@@ -438,9 +438,11 @@ mod tests {
         // Past the size from which conversions use several threads, with a piece's tail.
         let n = super::super::PARALLEL_FROM / 4 + 40;
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        let threads =
-            crate::file::parallel::threads_now(4 * n, super::super::PARALLEL_FROM, 4 << 20);
+        // The choice `convert_unchecked` makes: several threads from that size on, one below.
+        let threads = super::super::conversion_threads(Dtype::F32, 4 * n);
         assert_eq!(threads > 1, cores > 1, "{cores} cores, {threads} threads");
+        let below = super::super::conversion_threads(Dtype::F32, super::super::PARALLEL_FROM - 4);
+        assert_eq!(below, 1);
         for (from, to) in [
             (Dtype::U8, Dtype::F32),
             (Dtype::BF16, Dtype::F32),
