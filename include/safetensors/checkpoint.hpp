@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -219,13 +218,16 @@ class Checkpoint {
   // the user's ThreadSanitizer build does not instrument, so the order between one thread
   // opening a shard and another reading it would be invisible there and reported as a race.
   // Each shard is therefore published again here, through a C++ atomic (one acquire load per
-  // lookup) and a per-shard mutex for the first open.
+  // lookup) and a per-shard lock for the first open: an atomic flag taken with an acquire
+  // exchange, waited on with C++20's `atomic::wait` and given back with a release store, which
+  // orders the opener's work before every later taker as a mutex would, without `<mutex>` (and
+  // the `<chrono>` it brings) in every translation unit that includes this header.
   // (One array of both, not two arrays: one `std::unique_ptr` instantiation fewer for every
   // translation unit that includes this header.)
   struct Handle {
     struct Shard {
       std::atomic<const ffi::File*> file{nullptr};
-      std::mutex opening;
+      std::atomic<bool> opening{false};
     };
     explicit Handle(::rust::Box<ffi::Checkpoint> c)
         : ckpt(std::move(c)), shards(std::make_unique<Shard[]>(ckpt->shard_count())) {}
@@ -336,7 +338,15 @@ struct Access<Checkpoint> {
     auto& slot = h.shards[shard].file;
     const ffi::File* file = slot.load(std::memory_order_acquire);
     if (file != nullptr) return file;
-    std::lock_guard lock(h.shards[shard].opening);
+    auto& opening = h.shards[shard].opening;
+    while (opening.exchange(true, std::memory_order_acquire)) opening.wait(true, std::memory_order_relaxed);
+    struct Unlock {  // given back on every path out, and the waiters woken
+      std::atomic<bool>& flag;
+      ~Unlock() {
+        flag.store(false, std::memory_order_release);
+        flag.notify_all();
+      }
+    } unlock{opening};
     file = slot.load(std::memory_order_relaxed);
     if (file == nullptr) {
       auto opened = attempt([&](ffi::Status& st) { return h.ckpt->shard_file(shard, st); });

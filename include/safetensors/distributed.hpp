@@ -160,7 +160,7 @@ class LoadPlan {
 
   /// Bytes this plan object has actually read, through `load` (for checks and benchmarks).
   [[nodiscard]] std::uint64_t bytes_read_here() const { return plan_->bytes_read_here(); }
-  /// The reads this plan object has done, in order.
+  /// The reads this plan object has done: each reading rank's in the order it read them, rank by rank.
   [[nodiscard]] std::vector<PlannedRead> reads_here() const {
     auto raw = plan_->reads_here();
     std::vector<PlannedRead> out;

@@ -275,7 +275,7 @@ impl DistPlanBuilder {
                 plan,
                 files: self.files.clone(),
                 read: AtomicU64::new(0),
-                log: Mutex::new(Vec::new()),
+                log: (0..world).map(|_| Mutex::new(Vec::new())).collect(),
             }))
         })
     }
@@ -286,7 +286,12 @@ pub struct DistPlan {
     plan: LoadPlan,
     files: Vec<Arc<SafeFile>>,
     read: AtomicU64,
-    log: Mutex<Vec<DistStep>>,
+    /// The steps read through this object, one list per reading rank. One list per rank, not
+    /// one for all: ranks that share a plan object run on threads of their own, and a list they
+    /// all grew would be reallocated by one thread after another under this (uninstrumented)
+    /// lock, which a C++ ThreadSanitizer build reports as a race between the threads' `malloc`
+    /// and `realloc`. A rank's list is grown only by the thread that reads its steps.
+    log: Vec<Mutex<Vec<DistStep>>>,
 }
 
 impl DistPlan {
@@ -398,7 +403,7 @@ impl DistPlan {
             for &i in steps {
                 let s = self.step(i);
                 self.read.fetch_add(s.len, Ordering::Relaxed);
-                if let Ok(mut log) = self.log.lock() {
+                if let Some(Ok(mut log)) = self.log.get(s.reader).map(|l| l.lock()) {
                     log.push(s);
                 }
             }
@@ -408,9 +413,13 @@ impl DistPlan {
     pub fn bytes_read_here(&self) -> u64 {
         self.read.load(Ordering::Relaxed)
     }
-    /// The steps this object has read, in order.
+    /// The steps this object has read: each rank's in the order it read them, rank by rank.
     pub fn reads_here(&self) -> Vec<DistStep> {
-        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+        self.log
+            .iter()
+            .filter_map(|l| l.lock().ok().map(|l| l.clone()))
+            .flatten()
+            .collect()
     }
     pub fn planned_bytes_read_by(&self, rank: usize) -> u64 {
         self.plan.bytes_read_by(rank)
