@@ -50,6 +50,7 @@ mod request;
 pub mod residency;
 mod slice;
 mod stream;
+pub mod tsan;
 pub mod upload;
 mod url;
 mod view;

@@ -86,8 +86,36 @@ impl Drop for Pinned {
 /// Each device's idle buffers (by ordinal), the longest idle first.
 static IDLE: Mutex<Vec<(usize, VecDeque<Pinned>)>> = Mutex::new(Vec::new());
 
-fn idle() -> std::sync::MutexGuard<'static, Vec<(usize, VecDeque<Pinned>)>> {
-    IDLE.lock().unwrap_or_else(|p| p.into_inner())
+/// The idle lists, locked. Buffers pass through them from one thread's ring to another's (ranks
+/// on threads of their own, uploaders on several threads), so the lock announces each hand-over
+/// to a sanitized C++ program ([`safetensors_core::tsan`]): without that, one thread's `pread`
+/// into a buffer and the next thread's, or their growing of the lists, read as races there.
+fn idle() -> Idle {
+    let guard = IDLE.lock().unwrap_or_else(|p| p.into_inner());
+    safetensors_core::tsan::acquire(&IDLE);
+    Idle(guard)
+}
+
+struct Idle(std::sync::MutexGuard<'static, Vec<(usize, VecDeque<Pinned>)>>);
+
+impl std::ops::Deref for Idle {
+    type Target = Vec<(usize, VecDeque<Pinned>)>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Idle {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for Idle {
+    // Runs before the guard it holds unlocks.
+    fn drop(&mut self) {
+        safetensors_core::tsan::release(&IDLE);
+    }
 }
 
 /// A pinned buffer of at least `bytes` for device `ordinal` (primary context `ctx`): an idle one
