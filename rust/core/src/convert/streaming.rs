@@ -326,6 +326,68 @@ mod tests {
         v
     }
 
+    /// One conversion to check: `src` (`n` elements of `from`, `so` bytes into its buffer) and
+    /// what the portable loop wrote for it, `dl` bytes of `to` at `dof` in a buffer of 0xA5.
+    struct Case<'a> {
+        from: Dtype,
+        to: Dtype,
+        n: usize,
+        so: usize,
+        dof: usize,
+        dl: usize,
+        src: &'a [u8],
+        want: &'a [u8],
+    }
+
+    impl Case<'_> {
+        /// `convert` into a fresh buffer like `want`'s, then the first byte where they differ
+        /// (the bytes around the destination included).
+        fn first_difference(&self, convert: impl FnOnce(&mut [u8])) -> Option<usize> {
+            let mut got = vec![0xA5u8; self.want.len()];
+            convert(&mut got[self.dof..self.dof + self.dl]);
+            (0..got.len()).find(|&i| got[i] != self.want[i])
+        }
+    }
+
+    /// Every pair of a source and a float target, each count the pair can hold, each offset:
+    /// `check` for each; returns how many comparisons `check` counted.
+    fn each_case(
+        counts: &[usize],
+        offsets: &[(usize, usize)],
+        mut check: impl FnMut(&Case) -> usize,
+    ) -> usize {
+        let mut compared = 0;
+        for from in Dtype::ALL {
+            for to in Dtype::ALL {
+                if from == Dtype::C64 || !is_float(to) {
+                    continue;
+                }
+                for &n in counts {
+                    let (Some(sl), Some(dl)) = (from.byte_size(n), to.byte_size(n)) else {
+                        continue;
+                    };
+                    for &(so, dof) in offsets {
+                        let src = source(from, so + sl);
+                        let mut want = vec![0xA5u8; dof + dl + 64];
+                        let (src, d) = (&src[so..], &mut want[dof..dof + dl]);
+                        convert_on(Kernels::Portable, Store::Plain, from, src, to, d);
+                        compared += check(&Case {
+                            from,
+                            to,
+                            n,
+                            so,
+                            dof,
+                            dl,
+                            src,
+                            want: &want,
+                        });
+                    }
+                }
+            }
+        }
+        compared
+    }
+
     #[test]
     fn every_path_gives_the_portable_bits_for_every_pair_any_length_and_alignment() {
         let kernels = Kernels::all_here();
@@ -335,46 +397,20 @@ mod tests {
         // destination from a line (and of the source from its element size).
         let counts = [0usize, 1, 4, 13, 2 * STEP + 40, 2 * STEP + 37];
         let offsets = [(0usize, 0usize), (1, 3), (3, 17), (5, 60)];
-        let mut compared = 0;
-        for from in Dtype::ALL {
-            for to in Dtype::ALL {
-                if from == Dtype::C64 || !is_float(to) {
-                    continue;
-                }
-                for n in counts {
-                    let (Some(sl), Some(dl)) = (from.byte_size(n), to.byte_size(n)) else {
-                        continue;
-                    };
-                    for (so, dof) in offsets {
-                        let src = source(from, so + sl);
-                        let src = &src[so..];
-                        let mut want = vec![0xA5u8; dof + dl + 64];
-                        convert_on(
-                            Kernels::Portable,
-                            Store::Plain,
-                            from,
-                            src,
-                            to,
-                            &mut want[dof..dof + dl],
-                        );
-                        for &k in &kernels {
-                            for &s in &stores {
-                                let mut got = vec![0xA5u8; dof + dl + 64];
-                                convert_on(k, s, from, src, to, &mut got[dof..dof + dl]);
-                                // Bytes around the destination untouched, every byte in it equal.
-                                let bad = (0..got.len()).find(|&i| got[i] != want[i]);
-                                assert_eq!(
-                                    bad, None,
-                                    "{from} -> {to}, {n} elements, source +{so}, destination \
-                                     +{dof}, {k:?}/{s:?}: first differing byte"
-                                );
-                                compared += 1;
-                            }
-                        }
-                    }
+        let compared = each_case(&counts, &offsets, |c| {
+            for &k in &kernels {
+                for &s in &stores {
+                    let bad = c.first_difference(|d| convert_on(k, s, c.from, c.src, c.to, d));
+                    assert_eq!(
+                        bad, None,
+                        "{} -> {}, {} elements, source +{}, destination +{}, {k:?}/{s:?}: first \
+                         differing byte",
+                        c.from, c.to, c.n, c.so, c.dof
+                    );
                 }
             }
-        }
+            kernels.len() * stores.len()
+        });
         assert!(compared > 0);
     }
 
@@ -385,51 +421,28 @@ mod tests {
         let counts = [0usize, 8, 3 * 64 + 16, 7 * 64];
         let offsets = [(0usize, 0usize), (3, 17)];
         let store = Store::all_here().pop().unwrap();
-        let mut compared = 0;
-        for from in Dtype::ALL {
-            for to in Dtype::ALL {
-                if from == Dtype::C64 || !is_float(to) {
-                    continue;
-                }
-                for n in counts {
-                    let (Some(sl), Some(dl)) = (from.byte_size(n), to.byte_size(n)) else {
-                        continue;
-                    };
-                    for (so, dof) in offsets {
-                        let src = source(from, so + sl);
-                        let src = &src[so..];
-                        let mut want = vec![0xA5u8; dof + dl + 64];
-                        convert_on(
-                            Kernels::Portable,
-                            Store::Plain,
-                            from,
-                            src,
-                            to,
-                            &mut want[dof..dof + dl],
-                        );
-                        for threads in [2, 3] {
-                            let mut got = vec![0xA5u8; dof + dl + 64];
-                            convert_in_pieces(
-                                Kernels::detect(),
-                                store,
-                                threads,
-                                64,
-                                from,
-                                src,
-                                to,
-                                &mut got[dof..dof + dl],
-                            );
-                            let bad = (0..got.len()).find(|&i| got[i] != want[i]);
-                            assert_eq!(
-                                bad, None,
-                                "{from} -> {to}, {n} elements, +{so}/+{dof}, {threads} threads"
-                            );
-                            compared += 1;
-                        }
-                    }
-                }
+        let compared = each_case(&counts, &offsets, |c| {
+            for threads in [2, 3] {
+                let bad = c.first_difference(|d| {
+                    convert_in_pieces(
+                        Kernels::detect(),
+                        store,
+                        threads,
+                        64,
+                        c.from,
+                        c.src,
+                        c.to,
+                        d,
+                    )
+                });
+                assert_eq!(
+                    bad, None,
+                    "{} -> {}, {} elements, +{}/+{}, {threads} threads",
+                    c.from, c.to, c.n, c.so, c.dof
+                );
             }
-        }
+            2
+        });
         assert!(compared > 0);
     }
 
