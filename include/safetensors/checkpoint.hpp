@@ -245,7 +245,7 @@ class Checkpoint {
 
   [[nodiscard]] static std::string shard_path(const ffi::Checkpoint& c, std::size_t i) {
     auto p = c.shard_path(i);
-    return std::string(reinterpret_cast<const char*>(p.data()), p.size());
+    return std::string(reinterpret_cast<const char*>(p.data), p.len);
   }
 
   std::shared_ptr<const Handle> state_;
@@ -450,15 +450,12 @@ inline Expected<std::vector<std::string>> nothrow::missing(const Checkpoint& ckp
   auto c = detail::Access<Checkpoint>::checkpoint(ckpt);
   if (!c) return c.status();
   if (auto opened = detail::Access<Checkpoint>::open_every_shard(ckpt); !opened.ok()) return opened;
-  auto names = detail::attempt([&](ffi::Status& st) { return (*c)->missing(st); });
+  auto names = detail::adopt(detail::attempt([&](ffi::Status& st) { return (*c)->missing(st); }));
   if (!names) return names.status();
   std::vector<std::string> out;
-  out.reserve(names->size());
-  // Through data() and size(), as detail/bridge.hpp says, and as a string_view: the same
-  // `emplace_back` that `keys` instantiates.
-  const ::rust::String* items = names->data();
-  for (std::size_t i = 0; i < names->size(); ++i)
-    out.emplace_back(std::string_view(items[i].data(), items[i].size()));
+  out.reserve((*names)->len());
+  // As a string_view: the same `emplace_back` that `keys` instantiates.
+  for (std::size_t i = 0; i < (*names)->len(); ++i) out.emplace_back(detail::view((*names)->at(i)));
   return out;
 }
 

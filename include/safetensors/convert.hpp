@@ -49,15 +49,6 @@ inline namespace SAFETENSORS_ABI {
 }
 
 namespace detail {
-inline ::rust::Slice<const std::uint8_t> u8s(std::span<const std::byte> s) {
-  return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
-}
-inline ::rust::Slice<std::uint8_t> u8s_mut(std::span<std::byte> s) {
-  return {reinterpret_cast<std::uint8_t*>(s.data()), s.size()};
-}
-inline ::rust::Slice<const std::size_t> dims(const std::vector<std::size_t>& shape) {
-  return {shape.data(), shape.size()};
-}
 
 /// A caller's view checked against its shape (see `check_extent`): every conversion that sizes
 /// its output from the view's shape asks this first.
@@ -95,8 +86,9 @@ namespace nothrow {
 inline Status convert(const TensorView& src, Dtype to, std::span<std::byte> dst) {
   if (auto st = detail::refuse_overlap("convert", src.data, dst); !st.ok()) return st;
   return detail::attempt([&](ffi::Status& st) {
-    ffi::convert_tensor(static_cast<std::uint8_t>(src.dtype), detail::dims(src.shape), detail::u8s(src.data),
-                        static_cast<std::uint8_t>(to), detail::u8s_mut(dst), st);
+    ffi::convert_tensor(static_cast<std::uint8_t>(src.dtype), detail::sizes(src.shape),
+                        detail::data_bytes(src.data), static_cast<std::uint8_t>(to), detail::bytes_mut(dst),
+                        st);
   });
 }
 
@@ -131,10 +123,11 @@ inline Status convert(const TensorView& src, Dtype to, std::span<std::byte> dst)
   if (auto st = detail::check_source(scale_inv, "the scale"); !st.ok()) return st;
   return detail::converted(to, weight.shape, [&](std::span<std::byte> dst) {
     return detail::attempt([&](ffi::Status& st) {
-      ffi::dequantize_fp8_blocks(static_cast<std::uint8_t>(weight.dtype), detail::dims(weight.shape),
-                                 detail::u8s(weight.data), static_cast<std::uint8_t>(scale_inv.dtype),
-                                 detail::dims(scale_inv.shape), detail::u8s(scale_inv.data), block_rows,
-                                 block_cols, static_cast<std::uint8_t>(to), detail::u8s_mut(dst), st);
+      ffi::dequantize_fp8_blocks(static_cast<std::uint8_t>(weight.dtype), detail::sizes(weight.shape),
+                                 detail::data_bytes(weight.data), static_cast<std::uint8_t>(scale_inv.dtype),
+                                 detail::sizes(scale_inv.shape), detail::data_bytes(scale_inv.data),
+                                 block_rows, block_cols, static_cast<std::uint8_t>(to),
+                                 detail::bytes_mut(dst), st);
     });
   });
 }
@@ -144,18 +137,22 @@ inline Status convert(const TensorView& src, Dtype to, std::span<std::byte> dst)
                                                            Dtype to = Dtype::F32) {
   if (auto st = detail::check_source(blocks, "the MXFP4 blocks"); !st.ok()) return st;
   if (auto st = detail::check_source(scales, "the MXFP4 scales"); !st.ok()) return st;
-  auto raw_shape = detail::attempt([&](ffi::Status& st) {
-    return ffi::mxfp4_output_shape(detail::dims(blocks.shape), detail::dims(scales.shape), st);
+  // The output has one dimension fewer than the blocks (the core checks the shapes first): the
+  // core writes it over a copy of the blocks' shape, which is then cut to its length.
+  std::vector<std::size_t> shape = blocks.shape;
+  auto rank = detail::attempt([&](ffi::Status& st) {
+    return ffi::mxfp4_output_shape(detail::sizes(blocks.shape), detail::sizes(scales.shape),
+                                   ffi::SizesMut{shape.data(), shape.size()}, st);
   });
-  if (!raw_shape) return raw_shape.status();
-  std::vector<std::size_t> shape(raw_shape->data(), raw_shape->data() + raw_shape->size());
+  if (!rank) return rank.status();
+  while (shape.size() > *rank) shape.pop_back();
   if (!is_float(to)) return nothrow::convert(blocks, to, {});
   return detail::converted(to, std::move(shape), [&](std::span<std::byte> dst) {
     return detail::attempt([&](ffi::Status& st) {
-      ffi::dequantize_mxfp4(static_cast<std::uint8_t>(blocks.dtype), detail::dims(blocks.shape),
-                            detail::u8s(blocks.data), static_cast<std::uint8_t>(scales.dtype),
-                            detail::dims(scales.shape), detail::u8s(scales.data),
-                            static_cast<std::uint8_t>(to), detail::u8s_mut(dst), st);
+      ffi::dequantize_mxfp4(static_cast<std::uint8_t>(blocks.dtype), detail::sizes(blocks.shape),
+                            detail::data_bytes(blocks.data), static_cast<std::uint8_t>(scales.dtype),
+                            detail::sizes(scales.shape), detail::data_bytes(scales.data),
+                            static_cast<std::uint8_t>(to), detail::bytes_mut(dst), st);
     });
   });
 }

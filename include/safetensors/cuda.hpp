@@ -48,6 +48,7 @@
 #include "safetensors/cuda_options.hpp"
 #include "safetensors/detail/cuda.hpp"
 #include "safetensors/detail/overlap.hpp"
+#include "safetensors/detail/slices.hpp"
 #include "safetensors/path.hpp"
 #include "safetensors/request.hpp"
 #include "safetensors/streaming_writer.hpp"

@@ -18,6 +18,7 @@
 #include "safetensors/collective.hpp"
 #include "safetensors/detail/allocate.hpp"
 #include "safetensors/detail/bridge.hpp"
+#include "safetensors/detail/slices.hpp"
 #include "safetensors/ffi/src/distributed.rs.h"
 #include "safetensors/slice.hpp"
 #include "safetensors/tensor.hpp"

@@ -25,6 +25,7 @@
 #include "safetensors/detail/allocate.hpp"
 #include "safetensors/detail/bridge.hpp"
 #include "safetensors/detail/iteration.hpp"
+#include "safetensors/detail/slices.hpp"
 #include "safetensors/ffi/src/memory.rs.h"
 #include "safetensors/request.hpp"
 #include "safetensors/tensor.hpp"

@@ -16,6 +16,7 @@
 
 #include "safetensors/checkpoint.hpp"
 #include "safetensors/detail/bridge.hpp"
+#include "safetensors/detail/slices.hpp"
 #include "safetensors/ffi/src/stream.rs.h"
 #include "safetensors/safe_open.hpp"
 #include "safetensors/slice.hpp"
@@ -91,7 +92,7 @@ inline Expected<::rust::Box<ffi::RequestList>> request_list(const Requests& requ
   ::rust::Slice<const ffi::RequestSpan> s{spans.data(), spans.size()};
   ::rust::Slice<const ffi::SliceIndex> i{indices.data(), indices.size()};
   return adopt(attempt(
-      [&](ffi::Status& st) { return ffi::new_request_list(requests.all(), s, bytes(names), i, st); }));
+      [&](ffi::Status& st) { return ffi::new_request_list(requests.all(), s, slice_bytes(names), i, st); }));
 }
 
 /// What the bridge reads from, and the requests, as one call takes them.

@@ -321,7 +321,6 @@ struct Access<SafeOpen> {
   static Expected<SafeOpen> open_memory(std::span<const std::byte> bytes,
                                         std::shared_ptr<const void> keep_alive, OpenOptions options,
                                         std::string name) {
-    ::rust::Slice<const std::uint8_t> data{reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()};
     std::uintptr_t release = 0;
     std::uintptr_t owner = 0;
     if (keep_alive) {
@@ -331,7 +330,8 @@ struct Access<SafeOpen> {
       owner = reinterpret_cast<std::uintptr_t>(held);
     }
     auto file = adopt(attempt([&](ffi::Status& st) {
-      return ffi::open_memory(data, detail::bytes(name), options.allow_trailing_bytes, release, owner, st);
+      return ffi::open_memory(detail::data_bytes(bytes), detail::bytes(name), options.allow_trailing_bytes,
+                              release, owner, st);
     }));
     if (!file) return file.status();
     return SafeOpen(std::make_shared<const FileHandle>(FileHandle{std::move(*file), std::move(name)}));

@@ -180,13 +180,16 @@ class Selection {
   /// a gap. A GPU path can read exactly these bytes. A strided selection has a run per element:
   /// more runs than memory holds is an `Io` error.
   [[nodiscard]] std::vector<ByteRun> runs() const {
-    auto raw = detail::attempt([&](ffi::Status& st) { return plan().runs(st); }).value();
     auto out =
-        detail::checked_vector<ByteRun>(raw.size(), "a selection's runs", "walk a smaller selection").value();
-    for (std::size_t i = 0; i < raw.size(); ++i) {
-      const auto& r = raw.data()[i];
-      out[i] = {static_cast<std::size_t>(r.offset), static_cast<std::size_t>(r.length)};
-    }
+        detail::checked_vector<ByteRun>(plan().run_count(), "a selection's runs", "walk a smaller selection")
+            .value();
+    // The core writes the runs straight into `out`: the two run types are laid out alike.
+    static_assert(sizeof(ByteRun) == sizeof(ffi::ByteRun) &&
+                  offsetof(ByteRun, offset) == offsetof(ffi::ByteRun, offset) &&
+                  offsetof(ByteRun, length) == offsetof(ffi::ByteRun, length) &&
+                  sizeof(std::size_t) == sizeof(std::uint64_t));
+    ffi::ByteRunsMut room{reinterpret_cast<ffi::ByteRun*>(out.data()), out.size()};
+    detail::attempt([&](ffi::Status& st) { plan().write_runs(room, st); }).throw_if_error();
     return out;
   }
 
@@ -224,7 +227,7 @@ class Selection {
   Selection(detail::OpenFile src, std::string name, Dtype dtype, ::rust::Box<ffi::SlicePlan> plan)
       : src_(std::move(src)), name_(std::move(name)), dtype_(dtype), plan_(detail::share(std::move(plan))) {
     auto s = plan_->shape();
-    shape_.assign(s.data(), s.data() + s.size());  // not rust::Slice iterators: see detail/bridge.hpp
+    shape_.assign(s.data, s.data + s.len);
   }
 
   /// The plan; a moved-from Selection reports `Internal` the throwing way.
@@ -319,7 +322,7 @@ struct Access<Slice> {
     }
     auto raw = raw_indices(indices);
     if (!raw) return raw.status();
-    ::rust::Slice<const ffi::SliceIndex> r{raw->data(), raw->size()};
+    const ffi::SliceIndices r{raw->data(), raw->size()};
     auto plan = adopt(attempt([&](ffi::Status& st) { return s.src_.file->plan_slice(s.index_, r, st); }));
     if (!plan) return plan.status();
     return Access<Selection>::make(s.src_, s.name_, s.dtype_, std::move(*plan));
@@ -340,8 +343,7 @@ inline Status nothrow::read_into(const Selection& selection, std::span<std::byte
   if (!plan) return plan.status();
   const auto& src = detail::Access<Selection>::open_file(selection);
   if (auto st = src.refuse_overlap_with("read_into", dst); !st.ok()) return st;
-  ::rust::Slice<std::uint8_t> out{reinterpret_cast<std::uint8_t*>(dst.data()), dst.size()};
-  return detail::attempt([&](ffi::Status& st) { src.file->read_slice(**plan, out, st); });
+  return detail::attempt([&](ffi::Status& st) { src.file->read_slice(**plan, detail::bytes_mut(dst), st); });
 }
 
 inline Expected<TensorView> nothrow::read(const Selection& selection) {
@@ -354,8 +356,8 @@ inline Expected<TensorView> nothrow::read(const Selection& selection) {
   if ((src.mapped || src.direct) && (*plan)->contiguous()) {
     auto bytes = src.bytes_at(static_cast<std::size_t>((*plan)->first_offset()), len, "a slice");
     if (!bytes) return bytes.status();
-    v.data = bytes->first;
-    v.owner = std::move(bytes->second);
+    v.data = bytes->data;
+    v.owner = std::move(bytes->owner);
     return v;
   }
   auto buffer = detail::allocate_bytes(len, "a slice");

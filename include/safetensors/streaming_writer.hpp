@@ -28,6 +28,7 @@
 
 #include "safetensors/detail/bridge.hpp"
 #include "safetensors/detail/open_file.hpp"
+#include "safetensors/detail/slices.hpp"
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
 #include "safetensors/ffi/src/writer.rs.h"
@@ -250,9 +251,9 @@ struct Access<StreamingWriter> {
                                   prefix_start,
                                   text.size() - prefix_start};
     auto made = adopt(attempt([&](ffi::Status& st) {
-      return ffi::new_streaming_writer(bytes(target.native()), {decls.data(), decls.size()},
-                                       {meta.data(), meta.size()}, bytes(text), {dims.data(), dims.size()}, o,
-                                       st);
+      return ffi::new_streaming_writer(slice_bytes(target.native()), {decls.data(), decls.size()},
+                                       {meta.data(), meta.size()}, slice_bytes(text),
+                                       {dims.data(), dims.size()}, o, st);
     }));
     if (!made) return made.status();
     return StreamingWriter(std::string(target.native()), shards != nullptr, std::move(*made));
@@ -265,7 +266,8 @@ struct Access<StreamingWriter> {
     auto writer = impl(w);
     if (!writer) return writer.status();
     ::rust::Slice<const std::uint8_t> raw{reinterpret_cast<const std::uint8_t*>(data.data()), data.size()};
-    return attempt([&](ffi::Status& st) { (*writer)->write_tensor(bytes(name), offset, raw, whole, st); });
+    return attempt(
+        [&](ffi::Status& st) { (*writer)->write_tensor(slice_bytes(name), offset, raw, whole, st); });
   }
 
   static Status finish(StreamingWriter& w) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "safetensors/detail/bridge.hpp"
+#include "safetensors/detail/slices.hpp"
 #include "safetensors/ffi/src/distributed.rs.h"
 #include "safetensors/slice.hpp"
 
@@ -44,8 +45,9 @@ struct QkvSelection {
 namespace detail {
 inline Selection tp_select(const Slice& s, const ffi::TpRule& rule) {
   ::rust::Slice<const std::size_t> shape{s.shape().data(), s.shape().size()};
-  auto raw =
-      attempt([&](ffi::Status& st) { return ffi::tp_indices(bytes(s.name()), shape, rule, st); }).value();
+  auto raw = attempt([&](ffi::Status& st) {
+               return ffi::tp_indices(slice_bytes(s.name()), shape, rule, st);
+             }).value();
   std::vector<Index> idx;
   idx.reserve(raw.size());
   for (const auto& r : raw) {

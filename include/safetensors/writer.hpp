@@ -21,6 +21,7 @@
 
 #include "safetensors/detail/allocate.hpp"
 #include "safetensors/detail/bridge.hpp"
+#include "safetensors/detail/slices.hpp"
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
 #include "safetensors/ffi/src/writer.rs.h"
@@ -139,7 +140,7 @@ Status add_tensor(ffi::Writer& writer, std::string_view target, std::string_view
   ::rust::Slice<const std::uint8_t> raw{reinterpret_cast<const std::uint8_t*>(data.data()), data.size()};
   ::rust::Slice<const std::size_t> dims{shape.data(), shape.size()};
   return attempt([&](ffi::Status& st) {
-    writer.add_tensor(bytes(name), static_cast<std::uint8_t>(dtype), dims, raw, st);
+    writer.add_tensor(slice_bytes(name), static_cast<std::uint8_t>(dtype), dims, raw, st);
   });
 }
 
@@ -174,8 +175,9 @@ inline Status add_metadata(ffi::Writer& writer, const Metadata& metadata, bool e
   if (empty_metadata) writer.keep_metadata();
   // Not a structured binding: clang before 16 cannot capture one in a lambda.
   for (const auto& entry : metadata) {
-    auto meta =
-        attempt([&](ffi::Status& st) { writer.add_metadata(bytes(entry.first), bytes(entry.second), st); });
+    auto meta = attempt([&](ffi::Status& st) {
+      writer.add_metadata(slice_bytes(entry.first), slice_bytes(entry.second), st);
+    });
     if (!meta.ok()) return meta;
   }
   return {};
@@ -187,7 +189,7 @@ inline Status add_metadata(ffi::Writer& writer, const Metadata& metadata, bool e
 template <NamedTensorRange R>
 Expected<::rust::Box<ffi::Writer>> make_writer(std::string_view target, R&& tensors, const Metadata& metadata,
                                                bool empty_metadata, KeptTensors<R>& kept) {
-  auto writer = ffi::new_writer(bytes(target));
+  auto writer = ffi::new_writer(slice_bytes(target));
   std::vector<std::size_t> shape;
   auto added =
       for_each_tensor(std::forward<R>(tensors), kept, [&](std::string_view name, const auto& tensor) {
@@ -210,7 +212,7 @@ using TensorList = std::initializer_list<std::pair<std::string_view, TensorView>
 /// `make_writer` for a braced list: the list's tensors outlive the call, so none is kept.
 inline Expected<::rust::Box<ffi::Writer>> make_list_writer(std::string_view target, TensorList tensors,
                                                            const Metadata& metadata, bool empty_metadata) {
-  auto writer = ffi::new_writer(bytes(target));
+  auto writer = ffi::new_writer(slice_bytes(target));
   std::vector<std::size_t> shape;
   for (const auto& entry : tensors) {
     if (auto st = add_tensor(*writer, target, entry.first, entry.second, shape); !st.ok()) return st;
@@ -233,8 +235,9 @@ inline Expected<std::vector<std::byte>> serialized(ffi::Writer& writer, SaveOpti
 
 /// A fed writer's file written to `path`.
 inline Status write_file(ffi::Writer& writer, PathRef path, SaveOptions options) {
-  return attempt(
-      [&](ffi::Status& st) { writer.write_file(bytes(path.native()), options.sync, options.alignment, st); });
+  return attempt([&](ffi::Status& st) {
+    writer.write_file(slice_bytes(path.native()), options.sync, options.alignment, st);
+  });
 }
 
 /// `nothrow::serialize` of a braced list.

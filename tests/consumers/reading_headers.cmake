@@ -1,8 +1,10 @@
 # The reading headers (safe_open.hpp and checkpoint.hpp: files, checkpoints, views, slices) leave
 # out the standard headers that cost a translation unit most and that they do not need:
-# <filesystem> (paths come in as `PathRef`, go out as `std::string`) and <chrono> (`RemoteOptions`
-# lives in remote.hpp). The compiler's `-H` lists every header a file includes; a name in it that
-# ends in one of those fails the test, naming the chain that brought it in.
+# <filesystem> (paths come in as `PathRef`, go out as `std::string`), <chrono> (`RemoteOptions`
+# lives in remote.hpp), and <ranges> and <algorithm>, which `rust/cxx.h` and the bridge headers
+# that use `rust::Slice` or `rust::Vec` bring (the reading bridges take pointer-and-length spans;
+# see detail/bridge.hpp). The compiler's `-H` lists every header a file includes; a name in it that
+# ends in one of those, or `rust/cxx.h` itself, fails the test, naming the chain that brought it in.
 # -DCXX=<compiler> -DINCLUDE=<our include dir> -DGENERATED=<bridge include dir> -DWORK=<scratch dir>
 # (A source file, not -include: neither GCC nor Clang lists a forced include's headers.)
 file(MAKE_DIRECTORY "${WORK}")
@@ -30,7 +32,7 @@ foreach(line IN LISTS lines)
     list(LENGTH chain have)
   endwhile()
   list(APPEND chain "${path}")
-  foreach(heavy IN ITEMS filesystem chrono)
+  foreach(heavy IN ITEMS filesystem chrono ranges algorithm rust/cxx.h)
     if(path MATCHES "/${heavy}$")
       list(JOIN chain "\n  includes " how)
       message(FATAL_ERROR "the reading headers include <${heavy}>:\n  ${how}")
@@ -40,4 +42,4 @@ endforeach()
 if(seen LESS 10)
   message(FATAL_ERROR "the compiler's -H listed ${seen} headers; expected the standard library's:\n${listing}")
 endif()
-message(STATUS "the reading headers include ${seen} headers, none of them <filesystem> or <chrono>")
+message(STATUS "the reading headers include ${seen} headers, none of them <filesystem>, <chrono>, <ranges>, <algorithm> or rust/cxx.h")

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -16,7 +17,11 @@
 
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
-#include "safetensors/ffi/src/rust/cxx.h"
+// Not `rust/cxx.h`: each generated header defines the bridge types its signatures use, and the
+// reading bridges (status, file, checkpoint, convert, remote) use none of `rust::Slice` and
+// `rust::Vec`, whose `<ranges>` and `<algorithm>` every translation unit would compile. The
+// file bridge is included for `rust::Box`, which every area hands objects over in.
+#include "safetensors/ffi/src/file.rs.h"
 #include "safetensors/ffi/src/status.rs.h"
 #include "safetensors/version.hpp"
 
@@ -71,18 +76,37 @@ inline std::string shape_text(const std::vector<std::size_t>& shape) {
 }
 
 /// Bytes of a string, as the bridge takes them (no UTF-8 check: invalid names simply match
-/// nothing).
-inline ::rust::Slice<const std::uint8_t> bytes(std::string_view s) {
+/// nothing). Lent for the length of the call.
+inline ffi::Bytes bytes(std::string_view s) {
   return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
+}
+
+/// Bytes as the bridge takes them, to read (lent for the length of the call). Not an overload
+/// of `bytes`: a string argument would make the compiler check every `std::span` constructor's
+/// range constraints against `std::string` in each translation unit.
+inline ffi::Bytes data_bytes(std::span<const std::byte> s) {
+  return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
+}
+
+/// Bytes as the bridge takes them, to write (lent for the length of the call).
+inline ffi::BytesMut bytes_mut(std::span<std::byte> s) {
+  return {reinterpret_cast<std::uint8_t*>(s.data()), s.size()};
+}
+
+/// A shape as the bridge takes it (lent for the length of the call). From the vector itself, not
+/// a `std::span` of it, whose range constructor's constraints would be checked for it.
+inline ffi::Sizes sizes(const std::vector<std::size_t>& shape) {
+  return {shape.data(), shape.size()};
+}
+
+/// Bytes the bridge returned (living as long as the object that returned them).
+inline std::span<const std::byte> span_of(ffi::Bytes b) {
+  return {reinterpret_cast<const std::byte*>(b.data), b.len};
 }
 
 inline std::string_view view(::rust::Str s) {
   return {s.data(), s.size()};
 }
-
-// Copy out of `rust::Slice` through data() and size(), never its iterators: instantiating their
-// arithmetic trips -Wsign-conversion inside cxx.h, which would break users building with
-// -Wconversion -Werror.
 
 /// Shared ownership of a Rust object, so the C++ value types holding it stay copyable.
 template <class T>

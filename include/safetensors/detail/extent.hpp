@@ -24,9 +24,8 @@ namespace detail {
 /// a byte, `TypeMismatch` for a dtype value outside `Dtype`).
 inline Expected<std::size_t> byte_length(std::string_view name, Dtype dtype,
                                          const std::vector<std::size_t>& shape) {
-  ::rust::Slice<const std::size_t> dims{shape.data(), shape.size()};
   return attempt([&](ffi::Status& st) {
-    return ffi::tensor_byte_len(bytes(name), static_cast<std::uint8_t>(dtype), dims, st);
+    return ffi::tensor_byte_len(bytes(name), static_cast<std::uint8_t>(dtype), sizes(shape), st);
   });
 }
 

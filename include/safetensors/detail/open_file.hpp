@@ -44,8 +44,12 @@ struct FileHandle {
   std::string path;
 };
 
-/// Bytes of a view and what keeps them alive.
-using OwnedBytes = std::pair<std::span<const std::byte>, std::shared_ptr<const void>>;
+/// Bytes of a view and what keeps them alive. A struct rather than a `std::pair`, whose
+/// constrained constructors `Expected<OwnedBytes>` would check in every translation unit.
+struct OwnedBytes {
+  std::span<const std::byte> data;
+  std::shared_ptr<const void> owner;
+};
 
 /// Views of the direct backend of at least this many bytes own the aligned span around their
 /// bytes, read straight from the disk; smaller ones (less than one block) are copied into a
@@ -67,7 +71,7 @@ struct OpenFile {
   bool mapped = false;
 
   static OpenFile of(const ffi::File& f, std::shared_ptr<const void> owner) {
-    return {&f, f.dims().data(), std::move(owner), f.backend() == ffi::Backend::Direct, f.is_mapped()};
+    return {&f, f.dims().data, std::move(owner), f.backend() == ffi::Backend::Direct, f.is_mapped()};
   }
 
   /// The whole file when it is in memory (the mapping, made now if it is not yet, with whatever
@@ -78,7 +82,7 @@ struct OpenFile {
     if (!mapped) return std::span<const std::byte>{};
     auto bytes = attempt([&](ffi::Status& st) { return file->mapped_file(st); });
     if (!bytes) return bytes.status();
-    return std::span<const std::byte>{reinterpret_cast<const std::byte*>(bytes->data()), bytes->size()};
+    return span_of(*bytes);
   }
 
   /// The data buffer's bytes when mapped (mapping the file now if it is not yet); empty for the
@@ -120,8 +124,7 @@ struct OpenFile {
 
   [[nodiscard]] Status read_data(std::size_t offset, std::span<std::byte> dst) const {
     if (auto st = refuse_overlap_with("read_data", dst); !st.ok()) return st;
-    ::rust::Slice<std::uint8_t> out{reinterpret_cast<std::uint8_t*>(dst.data()), dst.size()};
-    return attempt([&](ffi::Status& st) { file->read_data(offset, out, st); });
+    return attempt([&](ffi::Status& st) { file->read_data(offset, bytes_mut(dst), st); });
   }
 
   /// Bytes `[offset, offset + len)` of the data buffer as a view's data and owner: the mapping
@@ -156,8 +159,9 @@ struct OpenFile {
     if (!span) return span.status();
     auto buffer = allocate_bytes(*span, what, ffi::direct_align());
     if (!buffer) return buffer.status();
-    ::rust::Slice<std::uint8_t> out{reinterpret_cast<std::uint8_t*>(buffer->get()), *span};
-    auto head = attempt([&](ffi::Status& st) { return file->read_data_aligned(offset, len, out, st); });
+    auto head = attempt([&](ffi::Status& st) {
+      return file->read_data_aligned(offset, len, bytes_mut({buffer->get(), *span}), st);
+    });
     if (!head) return head.status();
     return OwnedBytes{{buffer->get() + *head, len}, std::move(*buffer)};
   }
@@ -200,7 +204,7 @@ struct OpenFile {
   [[nodiscard]] Expected<TensorView> view_of(const ffi::TensorMeta& m, std::string_view name) const {
     auto bytes = bytes_at(m.begin, m.end - m.begin, "tensor `" + std::string(name) + "`");
     if (!bytes) return bytes.status();
-    return TensorView{static_cast<Dtype>(m.dtype), shape_of(m), bytes->first, std::move(bytes->second)};
+    return TensorView{static_cast<Dtype>(m.dtype), shape_of(m), bytes->data, std::move(bytes->owner)};
   }
 };
 

@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 use safetensors_core::{CheckpointOptions, Error};
 
 use crate::file::{backend, populate, File, Metadata};
-use crate::status::{guard, Status};
+use crate::status::{guard, Bytes, Status};
 use crate::status::{handed_over, native_path};
 use ffi::{Backend, Populate};
 
@@ -16,6 +16,7 @@ pub mod ffi {
         include!("safetensors/ffi/src/status.rs.h");
         include!("safetensors/ffi/src/file.rs.h");
         type Status = crate::status::ffi::Status;
+        type Bytes = crate::status::ffi::Bytes;
         type Backend = crate::file::ffi::Backend;
         type Populate = crate::file::ffi::Populate;
         type File = crate::file::File;
@@ -29,7 +30,7 @@ pub mod ffi {
         /// Opens an index (`.json`) or a single safetensors file; `populate` and `huge_pages`
         /// are each mapped shard's controls, from its open on. Null on failure.
         fn open_checkpoint(
-            path: &[u8],
+            path: Bytes,
             backend: Backend,
             lenient: bool,
             allow_trailing_bytes: bool,
@@ -38,9 +39,10 @@ pub mod ffi {
             status: &mut Status,
         ) -> *mut Checkpoint;
         /// The shard holding `name`, opened, with `ShardMissing` when (lenient) it lacks it.
-        fn shard_holding(self: &Checkpoint, name: &[u8], status: &mut Status) -> usize;
-        /// Tensors the index lists but their shard lacks, sorted (opens every shard).
-        fn missing(self: &Checkpoint, status: &mut Status) -> Vec<String>;
+        fn shard_holding(self: &Checkpoint, name: Bytes, status: &mut Status) -> usize;
+        /// Tensors the index lists but their shard lacks, sorted (opens every shard). Null on
+        /// failure.
+        fn missing(self: &Checkpoint, status: &mut Status) -> *mut Names;
         /// Bytes after the last tensor of shard `shard` (opens it).
         fn shard_trailing_bytes(self: &Checkpoint, shard: usize, status: &mut Status) -> u64;
         /// Number of tensors the index lists.
@@ -48,16 +50,16 @@ pub mod ffi {
         /// Tensor name `i` in sorted order.
         fn name_at(self: &Checkpoint, i: usize) -> &str;
         /// Sorted position of `name`, or -1.
-        fn position(self: &Checkpoint, name: &[u8]) -> isize;
+        fn position(self: &Checkpoint, name: Bytes) -> isize;
         /// The shard holding `name`, or `TensorNotFound`.
-        fn shard_of(self: &Checkpoint, name: &[u8], status: &mut Status) -> usize;
+        fn shard_of(self: &Checkpoint, name: Bytes, status: &mut Status) -> usize;
         /// Shard `shard`, opened (once) and checked against the index on first use; it lives as
         /// long as the checkpoint. Null on failure.
         fn shard_file(self: &Checkpoint, shard: usize, status: &mut Status) -> *const File;
         /// Number of shard files.
         fn shard_count(self: &Checkpoint) -> usize;
-        /// Path of shard `shard` (raw bytes).
-        fn shard_path(self: &Checkpoint, shard: usize) -> &[u8];
+        /// Path of shard `shard` (raw bytes, living as long as the checkpoint).
+        fn shard_path(self: &Checkpoint, shard: usize) -> Bytes;
         /// Whether shard `shard` has been opened.
         fn shard_is_open(self: &Checkpoint, shard: usize) -> bool;
         /// Shard files opened so far.
@@ -66,9 +68,17 @@ pub mod ffi {
         fn has_metadata(self: &Checkpoint) -> bool;
         /// The index's metadata (or the single file's `__metadata__`).
         fn metadata(self: &Checkpoint) -> &Metadata;
+
+        /// A list of names, walked by index.
+        type Names;
+        /// Number of names.
+        fn len(self: &Names) -> usize;
+        /// Name `i` ("" out of range).
+        fn at(self: &Names, i: usize) -> &str;
     }
 
     impl Box<Checkpoint> {}
+    impl Box<Names> {}
 }
 
 pub struct Checkpoint {
@@ -79,8 +89,23 @@ pub struct Checkpoint {
     metadata: Metadata,
 }
 
+/// A list of names (`Checkpoint::missing`'s).
+pub struct Names(Vec<String>);
+
+impl Names {
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    pub fn at(&self, i: usize) -> &str {
+        self.0.get(i).map_or("", String::as_str)
+    }
+}
+
 pub fn open_checkpoint(
-    path: &[u8],
+    path: Bytes,
     backend: Backend,
     lenient: bool,
     allow_trailing_bytes: bool,
@@ -88,6 +113,8 @@ pub fn open_checkpoint(
     huge_pages: bool,
     status: &mut Status,
 ) -> *mut Checkpoint {
+    // SAFETY: C++ lends the path's bytes for this call (`detail::bytes`).
+    let path = unsafe { path.get() };
     guard(status, || {
         let options = CheckpointOptions {
             backend: self::backend(backend)?,
@@ -121,7 +148,9 @@ impl Checkpoint {
         self.inner.names().get(i).map_or("", String::as_str)
     }
 
-    pub fn position(&self, name: &[u8]) -> isize {
+    pub fn position(&self, name: Bytes) -> isize {
+        // SAFETY: C++ lends the name for this call (`detail::bytes`).
+        let name = unsafe { name.get() };
         std::str::from_utf8(name)
             .ok()
             .and_then(|n| self.inner.position(n))
@@ -130,7 +159,9 @@ impl Checkpoint {
 
     /// Names are compared as bytes: a name that is not UTF-8 matches no tensor (a lossy
     /// conversion could turn it into the name of another one).
-    pub fn shard_of(&self, name: &[u8], status: &mut Status) -> usize {
+    pub fn shard_of(&self, name: Bytes, status: &mut Status) -> usize {
+        // SAFETY: C++ lends the name for this call (`detail::bytes`).
+        let name = unsafe { name.get() };
         guard(status, || match std::str::from_utf8(name) {
             Ok(name) => self.inner.shard_of(name),
             Err(_) => Err(Error::TensorNotFound {
@@ -158,7 +189,9 @@ impl Checkpoint {
     }
 
     /// [`Checkpoint::shard_of`], then the shard opened and (lenient mode) checked to hold it.
-    pub fn shard_holding(&self, name: &[u8], status: &mut Status) -> usize {
+    pub fn shard_holding(&self, name: Bytes, status: &mut Status) -> usize {
+        // SAFETY: C++ lends the name for this call (`detail::bytes`).
+        let name = unsafe { name.get() };
         guard(status, || match std::str::from_utf8(name) {
             Ok(name) => self.inner.shard_holding(name),
             Err(_) => Err(Error::TensorNotFound {
@@ -168,9 +201,10 @@ impl Checkpoint {
         })
     }
 
-    pub fn missing(&self, status: &mut Status) -> Vec<String> {
+    pub fn missing(&self, status: &mut Status) -> *mut Names {
         guard(status, || {
-            Ok(self.inner.missing()?.into_iter().map(|(n, _)| n).collect())
+            let names = self.inner.missing()?.into_iter().map(|(n, _)| n).collect();
+            Ok(handed_over(Names(names)))
         })
     }
 
@@ -182,10 +216,12 @@ impl Checkpoint {
         self.inner.shard_count()
     }
 
-    pub fn shard_path(&self, shard: usize) -> &[u8] {
-        self.inner
-            .shard_path(shard)
-            .map_or(&[], |p| p.as_os_str().as_bytes())
+    pub fn shard_path(&self, shard: usize) -> Bytes {
+        Bytes::of(
+            self.inner
+                .shard_path(shard)
+                .map_or(&[], |p| p.as_os_str().as_bytes()),
+        )
     }
 
     pub fn shard_is_open(&self, shard: usize) -> bool {
@@ -214,7 +250,7 @@ mod tests {
     use safetensors_core::{serialize_to_file, Dtype, TensorView};
 
     use super::{open_checkpoint, Backend, Populate};
-    use crate::status::{adopt, outcome};
+    use crate::status::{adopt, outcome, Bytes};
 
     fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("st-cxx-{}-{name}", std::process::id()));
@@ -236,7 +272,7 @@ mod tests {
         let ckpt = adopt(
             outcome(|s| {
                 open_checkpoint(
-                    path.as_os_str().as_bytes(),
+                    Bytes::of(path.as_os_str().as_bytes()),
                     Backend::Mmap,
                     false,
                     false,
@@ -247,11 +283,11 @@ mod tests {
             })
             .unwrap(),
         );
-        let err = outcome(|s| ckpt.shard_of(b"w\xff", s)).unwrap_err();
+        let err = outcome(|s| ckpt.shard_of(Bytes::of(b"w\xff"), s)).unwrap_err();
         assert_eq!(err.kind, 10, "{}", err.message);
-        assert_eq!(ckpt.position(b"w\xff"), -1);
+        assert_eq!(ckpt.position(Bytes::of(b"w\xff")), -1);
         assert_eq!(
-            outcome(|s| ckpt.shard_of("w\u{FFFD}".as_bytes(), s)).unwrap(),
+            outcome(|s| ckpt.shard_of(Bytes::of("w\u{FFFD}".as_bytes()), s)).unwrap(),
             0
         );
         std::fs::remove_dir_all(&dir).unwrap();
@@ -273,19 +309,30 @@ mod tests {
         assert_eq!(names, [b"caf\xe9-\xe0\xe8.safetensors".to_vec()]);
         let file = adopt(
             outcome(|s| {
-                crate::file::open_file(&raw, Backend::Read, false, Populate::Lazy, false, s)
+                crate::file::open_path(&raw, Backend::Read, false, Populate::Lazy, false, s)
             })
             .unwrap(),
         );
         assert_eq!(file.tensor_count(), 1);
         let ckpt = adopt(
             outcome(|s| {
-                open_checkpoint(&raw, Backend::Mmap, false, false, Populate::Lazy, false, s)
+                open_checkpoint(
+                    Bytes::of(&raw),
+                    Backend::Mmap,
+                    false,
+                    false,
+                    Populate::Lazy,
+                    false,
+                    s,
+                )
             })
             .unwrap(),
         );
-        assert_eq!(ckpt.shard_path(0), raw.as_slice());
-        assert_eq!(OsStr::from_bytes(ckpt.shard_path(0)).len(), raw.len());
+        let shard_path = ckpt.shard_path(0);
+        // SAFETY: the path lives as long as the checkpoint.
+        let shard_path = unsafe { shard_path.get() };
+        assert_eq!(shard_path, raw.as_slice());
+        assert_eq!(OsStr::from_bytes(shard_path).len(), raw.len());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,64 +1,72 @@
 //! Dtype conversion and dequantization (bridge and glue): dtypes cross as their enum index (the
 //! public `Dtype`'s values, which `enums_test` checks against the core's), shapes and bytes as
-//! slices; everything else is `safetensors_core::convert`.
+//! spans (pointer and length); everything else is `safetensors_core::convert`.
 
 use safetensors_core::convert;
 use safetensors_core::{Error, TensorView};
 
-use crate::status::{guard, Status};
+use crate::status::{guard, Bytes, BytesMut, Sizes, SizesMut, Status};
 
 #[cxx::bridge(namespace = "safetensors::ffi")]
 pub mod ffi {
     unsafe extern "C++" {
         include!("safetensors/ffi/src/status.rs.h");
         type Status = crate::status::ffi::Status;
+        type Bytes = crate::status::ffi::Bytes;
+        type BytesMut = crate::status::ffi::BytesMut;
+        type Sizes = crate::status::ffi::Sizes;
+        type SizesMut = crate::status::ffi::SizesMut;
     }
 
+    // Every span is lent by C++ for the length of the call (see `Bytes` in the status bridge).
     extern "Rust" {
         /// Converts the elements of a `from` tensor of `shape` into `to` (`dst` holds exactly
         /// numel × size(to) bytes).
         fn convert_tensor(
             from: u8,
-            shape: &[usize],
-            src: &[u8],
+            shape: Sizes,
+            src: Bytes,
             to: u8,
-            dst: &mut [u8],
+            dst: BytesMut,
             status: &mut Status,
         );
         /// Bytes a tensor `name` of `dtype` and `shape` takes (the tensor byte-length rule).
-        fn tensor_byte_len(name: &[u8], dtype: u8, shape: &[usize], status: &mut Status) -> usize;
+        fn tensor_byte_len(name: Bytes, dtype: u8, shape: Sizes, status: &mut Status) -> usize;
         /// DeepSeek-V3 style: a 2-D weight times its per-block scales, into `to`.
         #[allow(clippy::too_many_arguments)]
         fn dequantize_fp8_blocks(
             weight_dtype: u8,
-            weight_shape: &[usize],
-            weight: &[u8],
+            weight_shape: Sizes,
+            weight: Bytes,
             scale_dtype: u8,
-            scale_shape: &[usize],
-            scale: &[u8],
+            scale_shape: Sizes,
+            scale: Bytes,
             block_rows: usize,
             block_cols: usize,
             to: u8,
-            dst: &mut [u8],
+            dst: BytesMut,
             status: &mut Status,
         );
-        /// Shape of an MXFP4 dequantization: `[..., G, 16]` blocks give `[..., G*32]`.
+        /// Shape of an MXFP4 dequantization: `[..., G, 16]` blocks give `[..., G*32]`, one
+        /// dimension fewer, written into `out` (room for at least that many); returns its
+        /// length.
         fn mxfp4_output_shape(
-            blocks_shape: &[usize],
-            scales_shape: &[usize],
+            blocks_shape: Sizes,
+            scales_shape: Sizes,
+            out: SizesMut,
             status: &mut Status,
-        ) -> Vec<usize>;
+        ) -> usize;
         /// gpt-oss style MXFP4 blocks and E8M0 scales, into `to`.
         #[allow(clippy::too_many_arguments)]
         fn dequantize_mxfp4(
             blocks_dtype: u8,
-            blocks_shape: &[usize],
-            blocks: &[u8],
+            blocks_shape: Sizes,
+            blocks: Bytes,
             scales_dtype: u8,
-            scales_shape: &[usize],
-            scales: &[u8],
+            scales_shape: Sizes,
+            scales: Bytes,
             to: u8,
-            dst: &mut [u8],
+            dst: BytesMut,
             status: &mut Status,
         );
     }
@@ -76,12 +84,15 @@ fn view<'a>(dtype_index: u8, shape: &'a [usize], data: &'a [u8]) -> Result<Tenso
 
 pub fn convert_tensor(
     from: u8,
-    shape: &[usize],
-    src: &[u8],
+    shape: Sizes,
+    src: Bytes,
     to: u8,
-    dst: &mut [u8],
+    mut dst: BytesMut,
     status: &mut Status,
 ) {
+    // SAFETY: C++ lends each span for this call (`detail::dims`, `detail::u8s`, `u8s_mut`), the
+    // output outside the source.
+    let (shape, src, dst) = unsafe { (shape.get(), src.get(), dst.get()) };
     guard(status, || {
         let (from, to) = (
             convert::dtype_to_convert(from)?,
@@ -93,7 +104,9 @@ pub fn convert_tensor(
 
 /// The tensor byte-length rule for C++ (conversion outputs, DLPack exports): `name` is for
 /// messages; a dtype value outside the enumeration is `TypeMismatch`.
-pub fn tensor_byte_len(name: &[u8], dtype: u8, shape: &[usize], status: &mut Status) -> usize {
+pub fn tensor_byte_len(name: Bytes, dtype: u8, shape: Sizes, status: &mut Status) -> usize {
+    // SAFETY: C++ lends both spans for this call.
+    let (name, shape) = unsafe { (name.get(), shape.get()) };
     guard(status, || {
         let dtype = convert::dtype_to_convert(dtype)?;
         safetensors_core::tensor_byte_len(&String::from_utf8_lossy(name), dtype, shape)
@@ -103,17 +116,27 @@ pub fn tensor_byte_len(name: &[u8], dtype: u8, shape: &[usize], status: &mut Sta
 #[allow(clippy::too_many_arguments)] // cxx bridges take no structs holding slices
 pub fn dequantize_fp8_blocks(
     weight_dtype: u8,
-    weight_shape: &[usize],
-    weight: &[u8],
+    weight_shape: Sizes,
+    weight: Bytes,
     scale_dtype: u8,
-    scale_shape: &[usize],
-    scale: &[u8],
+    scale_shape: Sizes,
+    scale: Bytes,
     block_rows: usize,
     block_cols: usize,
     to: u8,
-    dst: &mut [u8],
+    mut dst: BytesMut,
     status: &mut Status,
 ) {
+    // SAFETY: C++ lends each span for this call, the output outside the sources.
+    let (weight_shape, weight, scale_shape, scale, dst) = unsafe {
+        (
+            weight_shape.get(),
+            weight.get(),
+            scale_shape.get(),
+            scale.get(),
+            dst.get(),
+        )
+    };
     guard(status, || {
         let w = view(weight_dtype, weight_shape, weight)?;
         let s = view(scale_dtype, scale_shape, scale)?;
@@ -123,27 +146,50 @@ pub fn dequantize_fp8_blocks(
 }
 
 pub fn mxfp4_output_shape(
-    blocks_shape: &[usize],
-    scales_shape: &[usize],
+    blocks_shape: Sizes,
+    scales_shape: Sizes,
+    mut out: SizesMut,
     status: &mut Status,
-) -> Vec<usize> {
+) -> usize {
+    // SAFETY: C++ lends each span for this call.
+    let (blocks_shape, scales_shape, out) =
+        unsafe { (blocks_shape.get(), scales_shape.get(), out.get()) };
     guard(status, || {
-        convert::mxfp4_output_shape(blocks_shape, scales_shape)
+        let shape = convert::mxfp4_output_shape(blocks_shape, scales_shape)?;
+        let room = out.len();
+        let slots = out.get_mut(..shape.len()).ok_or_else(|| Error::Internal {
+            message: format!(
+                "room for {room} dimensions, but the MXFP4 output shape has {}",
+                shape.len()
+            ),
+        })?;
+        slots.copy_from_slice(&shape);
+        Ok(shape.len())
     })
 }
 
 #[allow(clippy::too_many_arguments)] // cxx bridges take no structs holding slices
 pub fn dequantize_mxfp4(
     blocks_dtype: u8,
-    blocks_shape: &[usize],
-    blocks: &[u8],
+    blocks_shape: Sizes,
+    blocks: Bytes,
     scales_dtype: u8,
-    scales_shape: &[usize],
-    scales: &[u8],
+    scales_shape: Sizes,
+    scales: Bytes,
     to: u8,
-    dst: &mut [u8],
+    mut dst: BytesMut,
     status: &mut Status,
 ) {
+    // SAFETY: C++ lends each span for this call, the output outside the sources.
+    let (blocks_shape, blocks, scales_shape, scales, dst) = unsafe {
+        (
+            blocks_shape.get(),
+            blocks.get(),
+            scales_shape.get(),
+            scales.get(),
+            dst.get(),
+        )
+    };
     guard(status, || {
         let b = view(blocks_dtype, blocks_shape, blocks)?;
         let s = view(scales_dtype, scales_shape, scales)?;

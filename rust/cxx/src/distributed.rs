@@ -170,6 +170,9 @@ pub mod ffi {
     }
 
     impl Box<DistPlan> {}
+    // The tensor-parallel rules return selections as vectors of `SliceIndex`: their glue is
+    // generated here rather than in the file bridge, whose header the reading headers include.
+    impl Vec<SliceIndex> {}
 }
 
 /// The selection `rule` gives a tensor named `name` of `shape`.

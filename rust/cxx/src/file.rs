@@ -5,17 +5,22 @@ use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 
-use safetensors_core::{fallible, Error, Indexer, OpenOptions, SafeFile, TensorInfo, DIRECT_ALIGN};
+use safetensors_core::{Error, Indexer, OpenOptions, SafeFile, TensorInfo, DIRECT_ALIGN};
 
-use crate::status::{guard, Fallback, Status};
+use crate::status::{guard, lent, lent_mut, Bytes, BytesMut, Fallback, Sizes, Status};
 use crate::status::{handed_over, native_path};
-use ffi::{Backend, ByteRun, Populate, SliceIndex, SliceKind, TensorMeta};
+use ffi::{
+    Backend, ByteRun, ByteRunsMut, Populate, SliceIndex, SliceIndices, SliceKind, TensorMeta,
+};
 
 #[cxx::bridge(namespace = "safetensors::ffi")]
 pub mod ffi {
     unsafe extern "C++" {
         include!("safetensors/ffi/src/status.rs.h");
         type Status = crate::status::ffi::Status;
+        type Bytes = crate::status::ffi::Bytes;
+        type BytesMut = crate::status::ffi::BytesMut;
+        type Sizes = crate::status::ffi::Sizes;
     }
 
     /// How a file's tensor bytes are reached: `safetensors::Backend`'s values.
@@ -77,6 +82,20 @@ pub mod ffi {
         length: u64,
     }
 
+    /// Slice indices C++ lends for one call (see `Bytes` in the status bridge).
+    #[derive(Debug, Clone, Copy)]
+    struct SliceIndices {
+        data: *const SliceIndex,
+        len: usize,
+    }
+
+    /// Room for byte runs, which a call fills.
+    #[derive(Debug)]
+    struct ByteRunsMut {
+        data: *mut ByteRun,
+        len: usize,
+    }
+
     extern "Rust" {
         /// A metadata map as sorted (key, value) pairs, walked by index.
         #[derive(ExternType)]
@@ -96,7 +115,7 @@ pub mod ffi {
         /// `allow_trailing_bytes` accepts bytes after the last tensor; `populate` and
         /// `huge_pages` are the mapping's controls. Null on failure.
         fn open_file(
-            path: &[u8],
+            path: Bytes,
             backend: Backend,
             allow_trailing_bytes: bool,
             populate: Populate,
@@ -110,8 +129,8 @@ pub mod ffi {
         /// bytes stay alive, unmoved and unchanged. `name` is for messages. On failure,
         /// `release(owner)` has been called before the call returns.
         unsafe fn open_memory(
-            data: &[u8],
-            name: &[u8],
+            data: Bytes,
+            name: Bytes,
             allow_trailing_bytes: bool,
             release: usize,
             owner: usize,
@@ -123,15 +142,16 @@ pub mod ffi {
         /// Number of tensors.
         fn tensor_count(self: &File) -> usize;
         /// The tensor named `name`, or a `TensorNotFound` error naming the file.
-        fn find(self: &File, name: &[u8], status: &mut Status) -> TensorMeta;
+        fn find(self: &File, name: Bytes, status: &mut Status) -> TensorMeta;
         /// Position of `name` in file order, or -1.
-        fn position(self: &File, name: &[u8]) -> isize;
+        fn position(self: &File, name: Bytes) -> isize;
         /// The tensor at `index` in file order (all zero when out of range).
         fn meta_at(self: &File, index: usize) -> TensorMeta;
         /// Name of the tensor at `index` in file order.
         fn name_at(self: &File, index: usize) -> &str;
-        /// Every tensor's dimensions back to back; `TensorMeta::shape_start/len` index it.
-        fn dims(self: &File) -> &[usize];
+        /// Every tensor's dimensions back to back; `TensorMeta::shape_start/len` index it. They
+        /// live as long as the file.
+        fn dims(self: &File) -> Sizes;
         /// Name of the `k`-th tensor in byte-wise name order ("" out of range). The order is
         /// computed once and read only on the Rust side, so C++ never reads memory whose
         /// publication it cannot see (see `File::sorted`).
@@ -142,8 +162,9 @@ pub mod ffi {
         fn metadata(self: &File) -> &Metadata;
         /// Every byte of the file in memory, from the length prefix on, when mapped or in
         /// memory (mapped now if its mapping was deferred, which can fail); empty with the read
-        /// and direct backends. The data buffer starts `8 + header_len()` bytes in.
-        unsafe fn mapped_file<'a>(self: &'a File, status: &mut Status) -> &'a [u8];
+        /// and direct backends. The data buffer starts `8 + header_len()` bytes in. The bytes
+        /// live as long as the file.
+        fn mapped_file(self: &File, status: &mut Status) -> Bytes;
         /// Whether the file is mapped, or will be at its first access of tensor bytes (the
         /// mapped backend, and bytes in memory).
         fn is_mapped(self: &File) -> bool;
@@ -152,18 +173,18 @@ pub mod ffi {
         /// Length of the data buffer.
         fn data_len(self: &File) -> usize;
         /// Copies data-buffer bytes `[offset, offset + dst.len())` into `dst`.
-        fn read_data(self: &File, offset: u64, dst: &mut [u8], status: &mut Status);
+        fn read_data(self: &File, offset: u64, dst: BytesMut, status: &mut Status);
         /// Data bytes fetched by the read backend so far.
         fn bytes_read(self: &File) -> u64;
         /// Plans a slice of the tensor at `index` in file order. Null on failure.
         fn plan_slice(
             self: &File,
             index: usize,
-            indexers: &[SliceIndex],
+            indexers: SliceIndices,
             status: &mut Status,
         ) -> *mut SlicePlan;
         /// Copies the bytes `plan` selects into `dst` (exactly `plan.byte_len()` bytes).
-        fn read_slice(self: &File, plan: &SlicePlan, dst: &mut [u8], status: &mut Status);
+        fn read_slice(self: &File, plan: &SlicePlan, dst: BytesMut, status: &mut Status);
 
         /// The backend (bytes in memory: `Mmap`).
         fn backend(self: &File) -> Backend;
@@ -174,13 +195,15 @@ pub mod ffi {
         /// A planned slice: the new shape and the byte runs, no data.
         #[derive(ExternType)]
         type SlicePlan;
-        /// Shape of the slice.
-        fn shape(self: &SlicePlan) -> &[usize];
+        /// Shape of the slice (living as long as the plan).
+        fn shape(self: &SlicePlan) -> Sizes;
         /// Bytes in the slice.
         fn byte_len(self: &SlicePlan) -> usize;
-        /// The runs, in order, relative to the data buffer; touching runs already merged
-        /// (`Io` when there are more than memory holds).
-        fn runs(self: &SlicePlan, status: &mut Status) -> Vec<ByteRun>;
+        /// Number of runs, touching runs merged, as `write_runs` writes them.
+        fn run_count(self: &SlicePlan) -> usize;
+        /// Writes the runs, in order, relative to the data buffer, into `out`, which has room
+        /// for exactly `run_count()` of them (else `Internal`).
+        fn write_runs(self: &SlicePlan, out: ByteRunsMut, status: &mut Status);
         /// Whether the slice is at most one contiguous run.
         fn contiguous(self: &SlicePlan) -> bool;
         /// Where the first run starts, relative to the data buffer (0 when empty).
@@ -196,7 +219,7 @@ pub mod ffi {
             self: &File,
             offset: u64,
             len: usize,
-            dst: &mut [u8],
+            dst: BytesMut,
             status: &mut Status,
         ) -> usize;
     }
@@ -205,8 +228,6 @@ pub mod ffi {
     // their `Box` glue is generated here, as no signature names it.
     impl Box<File> {}
     impl Box<SlicePlan> {}
-    // Other bridges return these in vectors (the tensor-parallel rules' selections).
-    impl Vec<SliceIndex> {}
 }
 
 impl Fallback for TensorMeta {
@@ -292,8 +313,29 @@ impl File {
     }
 }
 
-/// Opens `path` with `backend`, accepting trailing bytes when asked, with the mapping's controls.
+/// `open_path` of the path C++ lends.
 pub fn open_file(
+    path: Bytes,
+    backend: Backend,
+    allow_trailing_bytes: bool,
+    populate: Populate,
+    huge_pages: bool,
+    status: &mut Status,
+) -> *mut File {
+    // SAFETY: C++ lends the path's bytes for this call (`detail::bytes`).
+    let path = unsafe { path.get() };
+    open_path(
+        path,
+        backend,
+        allow_trailing_bytes,
+        populate,
+        huge_pages,
+        status,
+    )
+}
+
+/// Opens `path` with `backend`, accepting trailing bytes when asked, with the mapping's controls.
+pub(crate) fn open_path(
     path: &[u8],
     backend: Backend,
     allow_trailing_bytes: bool,
@@ -362,13 +404,16 @@ impl AsRef<[u8]> for Lent {
 /// `SafeOpen::from_bytes` in `include/safetensors/safe_open.hpp`, passes a heap copy of the
 /// caller's keep-alive `std::shared_ptr` and a function that deletes it.
 pub unsafe fn open_memory(
-    data: &[u8],
-    name: &[u8],
+    data: Bytes,
+    name: Bytes,
     allow_trailing_bytes: bool,
     release: usize,
     owner: usize,
     status: &mut Status,
 ) -> *mut File {
+    // SAFETY: C++ lends the name for this call; `data` is kept as its address and length only
+    // (see `Lent`).
+    let name = unsafe { name.get() };
     // Taken first, so that the owner is released on every path, errors included.
     let owner = (release != 0).then(|| Owner {
         // SAFETY: the caller passes the address of such a function (see above).
@@ -377,8 +422,8 @@ pub unsafe fn open_memory(
     });
     guard(status, || {
         let lent = Lent {
-            ptr: data.as_ptr(),
-            len: data.len(),
+            ptr: data.data,
+            len: data.len,
             _owner: owner,
         };
         let options = OpenOptions {
@@ -424,9 +469,11 @@ impl File {
         self.inner.trailing_bytes()
     }
 
-    pub fn find(&self, name: &[u8], status: &mut Status) -> TensorMeta {
+    pub fn find(&self, name: Bytes, status: &mut Status) -> TensorMeta {
+        // SAFETY: C++ lends the name for this call (`detail::bytes`).
+        let name = unsafe { name.get() };
         guard(status, || {
-            let index = usize::try_from(self.position(name)).map_err(|_| {
+            let index = usize::try_from(self.index_of(name)).map_err(|_| {
                 Error::TensorNotFound {
                     name: String::from_utf8_lossy(name).into_owned(),
                 }
@@ -436,7 +483,13 @@ impl File {
         })
     }
 
-    pub fn position(&self, name: &[u8]) -> isize {
+    pub fn position(&self, name: Bytes) -> isize {
+        // SAFETY: C++ lends the name for this call (`detail::bytes`).
+        self.index_of(unsafe { name.get() })
+    }
+
+    /// Position of `name` in file order, or -1.
+    pub(crate) fn index_of(&self, name: &[u8]) -> isize {
         self.inner
             .header()
             .position_bytes(name)
@@ -454,8 +507,8 @@ impl File {
         }
     }
 
-    pub fn dims(&self) -> &[usize] {
-        self.inner.header().dims()
+    pub fn dims(&self) -> Sizes {
+        Sizes::of(self.inner.header().dims())
     }
 
     pub fn name_at(&self, index: usize) -> &str {
@@ -480,8 +533,10 @@ impl File {
         &self.metadata
     }
 
-    pub fn mapped_file<'a>(&'a self, status: &mut Status) -> &'a [u8] {
-        guard(status, || Ok(self.inner.mapped_file()?.unwrap_or(&[])))
+    pub fn mapped_file(&self, status: &mut Status) -> Bytes {
+        guard(status, || {
+            Ok(Bytes::of(self.inner.mapped_file()?.unwrap_or(&[])))
+        })
     }
 
     pub fn is_mapped(&self) -> bool {
@@ -496,7 +551,9 @@ impl File {
         self.inner.header().data_len()
     }
 
-    pub fn read_data(&self, offset: u64, dst: &mut [u8], status: &mut Status) {
+    pub fn read_data(&self, offset: u64, mut dst: BytesMut, status: &mut Status) {
+        // SAFETY: C++ lends `dst` for this call, outside the file's memory (`refuse_overlap`).
+        let dst = unsafe { dst.get() };
         guard(status, || self.inner.read_data(offset, dst))
     }
 
@@ -507,9 +564,11 @@ impl File {
     pub fn plan_slice(
         &self,
         index: usize,
-        indexers: &[SliceIndex],
+        indexers: SliceIndices,
         status: &mut Status,
     ) -> *mut SlicePlan {
+        // SAFETY: C++ lends the indices for this call.
+        let indexers = unsafe { lent(indexers.data, indexers.len) };
         guard(status, || {
             let info = self.tensor_at(index)?;
             let indexers = self::indexers(indexers)?;
@@ -523,7 +582,9 @@ impl File {
         })
     }
 
-    pub fn read_slice(&self, plan: &SlicePlan, dst: &mut [u8], status: &mut Status) {
+    pub fn read_slice(&self, plan: &SlicePlan, mut dst: BytesMut, status: &mut Status) {
+        // SAFETY: C++ lends `dst` for this call, outside the file's memory (`refuse_overlap`).
+        let dst = unsafe { dst.get() };
         guard(status, || {
             let info = self.tensor_at(plan.index)?;
             self.inner.read_slice_of(&info, &plan.plan, dst)
@@ -563,9 +624,11 @@ impl File {
         &self,
         offset: u64,
         len: usize,
-        dst: &mut [u8],
+        mut dst: BytesMut,
         status: &mut Status,
     ) -> usize {
+        // SAFETY: C++ lends `dst` for this call (a buffer of its own, `aligned_bytes`).
+        let dst = unsafe { dst.get() };
         guard(status, || self.core().read_data_aligned(offset, len, dst))
     }
 }
@@ -623,27 +686,44 @@ impl SlicePlan {
         self.index
     }
 
-    pub fn shape(&self) -> &[usize] {
-        self.plan.shape()
+    pub fn shape(&self) -> Sizes {
+        Sizes::of(self.plan.shape())
     }
 
     pub fn byte_len(&self) -> usize {
         self.plan.byte_len()
     }
 
-    /// Runs relative to the start of the data buffer.
-    pub fn runs(&self, status: &mut Status) -> Vec<ByteRun> {
+    pub fn run_count(&self) -> usize {
+        self.plan.runs().count()
+    }
+
+    /// The runs relative to the start of the data buffer, into the room C++ made for exactly
+    /// `run_count()` of them (as many as elements for a strided selection, so C++ allocates
+    /// them fallibly).
+    pub fn write_runs(&self, out: ByteRunsMut, status: &mut Status) {
+        // SAFETY: C++ lends `out` for this call.
+        let out = unsafe { lent_mut(out.data, out.len) };
         guard(status, || {
-            // As many runs as elements for a strided selection: grown fallibly.
-            let mut out = Vec::new();
-            for (offset, len) in self.plan.runs() {
-                let run = ByteRun {
+            let room = out.len();
+            let mismatch = || Error::Internal {
+                message: format!(
+                    "room for {room} byte runs, but the selection has {}",
+                    self.run_count()
+                ),
+            };
+            let mut runs = self.plan.runs();
+            for slot in out.iter_mut() {
+                let (offset, len) = runs.next().ok_or_else(mismatch)?;
+                *slot = ByteRun {
                     offset: (self.begin + offset) as u64,
                     length: len as u64,
                 };
-                fallible::push(&mut out, run, "a selection's runs")?;
             }
-            Ok(out)
+            match runs.next() {
+                Some(_) => Err(mismatch()),
+                None => Ok(()),
+            }
         })
     }
 
@@ -679,7 +759,7 @@ mod tests {
     fn a_backend_or_slice_kind_that_names_none_is_an_error_not_a_guess() {
         for repr in [3u8, 7, 255] {
             let err = outcome(|s| {
-                open_file(
+                open_path(
                     b"/nonexistent",
                     Backend { repr },
                     false,
@@ -697,7 +777,7 @@ mod tests {
                 err.message
             );
             let err = outcome(|s| {
-                open_file(
+                open_path(
                     b"/nonexistent",
                     Backend::Read,
                     false,

@@ -19,8 +19,15 @@
 //! - every infallible accessor is total: an index out of range gives an empty value, never a
 //!   panic (the C++ wrappers only pass valid indices anyway).
 //!
+//! The bridges the reading headers include (status, file, checkpoint, convert, remote) take no
+//! slice and return no `Vec`: spans cross as shared structs of a pointer and a length (`Bytes`,
+//! `Sizes`, ... in `status.rs`), so that their generated headers need none of `rust::Slice`'s and
+//! `rust::Vec`'s standard headers (`<ranges>`, `<algorithm>`), which every C++ file that reads
+//! tensors would otherwise compile.
+//!
 //! The areas, in the order their imports run (each uses only those before it):
-//! - `status.rs`: `Status`, `guard`, paths as bytes, the names of dtypes and error kinds;
+//! - `status.rs`: `Status`, `guard`, the spans that cross (`Bytes`, `Sizes`, ...), paths as
+//!   bytes, the names of dtypes and error kinds;
 //! - `file.rs`: `File` (an open file: lookups, reads, slices, aligned reads), `Metadata`,
 //!   `SlicePlan`;
 //! - `checkpoint.rs`: `Checkpoint`;

@@ -5,7 +5,7 @@
 
 use crate::checkpoint::Checkpoint;
 use crate::file::File;
-use crate::status::Status;
+use crate::status::{Bytes, Status};
 use ffi::RemoteOptions;
 
 #[cxx::bridge(namespace = "safetensors::ffi")]
@@ -15,6 +15,7 @@ pub mod ffi {
         include!("safetensors/ffi/src/file.rs.h");
         include!("safetensors/ffi/src/checkpoint.rs.h");
         type Status = crate::status::ffi::Status;
+        type Bytes = crate::status::ffi::Bytes;
         type File = crate::file::File;
         type Checkpoint = crate::checkpoint::Checkpoint;
     }
@@ -38,12 +39,12 @@ pub mod ffi {
         /// Whether this build opens remote files (the `remote` feature).
         fn remote_built() -> bool;
         /// Whether `s` is a URL (`s3://`, `http://`, `https://`) rather than a local path.
-        fn is_url(s: &[u8]) -> bool;
+        fn is_url(s: Bytes) -> bool;
         /// Opens the object at `url`: the header (validated), then every byte into memory, or
         /// (`on_demand`) each read's bytes when it is made. `allow_trailing_bytes` as for local
         /// files. Null on failure.
         fn open_remote(
-            url: &[u8],
+            url: Bytes,
             options: &RemoteOptions,
             allow_trailing_bytes: bool,
             status: &mut Status,
@@ -51,7 +52,7 @@ pub mod ffi {
         /// Opens a remote checkpoint: an index (`.json`) whose shards are objects next to it,
         /// each opened with `options` on first use, or one remote file. Null on failure.
         fn open_remote_checkpoint(
-            url: &[u8],
+            url: Bytes,
             options: &RemoteOptions,
             lenient: bool,
             allow_trailing_bytes: bool,
@@ -62,8 +63,9 @@ pub mod ffi {
 
 /// The core's rule (`safetensors_core::is_url`), the same in builds without remote support, so
 /// that a URL is never opened as a local path there either.
-pub fn is_url(s: &[u8]) -> bool {
-    std::str::from_utf8(s).is_ok_and(safetensors_core::is_url)
+pub fn is_url(s: Bytes) -> bool {
+    // SAFETY: C++ lends the bytes for this call (`detail::bytes`).
+    std::str::from_utf8(unsafe { s.get() }).is_ok_and(safetensors_core::is_url)
 }
 
 #[cfg(feature = "remote")]
@@ -76,20 +78,24 @@ mod imp;
 pub use imp::remote_built;
 
 pub fn open_remote(
-    url: &[u8],
+    url: Bytes,
     options: &RemoteOptions,
     allow_trailing_bytes: bool,
     status: &mut Status,
 ) -> *mut File {
+    // SAFETY: C++ lends the URL's bytes for this call (`detail::bytes`).
+    let url = unsafe { url.get() };
     imp::open_remote(url, options, allow_trailing_bytes, status)
 }
 
 pub fn open_remote_checkpoint(
-    url: &[u8],
+    url: Bytes,
     options: &RemoteOptions,
     lenient: bool,
     allow_trailing_bytes: bool,
     status: &mut Status,
 ) -> *mut Checkpoint {
+    // SAFETY: C++ lends the URL's bytes for this call (`detail::bytes`).
+    let url = unsafe { url.get() };
     imp::open_remote_checkpoint(url, options, lenient, allow_trailing_bytes, status)
 }

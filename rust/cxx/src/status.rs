@@ -7,7 +7,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use safetensors_core::{Dtype, Error, ErrorKind};
 
-pub use ffi::Status;
+pub use ffi::{Bytes, BytesMut, Sizes, SizesMut, Status};
 
 #[cxx::bridge(namespace = "safetensors::ffi")]
 pub mod ffi {
@@ -18,6 +18,41 @@ pub mod ffi {
         ok: bool,
         kind: u8,
         message: String,
+    }
+
+    // Spans lent across the bridge as a pointer and a length rather than as `&[T]`: a bridge
+    // with no slice or `Vec` in its signatures generates a header without `rust::Slice` and
+    // `rust::Vec`, whose `<ranges>` and `<algorithm>` every translation unit of the reading
+    // headers would otherwise compile. `data` may be null when `len` is 0. A span C++ passes
+    // in is lent for the length of the call; one a Rust object returns lives as long as the
+    // object.
+
+    /// Bytes to read.
+    #[derive(Debug, Clone, Copy)]
+    struct Bytes {
+        data: *const u8,
+        len: usize,
+    }
+
+    /// Bytes to write.
+    #[derive(Debug)]
+    struct BytesMut {
+        data: *mut u8,
+        len: usize,
+    }
+
+    /// Sizes to read (a shape, or every tensor's dimensions).
+    #[derive(Debug, Clone, Copy)]
+    struct Sizes {
+        data: *const usize,
+        len: usize,
+    }
+
+    /// Sizes to write.
+    #[derive(Debug)]
+    struct SizesMut {
+        data: *mut usize,
+        len: usize,
     }
 
     extern "Rust" {
@@ -42,6 +77,95 @@ fn error_kind_name(kind: u8) -> &'static str {
     ErrorKind::ALL
         .get(usize::from(kind))
         .map_or("", |k| k.name())
+}
+
+/// `data[..len]` as a slice (empty when `len` is 0, whatever `data` is).
+///
+/// # Safety
+/// `data` points at `len` initialised values that stay alive and unchanged for `'a`.
+pub(crate) unsafe fn lent<'a, T>(data: *const T, len: usize) -> &'a [T] {
+    if len == 0 || data.is_null() {
+        &[]
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts(data, len) }
+    }
+}
+
+/// `data[..len]` as a mutable slice (empty when `len` is 0, whatever `data` is).
+///
+/// # Safety
+/// `data` points at `len` values that stay alive, and that nothing else reads or writes, for
+/// `'a`.
+pub(crate) unsafe fn lent_mut<'a, T>(data: *mut T, len: usize) -> &'a mut [T] {
+    if len == 0 || data.is_null() {
+        &mut []
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(data, len) }
+    }
+}
+
+impl ffi::Bytes {
+    /// A span of `bytes`, for a call that reads them (or for C++ to read as long as they live).
+    pub(crate) fn of(bytes: &[u8]) -> Self {
+        Self {
+            data: bytes.as_ptr(),
+            len: bytes.len(),
+        }
+    }
+
+    /// The bytes.
+    ///
+    /// # Safety
+    /// The span is one C++ lent for this call (`data` null or pointing at `len` bytes that
+    /// nothing changes during it), or made by `of` from bytes still alive.
+    pub(crate) unsafe fn get(&self) -> &[u8] {
+        // SAFETY: the caller's contract.
+        unsafe { lent(self.data, self.len) }
+    }
+}
+
+impl ffi::BytesMut {
+    /// The bytes.
+    ///
+    /// # Safety
+    /// The span is one C++ lent for this call (`data` null or pointing at `len` bytes that
+    /// nothing else reads or writes during it), or made by Rust from bytes it borrows mutably for as long.
+    pub(crate) unsafe fn get(&mut self) -> &mut [u8] {
+        // SAFETY: the caller's contract.
+        unsafe { lent_mut(self.data, self.len) }
+    }
+}
+
+impl ffi::Sizes {
+    /// A span of `sizes`.
+    pub(crate) fn of(sizes: &[usize]) -> Self {
+        Self {
+            data: sizes.as_ptr(),
+            len: sizes.len(),
+        }
+    }
+
+    /// The sizes.
+    ///
+    /// # Safety
+    /// As for `Bytes::get`.
+    pub(crate) unsafe fn get(&self) -> &[usize] {
+        // SAFETY: the caller's contract.
+        unsafe { lent(self.data, self.len) }
+    }
+}
+
+impl ffi::SizesMut {
+    /// The sizes.
+    ///
+    /// # Safety
+    /// As for `BytesMut::get`.
+    pub(crate) unsafe fn get(&mut self) -> &mut [usize] {
+        // SAFETY: the caller's contract.
+        unsafe { lent_mut(self.data, self.len) }
+    }
 }
 
 /// A native path from the raw bytes C++ passes (`path.native()`), byte for byte. Every bridge
@@ -106,6 +230,18 @@ impl<T> Fallback for *mut T {
 impl<T> Fallback for *const T {
     fn fallback() -> Self {
         std::ptr::null()
+    }
+}
+
+impl Fallback for ffi::Bytes {
+    fn fallback() -> Self {
+        Self::of(&[])
+    }
+}
+
+impl Fallback for ffi::Sizes {
+    fn fallback() -> Self {
+        Self::of(&[])
     }
 }
 

@@ -531,7 +531,7 @@ mod tests {
         .unwrap();
         let file = adopt(
             outcome(|s| {
-                crate::file::open_file(
+                crate::file::open_path(
                     path.as_os_str().as_bytes(),
                     crate::file::ffi::Backend::Read,
                     false,
