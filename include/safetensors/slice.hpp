@@ -180,11 +180,12 @@ class Selection {
   /// a gap. A GPU path can read exactly these bytes. A strided selection has a run per element:
   /// more runs than memory holds is an `Io` error.
   [[nodiscard]] std::vector<ByteRun> runs() const {
+    const auto count = detail::attempt([&](ffi::Status& st) { return plan().run_count(st); }).value();
     auto out =
-        detail::checked_vector<ByteRun>(plan().run_count(), "a selection's runs", "walk a smaller selection")
-            .value();
+        detail::checked_vector<ByteRun>(count, "a selection's runs", "walk a smaller selection").value();
     // The core writes the runs straight into `out`: the two run types are laid out alike.
-    static_assert(sizeof(ByteRun) == sizeof(ffi::ByteRun) &&
+    static_assert(std::is_standard_layout_v<ByteRun> && std::is_trivially_copyable_v<ByteRun> &&
+                  sizeof(ByteRun) == sizeof(ffi::ByteRun) && alignof(ByteRun) == alignof(ffi::ByteRun) &&
                   offsetof(ByteRun, offset) == offsetof(ffi::ByteRun, offset) &&
                   offsetof(ByteRun, length) == offsetof(ffi::ByteRun, length) &&
                   sizeof(std::size_t) == sizeof(std::uint64_t));

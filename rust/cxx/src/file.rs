@@ -200,7 +200,7 @@ pub mod ffi {
         /// Bytes in the slice.
         fn byte_len(self: &SlicePlan) -> usize;
         /// Number of runs, touching runs merged, as `write_runs` writes them.
-        fn run_count(self: &SlicePlan) -> usize;
+        fn run_count(self: &SlicePlan, status: &mut Status) -> usize;
         /// Writes the runs, in order, relative to the data buffer, into `out`, which has room
         /// for exactly `run_count()` of them (else `Internal`).
         fn write_runs(self: &SlicePlan, out: ByteRunsMut, status: &mut Status);
@@ -694,8 +694,8 @@ impl SlicePlan {
         self.plan.byte_len()
     }
 
-    pub fn run_count(&self) -> usize {
-        self.plan.runs().count()
+    pub fn run_count(&self, status: &mut Status) -> usize {
+        guard(status, || Ok(self.plan.runs().count()))
     }
 
     /// The runs relative to the start of the data buffer, into the room C++ made for exactly
@@ -709,7 +709,7 @@ impl SlicePlan {
             let mismatch = || Error::Internal {
                 message: format!(
                     "room for {room} byte runs, but the selection has {}",
-                    self.run_count()
+                    self.plan.runs().count()
                 ),
             };
             let mut runs = self.plan.runs();

@@ -79,7 +79,9 @@ fn error_kind_name(kind: u8) -> &'static str {
         .map_or("", |k| k.name())
 }
 
-/// `data[..len]` as a slice (empty when `len` is 0, whatever `data` is).
+/// `data[..len]` as a slice (empty when `len` is 0, whatever `data` is, and when `data` is null:
+/// C++ has no span of a null pointer and a nonzero length, and an empty read or write is the
+/// harmless answer to one).
 ///
 /// # Safety
 /// `data` points at `len` initialised values that stay alive and unchanged for `'a`.
@@ -92,7 +94,7 @@ pub(crate) unsafe fn lent<'a, T>(data: *const T, len: usize) -> &'a [T] {
     }
 }
 
-/// `data[..len]` as a mutable slice (empty when `len` is 0, whatever `data` is).
+/// `data[..len]` as a mutable slice (empty when `len` is 0 or `data` is null, as for `lent`).
 ///
 /// # Safety
 /// `data` points at `len` values that stay alive, and that nothing else reads or writes, for
