@@ -309,7 +309,14 @@ mod tests {
         assert_eq!(names, [b"caf\xe9-\xe0\xe8.safetensors".to_vec()]);
         let file = adopt(
             outcome(|s| {
-                crate::file::open_path(&raw, Backend::Read, false, Populate::Lazy, false, s)
+                crate::file::open_file(
+                    Bytes::of(&raw),
+                    Backend::Read,
+                    false,
+                    Populate::Lazy,
+                    false,
+                    s,
+                )
             })
             .unwrap(),
         );

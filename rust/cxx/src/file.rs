@@ -313,7 +313,7 @@ impl File {
     }
 }
 
-/// `open_path` of the path C++ lends.
+/// Opens `path` with `backend`, accepting trailing bytes when asked, with the mapping's controls.
 pub fn open_file(
     path: Bytes,
     backend: Backend,
@@ -324,25 +324,6 @@ pub fn open_file(
 ) -> *mut File {
     // SAFETY: C++ lends the path's bytes for this call (`detail::bytes`).
     let path = unsafe { path.get() };
-    open_path(
-        path,
-        backend,
-        allow_trailing_bytes,
-        populate,
-        huge_pages,
-        status,
-    )
-}
-
-/// Opens `path` with `backend`, accepting trailing bytes when asked, with the mapping's controls.
-pub(crate) fn open_path(
-    path: &[u8],
-    backend: Backend,
-    allow_trailing_bytes: bool,
-    populate: Populate,
-    huge_pages: bool,
-    status: &mut Status,
-) -> *mut File {
     guard(status, || {
         let options = OpenOptions {
             backend: self::backend(backend)?,
@@ -759,8 +740,8 @@ mod tests {
     fn a_backend_or_slice_kind_that_names_none_is_an_error_not_a_guess() {
         for repr in [3u8, 7, 255] {
             let err = outcome(|s| {
-                open_path(
-                    b"/nonexistent",
+                open_file(
+                    Bytes::of(b"/nonexistent"),
                     Backend { repr },
                     false,
                     Populate::Lazy,
@@ -777,8 +758,8 @@ mod tests {
                 err.message
             );
             let err = outcome(|s| {
-                open_path(
-                    b"/nonexistent",
+                open_file(
+                    Bytes::of(b"/nonexistent"),
                     Backend::Read,
                     false,
                     Populate { repr },

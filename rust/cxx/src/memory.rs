@@ -152,8 +152,8 @@ mod tests {
         .unwrap();
         let file = adopt(
             outcome(|s| {
-                crate::file::open_path(
-                    path.as_os_str().as_bytes(),
+                crate::file::open_file(
+                    crate::status::Bytes::of(path.as_os_str().as_bytes()),
                     Backend::Mmap,
                     false,
                     Populate::Lazy,

@@ -108,66 +108,48 @@ pub(crate) unsafe fn lent_mut<'a, T>(data: *mut T, len: usize) -> &'a mut [T] {
     }
 }
 
-impl ffi::Bytes {
-    /// A span of `bytes`, for a call that reads them (or for C++ to read as long as they live).
-    pub(crate) fn of(bytes: &[u8]) -> Self {
-        Self {
-            data: bytes.as_ptr(),
-            len: bytes.len(),
+/// `of` and `get` for the spans C++ reads or lends to read (`Bytes`, `Sizes`), and `get` for
+/// those it lends to write (`BytesMut`, `SizesMut`).
+macro_rules! spans {
+    ($($read:ident, $write:ident: $t:ty;)*) => {$(
+        impl ffi::$read {
+            /// A span of `items`, for a call that reads them (or for C++ to read as long as they
+            /// live).
+            pub(crate) fn of(items: &[$t]) -> Self {
+                Self {
+                    data: items.as_ptr(),
+                    len: items.len(),
+                }
+            }
+
+            /// The items.
+            ///
+            /// # Safety
+            /// The span is one C++ lent for this call (`data` null or pointing at `len` values
+            /// that nothing changes during it), or made by `of` from values still alive.
+            pub(crate) unsafe fn get(&self) -> &[$t] {
+                // SAFETY: the caller's contract.
+                unsafe { lent(self.data, self.len) }
+            }
         }
-    }
 
-    /// The bytes.
-    ///
-    /// # Safety
-    /// The span is one C++ lent for this call (`data` null or pointing at `len` bytes that
-    /// nothing changes during it), or made by `of` from bytes still alive.
-    pub(crate) unsafe fn get(&self) -> &[u8] {
-        // SAFETY: the caller's contract.
-        unsafe { lent(self.data, self.len) }
-    }
-}
-
-impl ffi::BytesMut {
-    /// The bytes.
-    ///
-    /// # Safety
-    /// The span is one C++ lent for this call (`data` null or pointing at `len` bytes that
-    /// nothing else reads or writes during it), or made by Rust from bytes it borrows mutably for as long.
-    pub(crate) unsafe fn get(&mut self) -> &mut [u8] {
-        // SAFETY: the caller's contract.
-        unsafe { lent_mut(self.data, self.len) }
-    }
-}
-
-impl ffi::Sizes {
-    /// A span of `sizes`.
-    pub(crate) fn of(sizes: &[usize]) -> Self {
-        Self {
-            data: sizes.as_ptr(),
-            len: sizes.len(),
+        impl ffi::$write {
+            /// The items.
+            ///
+            /// # Safety
+            /// The span is one C++ lent for this call (`data` null or pointing at `len` values
+            /// that nothing else reads or writes during it).
+            pub(crate) unsafe fn get(&mut self) -> &mut [$t] {
+                // SAFETY: the caller's contract.
+                unsafe { lent_mut(self.data, self.len) }
+            }
         }
-    }
-
-    /// The sizes.
-    ///
-    /// # Safety
-    /// As for `Bytes::get`.
-    pub(crate) unsafe fn get(&self) -> &[usize] {
-        // SAFETY: the caller's contract.
-        unsafe { lent(self.data, self.len) }
-    }
+    )*};
 }
 
-impl ffi::SizesMut {
-    /// The sizes.
-    ///
-    /// # Safety
-    /// As for `BytesMut::get`.
-    pub(crate) unsafe fn get(&mut self) -> &mut [usize] {
-        // SAFETY: the caller's contract.
-        unsafe { lent_mut(self.data, self.len) }
-    }
+spans! {
+    Bytes, BytesMut: u8;
+    Sizes, SizesMut: usize;
 }
 
 /// A native path from the raw bytes C++ passes (`path.native()`), byte for byte. Every bridge

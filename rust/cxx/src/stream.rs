@@ -531,8 +531,8 @@ mod tests {
         .unwrap();
         let file = adopt(
             outcome(|s| {
-                crate::file::open_path(
-                    path.as_os_str().as_bytes(),
+                crate::file::open_file(
+                    crate::status::Bytes::of(path.as_os_str().as_bytes()),
                     crate::file::ffi::Backend::Read,
                     false,
                     crate::file::ffi::Populate::Lazy,
