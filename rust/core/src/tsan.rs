@@ -7,11 +7,16 @@
 //! `dlsym`), a lock that hands memory between threads announces itself: [`acquire`] just after
 //! taking it, [`release`] just before giving it back, as the sanitizer's own mutex interceptors
 //! would. Everywhere else both are a load of a cached null and nothing more.
+//!
+//! Where hand-overs are too many to announce (the remote runtime: tokio's workers and its HTTP
+//! client pass buffers, tasks and connections among themselves), the runtime's threads ask the
+//! sanitizer to ignore them instead ([`ignore_this_thread`], `__tsan_ignore_thread_begin`).
 
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
 type Annotate = unsafe extern "C" fn(*mut c_void);
+type Annotate0 = unsafe extern "C" fn();
 
 fn hooks() -> Option<(Annotate, Annotate)> {
     static HOOKS: OnceLock<Option<(Annotate, Annotate)>> = OnceLock::new();
@@ -42,6 +47,26 @@ pub fn acquire<T>(token: &T) {
     }
 }
 
+/// Tells the sanitizer to ignore every memory access of the calling thread from now on: for the
+/// threads of an uninstrumented runtime of the library's own (remote reads: tokio and its HTTP
+/// client), which hand memory between one another and to the caller through atomics the
+/// sanitizer never sees, so that a sanitized program would be told of hundreds of races that
+/// are not. The caller's own accesses are still checked. Nothing without the sanitizer.
+pub fn ignore_this_thread() {
+    static BEGIN: OnceLock<Option<Annotate0>> = OnceLock::new();
+    let begin = BEGIN.get_or_init(|| {
+        // SAFETY: as in `hooks`: a found symbol is the sanitizer's `void f(void)`.
+        unsafe {
+            let f = libc::dlsym(libc::RTLD_DEFAULT, c"__tsan_ignore_thread_begin".as_ptr());
+            (!f.is_null()).then(|| std::mem::transmute::<*mut c_void, Annotate0>(f))
+        }
+    });
+    if let Some(begin) = begin {
+        // SAFETY: the sanitizer's annotation for the calling thread, which takes no argument.
+        unsafe { begin() }
+    }
+}
+
 /// Just before giving back the lock whose address is `token`.
 pub fn release<T>(token: &T) {
     if let Some((_, release)) = hooks() {
@@ -57,6 +82,7 @@ mod tests {
         // This test program has no ThreadSanitizer runtime: no hooks, and the calls return.
         assert!(super::hooks().is_none());
         let token = 5u32;
+        super::ignore_this_thread();
         super::acquire(&token);
         super::release(&token);
     }

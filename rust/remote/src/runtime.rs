@@ -21,17 +21,24 @@ const WORKERS: usize = 4;
 
 fn runtime() -> std::result::Result<&'static Runtime, &'static str> {
     static RUNTIME: OnceLock<std::result::Result<Runtime, String>> = OnceLock::new();
-    RUNTIME
-        .get_or_init(|| {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(WORKERS)
-                .thread_name("safetensors-remote")
-                .enable_all()
-                .build()
-                .map_err(|e| format!("cannot start the remote-read runtime: {e}"))
-        })
-        .as_ref()
-        .map_err(String::as_str)
+    let made = RUNTIME.get_or_init(|| {
+        let built = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(WORKERS)
+            .thread_name("safetensors-remote")
+            // Uninstrumented threads that hand memory around through atomics: a
+            // ThreadSanitizer build of the caller ignores what they do (see `tsan`).
+            .on_thread_start(safetensors_core::tsan::ignore_this_thread)
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the remote-read runtime: {e}"));
+        // The runtime (its event file descriptors among the rest) is published through the
+        // `OnceLock`, which a ThreadSanitizer build cannot see: the thread that built it
+        // announces it, and every thread that uses it takes the announcement (see `tsan`).
+        safetensors_core::tsan::release(&RUNTIME);
+        built
+    });
+    safetensors_core::tsan::acquire(&RUNTIME);
+    made.as_ref().map_err(String::as_str)
 }
 
 /// Runs `work` on the library's runtime and waits for it, at most `deadline` when given. Errors
