@@ -90,7 +90,7 @@ pub fn convert_tensor(
     mut dst: BytesMut,
     status: &mut Status,
 ) {
-    // SAFETY: C++ lends each span for this call (`detail::dims`, `detail::u8s`, `u8s_mut`), the
+    // SAFETY: C++ lends each span for this call (`detail::sizes`, `data_bytes`, `bytes_mut`), the
     // output outside the source.
     let (shape, src, dst) = unsafe { (shape.get(), src.get(), dst.get()) };
     guard(status, || {
