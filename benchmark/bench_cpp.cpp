@@ -27,8 +27,9 @@
 //   convert    not per file, and only when asked for (--items convert, no FILE needed): each
 //              dtype to F32 and F32 to BF16/F16/F8_E4M3 on 64 Mi elements (bench_convert.hpp)
 // Limits also measured: read() into fresh memory (what any copy into new memory pays for page
-// faults), and one memcpy of the file's size. open, load and load_copy are the loads that
-// `safetensors bench` times too (cpp/measure.hpp).
+// faults), the same into fresh memory that asked for huge pages (what an owned copy on one
+// thread can reach: the kernel still zeroes each page), and one memcpy of the file's size.
+// open, load and load_copy are the loads that `safetensors bench` times too (cpp/measure.hpp).
 //
 // Cold items (cold.hpp), the default with --cold: each a full read of the file with its page
 // cache dropped first, next to the disk's own rate measured in the same run:
@@ -432,7 +433,7 @@ Result gpu_iterations(const std::filesystem::path& path, int iterations, const s
 }
 
 struct Limits {
-  Result read, read_fresh, memcpy, write_sync, write_nosync;
+  Result read, read_fresh, read_fresh_huge, memcpy, write_sync, write_nosync;
 };
 
 Limits limits(const std::filesystem::path& path, int runs, bool want_write,
@@ -451,6 +452,22 @@ Limits limits(const std::filesystem::path& path, int runs, bool want_write,
           runs, [&] { measure::read_whole_file(path, measure::fresh_buffer(size).get(), size); }, setup),
       size,
       {}};
+  // Kept past its run, as a load keeps what it read: unmapping it is not part of the read.
+  std::unique_ptr<measure::FreshHugeBuffer> huge;
+  l.read_fresh_huge = {"read() into new huge pages",
+                       measure::repeat(
+                           runs,
+                           [&] {
+                             huge = std::make_unique<measure::FreshHugeBuffer>(size);
+                             measure::read_whole_file(path, huge->data, size);
+                           },
+                           [&] {
+                             huge.reset();
+                             setup();
+                           }),
+                       size,
+                       {}};
+  huge.reset();
   measure::MemcpyLimit copy(size);
   l.memcpy = {"memcpy", measure::repeat(runs, [&] { copy.run(); }), size, {}};
   if (want_write) {
@@ -854,6 +871,7 @@ void print_file(const FileResults& r) {
   }
   print_result(r.limits.read, nullptr);
   print_result(r.limits.read_fresh, nullptr);
+  print_result(r.limits.read_fresh_huge, nullptr);
   print_result(r.limits.memcpy, nullptr);
   if (r.with_save) {
     print_result(r.limits.write_sync, nullptr);
@@ -878,7 +896,7 @@ std::string file_json(const fs::path& path, std::size_t size, std::size_t tensor
   json << (!r.items.empty() && !cold.first.empty() ? "," : "") << cold.first << "],\"limits\":[";
   if (classic) {
     json << json_result(r.limits.read) << "," << json_result(r.limits.read_fresh) << ","
-         << json_result(r.limits.memcpy);
+         << json_result(r.limits.read_fresh_huge) << "," << json_result(r.limits.memcpy);
     if (r.with_save)
       json << "," << json_result(r.limits.write_sync) << "," << json_result(r.limits.write_nosync);
     if (r.gpu.pinned.skipped.empty()) json << "," << json_result(r.gpu.pinned);

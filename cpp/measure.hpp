@@ -166,6 +166,24 @@ struct MappedBuffer {
   std::byte* data;
 };
 
+/// Memory mapped fresh with transparent huge pages asked for (`MADV_HUGEPAGE`), not touched:
+/// the best fresh memory one thread can copy into, since the kernel still zeroes every page
+/// at its first write but takes one fault per 2 MiB. The loaders' own large buffers are made
+/// so (`detail::allocate_bytes`), which makes this the like-for-like limit of an owned copy.
+struct FreshHugeBuffer {
+  explicit FreshHugeBuffer(std::size_t n) : size(n == 0 ? 1 : n) {
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("mmap of the read() target failed");
+    (void)::madvise(p, size, MADV_HUGEPAGE);  // advice: a kernel without huge pages ignores it
+    data = static_cast<std::byte*>(p);
+  }
+  ~FreshHugeBuffer() { ::munmap(data, size); }
+  FreshHugeBuffer(const FreshHugeBuffer&) = delete;
+  FreshHugeBuffer& operator=(const FreshHugeBuffer&) = delete;
+  std::size_t size;
+  std::byte* data;
+};
+
 /// One plain sequential read() of the `size` bytes of `path` into `target`, which holds `size`
 /// bytes. The length is the caller's, never measured again here: a file that another process
 /// grows or replaces meanwhile must not overflow the buffer. One whose length is no longer

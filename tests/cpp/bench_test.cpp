@@ -325,3 +325,23 @@ TEST(BenchPeer, ThePeerItemTimesSyoyoBesideOursOrSaysHowToAddIt) {
     EXPECT_TRUE(has(r.out, "ours ") && has(r.out, " vs syoyo/safetensors-cpp ")) << r.out;
   }
 }
+
+// An owned copy is set beside every way of reading the same bytes into memory: memory already
+// mapped (the goal's limit), fresh memory, and fresh memory that asked for huge pages, as the
+// library's own large buffers do (what one thread can reach: the kernel still zeroes the pages).
+TEST(BenchLimits, LoadCopyIsMeasuredBesideReadsIntoMappedFreshAndHugePageMemory) {
+  test::TempDir dir;
+  const auto model = dir / "model.safetensors";
+  std::vector<float> w(3 << 20, 1.5f);  // 12 MiB: large enough for huge pages
+  safetensors::save_file(model, {{"w", TensorView{Dtype::F32, {w.size()}, std::as_bytes(std::span(w)), {}}}});
+  const auto json = dir / "out.json";
+  auto r = test::run({SAFETENSORS_BENCH_CPP, "--runs", "1", "--items", "load_copy", "--json", json.string(),
+                      model.string()});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  auto report = test::read_bytes(json);
+  const std::string text(report.begin(), report.end());
+  for (const char* limit : {"read()", "read() into new memory", "read() into new huge pages", "memcpy"}) {
+    EXPECT_TRUE(has(r.out, std::string("  ") + limit + " ")) << limit << "\n" << r.out;
+    EXPECT_TRUE(has(text, "{\"item\":\"" + std::string(limit) + "\",\"median_s\":")) << limit << "\n" << text;
+  }
+}
