@@ -29,8 +29,9 @@ Steps, in this order (each either runs or says why not, and the rest go on):
   cpu          the CPU goals on this machine's CPU, a second CPU model beside the one CI builds on:
                bench_cpp and bench.py in --cpu-rounds (default 3) interleaved rounds on gpt2 and
                the 20,000-tensor file (open, load, load_copy, slice, and syoyo/safetensors-cpp
-               when bench_cpp was built with it), both programs' conversions, load_copy on one
-               core, and benchmark/report.py's table with the goals (WORK/cpu, packed in raw.tar.gz)
+               when bench_cpp was built with it), each round's opens again with both programs
+               pinned to one CPU, both programs' conversions, load_copy on one core, and
+               benchmark/report.py's table with the goals (WORK/cpu, packed in raw.tar.gz)
   sanitizer    compute-sanitizer memcheck, racecheck and synccheck over the GPU tests (at most
                240 s in a full run: what does not fit says so; --steps sanitizer runs it alone)
   iterations   the seed README's table: time per iteration over 1, 10 and 100 iterations

@@ -469,7 +469,8 @@ CPU_FILES = ["gpt2", "20k"]
 def step_cpu(run, limit):
     """The CPU goals on this machine's CPU (the machine that lends a GPU is a second CPU model):
     bench_cpp and bench.py in --cpu-rounds interleaved rounds on gpt2 and the 20,000-tensor file,
-    then the conversions of both programs, then load_copy on one core, then benchmark/report.py's
+    each round also both programs' opens with both pinned to one CPU (the table's "open, both on
+    CPU N" rows), then the conversions of both programs, then load_copy on one core, then benchmark/report.py's
     table. Everything lands in WORK/cpu (raw JSON under WORK/cpu/raw), which raw.tar.gz carries
     (the device tool brings back few files); the table and the goals' verdicts are also in the
     step's data. A round whose estimate does not fit in the time left is not started, saying so."""
@@ -487,16 +488,29 @@ def step_cpu(run, limit):
             return "failed", f"make_bench_files {' '.join(missing)}: exit code {rc}: {tail(out)}", {}
     runs = ["--runs", str(run.a.runs)] if run.a.runs else []
     has_py = os.path.exists(os.path.join(HERE, "bench.py"))
-    plan = []  # (name, command): one round is bench_cpp, bench.py, then both conversions
+    plan = []  # (name, command): one round is bench_cpp, bench.py, both opens on one CPU, conversions
+    taskset = tool("taskset")
+    # The opens again with both programs on one CPU, the last this process may use (CPU 0 takes
+    # most interrupts): on a virtual machine whose CPUs run at different speeds (the lent Xeon: the
+    # same open of gpt2 took 37 us in one process and 56 us in the next, every phase slower, the
+    # ones that touch no file too), two programs left to the scheduler can each land on a
+    # different one, and their ratio says where they ran more than what they did.
+    pin = ([taskset, "-c", str(max(os.sched_getaffinity(0)))]
+           if taskset and hasattr(os, "sched_getaffinity") else None)
     for r in range(1, run.a.cpu_rounds + 1):
         plan.append((f"round{r}-cpp", [bin_path("bench_cpp"), "--items", CPU_CPP_ITEMS] + runs))
         if has_py:
             plan.append((f"round{r}-py", [run.python, os.path.join(HERE, "bench.py"), "--items", CPU_PY_ITEMS] + runs))
+        if pin:
+            # --runs 3 bounds the limits bench_cpp measures beside; an open always takes 201 runs.
+            plan.append((f"open{r}-cpp", pin + [bin_path("bench_cpp"), "--items", "open", "--runs", "3"]))
+            if has_py:
+                plan.append((f"open{r}-py", pin + [run.python, os.path.join(HERE, "bench.py"), "--items", "open",
+                                                   "--runs", "3"]))
         plan.append((f"convert{r}-cpp", [bin_path("bench_cpp"), "--items", "convert"] + (runs or ["--runs", "5"])))
         if has_py:
             plan.append((f"convert{r}-py", [run.python, os.path.join(HERE, "bench.py"), "--items", "convert"] +
                          (runs or ["--runs", "5"])))
-    taskset = tool("taskset")
     if taskset:
         plan.append(("load_copy-one-core", [taskset, "-c", "0", bin_path("bench_cpp"), "--items", "load_copy",
                                             "--runs", str(run.a.runs or 9)]))
@@ -512,7 +526,7 @@ def step_cpu(run, limit):
         t0 = time.time()
         # The conversions' buffers are their own (the file only names the run); load_copy on one
         # core is gpt2's goal.
-        target = paths if name.startswith("round") else paths[:1]
+        target = paths if name.startswith(("round", "open")) else paths[:1]
         rc, out = command(run, "cpu", cmd + ["--json", out_json] + target, left, echo=True)
         took[kind] = time.time() - t0
         if rc != 0 or not read_json(out_json):
@@ -536,6 +550,20 @@ def step_cpu(run, limit):
                 if "goal" not in line and "≥" in line:
                     run.say("    " + line)
             for line in result["goals_missed"]:
+                run.say("    " + line)
+    pinned = sorted(glob.glob(os.path.join(raw, "open*.json")))
+    if pinned and os.path.exists(report):
+        where = f"open, both on CPU {pin[2]}"
+        rc, out = command(run, "cpu", [run.python, report, "--out", os.path.join(out_dir, "pinned")] + pinned,
+                          max(remaining(run, step_end), 20))
+        if rc != 0:
+            skipped.append(f"load_report.py (pinned opens): exit code {rc}: {tail(out, 2)}")
+        else:
+            rows = [l.replace(" | open | ", f" | {where} | ", 1) for l in out.splitlines()
+                    if l.startswith("|") and " | open | " in l]
+            result.setdefault("table", []).extend(rows)
+            result["pinned_goals_missed"] = [l for l in out.splitlines() if l.startswith("goal ")]
+            for line in rows:
                 run.say("    " + line)
     if not data:
         return "skipped", "nothing measured: " + "; ".join(skipped[:3]), result
@@ -566,7 +594,7 @@ STEP_FUNCTIONS = {
     "bench_cold": (step_bench, 300),
     "peers_cold": (step_peers, 240),
     "python_cold": (step_python, 240),
-    "cpu": (step_cpu, 300),
+    "cpu": (step_cpu, 420),
     "sanitizer": (step_sanitizer, 240),
     "iterations": (step_iterations, 600),
 }

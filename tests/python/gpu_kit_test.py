@@ -152,6 +152,10 @@ def main(argv):
     check(os.path.exists(os.path.join(work, "cpu", "raw", "round1-cpp.json")), "the cpu step keeps its raw JSON")
     check(any("| gpt2.safetensors | open |" in l for l in cpu.get("data", {}).get("table", [])),
           "results.json carries the cpu step's table")
+    if shutil.which("taskset"):
+        pinned = [l for l in cpu.get("data", {}).get("table", []) if " | open, both on CPU " in l]
+        check("open1-cpp" in measured and any(l.startswith("| gpt2.safetensors | open, both on CPU ") for l in pinned),
+              f"the cpu step's opens with both programs on one CPU: {pinned}")
     iters = step(results, "iterations")["data"]
     for n in (1, 10):
         entry = iters.get(f"20k.safetensors bench_cpp {n}", {})
