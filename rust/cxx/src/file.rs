@@ -416,21 +416,6 @@ pub unsafe fn open_memory(
     })
 }
 
-fn meta(
-    index: usize,
-    info: &TensorInfo<'_>,
-    (shape_start, shape_len): (usize, usize),
-) -> TensorMeta {
-    TensorMeta {
-        index,
-        dtype: info.dtype as u8,
-        begin: info.data_offsets.0,
-        end: info.data_offsets.1,
-        shape_start,
-        shape_len,
-    }
-}
-
 impl File {
     /// The core file, shared, for the other glue modules.
     pub fn shared(&self) -> Arc<SafeFile> {
@@ -478,10 +463,16 @@ impl File {
     }
 
     pub fn meta_at(&self, index: usize) -> TensorMeta {
-        let header = self.inner.header();
-        match (header.at(index), header.shape_span(index)) {
-            (Some(info), Some(span)) => meta(index, &info, span),
-            _ => TensorMeta {
+        match self.inner.header().placement(index) {
+            Some((dtype, (begin, end), (shape_start, shape_len))) => TensorMeta {
+                index,
+                dtype: dtype as u8,
+                begin,
+                end,
+                shape_start,
+                shape_len,
+            },
+            None => TensorMeta {
                 index,
                 ..TensorMeta::default()
             },
@@ -493,7 +484,7 @@ impl File {
     }
 
     pub fn name_at(&self, index: usize) -> &str {
-        self.inner.header().at(index).map_or("", |t| t.name)
+        self.inner.header().name_at(index).unwrap_or("")
     }
 
     pub fn sorted_name(&self, k: usize) -> &str {

@@ -228,6 +228,47 @@ impl Header {
         self.entries.get(i).map(|e| self.info(e))
     }
 
+    /// The name of the tensor at position `i` in offset order, touching nothing else of it.
+    pub fn name_at(&self, i: usize) -> Option<&str> {
+        self.entries.get(i).map(|e| self.name_of(e))
+    }
+
+    /// Where the tensor at position `i` lies, without its name: its dtype, its data offsets and
+    /// the `(start, len)` of its shape within [`Header::dims`]. (A lookup that already matched
+    /// the name needs no second look at it: [`Header::at`] would read the name's bytes again.)
+    ///
+    /// ```
+    /// use safetensors_core::{serialize, Dtype, Header, TensorView};
+    /// let (a, b) = ([0u8; 24], [0u8; 2]);
+    /// let file = serialize(
+    ///     vec![
+    ///         ("a", TensorView::new(Dtype::F32, &[2, 3], &a)),
+    ///         ("b", TensorView::new(Dtype::BF16, &[], &b)),
+    ///     ],
+    ///     None,
+    /// )
+    /// .unwrap();
+    /// let header = Header::parse(&file).unwrap();
+    /// for i in 0..header.len() {
+    ///     let t = header.at(i).unwrap();
+    ///     let (dtype, offsets, (start, len)) = header.placement(i).unwrap();
+    ///     assert_eq!((dtype, offsets), (t.dtype, t.data_offsets));
+    ///     assert_eq!(&header.dims()[start..start + len], t.shape);
+    ///     assert_eq!(header.name_at(i), Some(t.name));
+    /// }
+    /// assert_eq!(header.placement(2), None);
+    /// assert_eq!(header.name_at(2), None);
+    /// ```
+    pub fn placement(&self, i: usize) -> Option<(Dtype, (usize, usize), (usize, usize))> {
+        self.entries.get(i).map(|e| {
+            (
+                e.dtype,
+                (e.begin, e.end),
+                (e.shape_start as usize, e.shape_len as usize),
+            )
+        })
+    }
+
     /// Looks up a tensor by name.
     pub fn get(&self, name: &str) -> Option<TensorInfo<'_>> {
         self.position(name).and_then(|i| self.at(i))
