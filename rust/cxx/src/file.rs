@@ -10,7 +10,8 @@ use safetensors_core::{Error, Indexer, OpenOptions, SafeFile, TensorInfo, DIRECT
 use crate::status::{guard, lent, lent_mut, Bytes, BytesMut, Fallback, Sizes, Status};
 use crate::status::{handed_over, native_path};
 use ffi::{
-    Backend, ByteRun, ByteRunsMut, Populate, SliceIndex, SliceIndices, SliceKind, TensorMeta,
+    Backend, ByteRun, ByteRunsMut, NamesMut, Populate, SliceIndex, SliceIndices, SliceKind,
+    TensorMeta,
 };
 
 #[cxx::bridge(namespace = "safetensors::ffi")]
@@ -96,6 +97,13 @@ pub mod ffi {
         len: usize,
     }
 
+    /// Room for names, which a call fills with spans of names that live as long as the file.
+    #[derive(Debug)]
+    struct NamesMut {
+        data: *mut Bytes,
+        len: usize,
+    }
+
     extern "Rust" {
         /// A metadata map as sorted (key, value) pairs, walked by index.
         #[derive(ExternType)]
@@ -152,10 +160,10 @@ pub mod ffi {
         /// Every tensor's dimensions back to back; `TensorMeta::shape_start/len` index it. They
         /// live as long as the file.
         fn dims(self: &File) -> Sizes;
-        /// Name of the `k`-th tensor in byte-wise name order ("" out of range). The order is
-        /// computed once and read only on the Rust side, so C++ never reads memory whose
-        /// publication it cannot see (see `File::sorted`).
-        fn sorted_name(self: &File, k: usize) -> &str;
+        /// The first `out.len` tensor names in byte-wise order (all of them when `out` holds
+        /// `tensor_count()`), in one call. The order is computed once and read only on the Rust
+        /// side, so C++ never reads memory whose publication it cannot see (see `File::sorted`).
+        fn sorted_names(self: &File, out: NamesMut);
         /// Whether the header has a `__metadata__` map (`null` counts as absent).
         fn has_metadata(self: &File) -> bool;
         /// The `__metadata__` entries (none when absent).
@@ -487,14 +495,19 @@ impl File {
         self.inner.header().name_at(index).unwrap_or("")
     }
 
-    pub fn sorted_name(&self, k: usize) -> &str {
+    pub fn sorted_names(&self, out: NamesMut) {
         // The cached order is published by a `OnceLock` inside this (uninstrumented) library.
-        // Handing C++ the names, which were written before the file was shared, rather than the
-        // cached slice keeps ThreadSanitizer builds of C++ engines free of false reports.
+        // Handing C++ the names, which were written before the file was shared, in room of its
+        // own, rather than the cached slice, keeps ThreadSanitizer builds of C++ engines free
+        // of false reports.
         let order = self
             .sorted
             .get_or_init(|| self.inner.header().sorted_positions());
-        order.get(k).map_or("", |&i| self.name_at(i as usize))
+        // SAFETY: C++ lends the room for this call (`NamesMut`).
+        let room = unsafe { lent_mut(out.data, out.len) };
+        for (slot, &i) in room.iter_mut().zip(order) {
+            *slot = Bytes::of(self.name_at(i as usize).as_bytes());
+        }
     }
 
     pub fn has_metadata(&self) -> bool {
