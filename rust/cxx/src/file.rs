@@ -160,10 +160,10 @@ pub mod ffi {
         /// Every tensor's dimensions back to back; `TensorMeta::shape_start/len` index it. They
         /// live as long as the file.
         fn dims(self: &File) -> Sizes;
-        /// The first `out.len` tensor names in byte-wise order (all of them when `out` holds
-        /// `tensor_count()`), in one call. The order is computed once and read only on the Rust
-        /// side, so C++ never reads memory whose publication it cannot see (see `File::sorted`).
-        fn sorted_names(self: &File, out: NamesMut);
+        /// Tensor names in byte-wise order, from the `first`-th on, as many as `out` holds and
+        /// there are: many per call. The order is computed once and read only on the Rust side,
+        /// so C++ never reads memory whose publication it cannot see (see `File::sorted`).
+        fn sorted_names(self: &File, first: usize, out: NamesMut);
         /// Whether the header has a `__metadata__` map (`null` counts as absent).
         fn has_metadata(self: &File) -> bool;
         /// The `__metadata__` entries (none when absent).
@@ -495,7 +495,7 @@ impl File {
         self.inner.header().name_at(index).unwrap_or("")
     }
 
-    pub fn sorted_names(&self, out: NamesMut) {
+    pub fn sorted_names(&self, first: usize, out: NamesMut) {
         // The cached order is published by a `OnceLock` inside this (uninstrumented) library.
         // Handing C++ the names, which were written before the file was shared, in room of its
         // own, rather than the cached slice, keeps ThreadSanitizer builds of C++ engines free
@@ -505,7 +505,7 @@ impl File {
             .get_or_init(|| self.inner.header().sorted_positions());
         // SAFETY: C++ lends the room for this call (`NamesMut`).
         let room = unsafe { lent_mut(out.data, out.len) };
-        for (slot, &i) in room.iter_mut().zip(order) {
+        for (slot, &i) in room.iter_mut().zip(order.iter().skip(first)) {
             *slot = Bytes::of(self.name_at(i as usize).as_bytes());
         }
     }
