@@ -63,7 +63,7 @@ pub use dtype::{Dtype, UnknownDtype};
 pub use error::{Error, ErrorKind, HeaderContents, PieceProblem, Result, TextField};
 pub use file::{read_many, Backend, MemoryBytes, OpenOptions, Populate, RangeSource, SafeFile};
 pub use format::{LENGTH_PREFIX_SIZE, MAX_HEADER_SIZE, MAX_RANK, METADATA_KEY};
-pub use header::{read_header_len, test_hooks, Header, TensorInfo};
+pub use header::{read_header_len, test_hooks, Header, Placement, TensorInfo};
 pub use prefetch::{advise, Advice, Plan, Prefetch, PrefetchOptions, MAX_REQUEST_BYTES};
 pub use request::{Request, Source};
 pub use slice::{Indexer, Placed, Runs, SlicePlan};

@@ -472,13 +472,13 @@ impl File {
 
     pub fn meta_at(&self, index: usize) -> TensorMeta {
         match self.inner.header().placement(index) {
-            Some((dtype, (begin, end), (shape_start, shape_len))) => TensorMeta {
+            Some(p) => TensorMeta {
                 index,
-                dtype: dtype as u8,
-                begin,
-                end,
-                shape_start,
-                shape_len,
+                dtype: p.dtype as u8,
+                begin: p.data_offsets.0,
+                end: p.data_offsets.1,
+                shape_start: p.shape_span.0,
+                shape_len: p.shape_span.1,
             },
             None => TensorMeta {
                 index,

@@ -374,8 +374,10 @@ mod tests {
     use super::{parse, string_len, Builder};
     use crate::dtype::Dtype;
 
-    /// Each entry's (name, dtype, shape, offsets) as the scanner recorded it.
-    fn scanned(text: &str) -> Option<Vec<(String, Dtype, Vec<usize>, (usize, usize))>> {
+    /// An entry as the scanner recorded it: name, dtype, shape, offsets.
+    type Recorded = (String, Dtype, Vec<usize>, (usize, usize));
+
+    fn scanned(text: &str) -> Option<Vec<Recorded>> {
         let mut b = Builder::for_len(text.len());
         parse(text, &mut b).ok()?;
         Some(

@@ -52,6 +52,17 @@ pub struct TensorInfo<'a> {
     pub data_offsets: (usize, usize),
 }
 
+/// Where a tensor lies, without its name: [`Header::placement`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    /// Element type.
+    pub dtype: Dtype,
+    /// `[begin, end)` byte offsets relative to the start of the data buffer.
+    pub data_offsets: (usize, usize),
+    /// `(start, len)` of the shape within [`Header::dims`].
+    pub shape_span: (usize, usize),
+}
+
 impl TensorInfo<'_> {
     /// Number of elements (1 for a scalar). Cannot overflow: the header was validated.
     pub fn numel(&self) -> usize {
@@ -233,8 +244,7 @@ impl Header {
         self.entries.get(i).map(|e| self.name_of(e))
     }
 
-    /// Where the tensor at position `i` lies, without its name: its dtype, its data offsets and
-    /// the `(start, len)` of its shape within [`Header::dims`]. (A lookup that already matched
+    /// Where the tensor at position `i` lies, without its name. (A lookup that already matched
     /// the name needs no second look at it: [`Header::at`] would read the name's bytes again.)
     ///
     /// ```
@@ -251,21 +261,20 @@ impl Header {
     /// let header = Header::parse(&file).unwrap();
     /// for i in 0..header.len() {
     ///     let t = header.at(i).unwrap();
-    ///     let (dtype, offsets, (start, len)) = header.placement(i).unwrap();
-    ///     assert_eq!((dtype, offsets), (t.dtype, t.data_offsets));
+    ///     let p = header.placement(i).unwrap();
+    ///     assert_eq!((p.dtype, p.data_offsets), (t.dtype, t.data_offsets));
+    ///     let (start, len) = p.shape_span;
     ///     assert_eq!(&header.dims()[start..start + len], t.shape);
     ///     assert_eq!(header.name_at(i), Some(t.name));
     /// }
     /// assert_eq!(header.placement(2), None);
     /// assert_eq!(header.name_at(2), None);
     /// ```
-    pub fn placement(&self, i: usize) -> Option<(Dtype, (usize, usize), (usize, usize))> {
-        self.entries.get(i).map(|e| {
-            (
-                e.dtype,
-                (e.begin, e.end),
-                (e.shape_start as usize, e.shape_len as usize),
-            )
+    pub fn placement(&self, i: usize) -> Option<Placement> {
+        self.entries.get(i).map(|e| Placement {
+            dtype: e.dtype,
+            data_offsets: (e.begin, e.end),
+            shape_span: (e.shape_start as usize, e.shape_len as usize),
         })
     }
 
