@@ -453,12 +453,13 @@ Limits limits(const std::filesystem::path& path, int runs, bool want_write,
       size,
       {}};
   // Kept past its run, as a load keeps what it read: unmapping it is not part of the read.
-  std::unique_ptr<measure::FreshHugeBuffer> huge;
+  std::unique_ptr<measure::MappedBuffer> huge;
   l.read_fresh_huge = {"read() into new huge pages",
                        measure::repeat(
                            runs,
                            [&] {
-                             huge = std::make_unique<measure::FreshHugeBuffer>(size);
+                             huge = std::make_unique<measure::MappedBuffer>(size,
+                                                                            measure::MappedBuffer::FreshHuge);
                              measure::read_whole_file(path, huge->data, size);
                            },
                            [&] {

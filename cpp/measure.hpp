@@ -151,35 +151,24 @@ inline std::unique_ptr<std::byte[]> fresh_buffer(std::size_t n) {
   return std::unique_ptr<std::byte[]>(new std::byte[n == 0 ? 1 : n]);
 }
 
-/// Memory mapped and populated up front, so that reading into it pays no page faults.
+/// Anonymous memory mapped for a read() target. `Populated` (the default): populated up front,
+/// so that reading into it pays no page faults. `FreshHuge`: not touched, with transparent huge
+/// pages asked for (`MADV_HUGEPAGE`): the best fresh memory one thread can copy into, since the
+/// kernel still zeroes every page at its first write but takes one fault per 2 MiB. The
+/// loaders' own large buffers are made so (`detail::allocate_bytes`), which makes it the
+/// like-for-like limit of an owned copy.
 struct MappedBuffer {
-  explicit MappedBuffer(std::size_t n) : size(n == 0 ? 1 : n) {
-    void* p =
-        ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  enum Kind { Populated, FreshHuge };
+  explicit MappedBuffer(std::size_t n, Kind kind = Populated) : size(n == 0 ? 1 : n) {
+    const int populate = kind == Populated ? MAP_POPULATE : 0;
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | populate, -1, 0);
     if (p == MAP_FAILED) throw std::runtime_error("mmap of the read() target failed");
+    if (kind == FreshHuge) (void)::madvise(p, size, MADV_HUGEPAGE);  // advice: may be ignored
     data = static_cast<std::byte*>(p);
   }
   ~MappedBuffer() { ::munmap(data, size); }
   MappedBuffer(const MappedBuffer&) = delete;
   MappedBuffer& operator=(const MappedBuffer&) = delete;
-  std::size_t size;
-  std::byte* data;
-};
-
-/// Memory mapped fresh with transparent huge pages asked for (`MADV_HUGEPAGE`), not touched:
-/// the best fresh memory one thread can copy into, since the kernel still zeroes every page
-/// at its first write but takes one fault per 2 MiB. The loaders' own large buffers are made
-/// so (`detail::allocate_bytes`), which makes this the like-for-like limit of an owned copy.
-struct FreshHugeBuffer {
-  explicit FreshHugeBuffer(std::size_t n) : size(n == 0 ? 1 : n) {
-    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::runtime_error("mmap of the read() target failed");
-    (void)::madvise(p, size, MADV_HUGEPAGE);  // advice: a kernel without huge pages ignores it
-    data = static_cast<std::byte*>(p);
-  }
-  ~FreshHugeBuffer() { ::munmap(data, size); }
-  FreshHugeBuffer(const FreshHugeBuffer&) = delete;
-  FreshHugeBuffer& operator=(const FreshHugeBuffer&) = delete;
   std::size_t size;
   std::byte* data;
 };
