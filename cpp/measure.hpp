@@ -152,24 +152,33 @@ inline std::unique_ptr<std::byte[]> fresh_buffer(std::size_t n) {
 }
 
 /// Anonymous memory mapped for a read() target. `Populated` (the default): populated up front,
-/// so that reading into it pays no page faults. `FreshHuge`: not touched, with transparent huge
-/// pages asked for (`MADV_HUGEPAGE`): the best fresh memory one thread can copy into, since the
-/// kernel still zeroes every page at its first write but takes one fault per 2 MiB. The
-/// loaders' own large buffers are made so (`detail::allocate_bytes`), which makes it the
-/// like-for-like limit of an owned copy.
+/// so that reading into it pays no page faults. `FreshHuge`: not touched, starting on a 2 MiB
+/// boundary, with transparent huge pages asked for (`MADV_HUGEPAGE`): the best fresh memory one
+/// thread can copy into, since the kernel still zeroes every page at its first write but takes
+/// one fault per 2 MiB. The loaders' own large buffers are made so (`detail::allocate_bytes`),
+/// which makes it the like-for-like limit of an owned copy.
 struct MappedBuffer {
   enum Kind { Populated, FreshHuge };
   explicit MappedBuffer(std::size_t n, Kind kind = Populated) : size(n == 0 ? 1 : n) {
+    constexpr std::size_t huge = std::size_t{2} << 20;
     const int populate = kind == Populated ? MAP_POPULATE : 0;
-    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | populate, -1, 0);
+    mapped = kind == FreshHuge ? size + huge : size;  // room to start on a boundary
+    void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | populate, -1, 0);
     if (p == MAP_FAILED) throw std::runtime_error("mmap of the read() target failed");
-    if (kind == FreshHuge) (void)::madvise(p, size, MADV_HUGEPAGE);  // advice: may be ignored
-    data = static_cast<std::byte*>(p);
+    base = static_cast<std::byte*>(p);
+    data = base;
+    if (kind == FreshHuge) {
+      const auto at = reinterpret_cast<std::uintptr_t>(p);
+      data = base + ((at + huge - 1) / huge * huge - at);
+      (void)::madvise(data, size, MADV_HUGEPAGE);  // advice: may be ignored
+    }
   }
-  ~MappedBuffer() { ::munmap(data, size); }
+  ~MappedBuffer() { ::munmap(base, mapped); }
   MappedBuffer(const MappedBuffer&) = delete;
   MappedBuffer& operator=(const MappedBuffer&) = delete;
   std::size_t size;
+  std::size_t mapped;
+  std::byte* base;
   std::byte* data;
 };
 

@@ -374,7 +374,7 @@ inline Expected<std::vector<std::string>> nothrow::keys(const SafeOpen& file) {
   // 256 names per call into the bridge (a call per name cost a sixth of listing 160), into room
   // on the stack: one temporary as large as the list would cross glibc's mmap threshold and,
   // freed, raise it, after which a loop of opens returned and refaulted its heap every time.
-  ffi::Bytes names[256];
+  ffi::Bytes names[256]{};
   constexpr std::size_t room = sizeof names / sizeof names[0];
   for (std::size_t first = 0; first < n; first += room) {
     const std::size_t count = n - first < room ? n - first : room;

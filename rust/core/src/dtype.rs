@@ -111,6 +111,18 @@ impl Dtype {
         "U64",
     ];
 
+    /// Bytes in the longest header spelling (`F8_E4M3FNUZ`).
+    pub const LONGEST_NAME: usize = {
+        let (mut i, mut most) = (0, 0);
+        while i < Self::NAMES.len() {
+            if Self::NAMES[i].len() > most {
+                most = Self::NAMES[i].len();
+            }
+            i += 1;
+        }
+        most
+    };
+
     /// Size of one element in bits (4 and 6 for the sub-byte float types).
     pub const fn bits(self) -> usize {
         match self {

@@ -30,6 +30,7 @@ pub(super) fn parse(text: &str, b: &mut Builder) -> Scan<()> {
         text,
         bytes: text.as_bytes(),
         pos: 0,
+        compact: true,
     };
     s.ws();
     s.eat(b'{')?;
@@ -96,6 +97,8 @@ struct Scanner<'a> {
     text: &'a str,
     bytes: &'a [u8],
     pos: usize,
+    /// Whether entries are still tried as compact (see [`Scanner::compact_entry`]).
+    compact: bool,
 }
 
 impl<'a> Scanner<'a> {
@@ -221,9 +224,20 @@ impl<'a> Scanner<'a> {
     /// `{"dtype":..,"shape":[..],"data_offsets":[b,e]}`, appended to the builder.
     fn entry(&mut self, name: &str, b: &mut Builder) -> Scan<()> {
         let shape_start = b.shapes.len();
-        let (dtype, begin, end) = match self.compact_entry(b) {
+        let compact = if self.compact {
+            self.compact_entry(b)
+        } else {
+            None
+        };
+        let (dtype, begin, end) = match compact {
             Some(found) => found,
-            None => self.spaced_entry(b)?,
+            None => {
+                // A header spelled otherwise once (pretty-printed, say) is likely spelled so
+                // throughout: its later entries go straight to the token-wise path rather than
+                // each being read twice.
+                self.compact = false;
+                self.spaced_entry(b)?
+            }
         };
         let as_u32 = |n: usize| u32::try_from(n).map_err(|_| GiveUp);
         b.entries.push(Entry {
@@ -256,13 +270,11 @@ impl<'a> Scanner<'a> {
     }
 
     fn compact_fields(&mut self, b: &mut Builder) -> Option<(Dtype, usize, usize)> {
-        // The longest dtype spelling has 7 bytes.
-        const LONGEST_DTYPE: usize = 7;
         self.eat_literal(b"{\"dtype\":\"").ok()?;
         let rest = self.bytes.get(self.pos..)?;
         let len = rest
             .iter()
-            .take(LONGEST_DTYPE + 1)
+            .take(Dtype::LONGEST_NAME + 1)
             .position(|&c| c == b'"')?;
         let dtype = Dtype::from_name(self.text.get(self.pos..self.pos + len)?)?;
         self.pos += len + 1;
@@ -398,11 +410,32 @@ mod tests {
     }
 
     #[test]
+    fn every_dtype_spelling_takes_the_compact_path() {
+        for name in Dtype::NAMES {
+            let text = format!(r#"{{"dtype":"{name}","shape":[3],"data_offsets":[0,0]}}"#);
+            let mut s = super::Scanner {
+                text: &text,
+                bytes: text.as_bytes(),
+                pos: 0,
+                compact: true,
+            };
+            let mut b = Builder::for_len(text.len());
+            let got = s.compact_entry(&mut b);
+            assert_eq!(got, Some((Dtype::from_name(name).unwrap(), 0, 0)), "{name}");
+            assert_eq!(
+                (s.pos, b.shapes.as_slice()),
+                (text.len(), &[3][..]),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
     fn compact_and_spaced_entries_record_the_same_values() {
-        let compact = r#"{"a":{"dtype":"BF16","shape":[4,8,2],"data_offsets":[0,128]},"b":{"dtype":"F8_E4M3","shape":[],"data_offsets":[128,129]}}"#;
+        let compact = r#"{"a":{"dtype":"BF16","shape":[4,8,2],"data_offsets":[0,128]},"b":{"dtype":"F8_E4M3FNUZ","shape":[],"data_offsets":[128,129]}}"#;
         let want = vec![
             ("a".to_owned(), Dtype::BF16, vec![4, 8, 2], (0, 128)),
-            ("b".to_owned(), Dtype::F8_E4M3, vec![], (128, 129)),
+            ("b".to_owned(), Dtype::F8_E4M3FNUZ, vec![], (128, 129)),
         ];
         assert_eq!(scanned(compact), Some(want.clone()));
         // Whitespace at each place the compact path checks: it gives up on the entry part way
@@ -422,7 +455,7 @@ mod tests {
         ] {
             let text = format!(
                 "{spaced}{}",
-                r#""b":{"dtype":"F8_E4M3","shape":[],"data_offsets":[128,129]}}"#
+                r#""b":{"dtype":"F8_E4M3FNUZ","shape":[],"data_offsets":[128,129]}}"#
             );
             assert_eq!(scanned(&text), Some(want.clone()), "{text}");
         }
