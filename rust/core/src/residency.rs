@@ -9,6 +9,7 @@
 //! neighbouring tensor is locked or released with it (released pages of a file are read again
 //! on the next access, so that costs a read, never data).
 
+use std::fs::File;
 use std::io;
 use std::path::Path;
 
@@ -99,6 +100,14 @@ pub fn unlock(file: &SafeFile, plan: &Plan) -> Result<()> {
 ///
 /// Views already taken stay valid and correct (their next access reads the file again); pages
 /// locked with [`lock`] cannot be released (`Io`, saying to unlock them first).
+///
+/// A file renamed over or removed since it was opened (a new version published by an atomic
+/// rename, as every safe writer publishes) is released too, never an error: its mapping's
+/// pages need no path, and the page cache is reached through the path only while the path
+/// still names this file (checked by identity), so the file there now is never touched. The
+/// replaced file's cached pages that this process mapped are reclaimed with the mapping
+/// (`MADV_PAGEOUT`, Linux 5.4 and later); the rest go when the last descriptor and mapping of
+/// it close, as the pages of every removed file do.
 pub fn release(file: &SafeFile, plan: &Plan) -> Result<()> {
     if file.is_in_memory() {
         // MADV_DONTNEED on a caller's anonymous memory would zero it.
@@ -108,8 +117,17 @@ pub fn release(file: &SafeFile, plan: &Plan) -> Result<()> {
     if ranges.is_empty() {
         return Ok(());
     }
+    // First, whether the path still reaches this file's page cache: a file no path reaches has
+    // its cached pages reclaimed through the mapping, before the mapping lets go of them.
+    let cache = cache_handle(file)?;
     if let Some(data) = mapping(file, false)? {
         for (at, len) in mapped_pages(data, &ranges) {
+            if cache.is_none() {
+                // SAFETY: as below; reclaiming clean file pages changes no byte a later access
+                // reads. Best effort: kernels before 5.4 refuse the advice (EINVAL), and the
+                // pages then go when the file is closed.
+                unsafe { libc::madvise(at as *mut libc::c_void, len, libc::MADV_PAGEOUT) };
+            }
             // SAFETY: the range lies inside this file's live, read-only, file-backed mapping:
             // dropping its pages changes no byte a later access reads (they come from the file).
             if unsafe { libc::madvise(at as *mut libc::c_void, len, libc::MADV_DONTNEED) } != 0 {
@@ -131,17 +149,32 @@ pub fn release(file: &SafeFile, plan: &Plan) -> Result<()> {
             }
         }
     }
-    drop_cached(file, &ranges)
+    match cache {
+        Some(f) => drop_cached(file, &f, &ranges),
+        None => Ok(()),
+    }
 }
 
-/// The page cache's copy of `ranges` of `file`, dropped through a descriptor of its own, opened
-/// again by path and checked to be the same file (a file replaced since is left alone).
-fn drop_cached(file: &SafeFile, ranges: &[(u64, u64)]) -> Result<()> {
+/// A descriptor of `file` for dropping its page cache: its path opened again and checked to be
+/// the same file ([`reopen`]). `None` when the path no longer names it (renamed over, removed):
+/// then no path reaches its pages, and nothing reached through the path may be touched. Any
+/// other failure to open is `Io`.
+fn cache_handle(file: &SafeFile) -> Result<Option<File>> {
     let path = file.path();
     let Some(id) = file.identity() else {
-        return Ok(());
+        return Ok(None);
     };
-    let f = reopen(path, &id, 0).map_err(|e| Error::io(path, "open", e))?;
+    match reopen(path, &id, 0) {
+        Ok(f) => Ok(Some(f)),
+        // `reopen`'s own finding (another file at the path) carries no OS error code.
+        Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error().is_none() => Ok(None),
+        Err(e) => Err(Error::io(path, "open", e)),
+    }
+}
+
+/// The page cache's copy of `ranges` of `file`, dropped through `f`, a descriptor of it.
+fn drop_cached(file: &SafeFile, f: &File, ranges: &[(u64, u64)]) -> Result<()> {
+    let path = file.path();
     let page = page_size() as u64;
     let data_start = file.header().data_start() as u64;
     for &(offset, len) in ranges {

@@ -294,6 +294,107 @@ fn release_with_the_read_backend_drops_the_page_cache_only() {
     assert_eq!(&*f.tensor_bytes("a").unwrap(), &a[..]);
 }
 
+/// A file of one U8 tensor `a` of `len` bytes of `byte`, synced (clean pages), at `path`.
+fn filled(path: &Path, len: usize, byte: u8) {
+    let a = vec![byte; len];
+    serialize_to_file([("a", TensorView::new(Dtype::U8, &[len], &a))], None, path).unwrap();
+    std::fs::File::open(path).unwrap().sync_all().unwrap();
+}
+
+/// Whether this kernel takes `MADV_PAGEOUT` (Linux 5.4 and later).
+fn pageout_advised() -> bool {
+    let page = 4096;
+    // SAFETY: a private anonymous page of our own, advised and unmapped.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            page,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        let rc = libc::madvise(p, page, libc::MADV_PAGEOUT);
+        libc::munmap(p, page);
+        rc == 0
+    }
+}
+
+/// A new version published over `path` by an atomic rename (as `write_atomically` and the
+/// tool's `metadata --set` publish), read through a mapping so that its pages are cached; the
+/// new file's mapping is returned.
+fn publish_over(path: &Path, len: usize) -> SafeFile {
+    let staged = path.with_extension("staged");
+    filled(&staged, len, 0x5A);
+    let newer = open(&staged, Populate::Lazy, false);
+    touch(mapped(&newer));
+    std::fs::rename(&staged, path).unwrap();
+    assert!(
+        cached_bytes(mapped(&newer)) >= len,
+        "the new file is cached"
+    );
+    newer
+}
+
+/// Publishing a new version renames it over the old one while a program still holds the old
+/// one open: releasing the old file's pages after its load is routine then, and must neither
+/// fail (the path now names another file) nor touch the new file's pages.
+#[test]
+fn release_after_the_file_is_renamed_over_drops_its_pages_and_leaves_the_new_file_alone() {
+    let dir = scratch_dir("host_memory_release_renamed");
+    let (path, a) = sample(&dir, 8 * MIB);
+    let f = open(&path, Populate::Lazy, false);
+    let at = mapped(&f).as_ptr() as usize;
+    touch(mapped(&f));
+    let newer = publish_over(&path, 8 * MIB);
+    residency::release(&f, &whole(&f)).unwrap();
+    let rss = vma_of(at).unwrap().rss;
+    assert!(rss < 64 * 1024, "{rss} bytes still resident after release");
+    // The replaced file's cached pages went with the mapping (no path reaches them any more),
+    // where the kernel reclaims on advice (Linux 5.4 and later).
+    let cached = cached_bytes(mapped(&f));
+    assert!(
+        cached < MIB || !pageout_advised(),
+        "{cached} bytes of the replaced file still cached"
+    );
+    let kept = cached_bytes(mapped(&newer));
+    assert!(
+        kept >= 8 * MIB,
+        "the new file lost its cache: {kept} bytes left"
+    );
+    // The old file's bytes, read again from the file that was opened.
+    assert_eq!(&*f.tensor_bytes("a").unwrap(), &a[..]);
+    assert_eq!(
+        &*newer.tensor_bytes("a").unwrap(),
+        &vec![0x5Au8; 8 * MIB][..]
+    );
+}
+
+/// The same with a file removed since it was opened, and with the read backend (no mapping:
+/// nothing of the old file is reachable, and the new file is never touched).
+#[test]
+fn release_after_the_file_is_removed_or_replaced_is_no_error_with_any_backend() {
+    let dir = scratch_dir("host_memory_release_removed");
+    let (path, a) = sample(&dir, 4 * MIB);
+    let f = open(&path, Populate::Lazy, false);
+    touch(mapped(&f));
+    std::fs::remove_file(&path).unwrap();
+    residency::release(&f, &whole(&f)).unwrap();
+    assert_eq!(&*f.tensor_bytes("a").unwrap(), &a[..]);
+
+    let (path, a) = sample(&dir, 4 * MIB);
+    let f = SafeFile::open(&path, Backend::Read).unwrap();
+    assert_eq!(&*f.tensor_bytes("a").unwrap(), &a[..]);
+    let newer = publish_over(&path, 4 * MIB);
+    residency::release(&f, &whole(&f)).unwrap();
+    assert!(
+        cached_bytes(mapped(&newer)) >= 4 * MIB,
+        "the new file lost its cache"
+    );
+    assert_eq!(&*f.tensor_bytes("a").unwrap(), &a[..]);
+}
+
 /// A caller's buffer is anonymous memory: `MADV_DONTNEED` would zero it. Released, it must be
 /// left exactly as it was.
 #[test]
