@@ -4,7 +4,7 @@
 //! [`MAX_RANK`] dimensions.
 //!
 //! One rule for every layer that needs it: header validation, the writer's check of its input,
-//! and slice planning.
+//! slice planning, and conversion (its sources, outputs and destinations).
 
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
@@ -53,6 +53,20 @@ pub(crate) fn check_tensor_byte_len(
             tensor: tensor.to_owned(),
         });
     }
+    check_data_len(tensor, dtype, shape, actual)
+}
+
+/// Checks that `actual` bytes are what tensor `tensor` of `dtype` and `shape` takes: the
+/// byte-length rule's kinds (`ValidationOverflow`, `MisalignedSlice`) first, so that a length
+/// that no number of bytes could satisfy is never reported as a mismatch with an expected size
+/// that does not exist; then `TensorInvalidInfo`. The rule for a caller's bytes (a conversion's
+/// source), which may have any rank.
+pub(crate) fn check_data_len(
+    tensor: &str,
+    dtype: Dtype,
+    shape: &[usize],
+    actual: usize,
+) -> Result<()> {
     let expected = tensor_byte_len(tensor, dtype, shape)?;
     if actual != expected {
         return Err(Error::TensorInvalidInfo {

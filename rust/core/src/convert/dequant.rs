@@ -22,28 +22,42 @@
 use std::num::NonZeroUsize;
 
 use super::formats::table_f32;
-use super::{check_conversion, check_len, convert_unchecked, numel, to_f32};
+use super::{
+    check_conversion, check_destination, check_input, convert_unchecked, numel, output_len, to_f32,
+};
 use crate::{Dtype, Error, Result, TensorView};
 
 fn refuse(from: Dtype, to: Dtype, reason: String) -> Error {
     Error::Conversion { from, to, reason }
 }
 
-/// Dequantizes a 2-D weight with per-block scales (DeepSeek-V3 style, `block` = (128, 128)):
-/// `dst[i][j] = weight[i][j] × scale[i / block.0][j / block.1]`, computed in F32, then stored
-/// as `to` (a float dtype of at least 8 bits). `dst` holds `M × N` elements of `to`.
-pub fn dequantize_fp8_blocks(
-    weight: TensorView<'_>,
-    scale: TensorView<'_>,
+/// A block dequantization's inputs, checked: what the loops need.
+struct Fp8Blocks {
+    /// Columns of the weight.
+    n: usize,
+    /// Rows and columns of a block.
+    block: (usize, usize),
+    /// Columns of the scale.
+    scale_cols: usize,
+    /// Elements of the weight and of the scale.
+    total: usize,
+    scale_count: usize,
+    /// Bytes of the output.
+    len: usize,
+}
+
+/// Every check [`dequantize_fp8_blocks`] makes of its inputs, in order: the dtypes
+/// (`TypeMismatch`), each view's bytes against its dtype and shape, the shapes against each
+/// other and the blocks (`TypeMismatch`), the output's size.
+fn fp8_blocks(
+    weight: &TensorView<'_>,
+    scale: &TensorView<'_>,
     block: (usize, usize),
     to: Dtype,
-    dst: &mut [u8],
-) -> Result<()> {
+) -> Result<Fp8Blocks> {
     let (weight_dtype, weight_shape) = (weight.dtype, weight.shape);
-    let (scale_dtype, scale_shape) = (scale.dtype, scale.shape);
-    let (weight, scale) = (weight.data, scale.data);
     check_conversion(weight_dtype, to)?;
-    check_conversion(scale_dtype, Dtype::F32)?;
+    check_conversion(scale.dtype, Dtype::F32)?;
     if weight_dtype.bits() < 8 || to.bits() < 8 || !super::is_float(weight_dtype) {
         return Err(refuse(
             weight_dtype,
@@ -53,6 +67,8 @@ pub fn dequantize_fp8_blocks(
                 .into(),
         ));
     }
+    check_input("the weight", weight)?;
+    check_input("the scale", scale)?;
     let [m, n] = *weight_shape else {
         return Err(refuse(
             weight_dtype,
@@ -68,33 +84,66 @@ pub fn dequantize_fp8_blocks(
         ));
     };
     let want = [m.div_ceil(br.get()), n.div_ceil(bc.get())];
-    if scale_shape != want {
+    if scale.shape != want {
         return Err(refuse(
             weight_dtype,
             to,
             format!(
                 "a [{m}, {n}] weight in {br}×{bc} blocks needs a scale of shape {want:?}, not \
-                 {scale_shape:?}"
+                 {:?}",
+                scale.shape
             ),
         ));
     }
-    let total = numel(weight_dtype, weight_shape)?;
-    // At most one scale per element, so this fits whenever the weight's count does.
-    let scale_count = numel(scale_dtype, &want)?;
-    check_len("weight", weight_dtype, total, weight.len())?;
-    check_len("scale", scale_dtype, scale_count, scale.len())?;
-    check_len("destination", to, total, dst.len())?;
-    if total == 0 {
+    Ok(Fp8Blocks {
+        n,
+        block: (br.get(), bc.get()),
+        scale_cols: want[1],
+        // Both views were checked against their shapes, so these counts fit.
+        total: numel(weight_dtype, weight_shape)?,
+        scale_count: numel(scale.dtype, &want)?,
+        len: output_len(to, weight_shape)?,
+    })
+}
+
+/// Bytes [`dequantize_fp8_blocks`] writes for these inputs, after every check it makes of them
+/// (its errors but the destination's): what a caller that allocates the output sizes it with.
+pub fn fp8_blocks_output_len(
+    weight: TensorView<'_>,
+    scale: TensorView<'_>,
+    block: (usize, usize),
+    to: Dtype,
+) -> Result<usize> {
+    Ok(fp8_blocks(&weight, &scale, block, to)?.len)
+}
+
+/// Dequantizes a 2-D weight with per-block scales (DeepSeek-V3 style, `block` = (128, 128)):
+/// `dst[i][j] = weight[i][j] × scale[i / block.0][j / block.1]`, computed in F32, then stored
+/// as `to` (a float dtype of at least 8 bits). `dst` holds `M × N` elements of `to`. Errors:
+/// those of [`fp8_blocks_output_len`], then `TensorInvalidInfo` for a `dst` of another length.
+pub fn dequantize_fp8_blocks(
+    weight: TensorView<'_>,
+    scale: TensorView<'_>,
+    block: (usize, usize),
+    to: Dtype,
+    dst: &mut [u8],
+) -> Result<()> {
+    let plan = fp8_blocks(&weight, &scale, block, to)?;
+    check_destination(to, weight.shape, plan.len, dst.len())?;
+    let (weight_dtype, scale_dtype) = (weight.dtype, scale.dtype);
+    let (weight, scale) = (weight.data, scale.data);
+    let (n, (br, bc)) = (plan.n, plan.block);
+    if plan.total == 0 {
         return Ok(());
     }
     // The scales as F32 (4 bytes each: at most four times the scale's own bytes).
-    let mut scales = vec![0u8; scale_count.saturating_mul(4)];
+    let mut scales = vec![0u8; plan.scale_count.saturating_mul(4)];
     to_f32(scale_dtype, scale, &mut scales);
     let scales: Vec<f32> = scales
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect();
-    let scale_rows: Vec<&[f32]> = scales.chunks_exact(want[1]).collect();
+    let scale_rows: Vec<&[f32]> = scales.chunks_exact(plan.scale_cols).collect();
     // Rows in bytes: the lengths above were checked, so these divide the buffers exactly, and
     // both are at least one byte (n ≥ 1, 8 bits or more).
     let (Some(wrow), Some(drow)) = (weight_dtype.byte_size(n), to.byte_size(n)) else {
@@ -140,17 +189,16 @@ pub fn mxfp4_output_shape(blocks_shape: &[usize], scales_shape: &[usize]) -> Res
     Ok(out)
 }
 
-/// Dequantizes gpt-oss MXFP4: U8 `blocks` `[..., G, 16]` and U8 (or F8_E8M0) `scales`
-/// `[..., G]` into `[..., G*32]` elements of `to` (a float dtype of at least 8 bits).
-pub fn dequantize_mxfp4(
+/// The shape and bytes [`dequantize_mxfp4`] writes for these inputs, after every check it
+/// makes of them, in order (its errors but the destination's): the dtypes (`TypeMismatch`),
+/// each view's bytes against its dtype and shape, the shapes against each other
+/// (`TypeMismatch`), the output's size. What a caller that allocates the output sizes it with.
+pub fn mxfp4_output(
     blocks: TensorView<'_>,
     scales: TensorView<'_>,
     to: Dtype,
-    dst: &mut [u8],
-) -> Result<()> {
-    let (blocks_dtype, blocks_shape) = (blocks.dtype, blocks.shape);
-    let (scales_dtype, scales_shape) = (scales.dtype, scales.shape);
-    let (blocks, scales) = (blocks.data, scales.data);
+) -> Result<(Vec<usize>, usize)> {
+    let (blocks_dtype, scales_dtype) = (blocks.dtype, scales.dtype);
     if blocks_dtype != Dtype::U8 || !matches!(scales_dtype, Dtype::U8 | Dtype::F8_E8M0) {
         return Err(refuse(
             blocks_dtype,
@@ -169,18 +217,28 @@ pub fn dequantize_mxfp4(
             "the target must be 8 bits or more".into(),
         ));
     }
-    let out_shape = mxfp4_output_shape(blocks_shape, scales_shape)?;
-    let total = numel(Dtype::F32, &out_shape)?;
-    // 32 values per group of 16 bytes and one scale: the counts below are at most `total`.
-    let groups = total / 32;
-    check_len(
-        "blocks",
-        Dtype::U8,
-        numel(Dtype::U8, &[groups, 16])?,
-        blocks.len(),
-    )?;
-    check_len("scales", Dtype::U8, groups, scales.len())?;
-    check_len("destination", to, total, dst.len())?;
+    check_input("the MXFP4 blocks", &blocks)?;
+    check_input("the MXFP4 scales", &scales)?;
+    let shape = mxfp4_output_shape(blocks.shape, scales.shape)?;
+    let len = output_len(to, &shape)?;
+    Ok((shape, len))
+}
+
+/// Dequantizes gpt-oss MXFP4: U8 `blocks` `[..., G, 16]` and U8 (or F8_E8M0) `scales`
+/// `[..., G]` into `[..., G*32]` elements of `to` (a float dtype of at least 8 bits). Errors:
+/// those of [`mxfp4_output`], then `TensorInvalidInfo` for a `dst` of another length.
+pub fn dequantize_mxfp4(
+    blocks: TensorView<'_>,
+    scales: TensorView<'_>,
+    to: Dtype,
+    dst: &mut [u8],
+) -> Result<()> {
+    let (out_shape, len) = mxfp4_output(blocks, scales, to)?;
+    check_destination(to, &out_shape, len, dst.len())?;
+    let blocks_dtype = blocks.dtype;
+    // Both views were checked against their shapes, and the scales' shape is the blocks'
+    // without its last dimension (16): `blocks` holds 16 bytes per scale.
+    let (blocks, scales) = (blocks.data, scales.data);
     let lut = table_f32(Dtype::F4);
     let Some(step) = to.byte_size(32) else {
         return Err(refuse(

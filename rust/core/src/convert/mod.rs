@@ -13,6 +13,13 @@
 //! NumPy's `astype` (BOOL: nonzero is 1; integers round to nearest even). Targets must be
 //! float dtypes: C64 sources and non-float targets are `TypeMismatch` errors, whatever the
 //! pair, identity included.
+//!
+//! Errors are one rule for two faces: each operation into a caller's buffer first asks the
+//! function that sizes its output ([`converted_len`], [`fp8_blocks_output_len`],
+//! [`mxfp4_output`]), which makes every check of the inputs, and only then compares the
+//! destination's length; the bindings that allocate the output size it with the same function.
+//! So an input gets the same error kind whoever owns the output, and no message quotes a size
+//! that does not exist: byte lengths come from the tensor byte-length rule (`byte_len.rs`).
 
 mod decode;
 mod dequant;
@@ -22,10 +29,13 @@ mod formats;
 mod simd;
 mod streaming;
 
-pub use dequant::{dequantize_fp8_blocks, dequantize_mxfp4, mxfp4_output_shape};
+pub use dequant::{
+    dequantize_fp8_blocks, dequantize_mxfp4, fp8_blocks_output_len, mxfp4_output,
+    mxfp4_output_shape,
+};
 
-use crate::byte_len::checked_numel;
-use crate::{Dtype, Error, Result};
+use crate::byte_len::{check_data_len, checked_numel, tensor_byte_len};
+use crate::{Dtype, Error, Result, TensorView};
 use decode::map;
 use encode::{encode, encode_e8m0, encode_f32_fast, encode_f32_narrow, f32_to_bf16, split_f64};
 
@@ -82,21 +92,61 @@ pub(crate) fn numel(dtype: Dtype, shape: &[usize]) -> Result<usize> {
     })
 }
 
-/// Checks a buffer's length against `numel` elements of `dtype`.
-pub(crate) fn check_len(what: &str, dtype: Dtype, numel: usize, len: usize) -> Result<()> {
-    let expected = dtype.byte_size(numel);
-    if expected == Some(len) {
+/// Checks a caller's tensor `what` (its bytes against its dtype and shape) by the tensor
+/// byte-length rule.
+pub(crate) fn check_input(what: &str, v: &TensorView<'_>) -> Result<()> {
+    check_data_len(what, v.dtype, v.shape, v.data.len())
+}
+
+/// Bytes of an output of `to` and `shape`, by the tensor byte-length rule: an F4 or F6 output
+/// whose elements end inside a byte is `MisalignedSlice` (no buffer can hold it), one whose size
+/// does not fit is `ValidationOverflow`.
+pub(crate) fn output_len(to: Dtype, shape: &[usize]) -> Result<usize> {
+    tensor_byte_len(&format!("the {to} output"), to, shape)
+}
+
+/// Checks a caller's destination, `len` bytes, against the `expected` bytes of an output of
+/// `to` and `shape` (already computed by [`output_len`], so never a size that does not exist).
+pub(crate) fn check_destination(
+    to: Dtype,
+    shape: &[usize],
+    expected: usize,
+    len: usize,
+) -> Result<()> {
+    if len == expected {
         return Ok(());
     }
     Err(Error::TensorInvalidInfo {
-        tensor: format!("{what} ({numel} × {dtype})"),
-        expected: expected.map_or(u64::MAX, |e| e as u64),
+        tensor: format!("the destination ({to} {shape:?})"),
+        expected: expected as u64,
         actual: len as u64,
     })
 }
 
+/// Bytes that converting `src` into `to` writes, after every check [`convert`] makes of its
+/// inputs, in the same order: the pair (`TypeMismatch`), the source's bytes against its dtype
+/// and shape (`ValidationOverflow`, `MisalignedSlice`, `TensorInvalidInfo`), and the output's
+/// size (`ValidationOverflow`, or `MisalignedSlice` for an F4/F6 count ending inside a byte).
+/// Callers that allocate the output size it with this, so that they and the callers that pass
+/// a buffer of their own get the same error for the same input.
+///
+/// ```
+/// use safetensors_core::{convert::converted_len, Dtype, ErrorKind, TensorView};
+/// let src = [0u8; 12];
+/// assert_eq!(converted_len(TensorView::new(Dtype::F32, &[3], &src), Dtype::F16)?, 6);
+/// let e = converted_len(TensorView::new(Dtype::F32, &[3], &src), Dtype::F4).unwrap_err();
+/// assert_eq!(e.kind(), ErrorKind::MisalignedSlice);
+/// # Ok::<(), safetensors_core::Error>(())
+/// ```
+pub fn converted_len(src: TensorView<'_>, to: Dtype) -> Result<usize> {
+    check_conversion(src.dtype, to)?;
+    check_input("the source tensor", &src)?;
+    output_len(to, src.shape)
+}
+
 /// Converts `numel` elements of `from` in `src` into `to` in `dst`, which must hold exactly
-/// `numel × size(to)` bytes. Source and destination may have any alignment.
+/// `numel × size(to)` bytes. Source and destination may have any alignment. Errors: those of
+/// [`converted_len`], then `TensorInvalidInfo` for a `dst` of another length.
 ///
 /// ```
 /// use safetensors_core::{convert::convert, Dtype};
@@ -107,16 +157,8 @@ pub(crate) fn check_len(what: &str, dtype: Dtype, numel: usize, len: usize) -> R
 /// # Ok::<(), safetensors_core::Error>(())
 /// ```
 pub fn convert(from: Dtype, shape: &[usize], src: &[u8], to: Dtype, dst: &mut [u8]) -> Result<()> {
-    check_conversion(from, to)?;
-    let n = numel(from, shape)?;
-    if from.byte_size(n).is_none() {
-        return Err(Error::MisalignedSlice {
-            tensor: format!("({from} conversion)"),
-            reason: format!("{n} elements of {from} do not end on a byte boundary"),
-        });
-    }
-    check_len("source", from, n, src.len())?;
-    check_len("destination", to, n, dst.len())?;
+    let want = converted_len(TensorView::new(from, shape, src), to)?;
+    check_destination(to, shape, want, dst.len())?;
     convert_unchecked(from, src, to, dst);
     Ok(())
 }
