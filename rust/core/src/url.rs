@@ -29,20 +29,30 @@ pub fn url_scheme(s: &str) -> Option<&'static str> {
 /// `url` as messages show it: scheme, host, port and path, without user information (which
 /// may hold a password), query (which may hold a signature) or fragment, at most 300 bytes.
 ///
+/// User information is everything up to the text's last `@`: a password may hold `/`, `?` or
+/// `#` unencoded, and then no parser can tell where the authority ends, so the rule never
+/// relies on one. Where the part cut off holds such a character (a password with `/`, or an
+/// `@` in the path), the cut shows as `<redacted>@`, so that the name never seems to be another
+/// URL's.
+///
 /// ```
 /// let shown = safetensors_core::redact_url("https://u:secret@host:8443/m.safetensors?sig=x");
 /// assert_eq!(shown, "https://host:8443/m.safetensors");
+/// let shown = safetensors_core::redact_url("s3://KEY:se/cr?et@bucket/m.safetensors");
+/// assert_eq!(shown, "s3://<redacted>@bucket/m.safetensors");
 /// ```
 pub fn redact_url(url: &str) -> String {
     let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
-    let rest = rest.split(['?', '#']).next().unwrap_or("");
-    let (authority, path) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
+    let (cut, rest) = match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
     };
-    // User information ends at the authority's last `@`.
-    let host = authority.rsplit('@').next().unwrap_or("");
-    let mut shown = format!("{scheme}://{host}{path}");
+    let rest = rest.split(['?', '#']).next().unwrap_or("");
+    let marker = match cut {
+        Some(info) if info.contains(['/', '?', '#']) => "<redacted>@",
+        _ => "",
+    };
+    let mut shown = format!("{scheme}://{marker}{rest}");
     if shown.len() > 300 {
         let mut end = 300;
         while !shown.is_char_boundary(end) {
@@ -123,9 +133,24 @@ mod tests {
             ("s3://bucket/a/b", "s3://bucket/a/b"),
             ("http://a@b@host", "http://host"),
             ("https://host?token=hunter2", "https://host"),
+            // A password holding `/`, `?` or `#`: no parser finds the authority's end.
+            (
+                "s3://AKID:wJal/rXU?tn#FE@bucket/k.safetensors",
+                "s3://<redacted>@bucket/k.safetensors",
+            ),
+            ("https://tok/en@host/m", "https://<redacted>@host/m"),
+            ("https://u:p@host/m?q=1#f", "https://host/m"),
         ] {
             assert_eq!(redact_url(url), shown);
         }
         assert!(redact_url(&"x".repeat(1000)).len() <= 303);
+        for url in [
+            "https://u:hunter2/x@h/m",
+            "https://u:hunter2?x@h/m",
+            "https://u:hunter2#x@h/m",
+            "s3://u:hunter2@b/m?sig=hunter2",
+        ] {
+            assert!(!redact_url(url).contains("hunter2"), "{url}");
+        }
     }
 }
