@@ -4,7 +4,11 @@ upstream server (nginx, or an S3-compatible server) and spoils the answers the w
 servers, middleboxes and replaced objects do, so that the client's checks are tested against
 real bytes on a real socket.
 
-    fault_proxy.py UPSTREAM_PORT FAULT [--after N]
+    fault_proxy.py UPSTREAM_PORT FAULT [--after N] [--to URL] [--log FILE] [--tls CERT KEY]
+
+--to URL is where the redirect faults send a client (the request's path appended); --log FILE
+appends each request's method, path and headers to FILE as one JSON line; --tls serves HTTPS
+with that certificate and key.
 
 Prints the port it listens on (127.0.0.1) as its first line, then serves until killed. The
 first N requests (default 0) pass untouched; from then on every GET gets FAULT:
@@ -25,9 +29,19 @@ first N requests (default 0) pass untouched; from then on every GET gets FAULT:
               13.1.1: If-Match compares strongly, so a weak tag never matches). Applies from
               the first request, whatever --after says.
     weak-etag as `weak`; after N requests the ETag also changes (the object was replaced)
+    cut       the body broken off halfway (the connection closed, Content-Length unmet), once;
+              every later GET passes untouched (a retry of the rest must succeed)
+    cut-range the body broken off halfway once, as `cut`; the next GET (its retry) gets
+              `range`, every later one passes (a retry answered with other bytes than it
+              asked must be refused)
+    redirect-to  302 to --to URL with the request's path
+    echo403   403 with every request header echoed in the body, as servers that quote the
+              request they refuse do (credentials must never reach a message from there)
 """
 import http.client
+import json
 import socketserver
+import ssl
 import sys
 import threading
 import time
@@ -35,7 +49,20 @@ from http.server import BaseHTTPRequestHandler
 
 UPSTREAM = int(sys.argv[1])
 FAULT = sys.argv[2]
-AFTER = int(sys.argv[sys.argv.index("--after") + 1]) if "--after" in sys.argv else 0
+
+
+
+def option(name, default=None, n=1):
+    if name not in sys.argv:
+        return default
+    i = sys.argv.index(name)
+    return sys.argv[i + 1] if n == 1 else sys.argv[i + 1 : i + 1 + n]
+
+
+AFTER = int(option("--after", "0"))
+TO = option("--to")
+LOG = option("--log")
+TLS = option("--tls", n=2)
 count_lock = threading.Lock()
 count = 0
 
@@ -80,7 +107,20 @@ class Handler(BaseHTTPRequestHandler):
         with count_lock:
             n = count
             count += 1
+            if LOG:
+                with open(LOG, "a") as f:
+                    entry = {"method": self.command, "path": self.path, "headers": dict(self.headers.items())}
+                    f.write(json.dumps(entry) + "\n")
         fault = FAULT if n >= AFTER else "none"
+        if fault in ("cut", "cut-range"):
+            retry = fault == "cut-range" and n == AFTER + 1
+            fault = "cut" if n == AFTER else "range" if retry else "none"
+        if fault == "echo403":
+            text = "".join(f"<{k}>{v}</{k}>" for k, v in self.headers.items())
+            page = f"<Error><Code>AccessDenied</Code><Request>{self.path} {text}</Request></Error>"
+            return self.send(403, [("Content-Type", "application/xml")], page.encode())
+        if fault == "redirect-to":
+            return self.send(302, [("Location", TO + self.path)], b"")
         weak = FAULT in ("weak", "weak-etag")
         if weak and self.headers.get("If-Match", "").strip().startswith("W/"):
             return self.send(412, [("Content-Type", "text/plain")], b"precondition failed")
@@ -99,6 +139,16 @@ class Handler(BaseHTTPRequestHandler):
             return self.send(503, [("Content-Type", "text/html")], page)
         drop = {"range"} if fault == "whole" else {"if-match"} if fault == "etag" else set()
         status, headers, body = self.forward(drop)
+        if fault == "cut":
+            # Every header as sent, then half the body, then the connection closed.
+            self.send_response_only(status)
+            for k, v in headers:
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
         if fault == "short":
             body = body[: len(body) // 2]
         elif fault == "long":
@@ -134,6 +184,10 @@ class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
 
 def main():
     server = Server(("127.0.0.1", 0), Handler)
+    if TLS:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(TLS[0], TLS[1])
+        server.socket = context.wrap_socket(server.socket, server_side=True)
     print(server.server_address[1], flush=True)
     server.serve_forever()
 

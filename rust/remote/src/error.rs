@@ -3,8 +3,9 @@
 //!
 //! `Io` is the kind a local file gets for the same events (cannot open, read failed, file
 //! replaced while open), so callers handle local and remote files alike. Texts that come from
-//! `object_store` (which may quote a server's answer) pass through [`scrub`]: credentials
-//! from the environment are cut out, whitespace is folded and the length is bounded.
+//! `object_store` (which may quote a server's answer, or a request's URL) pass through
+//! [`scrub`], the one redaction point ([`crate::secrets`]): every credential the process holds
+//! is cut out, whitespace is folded and the length is bounded.
 
 use std::io;
 use std::path::Path;
@@ -74,58 +75,8 @@ pub(crate) fn store_error(name: &str, op: &'static str, e: object_store::Error) 
 /// Longest message kept from a server or library text.
 const MAX_MESSAGE: usize = 600;
 
-/// `text` with credentials from the environment cut out, whitespace folded (servers answer
-/// with HTML pages), and at most [`MAX_MESSAGE`] bytes.
+/// `text` as a message may hold it: every secret cut out, whitespace folded, at most
+/// [`MAX_MESSAGE`] bytes (see [`crate::secrets`], the one redaction point).
 pub(crate) fn scrub(text: &str) -> String {
-    let mut out = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    for var in [
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_ACCESS_KEY_ID",
-        "AWS_CONTAINER_AUTHORIZATION_TOKEN",
-    ] {
-        if let Ok(secret) = std::env::var(var) {
-            // Short values would match ordinary words; a real key is longer than this.
-            if secret.len() >= 8 {
-                out = out.replace(&secret, "<redacted>");
-            }
-        }
-    }
-    if out.len() > MAX_MESSAGE {
-        let mut end = MAX_MESSAGE;
-        while !out.is_char_boundary(end) {
-            end -= 1;
-        }
-        out.truncate(end);
-        out.push_str(" ...");
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn scrub_cuts_credentials_from_the_environment_out_of_server_texts() {
-        // A variable no other test of this crate sets or reads.
-        std::env::set_var("AWS_CONTAINER_AUTHORIZATION_TOKEN", "tok-0123456789-secret");
-        let text = scrub("403 Forbidden: <Error>\n  <Token>tok-0123456789-secret</Token></Error>");
-        assert!(!text.contains("tok-0123456789-secret"), "{text}");
-        assert_eq!(
-            text,
-            "403 Forbidden: <Error> <Token><redacted></Token></Error>"
-        );
-        std::env::remove_var("AWS_CONTAINER_AUTHORIZATION_TOKEN");
-    }
-
-    #[test]
-    fn scrub_bounds_the_length_on_a_character_boundary() {
-        let text = scrub(&"é".repeat(1000));
-        assert!(
-            text.len() <= MAX_MESSAGE + 4 && text.ends_with(" ..."),
-            "{}",
-            text.len()
-        );
-    }
+    crate::secrets::scrub(text, MAX_MESSAGE)
 }

@@ -4,17 +4,19 @@
 use std::io;
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
+use object_store::client::{HttpError, HttpErrorKind};
 use object_store::path::Path as ObjectPath;
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore};
 use safetensors_core::{fallible, read_header_len, Error, Header, Result, SafeFile};
 
 use crate::error::{changed, remote, store_error, NOT_PARTIAL};
-use crate::location::locate;
+use crate::location::{locate, Location};
 use crate::options::RemoteOptions;
 use crate::runtime;
+use crate::transport::{Refused, ServerStatus};
 
 /// A remote object whose header has been read and validated, and whose version is pinned.
 pub struct Object {
@@ -32,6 +34,9 @@ pub struct Object {
     /// fetch together, counted from the start of [`Object::open`].
     deadline_at: Option<Instant>,
 }
+
+/// Bytes past the header a file read on demand keeps from its first read.
+pub(crate) const KEPT_PAST_HEADER: usize = 64 << 10;
 
 /// The version every GET after the first must find: the ETag when the server gives one, else
 /// the modification time; and the length.
@@ -110,17 +115,81 @@ pub(crate) struct Getter {
     pub(crate) name: Arc<str>,
     store: Arc<dyn ObjectStore>,
     path: ObjectPath,
+    /// Retries of one GET ([`RemoteOptions::max_retries`]).
+    retries: usize,
+}
+
+/// How far a GET got: what its first answer said, and how many bytes of it arrived checked.
+#[derive(Default)]
+struct Progress {
+    /// The first answer's metadata: the version every retry must find.
+    meta: Option<ObjectMeta>,
+    /// The end of the range the first answer holds (a speculative first read is clamped to the
+    /// object's end).
+    end: Option<u64>,
+    /// Bytes written into the destination, each inside an answer checked as a whole.
+    bytes: usize,
 }
 
 impl Getter {
+    pub(crate) fn new(location: &Location, options: &RemoteOptions) -> Getter {
+        Getter {
+            name: location.name.clone().into(),
+            store: location.store.clone(),
+            path: location.path.clone(),
+            retries: options.max_retries,
+        }
+    }
+
     /// Fetches `range` of the object into `dst` (exactly `range`'s length), checking the
     /// answer against `pin` (when there is one yet). Returns the answer's metadata.
+    ///
+    /// A failure worth another try (a broken connection or body, a timeout, a busy or failing
+    /// server: see [`retryable`]) is retried up to [`RemoteOptions::max_retries`] times, with
+    /// backoff, for the bytes still missing: each retry is a new request, conditional on the
+    /// version of the first answer, and its answer gets every check the first one got (status
+    /// 206, `Content-Range` exactly the bytes asked, the version, the body's length). Nothing is
+    /// taken from an answer that fails a check, and such an answer is not retried: a server
+    /// that sends the wrong bytes once is not asked again.
     pub(crate) async fn get_into(
         &self,
         range: Range<u64>,
         pin: Option<&Pin>,
         dst: &mut [u8],
     ) -> Result<ObjectMeta> {
+        let mut progress = Progress::default();
+        let mut tries = 0usize;
+        loop {
+            let start = range.start + progress.bytes as u64;
+            let end = progress.end.unwrap_or(range.end);
+            let first = progress.meta.clone().map(|meta| Pin { meta });
+            let now = pin.or(first.as_ref());
+            if let (Some(meta), true) = (&progress.meta, start >= end) {
+                return Ok(meta.clone());
+            }
+            let room = ((end - range.start) as usize).min(dst.len());
+            let slot = &mut dst[progress.bytes..room];
+            match self.attempt(start..end, now, slot, &mut progress).await {
+                Ok(meta) => return Ok(meta),
+                Err((e, again)) if again && tries < self.retries => {
+                    tries += 1;
+                    tokio::time::sleep(backoff(tries)).await;
+                    drop(e);
+                }
+                Err((e, _)) => return Err(e),
+            }
+        }
+    }
+
+    /// One GET of `range` into `dst`, every check made on its answer; `progress` records what
+    /// arrived. An error says whether another try may succeed.
+    async fn attempt(
+        &self,
+        range: Range<u64>,
+        pin: Option<&Pin>,
+        dst: &mut [u8],
+        progress: &mut Progress,
+    ) -> std::result::Result<ObjectMeta, (Error, bool)> {
         let options = match pin {
             Some(p) => p.get_options(range.clone()),
             None => GetOptions {
@@ -128,13 +197,15 @@ impl Getter {
                 ..GetOptions::default()
             },
         };
-        let answer = self
-            .store
-            .get_opts(&self.path, options)
-            .await
-            .map_err(|e| store_error(&self.name, "GET", e))?;
+        let answer = match self.store.get_opts(&self.path, options).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                let again = retryable(&e);
+                return Err((store_error(&self.name, "GET", e), again));
+            }
+        };
         if let Some(p) = pin {
-            p.check(&self.name, &answer.meta)?;
+            p.check(&self.name, &answer.meta).map_err(|e| (e, false))?;
         }
         let meta = answer.meta.clone();
         let got = answer.range.clone();
@@ -143,29 +214,37 @@ impl Getter {
         // check: never more or fewer bytes than that range.
         let want = got.end.saturating_sub(got.start);
         if got.start != range.start || want > dst.len() as u64 {
-            return Err(self.wrong(&range, &format!("Content-Range says bytes {got:?}")));
+            let what = format!("Content-Range says bytes {got:?}");
+            return Err((self.wrong(&range, &what), false));
+        }
+        if progress.meta.is_none() {
+            progress.meta = Some(meta.clone());
+            progress.end = Some(got.end);
         }
         let mut at = 0usize;
         let mut body = answer.into_stream();
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| store_error(&self.name, "GET", e))?;
-            let end = at
+            let chunk = match chunk {
+                Ok(chunk) => chunk,
+                Err(e) => {
+                    let again = retryable(&e);
+                    return Err((store_error(&self.name, "GET", e), again));
+                }
+            };
+            let Some(end) = at
                 .checked_add(chunk.len())
                 .filter(|&end| end as u64 <= want)
-                .ok_or_else(|| {
-                    self.wrong(
-                        &range,
-                        "the body is longer than its Content-Range (HTTP 206)",
-                    )
-                })?;
+            else {
+                let what = "the body is longer than its Content-Range (HTTP 206)";
+                return Err((self.wrong(&range, what), false));
+            };
             dst[at..end].copy_from_slice(&chunk);
             at = end;
+            progress.bytes += chunk.len();
         }
         if (at as u64) != want {
-            return Err(self.wrong(
-                &range,
-                &format!("the body ended after {at} of {want} bytes (HTTP 206)"),
-            ));
+            let what = format!("the body ended after {at} of {want} bytes (HTTP 206)");
+            return Err((self.wrong(&range, &what), false));
         }
         Ok(meta)
     }
@@ -185,17 +264,22 @@ impl Getter {
 }
 
 impl Object {
+    fn getter(&self) -> Getter {
+        Getter {
+            name: self.name.clone().into(),
+            store: self.store.clone(),
+            path: self.path.clone(),
+            retries: self.options.max_retries,
+        }
+    }
+
     /// Reads and validates the header of the object at `url` and pins its version.
     pub fn open(url: &str, options: &RemoteOptions, allow_trailing_bytes: bool) -> Result<Object> {
         let options = options.sane();
         // A deadline too far to be an instant (`Duration::MAX` for "none") is none.
         let deadline_at = options.deadline.and_then(|d| Instant::now().checked_add(d));
         let location = locate(url, &options)?;
-        let getter = Getter {
-            name: location.name.clone().into(),
-            store: location.store.clone(),
-            path: location.path.clone(),
-        };
+        let getter = Getter::new(&location, &options);
         let first = options.first_read as u64;
         let name = location.name.clone();
         let (pin, head) = runtime::run(&name, options.deadline, async move {
@@ -275,11 +359,7 @@ impl Object {
         bytes[..have].copy_from_slice(&self.head[..have]);
         let rest: Range<u64> = have as u64..len as u64;
         let parts = parts(std::slice::from_ref(&rest), self.options.part_size as u64);
-        let getter = Getter {
-            name: self.name.clone().into(),
-            store: self.store.clone(),
-            path: self.path.clone(),
-        };
+        let getter = self.getter();
         let pin = self.pin.clone();
         let concurrency = self.options.concurrency;
         let left = self
@@ -296,32 +376,49 @@ impl Object {
     /// The object as a file whose tensor bytes are fetched when read ([`RemoteOptions::on_demand`]):
     /// the validated header, and a source that fetches the pinned version's byte runs.
     pub fn on_demand(self, options: safetensors_core::OpenOptions) -> Result<SafeFile> {
-        let getter = Getter {
-            name: self.name.clone().into(),
-            store: self.store.clone(),
-            path: self.path.clone(),
-        };
+        let getter = self.getter();
         let len = self.len();
         let name = self.name.clone();
-        let source = crate::on_demand::OnDemand::new(getter, self.pin, self.options, self.head);
+        let mut head = self.head;
+        // The header's bytes, and at most KEPT_PAST_HEADER of what the first read fetched past
+        // them: the first small tensors are served without a GET, and a checkpoint of hundreds
+        // of shards opened on demand does not hold a whole first read (1 MiB by default) each.
+        let header_end = read_header_len(&head, len)
+            .map_or(head.len(), |n| safetensors_core::LENGTH_PREFIX_SIZE + n);
+        head.truncate(header_end.saturating_add(KEPT_PAST_HEADER).min(head.len()));
+        head.shrink_to_fit();
+        let source = crate::on_demand::OnDemand::new(getter, self.pin, self.options, head);
         let head = source.head().to_vec();
         SafeFile::from_source(name, &head, len, Box::new(source), options)
     }
 }
 
 /// The whole of a small object (a checkpoint's index): one GET, refused when the object is
-/// longer than `cap` bytes (before its body is read) and checked to be as long as it says.
+/// longer than `cap` bytes (before its body is read) and checked to be as long as it says. A
+/// GET that fails before its answer is retried as a ranged GET would be; a body that breaks
+/// off is completed by ranged GETs of the same version, with every check of [`Getter::get_into`].
 pub fn fetch_small(url: &str, remote: &RemoteOptions, cap: u64, what: &str) -> Result<Vec<u8>> {
     let options = remote.sane();
     let location = locate(url, &options)?;
-    let name: Arc<str> = location.name.clone().into();
+    let getter = Getter::new(&location, &options);
     let what = what.to_owned();
-    runtime::run(&location.name.clone(), options.deadline, async move {
-        let answer = location
-            .store
-            .get_opts(&location.path, GetOptions::default())
-            .await
-            .map_err(|e| store_error(&name, "GET", e))?;
+    runtime::run(&location.name, options.deadline, async move {
+        let name = getter.name.clone();
+        let mut tries = 0usize;
+        let answer = loop {
+            match getter
+                .store
+                .get_opts(&getter.path, GetOptions::default())
+                .await
+            {
+                Ok(answer) => break answer,
+                Err(e) if retryable(&e) && tries < getter.retries => {
+                    tries += 1;
+                    tokio::time::sleep(backoff(tries)).await;
+                }
+                Err(e) => return Err(store_error(&name, "GET", e)),
+            }
+        };
         let size = answer.meta.size;
         if size > cap {
             return Err(remote_error(
@@ -330,11 +427,26 @@ pub fn fetch_small(url: &str, remote: &RemoteOptions, cap: u64, what: &str) -> R
                 format!("{what} is {size} bytes; the limit is {cap}"),
             ));
         }
+        let pin = Pin {
+            meta: answer.meta.clone(),
+        };
         let mut out = Vec::new();
         fallible::reserve(&mut out, size as usize, &what)?;
         let mut body = answer.into_stream();
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| store_error(&name, "GET", e))?;
+            let chunk = match chunk {
+                Ok(chunk) => chunk,
+                Err(e) if retryable(&e) && getter.retries > 0 => {
+                    // The rest, as ranged GETs of the version this answer is.
+                    let have = out.len();
+                    out.resize(size as usize, 0);
+                    getter
+                        .get_into(have as u64..size, Some(&pin), &mut out[have..])
+                        .await?;
+                    return Ok(out);
+                }
+                Err(e) => return Err(store_error(&name, "GET", e)),
+            };
             if out.len() as u64 + chunk.len() as u64 > size {
                 return Err(remote_error(
                     &name,
@@ -353,6 +465,52 @@ pub fn fetch_small(url: &str, remote: &RemoteOptions, cap: u64, what: &str) -> R
         }
         Ok(out)
     })
+}
+
+/// Whether a failed request may succeed if made again: a connection that could not be made or
+/// broke (before or during the body), a timeout, or a server that said it is busy or failing
+/// ([`ServerStatus`]). Never an answer that was wrong (a check failed), refused (403, 404, 412,
+/// a refused redirect) or not what was asked (200 for a range).
+pub(crate) fn retryable(e: &object_store::Error) -> bool {
+    use object_store::Error as E;
+    if matches!(
+        e,
+        E::NotFound { .. }
+            | E::Precondition { .. }
+            | E::PermissionDenied { .. }
+            | E::Unauthenticated { .. }
+            | E::NotSupported { .. }
+            | E::NotModified { .. }
+    ) {
+        return false;
+    }
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if c.is::<ServerStatus>() {
+            return true;
+        }
+        if c.is::<Refused>() {
+            return false;
+        }
+        if let Some(h) = c.downcast_ref::<HttpError>() {
+            if matches!(
+                h.kind(),
+                HttpErrorKind::Connect
+                    | HttpErrorKind::Request
+                    | HttpErrorKind::Timeout
+                    | HttpErrorKind::Interrupted
+            ) {
+                return true;
+            }
+        }
+        cause = c.source();
+    }
+    false
+}
+
+/// The wait before retry `n` (from 1): 100 ms, doubling, at most 12.8 s.
+pub(crate) fn backoff(n: usize) -> Duration {
+    Duration::from_millis(100 << n.saturating_sub(1).min(7))
 }
 
 fn remote_error(name: &str, kind: io::ErrorKind, message: String) -> Error {

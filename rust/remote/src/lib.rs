@@ -38,8 +38,11 @@ mod fetch;
 mod location;
 mod on_demand;
 mod options;
+mod process;
 mod profile;
 pub mod runtime;
+mod secrets;
+mod transport;
 
 use safetensors_core::{
     Checkpoint, CheckpointOptions, OpenOptions, Result, SafeFile, ShardOpener, MAX_INDEX_SIZE,

@@ -18,6 +18,8 @@ use url::Url;
 
 use crate::error::{invalid_url, store_error};
 use crate::options::RemoteOptions;
+use crate::secrets;
+use crate::transport::Connector;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Scheme {
@@ -41,6 +43,8 @@ pub(crate) struct Location {
 
 /// The store and path for `url`, or an `Io` error naming the (redacted) URL.
 pub(crate) fn locate(url: &str, options: &RemoteOptions) -> Result<Location> {
+    // Whatever of the URL is secret never shows, in this open's messages or any later one.
+    secrets::register_url(url);
     let name = redact_url(url);
     let scheme = scheme_of(url).ok_or_else(|| {
         invalid_url(
@@ -77,20 +81,26 @@ pub(crate) fn locate(url: &str, options: &RemoteOptions) -> Result<Location> {
             "the URL names no object (its path is empty)",
         ));
     }
+    // object_store's own retries are off: `fetch.rs` retries, so that every retry is a new
+    // request whose answer gets every check (object_store's retry of a broken body would
+    // splice in an answer checked for its ETag only).
     let retry = RetryConfig {
         backoff: BackoffConfig::default(),
-        max_retries: options.max_retries,
-        // Retries stop when either runs out: the count, or this much time since the first try.
-        retry_timeout: options
-            .request_timeout
-            .saturating_mul(options.max_retries.saturating_add(1) as u32),
+        max_retries: 0,
+        retry_timeout: options.request_timeout,
     };
+    let connector = Connector::new(options.request_timeout, options.connect_timeout);
     let store: Arc<dyn ObjectStore> = match scheme {
         Scheme::S3 => {
             // Region, endpoint, path-style addressing, `AWS_ALLOW_HTTP` and credentials come
             // from the usual AWS_* variables; the timeouts are set through the same config keys
             // so that those variables' client settings are kept.
             let mut builder = AmazonS3Builder::from_env().with_bucket_name(host);
+            for var in ["AWS_ENDPOINT", "AWS_ENDPOINT_URL"] {
+                if let Ok(endpoint) = std::env::var(var) {
+                    secrets::register_url(&endpoint);
+                }
+            }
             builder = with_profile(builder);
             let builder = builder
                 .with_config(
@@ -101,20 +111,23 @@ pub(crate) fn locate(url: &str, options: &RemoteOptions) -> Result<Location> {
                     AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
                     millis(options.connect_timeout),
                 )
-                .with_retry(retry);
+                .with_retry(retry)
+                .with_http_connector(connector);
             Arc::new(builder.build().map_err(|e| store_error(&name, "open", e))?)
         }
         Scheme::Http => {
             let base = &parsed[..url::Position::BeforePath];
             let client = ClientOptions::new()
-                // The user wrote http:// (https:// is verified TLS, the default).
+                // The user wrote http:// (https:// is verified TLS, the default). A redirect
+                // never leaves https for http (see `transport`).
                 .with_allow_http(true)
                 .with_timeout(options.request_timeout)
                 .with_connect_timeout(options.connect_timeout);
             let builder = HttpBuilder::new()
                 .with_url(base)
                 .with_client_options(client)
-                .with_retry(retry);
+                .with_retry(retry)
+                .with_http_connector(connector);
             Arc::new(builder.build().map_err(|e| store_error(&name, "open", e))?)
         }
     };
@@ -128,6 +141,19 @@ fn with_profile(builder: AmazonS3Builder) -> AmazonS3Builder {
     let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
     let mut builder = builder;
     let profile = crate::profile::from_files();
+    for secret in [
+        &profile.access_key_id,
+        &profile.secret_access_key,
+        &profile.session_token,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        secrets::register(secret);
+    }
+    if let Some(endpoint) = &profile.endpoint_url {
+        secrets::register_url(endpoint);
+    }
     if !set("AWS_ACCESS_KEY_ID") && !set("AWS_SECRET_ACCESS_KEY") {
         if let (Some(id), Some(secret)) = (&profile.access_key_id, &profile.secret_access_key) {
             builder = builder

@@ -2,7 +2,8 @@
 //! `~/.aws/credentials` (or `$AWS_SHARED_CREDENTIALS_FILE`), region and endpoint from
 //! `~/.aws/config` (or `$AWS_CONFIG_FILE`), in the profile `$AWS_PROFILE` names (else
 //! `default`), as the AWS CLI reads them: `[name]` sections in the credentials file,
-//! `[profile name]` (or `[default]`) in the config file, `key = value` lines, `#` and `;`
+//! `[profile name]` in the config file (for the default profile `[default]` or
+//! `[profile default]`), `key = value` lines, `#` and `;`
 //! comments. Only what is needed is read (`aws_access_key_id`, `aws_secret_access_key`,
 //! `aws_session_token`, `region`, `endpoint_url`); a file that is missing, unreadable or larger
 //! than 1 MiB is as if absent (credentials then come from the instance, as without files).
@@ -39,14 +40,9 @@ pub(crate) fn from_files() -> Profile {
         .and_then(|p| read_small(&p))
         .map(|text| section(&text, &name))
         .unwrap_or_default();
-    let config_section = if name == "default" {
-        "default".to_owned()
-    } else {
-        format!("profile {name}")
-    };
     let config = file("AWS_CONFIG_FILE", "config")
         .and_then(|p| read_small(&p))
-        .map(|text| section(&text, &config_section))
+        .map(|text| config_profile(&text, &name))
         .unwrap_or_default();
     let get = |map: &BTreeMap<String, String>, key: &str| map.get(key).cloned();
     Profile {
@@ -59,6 +55,18 @@ pub(crate) fn from_files() -> Profile {
         region: get(&config, "region").or_else(|| get(&credentials, "region")),
         endpoint_url: get(&config, "endpoint_url"),
     }
+}
+
+/// Profile `name` of a config file: `[profile name]`; for `default`, `[default]` and
+/// `[profile default]` both (the AWS CLI accepts either), a key in `[profile default]` winning
+/// over the same key in `[default]` (the longer form is the explicit one).
+fn config_profile(text: &str, name: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    if name == "default" {
+        out = section(text, "default");
+    }
+    out.extend(section(text, &format!("profile {name}")));
+    out
 }
 
 fn read_small(path: &Path) -> Option<String> {
@@ -106,7 +114,24 @@ fn collapse(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::section;
+    use super::{config_profile, section};
+
+    #[test]
+    fn the_default_profile_may_be_spelt_either_way_in_the_config_file() {
+        let long = "[profile default]\nendpoint_url = http://127.0.0.1:9000\nregion = r1\n";
+        let p = config_profile(long, "default");
+        assert_eq!(
+            p.get("endpoint_url").map(String::as_str),
+            Some("http://127.0.0.1:9000")
+        );
+        let both = "[default]\nregion = short\noutput = json\n[profile default]\nregion = long\n";
+        let p = config_profile(both, "default");
+        assert_eq!(p.get("region").map(String::as_str), Some("long"));
+        assert_eq!(p.get("output").map(String::as_str), Some("json"));
+        // `[default]` is not `[profile work]`'s, nor the reverse.
+        let p = config_profile("[default]\nregion = d\n", "work");
+        assert!(p.is_empty());
+    }
 
     #[test]
     fn reads_the_named_section_only() {

@@ -1,5 +1,6 @@
-//! The library's own runtime for remote reads: one multi-threaded tokio runtime, created on the
-//! first remote open, with a few worker threads (network I/O and copying into place), named
+//! The library's own runtime for remote reads: one multi-threaded tokio runtime per process,
+//! created on the first remote open (and again in a child made by `fork`, see
+//! [`crate::process`]), with a few worker threads (network I/O and copying into place), named
 //! `safetensors-remote`. Never the caller's: a caller inside its own runtime (or none) gets
 //! the same behaviour, since [`run`] hands the work to this runtime and waits on a channel
 //! rather than entering a runtime on the calling thread (which would panic inside another).
@@ -7,36 +8,41 @@
 use std::future::Future;
 use std::io;
 use std::sync::mpsc;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use safetensors_core::{Error, Result};
 use tokio::runtime::Runtime;
 
 use crate::error::remote;
+use crate::process::PerProcess;
 
 /// Worker threads: enough to keep many requests and their copies going, few enough to leave the
 /// caller's cores alone (the work is mostly waiting on the network).
 const WORKERS: usize = 4;
 
+/// The runtime of this process (see [`crate::process`]: a child made by `fork` gets one of its
+/// own, since the parent's workers did not come with it).
+static RUNTIME: PerProcess<std::result::Result<Runtime, String>> = PerProcess::new(build);
+
+fn build() -> std::result::Result<Runtime, String> {
+    let built = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(WORKERS)
+        .thread_name("safetensors-remote")
+        // Uninstrumented threads that hand memory around through atomics: a
+        // ThreadSanitizer build of the caller ignores what they do (see `tsan`).
+        .on_thread_start(safetensors_core::tsan::ignore_this_thread)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the remote-read runtime: {e}"));
+    // The runtime (its event file descriptors among the rest) is published through an atomic
+    // pointer, which a ThreadSanitizer build cannot see: the thread that built it announces it,
+    // and every thread that uses it takes the announcement (see `tsan`).
+    safetensors_core::tsan::release(&RUNTIME);
+    built
+}
+
 fn runtime() -> std::result::Result<&'static Runtime, &'static str> {
-    static RUNTIME: OnceLock<std::result::Result<Runtime, String>> = OnceLock::new();
-    let made = RUNTIME.get_or_init(|| {
-        let built = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(WORKERS)
-            .thread_name("safetensors-remote")
-            // Uninstrumented threads that hand memory around through atomics: a
-            // ThreadSanitizer build of the caller ignores what they do (see `tsan`).
-            .on_thread_start(safetensors_core::tsan::ignore_this_thread)
-            .enable_all()
-            .build()
-            .map_err(|e| format!("cannot start the remote-read runtime: {e}"));
-        // The runtime (its event file descriptors among the rest) is published through the
-        // `OnceLock`, which a ThreadSanitizer build cannot see: the thread that built it
-        // announces it, and every thread that uses it takes the announcement (see `tsan`).
-        safetensors_core::tsan::release(&RUNTIME);
-        built
-    });
+    let made = RUNTIME.get();
     safetensors_core::tsan::acquire(&RUNTIME);
     made.as_ref().map_err(String::as_str)
 }

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{access_log, nginx, proxy, Scratch, Server};
+use common::{access_log, nginx, proxy, proxy_with, Scratch, Server};
 use safetensors_core::{serialize, Dtype, ErrorKind, OpenOptions, SafeFile, TensorView};
 use safetensors_remote::{open, open_header, RemoteOptions};
 
@@ -831,4 +831,168 @@ fn an_unbounded_concurrency_reads_as_any_other() {
         let f = open(&u, &remote, OpenOptions::default()).unwrap();
         same_tensors(&f, &local);
     }
+}
+
+#[test]
+fn a_body_broken_off_is_completed_by_a_checked_retry() {
+    // The third GET (a data part) breaks off halfway; its retry asks for the rest only, and the
+    // bytes are the file's, whole and on demand.
+    let bytes = sample();
+    let local =
+        SafeFile::from_memory("local", Box::new(bytes.clone()), OpenOptions::default()).unwrap();
+    for demand in [false, true] {
+        let Some(s) = serve(&format!("cut-{demand}"), &bytes) else {
+            return;
+        };
+        let p = proxy(s.server.port, "cut", 2);
+        let options = RemoteOptions {
+            concurrency: 1,
+            max_retries: 2,
+            on_demand: demand,
+            ..many_parts()
+        };
+        let remote = open(
+            &url(p.port, "model.safetensors"),
+            &options,
+            OpenOptions::default(),
+        )
+        .unwrap();
+        same_tensors(&remote, &local);
+        // The retry asked for the second half of the broken part, not the whole part again.
+        let ranges: Vec<String> = access_log(&s.work.0)
+            .into_iter()
+            .map(|(range, _, _)| range)
+            .collect();
+        let broken = &ranges[2];
+        let (a, b) = broken.trim_start_matches("bytes=").split_once('-').unwrap();
+        let (a, b): (u64, u64) = (a.parse().unwrap(), b.parse().unwrap());
+        let rest = format!("bytes={}-{b}", a + (b + 1 - a) / 2);
+        assert_eq!(ranges[3], rest, "demand {demand}: {ranges:?}");
+    }
+}
+
+#[test]
+fn a_retry_answered_with_other_bytes_is_refused() {
+    // The third GET breaks off halfway; the next answer (its retry) names other bytes than
+    // asked (Content-Range shifted by one). Before, the retry's answer was checked for its ETag only
+    // and spliced in: the tensor came back with its second half wrong and no error.
+    for demand in [false, true] {
+        let Some(s) = serve(&format!("cut-range-{demand}"), &sample()) else {
+            return;
+        };
+        let p = proxy(s.server.port, "cut-range", 2);
+        let u = url(p.port, "model.safetensors");
+        let options = RemoteOptions {
+            concurrency: 1,
+            max_retries: 2,
+            on_demand: demand,
+            ..many_parts()
+        };
+        // (Before, the bytes came back, wrong: the test fails without printing them.)
+        let e = match open(&u, &options, OpenOptions::default()) {
+            Err(e) => e,
+            Ok(f) => match f.tensor_bytes("big") {
+                Err(e) => e,
+                Ok(_) => panic!("wrong bytes, not an error"),
+            },
+        };
+        assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+        let text = e.to_string();
+        assert!(text.contains(&u), "{text}");
+        assert!(text.contains("Requested"), "demand {demand}: {text}");
+    }
+}
+
+#[test]
+fn a_redirect_between_loopback_hosts_is_followed() {
+    let bytes = sample();
+    let Some(s) = serve("redirect-loopback", &bytes) else {
+        return;
+    };
+    let to = format!("http://localhost:{}", s.server.port);
+    let p = proxy_with(s.server.port, "redirect-to", 0, &["--to", &to]);
+    let remote = open(
+        &url(p.port, "model.safetensors"),
+        &many_parts(),
+        OpenOptions::default(),
+    )
+    .unwrap();
+    let local = SafeFile::from_memory("local", Box::new(bytes), OpenOptions::default()).unwrap();
+    same_tensors(&remote, &local);
+}
+
+#[test]
+fn a_plain_http_redirect_to_another_host_is_refused() {
+    let Some(s) = serve("redirect-away", &sample()) else {
+        return;
+    };
+    // Never connected to: the policy refuses the hop first.
+    let p = proxy_with(
+        s.server.port,
+        "redirect-to",
+        0,
+        &["--to", "http://192.0.2.1:9"],
+    );
+    let u = url(p.port, "model.safetensors");
+    let e = open(&u, &impatient(), OpenOptions::default())
+        .err()
+        .expect("refused");
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("redirect") && text.contains("http://192.0.2.1:9/model.safetensors"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_forked_child_reads_remote_files() {
+    let bytes = sample();
+    let Some(s) = serve("fork", &bytes) else {
+        return;
+    };
+    let u = url(s.server.port, "model.safetensors");
+    // The parent's runtime and connections exist before the fork; a file opened on demand in
+    // the parent is read in the child too.
+    let before = open(&u, &many_parts(), OpenOptions::default()).unwrap();
+    let lazy = open(&u, &on_demand(many_parts()), OpenOptions::default()).unwrap();
+    let want = before.tensor_bytes("big").unwrap().to_vec();
+    // SAFETY: the child only runs this library's code and exits with `_exit`.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let whole = open(&u, &many_parts(), OpenOptions::default()).unwrap();
+            let read = lazy.tensor_bytes("big").unwrap();
+            whole.tensor_bytes("big").unwrap().to_vec() == want && read.to_vec() == want
+        }))
+        .unwrap_or(false);
+        // SAFETY: ends the child without running the parent's exit handlers.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    // Before, the child hung for ever: wait at most a minute, then fail.
+    let start = std::time::Instant::now();
+    let mut status = 0;
+    loop {
+        // SAFETY: waits for our own child without blocking.
+        let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if done == pid {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            // SAFETY: our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            panic!("the forked child did not finish within a minute");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child failed: {status}"
+    );
+    // The parent's own runtime still serves it.
+    assert_eq!(lazy.tensor_bytes("big").unwrap().to_vec(), want);
 }

@@ -136,6 +136,11 @@ pub fn nginx(root: &Path, work: &Path) -> Result<Server, String> {
 
 /// The fault proxy in front of `upstream`, spoiling every GET after the first `after`.
 pub fn proxy(upstream: u16, fault: &str, after: usize) -> Server {
+    proxy_with(upstream, fault, after, &[])
+}
+
+/// [`proxy`] with more of the proxy's arguments (`--to URL`, `--log FILE`, `--tls CERT KEY`).
+pub fn proxy_with(upstream: u16, fault: &str, after: usize, more: &[&str]) -> Server {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/remote/fault_proxy.py");
     let mut child = Command::new("python3")
         .arg(script)
@@ -143,6 +148,7 @@ pub fn proxy(upstream: u16, fault: &str, after: usize) -> Server {
         .arg(fault)
         .arg("--after")
         .arg(after.to_string())
+        .args(more)
         .stdout(Stdio::piped())
         .stdin(Stdio::null())
         .spawn()
@@ -198,4 +204,92 @@ pub fn access_log(work: &Path) -> Vec<(String, u16, u64)> {
             )
         })
         .collect()
+}
+
+/// A certificate authority and a certificate it signed for `127.0.0.1` and `localhost`, with
+/// its key, made by `openssl` in `dir`: (authority, certificate, key), or why there are none.
+pub fn certificate(dir: &Path) -> Result<(PathBuf, PathBuf, PathBuf), String> {
+    let (ca, ca_key) = (dir.join("ca.pem"), dir.join("ca.key"));
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let (csr, ext) = (dir.join("leaf.csr"), dir.join("leaf.ext"));
+    std::fs::write(
+        &ext,
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    let p = |p: &PathBuf| p.to_str().unwrap().to_owned();
+    let steps: [Vec<String>; 3] = [
+        [
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=test-ca",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(["-keyout".into(), p(&ca_key), "-out".into(), p(&ca)])
+        .collect(),
+        [
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=localhost",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(["-keyout".into(), p(&key), "-out".into(), p(&csr)])
+        .collect(),
+        ["x509", "-req", "-days", "2", "-CAcreateserial"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain([
+                "-in".into(),
+                p(&csr),
+                "-CA".into(),
+                p(&ca),
+                "-CAkey".into(),
+                p(&ca_key),
+            ])
+            .chain(["-extfile".into(), p(&ext), "-out".into(), p(&cert)])
+            .collect(),
+    ];
+    for args in steps {
+        let made = Command::new("openssl")
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        match made {
+            Ok(status) if status.success() => {}
+            Ok(status) => {
+                return Err(missing(format!(
+                    "openssl could not make a certificate: {status}"
+                )))
+            }
+            Err(e) => {
+                return Err(missing(format!(
+                    "openssl is not installed ({e}; apt-get install openssl)"
+                )))
+            }
+        }
+    }
+    Ok((ca, cert, key))
+}
+
+/// The open file descriptors of this process that are sockets.
+pub fn sockets() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|dir| {
+            dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter(|target| target.to_string_lossy().starts_with("socket:"))
+                .count()
+        })
+        .unwrap_or(0)
 }
