@@ -16,7 +16,6 @@
 
 #include "safetensors/detail/allocate.hpp"
 #include "safetensors/detail/bridge.hpp"
-#include "safetensors/detail/extent.hpp"
 #include "safetensors/detail/overlap.hpp"
 #include "safetensors/dtype.hpp"
 #include "safetensors/error.hpp"
@@ -50,29 +49,28 @@ inline namespace SAFETENSORS_ABI {
 
 namespace detail {
 
-/// A caller's view checked against its shape (see `check_extent`): every conversion that sizes
-/// its output from the view's shape asks this first.
-inline Status check_source(const TensorView& v, std::string_view what) {
-  return check_extent(what, v.dtype, v.shape, v.data.size());
-}
-
-/// Bytes of `numel(shape)` elements of `to`: the size of a conversion's output.
-inline Expected<std::size_t> converted_bytes(const std::vector<std::size_t>& shape, Dtype to) {
-  return byte_length("a converted " + std::string(to_string(to)) + " tensor", to, shape);
-}
-
-/// A new `to` tensor of `shape`, in a buffer the view owns, filled by `fill` (a bridge call
-/// writing into the span it is given).
+/// A new `to` tensor of `shape`, in a buffer of `len` bytes the view owns, filled by `fill` (a
+/// bridge call writing into the span it is given). `len` comes from the core's sizing of the
+/// operation (`ffi::converted_len`, ...), which makes every check the operation makes of its
+/// inputs first: so an allocating call reports what the same call into a caller's buffer
+/// reports, and nothing is sized from a shape before the shape is checked against its bytes.
 template <class Fill>
-Expected<TensorView> converted(Dtype to, std::vector<std::size_t> shape, Fill&& fill) {
-  auto len = converted_bytes(shape, to);
-  if (!len) return len.status();
-  auto buffer = allocate_bytes(*len, "a converted " + std::string(to_string(to)) + " tensor");
+Expected<TensorView> converted(Dtype to, std::vector<std::size_t> shape, std::size_t len, Fill&& fill) {
+  auto buffer = allocate_bytes(len, "a converted " + std::string(to_string(to)) + " tensor");
   if (!buffer) return buffer.status();
-  if (auto st = std::forward<Fill>(fill)(std::span<std::byte>{buffer->get(), *len}); !st.ok()) return st;
-  TensorView out{to, std::move(shape), {buffer->get(), *len}, {}};
+  if (auto st = std::forward<Fill>(fill)(std::span<std::byte>{buffer->get(), len}); !st.ok()) return st;
+  TensorView out{to, std::move(shape), {buffer->get(), len}, {}};
   out.owner = std::move(*buffer);
   return out;
+}
+
+/// Bytes `src` converted to `to` takes, after every check the conversion makes (the core's
+/// `converted_len`).
+inline Expected<std::size_t> converted_len(const TensorView& src, Dtype to) {
+  return attempt([&](ffi::Status& st) {
+    return ffi::converted_len(static_cast<std::uint8_t>(src.dtype), sizes(src.shape), data_bytes(src.data),
+                              static_cast<std::uint8_t>(to), st);
+  });
 }
 
 /// `n` elements of `T` converted from `src`, in a vector.
@@ -94,11 +92,9 @@ inline Status convert(const TensorView& src, Dtype to, std::span<std::byte> dst)
 
 /// `safetensors::convert(src, to)` without exceptions.
 [[nodiscard]] inline Expected<TensorView> convert(const TensorView& src, Dtype to) {
-  // The pair is checked first, so that a nonsensical one is named as such (`TypeMismatch`)
-  // rather than by a size rule.
-  if (!is_float(to) || src.dtype == Dtype::C64) return nothrow::convert(src, to, {});
-  if (auto st = detail::check_source(src, "the source tensor"); !st.ok()) return st;
-  return detail::converted(to, src.shape,
+  auto len = detail::converted_len(src, to);
+  if (!len) return len.status();
+  return detail::converted(to, src.shape, *len,
                            [&](std::span<std::byte> dst) { return nothrow::convert(src, to, dst); });
 }
 
@@ -118,10 +114,14 @@ inline Status convert(const TensorView& src, Dtype to, std::span<std::byte> dst)
                                                                 Dtype to = Dtype::F32,
                                                                 std::size_t block_rows = 128,
                                                                 std::size_t block_cols = 128) {
-  if (!is_float(to)) return nothrow::convert(weight, to, {});  // TypeMismatch, named by the core
-  if (auto st = detail::check_source(weight, "the weight"); !st.ok()) return st;
-  if (auto st = detail::check_source(scale_inv, "the scale"); !st.ok()) return st;
-  return detail::converted(to, weight.shape, [&](std::span<std::byte> dst) {
+  auto len = detail::attempt([&](ffi::Status& st) {
+    return ffi::fp8_blocks_output_len(
+        static_cast<std::uint8_t>(weight.dtype), detail::sizes(weight.shape), detail::data_bytes(weight.data),
+        static_cast<std::uint8_t>(scale_inv.dtype), detail::sizes(scale_inv.shape),
+        detail::data_bytes(scale_inv.data), block_rows, block_cols, static_cast<std::uint8_t>(to), st);
+  });
+  if (!len) return len.status();
+  return detail::converted(to, weight.shape, *len, [&](std::span<std::byte> dst) {
     return detail::attempt([&](ffi::Status& st) {
       ffi::dequantize_fp8_blocks(static_cast<std::uint8_t>(weight.dtype), detail::sizes(weight.shape),
                                  detail::data_bytes(weight.data), static_cast<std::uint8_t>(scale_inv.dtype),
@@ -135,19 +135,19 @@ inline Status convert(const TensorView& src, Dtype to, std::span<std::byte> dst)
 /// `safetensors::dequantize_mxfp4` without exceptions.
 [[nodiscard]] inline Expected<TensorView> dequantize_mxfp4(const TensorView& blocks, const TensorView& scales,
                                                            Dtype to = Dtype::F32) {
-  if (auto st = detail::check_source(blocks, "the MXFP4 blocks"); !st.ok()) return st;
-  if (auto st = detail::check_source(scales, "the MXFP4 scales"); !st.ok()) return st;
   // The output has one dimension fewer than the blocks (the core checks the shapes first): the
   // core writes it over a copy of the blocks' shape, which is then cut to its length.
   std::vector<std::size_t> shape = blocks.shape;
+  std::size_t len = 0;
   auto rank = detail::attempt([&](ffi::Status& st) {
-    return ffi::mxfp4_output_shape(detail::sizes(blocks.shape), detail::sizes(scales.shape),
-                                   ffi::SizesMut{shape.data(), shape.size()}, st);
+    return ffi::mxfp4_output(
+        static_cast<std::uint8_t>(blocks.dtype), detail::sizes(blocks.shape), detail::data_bytes(blocks.data),
+        static_cast<std::uint8_t>(scales.dtype), detail::sizes(scales.shape), detail::data_bytes(scales.data),
+        static_cast<std::uint8_t>(to), ffi::SizesMut{shape.data(), shape.size()}, len, st);
   });
   if (!rank) return rank.status();
   while (shape.size() > *rank) shape.pop_back();
-  if (!is_float(to)) return nothrow::convert(blocks, to, {});
-  return detail::converted(to, std::move(shape), [&](std::span<std::byte> dst) {
+  return detail::converted(to, std::move(shape), len, [&](std::span<std::byte> dst) {
     return detail::attempt([&](ffi::Status& st) {
       ffi::dequantize_mxfp4(static_cast<std::uint8_t>(blocks.dtype), detail::sizes(blocks.shape),
                             detail::data_bytes(blocks.data), static_cast<std::uint8_t>(scales.dtype),
@@ -159,20 +159,9 @@ inline Status convert(const TensorView& src, Dtype to, std::span<std::byte> dst)
 
 }  // namespace nothrow
 
-namespace detail {
-/// Bytes of `src` converted to `to`, after checking `src` (the part of `converted_vector` that
-/// does not depend on the element type, kept out of the template).
-inline Expected<std::size_t> converted_vector_bytes(const TensorView& src, Dtype to) {
-  // The source first: a view whose bytes disagree with its shape is named as such, before its
-  // shape sizes an allocation.
-  if (auto st = check_source(src, "the source tensor"); !st.ok()) return st;
-  return converted_bytes(src.shape, to);
-}
-}  // namespace detail
-
 template <class T>
 Expected<std::vector<T>> detail::converted_vector(const TensorView& src, Dtype to) {
-  auto len = converted_vector_bytes(src, to);
+  auto len = converted_len(src, to);
   if (!len) return len.status();
   auto out = checked_vector<T>(*len / sizeof(T), "a converted " + std::string(to_string(to)) + " tensor",
                                "convert into a buffer of your own, in pieces");
@@ -189,7 +178,9 @@ Expected<std::vector<T>> detail::converted_vector(const TensorView& src, Dtype t
 /// Converts every element of `src` (any dtype but C64, any alignment of its data) into `to`,
 /// writing exactly `numel × size(to)` bytes to `dst` (else `TensorInvalidInfo`). Rounds to
 /// nearest even, with ml_dtypes' overflow and NaN rules; integers and BOOL as NumPy's `astype`.
-/// A target that is not a float dtype, or a C64 source, is `TypeMismatch`.
+/// A target that is not a float dtype, or a C64 source, is `TypeMismatch`; an F4 or F6 count
+/// that ends inside a byte, of the source or of the target, is `MisalignedSlice`. Every error
+/// but the destination's is the one the allocating `convert(src, to)` gives.
 ///
 ///   std::vector<float> out(w.numel());
 ///   safetensors::convert(w, Dtype::F32, std::as_writable_bytes(std::span(out)));

@@ -238,7 +238,8 @@ template <class F>
 void expect_refused_view(const std::string& what, F&& f) {
   auto st = test::thrown(std::forward<F>(f));
   EXPECT_EQ(st.kind(), ErrorKind::TensorInvalidInfo) << what << ": " << st.message();
-  EXPECT_NE(st.message().find(what + " holds 4 bytes"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("`" + what + "`"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("but 4 bytes are given"), std::string::npos) << st.message();
 }
 
 TEST(Convert, AViewWhoseBytesDisagreeWithItsShapeIsNamedBeforeAnythingIsSized) {
@@ -314,4 +315,143 @@ TEST(Convert, DequantizersRefuseMismatchedScales) {
   auto y = st::dequantize_mxfp4(blocks, scales);  // all zero codes, scale 2^-127
   EXPECT_EQ(y.shape, (std::vector<std::size_t>{2, 96}));
   for (float v : y.as<float>()) EXPECT_EQ(v, 0.0f);
+}
+
+// ---- one input, one error, whoever owns the output ------------------------------------------
+
+namespace {
+
+/// A caller's tensor of the table: dtype, shape, and how many bytes it really holds (zeros).
+struct Given {
+  Dtype dtype;
+  std::vector<std::size_t> shape;
+  std::size_t bytes;
+};
+
+constexpr std::size_t kHuge = std::size_t{1} << 40;
+/// Destinations of every length: none fits a bad input.
+constexpr std::size_t kLengths[] = {0, 1, 7, 12, 64};
+
+/// A bad conversion, and the kind it must give.
+struct BadConversion {
+  const char* what;
+  Given src;
+  Dtype to;
+  ErrorKind kind;
+};
+
+const std::vector<BadConversion>& bad_conversions() {
+  using enum Dtype;
+  static const std::vector<BadConversion> table{
+      {"3 values into F4", {F32, {3}, 12}, F4, ErrorKind::MisalignedSlice},
+      {"3 values into F6_E2M3", {F32, {3}, 12}, F6_E2M3, ErrorKind::MisalignedSlice},
+      {"2 values into F6_E3M2", {F32, {2}, 8}, F6_E3M2, ErrorKind::MisalignedSlice},
+      {"3 F4 values", {F4, {3}, 2}, F32, ErrorKind::MisalignedSlice},
+      {"elements overflow", {F32, {kHuge, kHuge}, 8}, F64, ErrorKind::ValidationOverflow},
+      {"bits overflow", {F64, {SIZE_MAX / 4}, 8}, F32, ErrorKind::ValidationOverflow},
+      {"short source", {F32, {3}, 8}, F16, ErrorKind::TensorInvalidInfo},
+      {"lying source", {F8_E4M3, {kHuge}, 4}, F32, ErrorKind::TensorInvalidInfo},
+      {"complex source, lying", {C64, {kHuge}, 4}, F32, ErrorKind::TypeMismatch},
+      {"integer target", {F32, {1}, 4}, I32, ErrorKind::TypeMismatch},
+      {"no such dtype", {F32, {1}, 4}, static_cast<Dtype>(99), ErrorKind::TypeMismatch},
+  };
+  return table;
+}
+
+/// A message the table allows: not empty, and quoting no wrapped size.
+void expect_sane(const std::string& what, const st::Status& st) {
+  EXPECT_FALSE(st.message().empty()) << what;
+  EXPECT_EQ(st.message().find("18446744073709551615"), std::string::npos) << what << ": " << st.message();
+}
+
+}  // namespace
+
+TEST(ConvertKinds, EveryBadInputIsTheSameErrorAllocatingAndIntoACallersBuffer) {
+  std::vector<std::byte> zeros(64);
+  for (const auto& c : bad_conversions()) {
+    st::TensorView src{c.src.dtype, c.src.shape, {zeros.data(), c.src.bytes}, {}};
+    auto allocated = st::nothrow::convert(src, c.to);
+    ASSERT_FALSE(allocated) << c.what;
+    EXPECT_EQ(allocated.status().kind(), c.kind) << c.what << ": " << allocated.status().message();
+    expect_sane(c.what, allocated.status());
+    for (std::size_t len : kLengths) {
+      std::vector<std::byte> dst(64, std::byte{0xAB});
+      auto into = st::nothrow::convert(src, c.to, {dst.data(), len});
+      EXPECT_EQ(into.kind(), c.kind) << c.what << ", into " << len << " bytes: " << into.message();
+      EXPECT_EQ(into.message(), allocated.status().message()) << c.what;
+      EXPECT_EQ(dst, std::vector<std::byte>(64, std::byte{0xAB})) << c.what << ": nothing written";
+    }
+    // The throwing faces and the vector conversions say the same.
+    test::expect_same(allocated.status(), test::thrown([&] { (void)st::convert(src, c.to); }));
+    if (c.to == Dtype::F32) {
+      EXPECT_EQ(st::nothrow::as_f32(src).status().kind(), c.kind) << c.what;
+    }
+    if (c.to == Dtype::F64) {
+      EXPECT_EQ(st::nothrow::as_f64(src).status().kind(), c.kind) << c.what;
+    }
+  }
+}
+
+/// The dequantizers allocate their output: for each bad input they give the kind the C API's
+/// calls into a buffer give (tests/c/convert_kinds_test.c has the same rows).
+TEST(ConvertKinds, DequantizersGiveTheKindsOfTheCallsIntoABuffer) {
+  using enum Dtype;
+  std::vector<std::byte> z(64);
+  auto view = [&](Dtype d, std::vector<std::size_t> shape, std::size_t bytes) {
+    return st::TensorView{d, std::move(shape), {z.data(), bytes}, {}};
+  };
+  auto fp8 = [&](const st::TensorView& w, const st::TensorView& s, Dtype to) {
+    auto r = st::nothrow::dequantize_fp8_blocks(w, s, to);
+    expect_sane("fp8", r.status());
+    return r.status().kind();
+  };
+  auto mx = [&](const st::TensorView& b, const st::TensorView& s, Dtype to) {
+    auto r = st::nothrow::dequantize_mxfp4(b, s, to);
+    expect_sane("mxfp4", r.status());
+    return r.status().kind();
+  };
+  const auto weight = view(F8_E4M3, {1, 4}, 4);
+  const auto scale = view(F32, {1, 1}, 4);
+  // A target under 8 bits is refused as such, whether or not its count fills whole bytes.
+  EXPECT_EQ(fp8(view(F8_E4M3, {1, 3}, 3), scale, F4), ErrorKind::TypeMismatch);
+  EXPECT_EQ(fp8(weight, scale, F4), ErrorKind::TypeMismatch);
+  EXPECT_EQ(fp8(weight, scale, F6_E3M2), ErrorKind::TypeMismatch);
+  EXPECT_EQ(fp8(view(F8_E4M3, {1 << 20, 1 << 20}, 4), view(F32, {8192, 8192}, 4), F32),
+            ErrorKind::TensorInvalidInfo);
+  EXPECT_EQ(fp8(weight, view(F32, {8192, 8192}, 4), F32), ErrorKind::TensorInvalidInfo);
+  EXPECT_EQ(fp8(weight, view(F4, {1, 1}, 1), F32), ErrorKind::MisalignedSlice);
+  EXPECT_EQ(fp8(weight, view(F32, {2, 2}, 16), F32), ErrorKind::TypeMismatch);
+  const auto blocks = view(U8, {1, 16}, 16);
+  EXPECT_EQ(mx(blocks, view(U8, {1}, 1), F4), ErrorKind::TypeMismatch);
+  EXPECT_EQ(mx(view(F32, {kHuge, 16}, 4), view(U8, {1}, 1), F32), ErrorKind::TypeMismatch);
+  EXPECT_EQ(mx(view(U8, {kHuge, 16}, 4), view(U8, {kHuge}, 4), F32), ErrorKind::TensorInvalidInfo);
+  EXPECT_EQ(mx(blocks, view(U8, {kHuge}, 4), F32), ErrorKind::TensorInvalidInfo);
+  EXPECT_EQ(mx(view(U8, {1, 15}, 15), view(U8, {1}, 1), F32), ErrorKind::TypeMismatch);
+}
+
+/// A file's tensor converted by `get_tensor_as` and a selection's `read_as`: the same kinds
+/// whether the output is allocated or the caller's.
+TEST(ConvertKinds, FileReadsConvertedGiveOneKindForBothFaces) {
+  test::TempDir tmp;
+  std::vector<float> three{1, 2, 3};
+  st::save_file(tmp / "f.safetensors",
+                std::map<std::string, st::TensorView>{
+                    {"x", st::TensorView{Dtype::F32, {3}, std::as_bytes(std::span(three)), {}}}});
+  st::SafeOpen f(tmp / "f.safetensors");
+  st::Checkpoint ckpt(tmp / "f.safetensors");
+  std::vector<std::byte> dst(64);
+  auto into = std::span(dst).first(2);
+  for (Dtype to : {Dtype::F4, Dtype::F6_E2M3}) {
+    auto allocated = st::nothrow::get_tensor_as(f, "x", to);
+    ASSERT_FALSE(allocated);
+    EXPECT_EQ(allocated.status().kind(), ErrorKind::MisalignedSlice) << allocated.status().message();
+    EXPECT_EQ(st::nothrow::get_tensor_as(f, "x", to, into).kind(), ErrorKind::MisalignedSlice);
+    EXPECT_EQ(st::nothrow::get_tensor_as(ckpt, "x", to).status().kind(), ErrorKind::MisalignedSlice);
+    EXPECT_EQ(st::nothrow::get_tensor_as(ckpt, "x", to, into).kind(), ErrorKind::MisalignedSlice);
+    auto sel = f.get_slice("x").select({st::Index::range(0, 3)});
+    EXPECT_EQ(st::nothrow::read_as(sel, to).status().kind(), ErrorKind::MisalignedSlice);
+    auto st_ = st::nothrow::read_as(sel, to, into);
+    EXPECT_EQ(st_.kind(), ErrorKind::MisalignedSlice) << st_.message();
+    expect_sane("read_as", st_);
+  }
 }

@@ -30,8 +30,26 @@ pub mod ffi {
             dst: BytesMut,
             status: &mut Status,
         );
+        /// Bytes `convert_tensor` writes for this source and target, after every check it
+        /// makes of them: what C++ allocates for a conversion's output.
+        fn converted_len(from: u8, shape: Sizes, src: Bytes, to: u8, status: &mut Status) -> usize;
         /// Bytes a tensor `name` of `dtype` and `shape` takes (the tensor byte-length rule).
         fn tensor_byte_len(name: Bytes, dtype: u8, shape: Sizes, status: &mut Status) -> usize;
+        /// Bytes `dequantize_fp8_blocks` writes for these inputs, after every check it makes
+        /// of them.
+        #[allow(clippy::too_many_arguments)]
+        fn fp8_blocks_output_len(
+            weight_dtype: u8,
+            weight_shape: Sizes,
+            weight: Bytes,
+            scale_dtype: u8,
+            scale_shape: Sizes,
+            scale: Bytes,
+            block_rows: usize,
+            block_cols: usize,
+            to: u8,
+            status: &mut Status,
+        ) -> usize;
         /// DeepSeek-V3 style: a 2-D weight times its per-block scales, into `to`.
         #[allow(clippy::too_many_arguments)]
         fn dequantize_fp8_blocks(
@@ -47,13 +65,21 @@ pub mod ffi {
             dst: BytesMut,
             status: &mut Status,
         );
-        /// Shape of an MXFP4 dequantization: `[..., G, 16]` blocks give `[..., G*32]`, one
-        /// dimension fewer, written into `out` (room for at least that many); returns its
-        /// length.
-        fn mxfp4_output_shape(
+        /// What `dequantize_mxfp4` writes for these inputs, after every check it makes of
+        /// them: its shape (`[..., G, 16]` blocks give `[..., G*32]`, one dimension fewer),
+        /// written into `shape` (room for at least that many), whose length is returned, and
+        /// its bytes, into `len`.
+        #[allow(clippy::too_many_arguments)]
+        fn mxfp4_output(
+            blocks_dtype: u8,
             blocks_shape: Sizes,
+            blocks: Bytes,
+            scales_dtype: u8,
             scales_shape: Sizes,
-            out: SizesMut,
+            scales: Bytes,
+            to: u8,
+            shape: SizesMut,
+            len: &mut usize,
             status: &mut Status,
         ) -> usize;
         /// gpt-oss style MXFP4 blocks and E8M0 scales, into `to`.
@@ -102,6 +128,15 @@ pub fn convert_tensor(
     })
 }
 
+pub fn converted_len(from: u8, shape: Sizes, src: Bytes, to: u8, status: &mut Status) -> usize {
+    // SAFETY: C++ lends both spans for this call.
+    let (shape, src) = unsafe { (shape.get(), src.get()) };
+    guard(status, || {
+        let to = convert::dtype_to_convert(to)?;
+        convert::converted_len(view(from, shape, src)?, to)
+    })
+}
+
 /// The tensor byte-length rule for C++ (conversion outputs, DLPack exports): `name` is for
 /// messages; a dtype value outside the enumeration is `TypeMismatch`.
 pub fn tensor_byte_len(name: Bytes, dtype: u8, shape: Sizes, status: &mut Status) -> usize {
@@ -145,17 +180,64 @@ pub fn dequantize_fp8_blocks(
     })
 }
 
-pub fn mxfp4_output_shape(
-    blocks_shape: Sizes,
-    scales_shape: Sizes,
-    mut out: SizesMut,
+#[allow(clippy::too_many_arguments)] // cxx bridges take no structs holding slices
+pub fn fp8_blocks_output_len(
+    weight_dtype: u8,
+    weight_shape: Sizes,
+    weight: Bytes,
+    scale_dtype: u8,
+    scale_shape: Sizes,
+    scale: Bytes,
+    block_rows: usize,
+    block_cols: usize,
+    to: u8,
     status: &mut Status,
 ) -> usize {
     // SAFETY: C++ lends each span for this call.
-    let (blocks_shape, scales_shape, out) =
-        unsafe { (blocks_shape.get(), scales_shape.get(), out.get()) };
+    let (weight_shape, weight, scale_shape, scale) = unsafe {
+        (
+            weight_shape.get(),
+            weight.get(),
+            scale_shape.get(),
+            scale.get(),
+        )
+    };
     guard(status, || {
-        let shape = convert::mxfp4_output_shape(blocks_shape, scales_shape)?;
+        let w = view(weight_dtype, weight_shape, weight)?;
+        let s = view(scale_dtype, scale_shape, scale)?;
+        let to = convert::dtype_to_convert(to)?;
+        convert::fp8_blocks_output_len(w, s, (block_rows, block_cols), to)
+    })
+}
+
+#[allow(clippy::too_many_arguments)] // cxx bridges take no structs holding slices
+pub fn mxfp4_output(
+    blocks_dtype: u8,
+    blocks_shape: Sizes,
+    blocks: Bytes,
+    scales_dtype: u8,
+    scales_shape: Sizes,
+    scales: Bytes,
+    to: u8,
+    mut shape: SizesMut,
+    len: &mut usize,
+    status: &mut Status,
+) -> usize {
+    // SAFETY: C++ lends each span for this call.
+    let (blocks_shape, blocks, scales_shape, scales, out) = unsafe {
+        (
+            blocks_shape.get(),
+            blocks.get(),
+            scales_shape.get(),
+            scales.get(),
+            shape.get(),
+        )
+    };
+    guard(status, || {
+        let b = view(blocks_dtype, blocks_shape, blocks)?;
+        let s = view(scales_dtype, scales_shape, scales)?;
+        let to = convert::dtype_to_convert(to)?;
+        let (shape, bytes) = convert::mxfp4_output(b, s, to)?;
         let room = out.len();
         let slots = out.get_mut(..shape.len()).ok_or_else(|| Error::Internal {
             message: format!(
@@ -164,6 +246,7 @@ pub fn mxfp4_output_shape(
             ),
         })?;
         slots.copy_from_slice(&shape);
+        *len = bytes;
         Ok(shape.len())
     })
 }
