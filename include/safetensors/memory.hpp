@@ -254,7 +254,11 @@ void unlock_pages(const From& from, Requests requests = {}) {
 /// views of the file stay valid, and a later access reads the bytes from the file again. With
 /// the read and direct backends only the page cache is released; a file in memory (the
 /// caller's bytes) is never touched. Pages locked with `lock_pages` are `Io` (unlock them
-/// first). Whole pages, as `lock_pages`.
+/// first). Whole pages, as `lock_pages`. A file renamed over (a new version published by an
+/// atomic rename) or removed since it was opened is released too: its mapping needs no path,
+/// and the file the path names now is never touched (the page cache is reached through the
+/// path only while it names the file opened; the old file's cached pages this process mapped
+/// are reclaimed with the mapping, the rest go when the file is closed).
 ///
 ///   auto gpu = safetensors::cuda::load(f);
 ///   safetensors::release_pages(f);   // the host copy goes: RSS and page cache

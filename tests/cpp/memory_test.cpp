@@ -354,6 +354,44 @@ TEST(Residency, ReleaseAfterALoadKeepsOnlyTheProgramsCopy) {
   }
 }
 
+/// A new version of `path` published by an atomic rename, as writers publish (`a`: `len`
+/// bytes of 0x5A), cached; a program holding the old file open must be able to release it.
+void publish_over(const std::filesystem::path& path, std::size_t len) {
+  const auto staged = path.string() + ".staged";
+  std::vector<std::uint8_t> a(len, 0x5A);
+  safetensors::save_file(staged, {{"a", TensorView{Dtype::U8, {len}, std::as_bytes(std::span(a))}}});
+  int fd = ::open(staged.c_str(), O_RDONLY);
+  ::fsync(fd);
+  ::close(fd);
+  std::filesystem::rename(staged, path);
+}
+
+TEST(Residency, ReleaseAfterTheFileIsRenamedOverDropsItsPagesAndLeavesTheNewFileAlone) {
+  test::TempDir dir;
+  const auto path = dir / "m.safetensors";
+  auto a = write_sample(path, 8 * kMiB);
+  SafeOpen f(path);
+  TensorView v = f.get_tensor("a");
+  touch(v.data);
+  publish_over(path, 8 * kMiB);
+  ASSERT_GE(cached_bytes(path), 8 * kMiB) << "the new file is cached";
+  safetensors::release_pages(f);
+  EXPECT_LT(vma_of(v.data.data())->rss, 64 * 1024u);
+  EXPECT_GE(cached_bytes(path), 8 * kMiB) << "the new file's pages are not the old file's to drop";
+  EXPECT_EQ(bytes_of(v), a) << "the old file, read again from the file that was opened";
+  // A load, then a release, with every backend: the release never fails for the new version.
+  for (Backend backend : kBackends) {
+    write_sample(path, 8 * kMiB);
+    Checkpoint ckpt(path, {.backend = backend});
+    LoadedTensors w = safetensors::load(ckpt);
+    publish_over(path, 8 * kMiB);
+    auto st = safetensors::nothrow::release_pages(ckpt);
+    EXPECT_TRUE(st.ok()) << static_cast<int>(backend) << ": " << st.message();
+    EXPECT_EQ(bytes_of(w.get_tensor("a")), a);
+    EXPECT_GE(cached_bytes(path), 8 * kMiB) << static_cast<int>(backend);
+  }
+}
+
 /// A file in memory is the caller's anonymous memory, which MADV_DONTNEED would zero: a
 /// release leaves it exactly as it was, and so do lock and unlock.
 TEST(Residency, BytesInMemoryAreNeverReleased) {
