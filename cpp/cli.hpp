@@ -1,5 +1,6 @@
 // What the `safetensors` tool's files share: the commands' entry points (one file each), usage
-// errors, how text a file controls is printed (cli_output.cpp), and how paths are classified.
+// errors, how text a file controls is printed (cli_output.cpp), and the one rule that tells a
+// URL from a local path in every command's file arguments (`Location`).
 // Exit codes: 0 success, 1 a file is invalid or an operation failed, 2 the command line is wrong.
 #pragma once
 
@@ -13,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <safetensors/checkpoint.hpp>
@@ -84,11 +86,62 @@ inline bool is_option(const std::string& a) {
   throw UsageError(command + ": unknown option '" + printable(arg) + "'");
 }
 
+// ---- file arguments: a URL or a local path, decided once -------------------------------------
+
+/// A file argument as the user typed it: a URL or a local path, decided from the raw text by
+/// the library's one rule (`safetensors::is_url`: `s3://`, `http://`, `https://`, the scheme in
+/// any case), once, for every command. The text never becomes a `fs::path` before that: a path
+/// built from `http://host/m` names the local file `http:/host/m` (std::filesystem's normal
+/// form and the kernel both fold the `//`), so a command would read, or rewrite, a file the
+/// user never named. Commands reach the file only through `open_file`, `open_checkpoint` (a URL
+/// remotely) and `local_path` (a URL refused).
+class Location {
+ public:
+  explicit Location(std::string text) : text_(std::move(text)), url_(safetensors::is_url(text_)) {}
+
+  [[nodiscard]] bool is_url() const noexcept { return url_; }
+  /// The argument as typed: what messages and --json show.
+  [[nodiscard]] const std::string& text() const noexcept { return text_; }
+  /// Whether it names a checkpoint index: as `Checkpoint` decides, by an extension of `json` in
+  /// any case (`model.index.JSON` too), of the text's last segment (a URL's as a path's).
+  [[nodiscard]] bool is_index() const {
+    std::string_view name(text_);
+    name.remove_prefix(std::min(name.size(), name.rfind('/') + 1));  // npos + 1 is 0
+    const auto dot = name.rfind('.');
+    if (dot == std::string_view::npos || dot == 0 || name == "..") return false;  // as fs::path::extension
+    const std::string_view ext = name.substr(dot);
+    return ext.size() == 5 && std::equal(ext.begin(), ext.end(), ".json", [](char a, char b) {
+             return (a >= 'A' && a <= 'Z' ? static_cast<char>(a - 'A' + 'a') : a) == b;
+           });
+  }
+  /// The URL's scheme as messages name it (`http://`); empty for a path.
+  [[nodiscard]] std::string scheme() const {
+    if (!url_) return {};
+    std::string s = text_.substr(0, text_.find("://"));
+    for (char& c : s) c = (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+    return s + "://";
+  }
+
+ private:
+  friend fs::path local_path(const Location& at, std::string_view refusal);
+  std::string text_;
+  bool url_;
+};
+
+/// The local path `at` names, for what acts on local files only; a URL is a usage error ending
+/// with `refusal` (what the command does instead of taking it, e.g. "download it first"),
+/// raised before anything could touch a local file of a similar name. The URL itself is not
+/// repeated: it may hold a signature or a password.
+inline fs::path local_path(const Location& at, std::string_view refusal) {
+  if (at.is_url()) throw UsageError("'" + at.scheme() + "...' is a URL: " + std::string(refusal));
+  return fs::path(at.text_);
+}
+
 /// The arguments of a command that takes a file and flags without values: the flags of `known`
 /// that were given, the file (the first other argument), and the arguments after it. Any other
 /// option, or no file, is a usage error.
 struct FileArguments {
-  fs::path path;
+  Location file{""};
   std::set<std::string, std::less<>> flags;
   std::vector<std::string> more;
 };
@@ -103,7 +156,7 @@ inline FileArguments read_file_arguments(const std::string& command, const std::
     } else if (is_option(a)) {
       unknown_option(command, a);
     } else if (!have_path) {
-      out.path = a;
+      out.file = Location(a);
       have_path = true;
     } else {
       out.more.push_back(a);
@@ -115,35 +168,23 @@ inline FileArguments read_file_arguments(const std::string& command, const std::
 
 // ---- files ------------------------------------------------------------------------------------
 
-/// Whether `p` names a checkpoint index: as `Checkpoint` decides, by an extension of `json` in
-/// any case (`model.index.JSON` too), so that every command treats the path as the library does.
-inline bool is_index(const fs::path& p) {
-  std::string ext = p.extension().string();
-  return ext.size() == 5 && std::equal(ext.begin(), ext.end(), ".json", [](char a, char b) {
-           return (a >= 'A' && a <= 'Z' ? static_cast<char>(a - 'A' + 'a') : a) == b;
-         });
-}
-
-/// Opens the file `path` names: a URL (`safetensors::is_url`: `s3://`, `http://`, `https://`)
-/// remotely, only its header when `header_only`, else each read's bytes when it is made
-/// (memory stays what one read needs, whatever the file's size); anything else from disk with
-/// `options`.
-inline safetensors::SafeOpen open_file(const fs::path& path, safetensors::OpenOptions options,
+/// Opens the file `at` names: a URL remotely, only its header when `header_only`, else each
+/// read's bytes when it is made (memory stays what one read needs, whatever the file's size);
+/// a path from disk with `options`.
+inline safetensors::SafeOpen open_file(const Location& at, safetensors::OpenOptions options,
                                        bool header_only) {
-  const std::string& text = path.native();
-  if (!safetensors::is_url(text)) return safetensors::SafeOpen(path, options);
-  return safetensors::SafeOpen::open_remote(text, {.header_only = header_only, .on_demand = !header_only},
-                                            options);
+  if (!at.is_url()) return safetensors::SafeOpen(local_path(at, {}), options);
+  return safetensors::SafeOpen::open_remote(at.text(),
+                                            {.header_only = header_only, .on_demand = !header_only}, options);
 }
 
-/// Opens the checkpoint `path` names (an index or one file), a URL remotely as `open_file`
-/// does (its shards the objects next to the index), anything else from disk.
-inline safetensors::Checkpoint open_checkpoint(const fs::path& path, safetensors::CheckpointOptions options,
+/// Opens the checkpoint `at` names (an index or one file), a URL remotely as `open_file` does
+/// (its shards the objects next to the index), a path from disk.
+inline safetensors::Checkpoint open_checkpoint(const Location& at, safetensors::CheckpointOptions options,
                                                bool header_only = false) {
-  const std::string& text = path.native();
-  if (!safetensors::is_url(text)) return safetensors::Checkpoint(path, options);
-  return safetensors::Checkpoint::open_remote(text, {.header_only = header_only, .on_demand = !header_only},
-                                              options);
+  if (!at.is_url()) return safetensors::Checkpoint(local_path(at, {}), options);
+  return safetensors::Checkpoint::open_remote(
+      at.text(), {.header_only = header_only, .on_demand = !header_only}, options);
 }
 
 /// A failed system call on `path` as a typed `Io` error.

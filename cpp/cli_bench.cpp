@@ -26,7 +26,7 @@ struct Arguments {
 
 Arguments read_arguments(const std::vector<std::string>& args) {
   Arguments out;
-  std::optional<fs::path> path;
+  std::optional<Location> file;
   for (std::size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--runs") {
       if (i + 1 >= args.size()) throw UsageError("--runs needs a number");
@@ -39,14 +39,16 @@ Arguments read_arguments(const std::vector<std::string>& args) {
       out.json = true;
     } else if (is_option(args[i])) {
       unknown_option("bench", args[i]);
-    } else if (!path) {
-      path = args[i];
+    } else if (!file) {
+      file.emplace(args[i]);
     } else {
       throw UsageError("bench takes one file");
     }
   }
-  if (!path) throw UsageError("bench needs a file");
-  out.path = *path;
+  if (!file) throw UsageError("bench needs a file");
+  // The figures are of local reads (mapped, read(), page cache): a URL is refused, never
+  // measured as the local file its folded text would name.
+  out.path = local_path(*file, "bench times reads of a local file; download it first");
   return out;
 }
 

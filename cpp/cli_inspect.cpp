@@ -59,22 +59,21 @@ std::string percent_decoded(std::string_view text) {
 
 /// `shard` as the index names it: relative to the index's folder (shards in different folders
 /// may share a file name), or whole where it is not below it.
-std::string shard_name(const fs::path& index, const fs::path& shard) {
-  if (safetensors::is_url(index.native())) {
+std::string shard_name(const Location& index, const std::string& shard) {
+  if (index.is_url()) {
     // A remote index's shards are URLs next to it, each name percent-encoded in them: shown
     // relative to its directory, decoded, as the index spells them.
-    const std::string& i = index.native();
+    const std::string& i = index.text();
     const std::string base = i.substr(0, i.rfind('/') + 1);
-    const std::string& s = shard.native();
-    return s.starts_with(base) ? percent_decoded(s.substr(base.size())) : s;
+    return shard.starts_with(base) ? percent_decoded(shard.substr(base.size())) : shard;
   }
   std::error_code ec;
-  fs::path dir = fs::absolute(index, ec).parent_path().lexically_normal();
-  fs::path relative = shard.lexically_normal().lexically_relative(dir);
-  return ec || relative.empty() || *relative.begin() == ".." ? shard.string() : relative.string();
+  fs::path dir = fs::absolute(local_path(index, {}), ec).parent_path().lexically_normal();
+  fs::path relative = fs::path(shard).lexically_normal().lexically_relative(dir);
+  return ec || relative.empty() || *relative.begin() == ".." ? shard : relative.string();
 }
 
-Listing list_checkpoint(const fs::path& path) {
+Listing list_checkpoint(const Location& path) {
   // A URL: the index, then each shard's header only.
   safetensors::Checkpoint ckpt = open_checkpoint(path, {Backend::Read}, /*header_only=*/true);
   Listing l;
@@ -88,7 +87,7 @@ Listing list_checkpoint(const fs::path& path) {
   return l;
 }
 
-Listing list_file(const fs::path& path) {
+Listing list_file(const Location& path) {
   // A URL: its header only (one or two ranged GETs).
   safetensors::SafeOpen f = open_file(path, {Backend::Read}, /*header_only=*/true);
   Listing l;
@@ -140,8 +139,8 @@ Json totals_json(const Totals& totals, std::size_t tensors) {
                        {"by_dtype", std::move(by_dtype)}});
 }
 
-void print_json(const fs::path& path, const Listing& l, const Totals& totals) {
-  Json doc = Json::object({{"path", path.string()}, {"file_bytes", l.file_bytes}});
+void print_json(const Location& path, const Listing& l, const Totals& totals) {
+  Json doc = Json::object({{"path", path.text()}, {"file_bytes", l.file_bytes}});
   if (!l.index) doc["header_bytes"] = l.header_bytes;
   doc["shards"] = l.shards;
   doc["metadata"] = l.has_metadata ? Json(l.metadata) : Json(nullptr);
@@ -154,8 +153,8 @@ void print_json(const fs::path& path, const Listing& l, const Totals& totals) {
 
 // ---- the table ----------------------------------------------------------------------------
 
-void print_heading(const fs::path& path, const Listing& l) {
-  std::printf("%s: %s bytes", printable_path(path).c_str(), with_commas(l.file_bytes).c_str());
+void print_heading(const Location& path, const Listing& l) {
+  std::printf("%s: %s bytes", printable(path.text()).c_str(), with_commas(l.file_bytes).c_str());
   if (l.index) {
     std::printf(" in %zu shards\n", l.shards);
   } else {
@@ -204,9 +203,9 @@ void print_totals(const Totals& t) {
 int inspect_command(const std::vector<std::string>& args) {
   auto a = read_file_arguments("inspect", args, {"--json"});
   if (!a.more.empty()) throw UsageError("inspect takes one file");
-  const fs::path& path = a.path;
+  const Location& path = a.file;
   const bool json = a.flags.count("--json") > 0;
-  Listing listing = is_index(path) ? list_checkpoint(path) : list_file(path);
+  Listing listing = path.is_index() ? list_checkpoint(path) : list_file(path);
   Totals totals = totals_of(listing.rows);
   if (json) {
     print_json(path, listing, totals);

@@ -157,7 +157,8 @@ fs::path create_staged(const fs::path& target) {
 }
 
 struct Edit {
-  fs::path path;
+  Location file{""};
+  fs::path path;  // the local file an edit rewrites (a URL is refused)
   bool json = false;
   std::map<std::string, std::string> sets;
   std::set<std::string> deletes;
@@ -166,7 +167,7 @@ struct Edit {
 
 Edit read_arguments(const std::vector<std::string>& args) {
   Edit edit;
-  std::optional<fs::path> path;
+  std::optional<Location> file;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const auto& a = args[i];
     if (a == "--set" || a == "--delete") {
@@ -184,23 +185,29 @@ Edit read_arguments(const std::vector<std::string>& args) {
       edit.json = true;
     } else if (is_option(a)) {
       unknown_option("metadata", a);
-    } else if (!path) {
-      path = a;
+    } else if (!file) {
+      file.emplace(a);
     } else {
       throw UsageError("metadata takes one file");
     }
   }
-  if (!path) throw UsageError("metadata needs a file");
-  if (is_index(*path)) throw UsageError("metadata edits single files, not an index");
-  edit.path = *path;
+  if (!file) throw UsageError("metadata needs a file");
+  if (file->is_index()) throw UsageError("metadata edits single files, not an index");
+  edit.file = *file;
+  if (!edit.empty()) {
+    // Refused here, before anything opens, locks or stages a file of a similar local name.
+    edit.path = local_path(
+        *file, "--set and --delete rewrite a local file; download it, edit the copy and upload that");
+  }
   return edit;
 }
 
-void print_metadata(const fs::path& path, bool json) {
-  SafeOpen original(path);
+/// Prints the metadata of the file `at` names (a URL's header fetched, a path's read).
+void print_metadata(const Location& at, bool json) {
+  SafeOpen original = open_file(at, {.backend = safetensors::Backend::Read}, /*header_only=*/true);
   if (json) {
     Json meta = original.has_metadata() ? Json(original.metadata()) : Json(nullptr);
-    std::puts(json_text(Json::object({{"path", path.string()}, {"metadata", std::move(meta)}})).c_str());
+    std::puts(json_text(Json::object({{"path", at.text()}, {"metadata", std::move(meta)}})).c_str());
     return;
   }
   if (!original.has_metadata()) std::puts("(no metadata)");
@@ -291,7 +298,7 @@ void replace_with(const fs::path& target, const FileLock& lock, const SafeOpen& 
 int metadata_command(const std::vector<std::string>& args) {
   Edit edit = read_arguments(args);
   if (edit.empty()) {
-    print_metadata(edit.path, edit.json);
+    print_metadata(edit.file, edit.json);
     return 0;
   }
   fs::path target = resolve_link(edit.path);

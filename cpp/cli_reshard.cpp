@@ -21,7 +21,8 @@ namespace cli {
 namespace {
 
 struct Arguments {
-  fs::path in, out;
+  fs::path in, out;  // local: a URL is refused for either (`local_path`)
+  bool index = false;
   safetensors::ShardOptions shards;
   safetensors::SaveOptions save;
   bool json = false;
@@ -96,8 +97,10 @@ Arguments read_arguments(const std::vector<std::string>& args) {
   }
   if (paths.size() != 2)
     throw UsageError("reshard needs an input (a file or an index) and an output directory");
-  a.in = paths[0];
-  a.out = paths[1];
+  const Location in(paths[0]), out(paths[1]);
+  a.in = local_path(in, "reshard reads local files; download it first");
+  a.out = local_path(out, "reshard writes a local directory; upload it afterwards");
+  a.index = in.is_index();
   return a;
 }
 
@@ -130,7 +133,7 @@ class Progress {
 
 int reshard_command(const std::vector<std::string>& args) {
   const Arguments a = read_arguments(args);
-  const bool index = is_index(a.in);
+  const bool index = a.index;
   safetensors::Checkpoint from(a.in, {.backend = safetensors::Backend::Read});
   std::error_code ec;
   if (!fs::is_directory(a.out) && !fs::create_directory(a.out, ec)) {

@@ -275,7 +275,7 @@ int stats_command(const std::vector<std::string>& args) {
   const bool json = a.flags.count("--json") > 0;
   std::vector<std::string>& names = a.more;  // empty: every tensor
   // A URL (a file or an index): each tensor fetched when its figures are computed.
-  safetensors::Checkpoint ckpt = open_checkpoint(a.path, {});
+  safetensors::Checkpoint ckpt = open_checkpoint(a.file, {});
   if (names.empty()) names = ckpt.keys();
   for (const auto& n : names) (void)ckpt.info(n);  // TensorNotFound before any work
   Progress progress(json);

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -28,13 +29,13 @@ using safetensors::SafeOpen;
 class Progress {
  public:
   Progress(std::size_t files, bool json) : on_(shows_progress(json)), files_(files) {}
-  void update(std::size_t index, const fs::path& path, std::uint64_t done, std::uint64_t total) {
+  void update(std::size_t index, std::string_view path, std::uint64_t done, std::uint64_t total) {
     if (!on_) return;
     auto now = std::chrono::steady_clock::now();
     if (now - last_ < std::chrono::milliseconds(100) && done != total) return;
     last_ = now;
     std::fprintf(stderr, "\r\033[K[%zu/%zu] %s %3.0f%% of %s bytes", index + 1, files_,
-                 printable_path(path.filename()).c_str(),
+                 printable(path.substr(std::min(path.size(), path.rfind('/') + 1))).c_str(),
                  total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0,
                  with_commas(total).c_str());
   }
@@ -53,7 +54,7 @@ struct Arguments {
   bool lenient = false;
   bool allow_trailing = false;
   bool json = false;
-  std::vector<fs::path> paths;
+  std::vector<Location> paths;
 };
 
 Arguments read_arguments(const std::vector<std::string>& args) {
@@ -70,7 +71,7 @@ Arguments read_arguments(const std::vector<std::string>& args) {
     } else if (is_option(a)) {
       unknown_option("validate", a);
     } else {
-      out.paths.emplace_back(a);
+      out.paths.emplace_back(a);  // a URL or a path, told apart from the text as typed
     }
   }
   if (out.paths.empty()) throw UsageError("validate needs at least one file");
@@ -79,7 +80,8 @@ Arguments read_arguments(const std::vector<std::string>& args) {
 
 /// Reads `total` data bytes through `read(offset, dst)`, in 16 MiB pieces.
 template <class Read>
-void read_all(std::uint64_t total, std::size_t index, const fs::path& path, Progress& progress, Read&& read) {
+void read_all(std::uint64_t total, std::size_t index, std::string_view path, Progress& progress,
+              Read&& read) {
   std::vector<std::byte> buffer(16u << 20);
   for (std::uint64_t at = 0; at < total; at += buffer.size()) {
     std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), total - at));
@@ -93,7 +95,7 @@ struct Checked {
   std::size_t tensors = 0;
   std::uint64_t bytes = 0;  // the lengths validated, not measured again
   std::vector<std::string> missing;
-  std::vector<std::pair<fs::path, std::uint64_t>> trailing;
+  std::vector<std::pair<std::string, std::uint64_t>> trailing;
 };
 
 /// An index and every shard: each shard is opened once, by the checkpoint, which checks it
@@ -132,40 +134,39 @@ Checked check_file(const Arguments& a, std::size_t i, Progress& progress) {
   SafeOpen f =
       open_file(path, {.backend = Backend::Read, .allow_trailing_bytes = a.allow_trailing}, a.header_only);
   if (!a.header_only) {
-    read_all(f.data_size(), i, path, progress,
+    read_all(f.data_size(), i, path.text(), progress,
              [&](std::size_t at, std::span<std::byte> dst) { f.read_data(at, dst); });
   }
   out.tensors = f.size();
   out.bytes = f.data_offset() + f.data_size() + f.trailing_bytes();
-  if (f.trailing_bytes() > 0) out.trailing.emplace_back(path, f.trailing_bytes());
+  if (f.trailing_bytes() > 0) out.trailing.emplace_back(path.text(), f.trailing_bytes());
   return out;
 }
 
 /// The OK line, then what lenient reading accepted in the file: never silent.
-void print_ok(const fs::path& path, const Checked& c) {
-  std::printf("OK   %s (%zu tensors, %s bytes)\n", printable_path(path).c_str(), c.tensors,
+void print_ok(const Location& path, const Checked& c) {
+  std::printf("OK   %s (%zu tensors, %s bytes)\n", printable(path.text()).c_str(), c.tensors,
               with_commas(c.bytes).c_str());
   for (const auto& name : c.missing) {
     std::printf("     missing: tensor `%s` is listed in the index but absent from its shard\n",
                 printable(name).c_str());
   }
   for (const auto& [shard, n] : c.trailing) {
-    std::printf("     trailing: %s has %s bytes after its last tensor\n", printable_path(shard).c_str(),
+    std::printf("     trailing: %s has %s bytes after its last tensor\n", printable(shard).c_str(),
                 with_commas(n).c_str());
   }
 }
 
-void print_error(const fs::path& path, const safetensors::Error& e) {
-  std::printf("FAIL %s: %s: %s\n", printable_path(path).c_str(),
+void print_error(const Location& path, const safetensors::Error& e) {
+  std::printf("FAIL %s: %s: %s\n", printable(path.text()).c_str(),
               std::string(safetensors::to_string(e.kind())).c_str(), printable(e.what()).c_str());
 }
 
 /// One file's line of the --json document.
-Json ok_json(const fs::path& path, const Checked& c) {
+Json ok_json(const Location& path, const Checked& c) {
   Json trailing = Json::array();
-  for (const auto& [shard, n] : c.trailing)
-    trailing.push_back(Json::object({{"path", shard.string()}, {"bytes", n}}));
-  return Json::object({{"path", path.string()},
+  for (const auto& [shard, n] : c.trailing) trailing.push_back(Json::object({{"path", shard}, {"bytes", n}}));
+  return Json::object({{"path", path.text()},
                        {"valid", true},
                        {"tensors", c.tensors},
                        {"bytes", c.bytes},
@@ -173,9 +174,9 @@ Json ok_json(const fs::path& path, const Checked& c) {
                        {"trailing", std::move(trailing)}});
 }
 
-Json error_json(const fs::path& path, const safetensors::Error& e) {
+Json error_json(const Location& path, const safetensors::Error& e) {
   return Json::object(
-      {{"path", path.string()},
+      {{"path", path.text()},
        {"valid", false},
        {"error", Json::object({{"kind", safetensors::to_string(e.kind())}, {"message", e.what()}})}});
 }
@@ -190,7 +191,7 @@ int validate_command(const std::vector<std::string>& args) {
   for (std::size_t i = 0; i < a.paths.size(); ++i) {
     Json line;
     try {
-      Checked c = is_index(a.paths[i]) ? check_index(a, i, progress) : check_file(a, i, progress);
+      Checked c = a.paths[i].is_index() ? check_index(a, i, progress) : check_file(a, i, progress);
       progress.clear();
       if (a.json) {
         line = ok_json(a.paths[i], c);

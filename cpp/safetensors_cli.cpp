@@ -51,15 +51,16 @@ constexpr Command kCommands[] = {
       tensor and reports how many.
 )"},
     {"metadata", metadata_command,
-     R"(  safetensors metadata FILE [--set KEY=VALUE]... [--delete KEY]... [--json]
-      Prints the metadata, or rewrites the file with the changes: atomically, through the
-      writer, with every tensor's bytes compared with the original before the file is replaced.
+     R"(  safetensors metadata FILE|URL [--set KEY=VALUE]... [--delete KEY]... [--json]
+      Prints the metadata (of a URL: its header fetched), or rewrites the file with the
+      changes: atomically, through the writer, with every tensor's bytes compared with the
+      original before the file is replaced. Only a local file can be rewritten.
 )"},
     {"bench", bench_command, R"(  safetensors bench FILE [--runs N] [--json]
       Quick figures: open (keys and every view), load (every byte), load into owned memory,
-      and a plain read() of the file for comparison.
+      and a plain read() of the file for comparison. A local file only.
 )"},
-    {"stats", stats_command, R"(  safetensors stats FILE|INDEX [TENSOR...] [--json]
+    {"stats", stats_command, R"(  safetensors stats FILE|URL|INDEX [TENSOR...] [--json]
       Per tensor: min, max, mean, std of the finite values (an integer tensor's min and max
       exactly); counts of NaN, +Inf, -Inf, zeros.
 )"},
@@ -71,10 +72,14 @@ constexpr Command kCommands[] = {
       model.safetensors.index.json, or one model.safetensors), published together once complete.
       --align N starts each shard's data on a multiple of N bytes (a power of two); --prefix
       names the files (default model); --no-sync skips the fsync. Shows progress on a terminal.
+      Local files only: neither argument may be a URL.
 )"},
 };
 
 constexpr const char* kExitCodes = R"(
+An argument starting with s3://, http:// or https:// (any case) is a URL, anything else a local
+path; a command that acts on local files only refuses a URL (exit code 2).
+
 --json prints one JSON document on standard output, an error included:
   {"error": {"kind": KIND, "message": MESSAGE}} (kind "Usage" for a wrong command line).
 

@@ -559,4 +559,129 @@ TEST(CliQuirks, ValidateReportsMissingTensorsAndTrailingBytesOnlyWhenAllowed) {
   EXPECT_EQ(cli({"validate", (dir / "a.safetensors").string()}).code, 1);
 }
 
+// ---- one URL rule for every command ----------------------------------------------------------
+
+/// A directory holding `http:/127.0.0.1:9/m.safetensors`: the local file the URL
+/// `http://127.0.0.1:9/m.safetensors` names once its `//` is folded (std::filesystem's normal
+/// form, or the kernel's path lookup). Every command runs in that directory, so that a URL
+/// mistaken for a path would reach the look-alike.
+class CliUrl : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::filesystem::create_directories(lookalike_.parent_path());
+    std::array<float, 2> v{1, 2};
+    safetensors::save_file(
+        lookalike_, {{"lookalike_tensor", TensorView{Dtype::F32, {2}, std::as_bytes(std::span(v)), {}}}},
+        {{"lookalike_key", "lookalike_value"}});
+    before_ = test::read_bytes(lookalike_);
+  }
+
+  /// The tool with `args`, run in the directory.
+  test::Run here(const std::vector<std::string>& args) {
+    std::vector<std::string> command{"sh", "-c", "cd \"$0\" && exec \"$@\"", dir_.path().string(),
+                                     SAFETENSORS_CLI};
+    command.insert(command.end(), args.begin(), args.end());
+    return test::run(command);
+  }
+
+  /// The look-alike file, and the folder it is in, exactly as they were.
+  void expect_untouched(const std::string& what) {
+    EXPECT_EQ(test::read_bytes(lookalike_), before_) << what << ": the look-alike was rewritten";
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(lookalike_.parent_path()))
+      names.push_back(e.path().filename().string());
+    EXPECT_EQ(names, std::vector<std::string>{"m.safetensors"}) << what << ": something was made beside it";
+  }
+
+  /// Whether `r` shows anything of the look-alike (it was read).
+  static bool read_lookalike(const test::Run& r) {
+    return has(r.out + r.err, "lookalike_tensor") || has(r.out + r.err, "lookalike_value");
+  }
+
+  test::TempDir dir_;
+  std::filesystem::path lookalike_ = dir_ / "http:" / "127.0.0.1:9" / "m.safetensors";
+  std::vector<std::uint8_t> before_;
+  const std::string url_ = "http://127.0.0.1:9/m.safetensors";
+};
+
+TEST_F(CliUrl, CommandsThatActOnLocalFilesRefuseAUrlAndTouchNothing) {
+  for (const std::string& url : {url_, std::string("HTTP://127.0.0.1:9/m.safetensors")}) {
+    const std::vector<std::vector<std::string>> calls{
+        {"metadata", url, "--set", "k=v"},
+        {"metadata", url, "--delete", "lookalike_key"},
+        {"metadata", url, "--set", "k=v", "--json"},
+        {"bench", url, "--runs", "1"},
+        {"reshard", url, "out"},
+        {"reshard", "http:/127.0.0.1:9/m.safetensors", "http://127.0.0.1:9/out"},
+    };
+    for (const auto& args : calls) {
+      auto r = here(args);
+      const std::string what = args[0] + " " + args[1] + " " + args[2];
+      EXPECT_EQ(r.code, 2) << what << ": " << r.out << r.err;
+      EXPECT_TRUE(has(r.err, "'http://...' is a URL")) << what << ": " << r.err;
+      EXPECT_FALSE(has(r.err, "127.0.0.1")) << what << ": the URL is not repeated: " << r.err;
+      EXPECT_FALSE(read_lookalike(r)) << what << ": " << r.out << r.err;
+      expect_untouched(what);
+    }
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "out")) << "reshard made its output before refusing";
+  auto json = here({"metadata", url_, "--set", "k=v", "--json"});
+  EXPECT_TRUE(has(json.out, R"("kind":"Usage")")) << json.out;
+  auto s3 = here({"metadata", "s3://bucket/m.safetensors", "--set", "k=v"});
+  EXPECT_EQ(s3.code, 2) << s3.err;
+  EXPECT_TRUE(has(s3.err, "'s3://...' is a URL")) << s3.err;
+}
+
+TEST_F(CliUrl, CommandsThatReadOpenAUrlRemotelyNeverTheLocalLookalike) {
+  // Nothing listens on port 9 (and builds without remote support say so): every command fails
+  // with Io, and shows nothing of the look-alike.
+  const std::vector<std::vector<std::string>> calls{
+      {"inspect", url_},
+      {"inspect", url_, "--json"},
+      {"validate", url_},
+      {"validate", "--header-only", url_},
+      {"stats", url_},
+      {"metadata", url_},
+      {"metadata", url_, "--json"},
+  };
+  for (const auto& args : calls) {
+    auto r = here(args);
+    const std::string what = args[0] + " " + args[1];
+    EXPECT_EQ(r.code, 1) << what << ": " << r.out << r.err;
+    EXPECT_TRUE(has(r.out + r.err, "Io")) << what << ": " << r.out << r.err;
+    EXPECT_FALSE(read_lookalike(r)) << what << " read the local look-alike: " << r.out << r.err;
+    expect_untouched(what);
+  }
+}
+
+TEST_F(CliUrl, APathThatOnlyLooksLikeAUrlIsALocalPath) {
+  // The rule reads the argument as typed: one slash after the scheme is a path, and so is
+  // `./http://...` (a folder `http:` and an empty segment), which the kernel folds to the same
+  // file.
+  for (const std::string& path :
+       {std::string("http:/127.0.0.1:9/m.safetensors"), std::string("./http://127.0.0.1:9/m.safetensors")}) {
+    auto r = here({"inspect", path});
+    EXPECT_EQ(r.code, 0) << path << ": " << r.err;
+    EXPECT_TRUE(has(r.out, "lookalike_tensor")) << r.out;
+    auto printed = here({"metadata", path});
+    EXPECT_EQ(printed.code, 0) << printed.err;
+    EXPECT_EQ(printed.out, "lookalike_key: lookalike_value\n");
+  }
+  auto set = here({"metadata", "http:/127.0.0.1:9/m.safetensors", "--set", "k=v"});
+  EXPECT_EQ(set.code, 0) << set.err;
+  EXPECT_EQ(safetensors::SafeOpen(lookalike_).metadata(),
+            (std::map<std::string, std::string>{{"k", "v"}, {"lookalike_key", "lookalike_value"}}));
+  auto bench = here({"bench", "./http://127.0.0.1:9/m.safetensors", "--runs", "1"});
+  EXPECT_EQ(bench.code, 0) << bench.err;
+}
+
+TEST_F(CliUrl, AnIndexIsToldByTheTextsLastSegmentForPathsAndUrls) {
+  auto r = here({"metadata", "http://127.0.0.1:9/model.INDEX.json", "--set", "k=v"});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(has(r.err, "not an index")) << r.err;
+  auto dotfile = here({"metadata", "http:/127.0.0.1:9/.json"});
+  EXPECT_EQ(dotfile.code, 1) << "a file named .json has no extension, so it is no index: " << dotfile.err;
+  EXPECT_FALSE(has(dotfile.err, "not an index")) << dotfile.err;
+}
+
 }  // namespace
