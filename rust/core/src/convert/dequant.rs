@@ -36,7 +36,7 @@ struct Fp8Blocks {
     /// Columns of the weight.
     n: usize,
     /// Rows and columns of a block.
-    block: (usize, usize),
+    block: (NonZeroUsize, NonZeroUsize),
     /// Columns of the scale.
     scale_cols: usize,
     /// Elements of the weight and of the scale.
@@ -97,7 +97,7 @@ fn fp8_blocks(
     }
     Ok(Fp8Blocks {
         n,
-        block: (br.get(), bc.get()),
+        block: (br, bc),
         scale_cols: want[1],
         // Both views were checked against their shapes, so these counts fit.
         total: numel(weight_dtype, weight_shape)?,
