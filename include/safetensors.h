@@ -475,7 +475,8 @@ typedef struct st_uploader st_uploader;
  * `st_writer_create_sharded`). `st_writer_write` may be called from several threads at once;
  * `st_writer_finish` and `st_writer_free` from one, once every write has returned. Nothing
  * appears under the target's name before `st_writer_finish` succeeds; a writer freed, or a
- * process killed, before that leaves nothing behind.
+ * process killed, before that leaves nothing behind. A successful `st_writer_finish` frees
+ * the writer; a failed one keeps it, to be finished again or freed.
  */
 typedef struct st_writer st_writer;
 
@@ -1332,9 +1333,10 @@ int st_writer_create_sharded(const char *dir,
  * each byte of a tensor must be given exactly once. The bytes are in the file (or the kernel's
  * cache) when the call returns; `data` is not used after it.
  *
- * Errors: `ST_ERR_TENSOR_NOT_FOUND` (not declared); `ST_ERR_TENSOR_INVALID_INFO` (a piece
- * past the tensor's end); `ST_ERR_INVALID_OFFSET` (bytes already given); `ST_ERR_IO` (the
- * disk: the writer is then failed, and every later call reports that error).
+ * Errors: `ST_ERR_TENSOR_NOT_FOUND` (not declared, or a name that is not UTF-8);
+ * `ST_ERR_TENSOR_INVALID_INFO` (a piece past the tensor's end); `ST_ERR_INVALID_OFFSET`
+ * (bytes already given); `ST_ERR_IO` (the disk: the writer is then failed, and every later
+ * call reports that error).
  */
 int st_writer_write(const struct st_writer *writer,
                     const char *name,
@@ -1346,13 +1348,17 @@ int st_writer_write(const struct st_writer *writer,
 
 /**
  * Checks that every byte of every declared tensor was given, syncs (unless `ST_SAVE_NO_SYNC`)
- * and publishes: renames the file over its target, or for a sharded checkpoint the shards
- * then the index (docs/writing.md says what a reader sees meanwhile). The writer is freed
- * whatever the outcome: do not use or free it afterwards. On an error nothing was published
- * and nothing is left behind.
+ * and publishes: renames the file over its target, or for a sharded checkpoint publishes the
+ * set as a transaction, the checkpoint already in the directory staying whole until the new
+ * one is (docs/writing.md). On success the writer is freed: do not use or free it afterwards.
+ * On an error nothing was published and the writer is kept: fix the cause (write the missing
+ * bytes, clear the target's name) and call `st_writer_finish` again, or `st_writer_free` it.
+ * A writer whose write or sync failed on the disk reports that error again on every call:
+ * free it.
  *
  * Errors: `ST_ERR_METADATA_INCOMPLETE_BUFFER` (a tensor with bytes missing, named with the
- * first missing range), the error a failed write reported, `ST_ERR_IO`.
+ * first missing range), the error a failed write reported, `ST_ERR_INVALID_INDEX` (the
+ * directory holds an index the writer cannot read, which it will not replace), `ST_ERR_IO`.
  */
 int st_writer_finish(struct st_writer *writer, struct st_error *err);
 

@@ -1,6 +1,7 @@
 //! [`st_writer`]: a file, or a sharded checkpoint, written tensor by tensor: declared up front
 //! (names, dtypes, shapes, metadata), then each tensor's bytes handed in one piece or in chunks,
-//! from any thread and in any order, then finished. The core's `StreamWriter` and
+//! from any thread and in any order, then finished (a failed finish keeps the writer, to be
+//! finished again once the cause is fixed). The core's `StreamWriter` and
 //! `ShardedWriter` do the work (docs/writing.md); this layer checks the caller's arguments and
 //! keeps the file names the handle hands out.
 
@@ -48,11 +49,14 @@ enum Target {
 /// `st_writer_create_sharded`). `st_writer_write` may be called from several threads at once;
 /// `st_writer_finish` and `st_writer_free` from one, once every write has returned. Nothing
 /// appears under the target's name before `st_writer_finish` succeeds; a writer freed, or a
-/// process killed, before that leaves nothing behind.
+/// process killed, before that leaves nothing behind. A successful `st_writer_finish` frees
+/// the writer; a failed one keeps it, to be finished again or freed.
 pub struct st_writer {
     target: Target,
     /// The file names the writer will publish, in order (for `st_writer_file_name`).
     files: Vec<String>,
+    /// The target file, or the directory of a sharded checkpoint, named by errors.
+    path: std::path::PathBuf,
 }
 
 impl Target {
@@ -63,7 +67,7 @@ impl Target {
         }
     }
 
-    fn finish(self) -> Result<(), Error> {
+    fn finish(&mut self) -> Result<(), Error> {
         match self {
             Target::File(w) => w.finish(),
             Target::Sharded(w) => w.finish(),
@@ -173,6 +177,7 @@ pub unsafe extern "C" fn st_writer_create(
         *out = Box::into_raw(Box::new(st_writer {
             target: Target::File(writer),
             files: vec![name],
+            path: path.to_path_buf(),
         }));
         Ok(())
     })
@@ -228,6 +233,7 @@ pub unsafe extern "C" fn st_writer_create_sharded(
         *out = Box::into_raw(Box::new(st_writer {
             target: Target::Sharded(writer),
             files,
+            path: dir.to_path_buf(),
         }));
         Ok(())
     })
@@ -238,9 +244,10 @@ pub unsafe extern "C" fn st_writer_create_sharded(
 /// each byte of a tensor must be given exactly once. The bytes are in the file (or the kernel's
 /// cache) when the call returns; `data` is not used after it.
 ///
-/// Errors: `ST_ERR_TENSOR_NOT_FOUND` (not declared); `ST_ERR_TENSOR_INVALID_INFO` (a piece
-/// past the tensor's end); `ST_ERR_INVALID_OFFSET` (bytes already given); `ST_ERR_IO` (the
-/// disk: the writer is then failed, and every later call reports that error).
+/// Errors: `ST_ERR_TENSOR_NOT_FOUND` (not declared, or a name that is not UTF-8);
+/// `ST_ERR_TENSOR_INVALID_INFO` (a piece past the tensor's end); `ST_ERR_INVALID_OFFSET`
+/// (bytes already given); `ST_ERR_IO` (the disk: the writer is then failed, and every later
+/// call reports that error).
 #[no_mangle]
 pub unsafe extern "C" fn st_writer_write(
     writer: *const st_writer,
@@ -261,19 +268,29 @@ pub unsafe extern "C" fn st_writer_write(
                 c.bytes(data, len, "data")?,
             )
         };
-        let name = String::from_utf8_lossy(name);
-        Ok(writer.target.write_at(&name, offset, bytes)?)
+        // A name that is not UTF-8 was never declared (as the C++ writer says).
+        let name = std::str::from_utf8(name).map_err(|_| {
+            Error::TensorNotFound {
+                name: String::from_utf8_lossy(name).into_owned(),
+            }
+            .in_file(&writer.path)
+        })?;
+        Ok(writer.target.write_at(name, offset, bytes)?)
     })
 }
 
 /// Checks that every byte of every declared tensor was given, syncs (unless `ST_SAVE_NO_SYNC`)
-/// and publishes: renames the file over its target, or for a sharded checkpoint the shards
-/// then the index (docs/writing.md says what a reader sees meanwhile). The writer is freed
-/// whatever the outcome: do not use or free it afterwards. On an error nothing was published
-/// and nothing is left behind.
+/// and publishes: renames the file over its target, or for a sharded checkpoint publishes the
+/// set as a transaction, the checkpoint already in the directory staying whole until the new
+/// one is (docs/writing.md). On success the writer is freed: do not use or free it afterwards.
+/// On an error nothing was published and the writer is kept: fix the cause (write the missing
+/// bytes, clear the target's name) and call `st_writer_finish` again, or `st_writer_free` it.
+/// A writer whose write or sync failed on the disk reports that error again on every call:
+/// free it.
 ///
 /// Errors: `ST_ERR_METADATA_INCOMPLETE_BUFFER` (a tensor with bytes missing, named with the
-/// first missing range), the error a failed write reported, `ST_ERR_IO`.
+/// first missing range), the error a failed write reported, `ST_ERR_INVALID_INDEX` (the
+/// directory holds an index the writer cannot read, which it will not replace), `ST_ERR_IO`.
 #[no_mangle]
 pub unsafe extern "C" fn st_writer_finish(writer: *mut st_writer, err: *mut st_error) -> c_int {
     let c = Call("st_writer_finish");
@@ -281,9 +298,12 @@ pub unsafe extern "C" fn st_writer_finish(writer: *mut st_writer, err: *mut st_e
         if writer.is_null() {
             return Err(c.null("writer"));
         }
-        // SAFETY: a writer from `st_writer_create*`, given back once (the header's contract).
-        let writer = unsafe { Box::from_raw(writer) };
-        Ok(writer.target.finish()?)
+        // SAFETY: a live writer from `st_writer_create*`, used by this thread alone (the
+        // header's contract).
+        unsafe { &mut *writer }.target.finish()?;
+        // SAFETY: as above; published, it is given back once, here.
+        drop(unsafe { Box::from_raw(writer) });
+        Ok(())
     })
 }
 

@@ -7,14 +7,23 @@
 //! - `streaming.rs`: [`StreamWriter`], a file written tensor by tensor, in pieces, from any
 //!   thread, with positioned writes; `pieces.rs`: which bytes of each tensor have arrived;
 //! - `sharded.rs`: [`ShardedWriter`], a checkpoint of shards and its index, published as a set;
-//!   `shards.rs`: which tensor goes to which shard, and the index file's text.
+//!   `shards.rs`: which tensor goes to which shard, and the index file's text; `publish.rs`:
+//!   the set taking the place of the checkpoint already in the directory, as a transaction
+//!   (`old_index.rs`: reading and repointing that checkpoint's index); `faults.rs`: the seam
+//!   through which the crate's tests fail or interrupt each step of publishing
+//!   (`publish_tests.rs`).
 //!
 //! The reference keeps metadata in a hash map, so with two or more keys its output order
 //! varies; ours is sorted.
 
 mod atomic;
+mod faults;
 mod layout;
+mod old_index;
 mod pieces;
+mod publish;
+#[cfg(test)]
+mod publish_tests;
 mod sharded;
 mod shards;
 mod streaming;
@@ -180,6 +189,23 @@ pub fn serialize_to_file<'a, S: AsRef<str>>(
     PreparedFile::new(tensors, metadata)
         .and_then(|p| p.write_file(path))
         .map_err(|e| e.in_file(path))
+}
+
+/// `e` with `note` appended to its message, for an `Io` error (others are returned as they
+/// are): what a failure means for the writer and what to do next.
+pub(crate) fn noted(e: Error, note: &str) -> Error {
+    match e {
+        Error::Io { path, op, source } => Error::Io {
+            path,
+            op,
+            source: io::Error::new(source.kind(), format!("{source}; {note}")),
+        },
+        Error::InFile { path, source } => Error::InFile {
+            path,
+            source: Box::new(noted(*source, note)),
+        },
+        other => other,
+    }
 }
 
 /// Whether a write waits for the disk.

@@ -45,7 +45,7 @@ fn options(max: u64) -> ShardOptions {
 
 fn save(dir: &Path, specs: &[TensorSpec], max: u64, meta: Option<&BTreeMap<String, String>>) {
     let data = data_of(specs);
-    let w = ShardedWriter::create(dir, specs, meta, options(max)).unwrap();
+    let mut w = ShardedWriter::create(dir, specs, meta, options(max)).unwrap();
     // Back to front, in pieces.
     for (k, s) in specs.iter().enumerate().rev() {
         for (i, piece) in data[k].chunks(64).enumerate().rev() {
@@ -182,7 +182,7 @@ fn an_unfinished_or_incomplete_save_changes_nothing_in_the_directory() {
         w.write("x", &[1; 600]).unwrap();
     }
     // Finished with a tensor missing: an error naming it, and nothing published.
-    let w = ShardedWriter::create(&dir, &other, None, options(1000)).unwrap();
+    let mut w = ShardedWriter::create(&dir, &other, None, options(1000)).unwrap();
     w.write("x", &[1; 600]).unwrap();
     w.write_at("y", 0, &[1; 599]).unwrap();
     let e = w.finish().unwrap_err();
@@ -251,4 +251,153 @@ fn a_single_file_save_replaces_the_index_of_a_file_named_as_a_shard() {
     .unwrap();
     save(&dir, &specs(), 1 << 30, None);
     assert_eq!(listing(&dir), ["model.safetensors"]);
+}
+
+/// Tensor name -> bytes of the checkpoint `path` opens.
+fn contents(path: &Path) -> BTreeMap<String, Vec<u8>> {
+    let ckpt = Checkpoint::open(path, Backend::Read).unwrap();
+    ckpt.names()
+        .iter()
+        .map(|n| {
+            let (file, _) = ckpt.locate(n).unwrap();
+            (n.clone(), file.tensor_bytes(n).unwrap().to_vec())
+        })
+        .collect()
+}
+
+/// A writer of `specs` with every byte written, each byte of the data changed by `xor`.
+fn filled(dir: &Path, specs: &[TensorSpec], max: u64, xor: u8) -> ShardedWriter {
+    let w = ShardedWriter::create(dir, specs, None, options(max)).unwrap();
+    for (k, s) in specs.iter().enumerate() {
+        let bytes: Vec<u8> = data_of(specs)[k].iter().map(|b| b ^ xor).collect();
+        w.write(&s.name, &bytes).unwrap();
+    }
+    w
+}
+
+fn visible(dir: &Path) -> Vec<String> {
+    listing(dir)
+        .into_iter()
+        .filter(|n| !n.starts_with(".st-"))
+        .collect()
+}
+
+#[test]
+fn a_save_over_the_same_shard_names_reads_back_the_new_bytes_and_leaves_no_backup() {
+    let dir = scratch_dir("sharded_same_names");
+    let specs = specs();
+    save(&dir, &specs, 1000, None);
+    let names = listing(&dir);
+    let mut w = filled(&dir, &specs, 1000, 0xff);
+    w.finish().unwrap();
+    assert_eq!(listing(&dir), names);
+    let got = contents(&dir.join("model.safetensors.index.json"));
+    for (k, s) in specs.iter().enumerate() {
+        let want: Vec<u8> = data_of(&specs)[k].iter().map(|b| b ^ 0xff).collect();
+        assert_eq!(got[&s.name], want, "{}", s.name);
+    }
+}
+
+#[test]
+fn a_publish_that_fails_half_way_keeps_the_earlier_checkpoint_and_the_writer() {
+    // The earlier checkpoint has 2 shards, the new one 4: a directory where the third new shard
+    // goes stops the publish after two shards are in place.
+    let dir = scratch_dir("sharded_half_way");
+    let specs = specs();
+    save(&dir, &specs, 3000, None);
+    let index = dir.join("model.safetensors.index.json");
+    let before: Vec<(String, Vec<u8>)> = listing(&dir)
+        .into_iter()
+        .map(|n| (n.clone(), fs::read(dir.join(&n)).unwrap()))
+        .collect();
+    let old = contents(&index);
+    let mut w = filled(&dir, &specs, 1000, 0x55);
+    fs::create_dir(dir.join("model-00003-of-00004.safetensors")).unwrap();
+    let e = w.finish().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    assert!(e.to_string().contains("model-00003-of-00004"), "{e}");
+    assert!(e.to_string().contains("nothing was published"), "{e}");
+    fs::remove_dir(dir.join("model-00003-of-00004.safetensors")).unwrap();
+    let after: Vec<(String, Vec<u8>)> = visible(&dir)
+        .into_iter()
+        .map(|n| (n.clone(), fs::read(dir.join(&n)).unwrap()))
+        .collect();
+    assert_eq!(after, before);
+    assert_eq!(contents(&index), old);
+    // The writer is as it was: it finishes now.
+    w.finish().unwrap();
+    assert_eq!(listing(&dir).len(), 5, "{:?}", listing(&dir));
+    let new = contents(&index);
+    assert_eq!(new.len(), specs.len());
+    assert_ne!(new, old);
+    assert_eq!(
+        w.finish().unwrap_err().kind(),
+        ErrorKind::Internal,
+        "a published writer is done"
+    );
+}
+
+#[test]
+fn a_finish_with_bytes_missing_can_be_finished_once_they_are_written() {
+    let dir = scratch_dir("sharded_missing_then_done");
+    let specs = specs();
+    let data = data_of(&specs);
+    let mut w = ShardedWriter::create(&dir, &specs, None, options(1000)).unwrap();
+    for (k, s) in specs.iter().enumerate().skip(1) {
+        w.write(&s.name, &data[k]).unwrap();
+    }
+    let e = w.finish().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::MetadataIncompleteBuffer, "{e}");
+    assert!(listing(&dir).is_empty(), "{:?}", listing(&dir));
+    w.write(&specs[0].name, &data[0]).unwrap();
+    w.finish().unwrap();
+    assert_eq!(
+        contents(&dir.join("model.safetensors.index.json"))[&specs[0].name],
+        data[0]
+    );
+}
+
+#[test]
+fn an_index_the_writer_cannot_read_is_refused_and_left_with_what_it_may_name() {
+    let dir = scratch_dir("sharded_unreadable_index");
+    let specs = specs();
+    fs::write(dir.join("model.safetensors.index.json"), b"{not json").unwrap();
+    fs::write(dir.join("model-00001-of-00002.safetensors"), b"keep").unwrap();
+    let mut w = filled(&dir, &specs, 1 << 30, 0);
+    let e = w.finish().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidIndex, "{e}");
+    let text = e.to_string();
+    assert!(text.contains("model.safetensors.index.json"), "{text}");
+    assert!(text.contains("move this file away"), "{text}");
+    assert_eq!(
+        visible(&dir),
+        [
+            "model-00001-of-00002.safetensors",
+            "model.safetensors.index.json"
+        ]
+    );
+    // Moved away, the save goes through, and the files of the prefix go as before.
+    fs::rename(
+        dir.join("model.safetensors.index.json"),
+        dir.join("moved.json"),
+    )
+    .unwrap();
+    w.finish().unwrap();
+    assert_eq!(listing(&dir), ["model.safetensors", "moved.json"]);
+}
+
+#[test]
+fn an_earlier_shard_that_is_a_symlink_the_new_set_would_replace_is_refused() {
+    let dir = scratch_dir("sharded_symlinked_shard");
+    let specs = specs();
+    save(&dir, &specs, 3000, None);
+    let shard = dir.join("model-00001-of-00002.safetensors");
+    fs::rename(&shard, dir.join("elsewhere.safetensors")).unwrap();
+    std::os::unix::fs::symlink("elsewhere.safetensors", &shard).unwrap();
+    let old = contents(&dir.join("model.safetensors.index.json"));
+    let mut w = filled(&dir, &specs, 3000, 1);
+    let e = w.finish().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    assert!(e.to_string().contains("symbolic link"), "{e}");
+    assert_eq!(contents(&dir.join("model.safetensors.index.json")), old);
 }

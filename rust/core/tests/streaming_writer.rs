@@ -112,7 +112,7 @@ fn pieces_in_any_order_give_the_bytes_serialize_gives() {
     );
     for (round, piece) in [1usize, 7, 4096, 1 << 20].into_iter().enumerate() {
         let path = dir.join(format!("out{round}.safetensors"));
-        let w = StreamWriter::create(&path, &specs, Some(&metadata()), WriteOptions::default())
+        let mut w = StreamWriter::create(&path, &specs, Some(&metadata()), WriteOptions::default())
             .unwrap();
         assert_eq!(w.file_len(), want.len() as u64);
         // Nothing under the target's name while writing.
@@ -165,7 +165,7 @@ fn whole_tensors_written_at_once_and_the_same_bytes_twice_by_two_threads() {
     let dir = scratch_dir("stream_whole");
     let specs = vec![TensorSpec::new("w", Dtype::F32, &[1024])];
     let data = data_of(&specs);
-    let w = StreamWriter::create(
+    let mut w = StreamWriter::create(
         dir.join("a.safetensors"),
         &specs,
         None,
@@ -192,7 +192,7 @@ fn every_wrong_piece_is_a_typed_error_naming_the_file_and_tensor() {
         TensorSpec::new("a", Dtype::F32, &[4]),
         TensorSpec::new("b", Dtype::U8, &[3]),
     ];
-    let w = StreamWriter::create(&path, &specs, None, WriteOptions::default()).unwrap();
+    let mut w = StreamWriter::create(&path, &specs, None, WriteOptions::default()).unwrap();
     let check = |r: safetensors_core::Result<()>, kind: ErrorKind, words: &[&str]| {
         let e = r.unwrap_err();
         assert_eq!(e.kind(), kind, "{e}");
@@ -333,7 +333,7 @@ fn a_writer_dropped_unfinished_leaves_the_old_file_and_nothing_else() {
     assert_eq!(fs::read(&path).unwrap(), before);
     assert_eq!(listing(&dir), ["out.safetensors"]);
     // Finished, the new file has the old one's mode.
-    let w = StreamWriter::create(&path, &specs, None, WriteOptions::default()).unwrap();
+    let mut w = StreamWriter::create(&path, &specs, None, WriteOptions::default()).unwrap();
     w.write("new", &[1; 8]).unwrap();
     w.finish().unwrap();
     assert_eq!(
@@ -353,7 +353,7 @@ fn an_aligned_file_starts_its_data_on_the_boundary_and_is_otherwise_the_referenc
     let plain_start = Header::parse(&plain).unwrap().data_start();
     for alignment in [1usize, 8, 64, 4096, 1 << 16] {
         let path = dir.join(format!("a{alignment}.safetensors"));
-        let w = StreamWriter::create(
+        let mut w = StreamWriter::create(
             &path,
             &specs,
             Some(&metadata()),
@@ -426,7 +426,7 @@ fn memory_does_not_grow_with_the_file() {
         let specs = vec![TensorSpec::new("w", Dtype::U8, &[mib << 20])];
         let path = dir.join(format!("m{mib}.safetensors"));
         let (file_len, peak) = peak_during(|| {
-            let w = StreamWriter::create(
+            let mut w = StreamWriter::create(
                 &path,
                 &specs,
                 None,
@@ -461,4 +461,48 @@ fn listing(dir: &Path) -> Vec<String> {
         .collect();
     names.sort();
     names
+}
+
+#[test]
+fn a_failed_finish_leaves_the_writer_able_to_finish_once_the_cause_is_fixed() {
+    let _turn = measuring();
+    let dir = scratch_dir("stream_finish_again");
+    let path = dir.join("out.safetensors");
+    let specs = vec![
+        TensorSpec::new("a", Dtype::F32, &[4]),
+        TensorSpec::new("b", Dtype::U8, &[3]),
+    ];
+    let mut w = StreamWriter::create(&path, &specs, None, WriteOptions::default()).unwrap();
+    w.write("b", &[2; 3]).unwrap();
+    // Bytes missing: said, and the writer is as it was.
+    let e = w.finish().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::MetadataIncompleteBuffer, "{e}");
+    w.write("a", &[1; 16]).unwrap();
+    // The rename refused (a directory where the file goes): nothing published, the writer kept.
+    fs::create_dir(&path).unwrap();
+    let e = w.finish().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    assert!(e.to_string().contains("may be called again"), "{e}");
+    assert!(path.is_dir());
+    fs::remove_dir(&path).unwrap();
+    w.finish().unwrap();
+    let want = serialize(
+        [
+            ("a", TensorView::new(Dtype::F32, &[4], &[1; 16])),
+            ("b", TensorView::new(Dtype::U8, &[3], &[2; 3])),
+        ],
+        None,
+    )
+    .unwrap();
+    assert_eq!(fs::read(&path).unwrap(), want);
+    assert_eq!(listing(&dir), ["out.safetensors"]);
+    // Published, the writer is done: nothing more reaches the file.
+    for e in [
+        w.write_at("b", 0, &[9]).unwrap_err(),
+        w.finish().unwrap_err(),
+    ] {
+        assert_eq!(e.kind(), ErrorKind::Internal, "{e}");
+        assert!(e.to_string().contains("already published"), "{e}");
+    }
+    assert_eq!(fs::read(&path).unwrap(), want);
 }

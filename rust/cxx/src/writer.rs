@@ -116,7 +116,9 @@ pub mod ffi {
             whole: bool,
             status: &mut Status,
         );
-        /// Checks that every byte arrived and publishes the file or the set.
+        /// Checks that every byte arrived and publishes the file or the set; after a failure
+        /// the writer is as it was (unless the error says it cannot finish), to be finished
+        /// again.
         fn finish(self: &StreamingWriter, status: &mut Status);
         /// The files `finish` publishes (shards, then the index), relative to the target's
         /// directory for a sharded checkpoint.
@@ -307,13 +309,14 @@ impl Target {
 }
 
 /// A file, or a sharded checkpoint, written in pieces. Writes from several C++ threads share
-/// the lock; `finish` takes it alone, so a `finish` racing with writes waits for them, and every
-/// call after it is an error, never a use of a writer that is gone.
+/// the lock; `finish` takes it alone, so a `finish` racing with writes waits for them. The core
+/// writer stays after `finish`: a failed one can be finished again, and after a successful one
+/// the core refuses every call.
 pub struct StreamingWriter {
-    target: RwLock<Option<Target>>,
-    /// The path given, named by the errors of a finished writer.
+    target: RwLock<Target>,
+    /// The path given, named by the error of a name that is not UTF-8.
     path: PathBuf,
-    /// What `finish` publishes, and the tensors' bytes, kept for after it.
+    /// What `finish` publishes, and the tensors' bytes.
     files: Vec<String>,
     total_size: u64,
 }
@@ -403,7 +406,7 @@ pub fn new_streaming_writer(
             Target::Sharded(w) => (w.files(), w.total_size()),
         };
         Ok(handed_over(StreamingWriter {
-            target: RwLock::new(Some(target)),
+            target: RwLock::new(target),
             path: path.to_path_buf(),
             files,
             total_size,
@@ -412,21 +415,9 @@ pub fn new_streaming_writer(
 }
 
 impl StreamingWriter {
-    /// Runs `f` on the target, unless the writer has finished.
+    /// Runs `f` on the target, sharing it with other writes.
     fn with_target<T>(&self, f: impl FnOnce(&Target) -> Result<T, Error>) -> Result<T, Error> {
-        match &*self.target.read().unwrap_or_else(|p| p.into_inner()) {
-            Some(t) => f(t),
-            None => Err(self.finished()),
-        }
-    }
-
-    fn finished(&self) -> Error {
-        Error::Internal {
-            message: format!(
-                "{}: the writer has finished (or failed to): make a new one to write again",
-                self.path.display()
-            ),
-        }
+        f(&self.target.read().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Writes `data` at byte `offset` of the declared tensor at `index` (declaration order).
@@ -477,13 +468,7 @@ impl StreamingWriter {
 
     pub fn finish(&self, status: &mut Status) {
         guard(status, || {
-            let target = self
-                .target
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .take()
-                .ok_or_else(|| self.finished())?;
-            match target {
+            match &mut *self.target.write().unwrap_or_else(|p| p.into_inner()) {
                 Target::File(w) => w.finish(),
                 Target::Sharded(w) => w.finish(),
             }

@@ -20,6 +20,8 @@
 //!   size hidden name and renamed over the target; a kill between those two steps, a window of
 //!   two system calls, leaves that fully written temporary file. Where `O_TMPFILE` or
 //!   `/proc/self/fd` is unavailable, a named temporary file is used from the start, as before.
+//! - A rename that fails leaves the file under its hidden name, so that it can be put in place
+//!   again (a writer's `finish` tried again); it is removed when dropped, as a named one is.
 //! - Temporary names never derive from the target's name, so a target name of up to 255 bytes
 //!   (NAME_MAX) can be written.
 
@@ -43,7 +45,7 @@ pub(super) fn replace(
     synced: bool,
     fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> Result<()> {
-    let staged = Staged::create(path)?;
+    let mut staged = Staged::create(path)?;
     let written = (|| -> io::Result<()> {
         // Large writes pass straight through; small tensors are batched.
         let mut out = io::BufWriter::with_capacity(1 << 20, staged.file());
@@ -60,6 +62,10 @@ pub(super) fn replace(
 /// files published together). Dropped before that, it leaves nothing behind (see the module
 /// comment for the named fallback). Positioned writes (`pwrite`) from several threads may fill
 /// it at once.
+///
+/// A failed [`Staged::persist`] leaves it as it was, so that it can be put in place again; one
+/// put in place can be taken back out of the target's name ([`Staged::unplace_io`]) while a set is
+/// rolled back.
 pub(crate) struct Staged {
     /// The path as the caller gave it, named by errors.
     path: PathBuf,
@@ -77,8 +83,8 @@ impl Staged {
         let temp = Temp::create(&dir, existing.is_some())
             .map_err(|e| Error::io(path, "create a temporary file in the target directory", e))?;
         if let Some(meta) = &existing {
-            keep_owner_and_mode(temp.file(), meta)
-                .and_then(|()| keep_xattrs(&target, temp.file()))
+            keep_owner_and_mode(&temp.file, meta)
+                .and_then(|()| keep_xattrs(&target, &temp.file))
                 .map_err(|e| Error::io(path, "write", e))?;
         }
         Ok(Staged {
@@ -91,37 +97,58 @@ impl Staged {
 
     /// The temporary file.
     pub(crate) fn file(&self) -> &File {
-        self.temp.file()
+        &self.temp.file
+    }
+
+    /// The path as the caller gave it.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file it replaces, symlinks followed: where [`Staged::persist`] puts it.
+    pub(crate) fn target(&self) -> PathBuf {
+        self.dir
+            .join(std::ffi::OsStr::from_bytes(self.name.as_bytes()))
     }
 
     /// Waits for the disk to hold the file's bytes.
     pub(crate) fn sync(&self) -> Result<()> {
         self.file()
             .sync_all()
-            .map_err(|e| Error::io(&self.path, "write", e))
+            .map_err(|e| Error::io(&self.path, "sync to disk", e))
     }
 
-    /// Puts the file in place (its directory not synced: see [`sync_dir`]).
-    pub(crate) fn persist(self) -> Result<()> {
-        let Staged {
-            path,
-            dir,
-            name,
-            temp,
-        } = self;
-        temp.persist(&dir, &name)
-            .map_err(|e| Error::io(&path, "rename", e))
+    /// Puts the file in place (its directory not synced: see [`sync_dir`]). On failure nothing
+    /// changed: it may be tried again.
+    pub(crate) fn persist(&mut self) -> Result<()> {
+        self.persist_io()
+            .map_err(|e| Error::io(&self.path, "rename", e))
+    }
+
+    /// [`Staged::persist`] with the system's error.
+    pub(crate) fn persist_io(&mut self) -> io::Result<()> {
+        self.temp.persist(&self.dir, &self.name)
+    }
+
+    /// Takes a file [`Staged::persist`] put in place back out of the target's name, to a hidden
+    /// temporary name, so that it can be put in place again later (a set rolled back).
+    pub(crate) fn unplace_io(&mut self) -> io::Result<()> {
+        self.temp.unplace(&self.dir, &self.name)
+    }
+
+    /// Whether the file is in place.
+    pub(crate) fn is_placed(&self) -> bool {
+        matches!(self.temp.state, State::Placed)
     }
 
     /// Syncs (when `synced`) and puts the file in place, then makes the rename durable.
-    pub(crate) fn commit(self, synced: bool) -> Result<()> {
+    pub(crate) fn commit(&mut self, synced: bool) -> Result<()> {
         if synced {
             self.sync()?;
         }
-        let dir = self.dir.clone();
         self.persist()?;
         if synced {
-            sync_dir(&dir);
+            sync_dir(&self.dir);
         }
         Ok(())
     }
@@ -136,7 +163,7 @@ pub(crate) fn sync_dir(dir: &Path) {
 }
 
 /// Follows symlinks in the last component until it names a non-link (or nothing).
-fn resolve_symlinks(path: &Path) -> io::Result<PathBuf> {
+pub(super) fn resolve_symlinks(path: &Path) -> io::Result<PathBuf> {
     let mut p = path.to_path_buf();
     for _ in 0..MAX_SYMLINKS {
         match fs::symlink_metadata(&p) {
@@ -298,24 +325,32 @@ fn xattr_buffer(call: impl Fn(*mut libc::c_char, usize) -> isize) -> io::Result<
 }
 
 /// A short hidden name of fixed length, unique within this process: `.st-<16 hex>.tmp`.
-fn temp_name() -> CString {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed) & 0xffff_ffff;
-    let id = (u64::from(std::process::id()) << 32) | n;
-    CString::new(format!(".st-{id:016x}.tmp")).unwrap_or_default()
+pub(crate) fn temp_name() -> CString {
+    CString::new(format!(".st-{:016x}.tmp", unique_id())).unwrap_or_default()
 }
 
-/// The file being written: unnamed until it is complete, or named where that is unsupported.
-enum Temp {
-    Unnamed {
-        file: File,
-        dir_fd: File,
-    },
-    Named {
-        file: File,
-        path: PathBuf,
-        done: bool,
-    },
+/// A number no other call in any running process gets: the process id, then a counter.
+pub(crate) fn unique_id() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed) & 0xffff_ffff;
+    (u64::from(std::process::id()) << 32) | n
+}
+
+/// The file being written and where it is.
+struct Temp {
+    file: File,
+    state: State,
+}
+
+/// Where a staged file is: unnamed until it is complete, or named where that is unsupported;
+/// then in place, or back under a hidden name after a set was rolled back.
+enum State {
+    /// An `O_TMPFILE` file, linked into `dir_fd`'s directory when put in place.
+    Unnamed { dir_fd: File },
+    /// A hidden temporary file at `path`, removed when dropped.
+    Named { path: PathBuf },
+    /// Under the target's name.
+    Placed,
 }
 
 impl Temp {
@@ -358,7 +393,10 @@ impl Temp {
             .read(true)
             .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
             .open(dir)?;
-        Ok(Some(Temp::Unnamed { file, dir_fd }))
+        Ok(Some(Temp {
+            file,
+            state: State::Unnamed { dir_fd },
+        }))
     }
 
     fn named(dir: &Path, mode: u32) -> io::Result<Temp> {
@@ -373,10 +411,9 @@ impl Temp {
                 .open(&path)
             {
                 Ok(file) => {
-                    return Ok(Temp::Named {
+                    return Ok(Temp {
                         file,
-                        path,
-                        done: false,
+                        state: State::Named { path },
                     })
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
@@ -385,23 +422,19 @@ impl Temp {
         }
     }
 
-    fn file(&self) -> &File {
-        match self {
-            Temp::Unnamed { file, .. } | Temp::Named { file, .. } => file,
-        }
-    }
-
-    /// Puts the complete file at `dir/name`, replacing what is there.
-    fn persist(mut self, dir: &Path, name: &CString) -> io::Result<()> {
-        match &mut self {
-            Temp::Named { path, done, .. } => {
-                let to = dir.join(std::ffi::OsStr::from_bytes(name.as_bytes()));
-                fs::rename(&*path, to)?;
-                *done = true;
+    /// Puts the complete file at `dir/name`, replacing what is there. On failure the file is
+    /// where it was.
+    fn persist(&mut self, dir: &Path, name: &CString) -> io::Result<()> {
+        let to = dir.join(std::ffi::OsStr::from_bytes(name.as_bytes()));
+        match &self.state {
+            State::Placed => Ok(()),
+            State::Named { path } => {
+                fs::rename(path, to)?;
+                self.state = State::Placed;
                 Ok(())
             }
-            Temp::Unnamed { file, dir_fd } => {
-                let from = cstring(proc_fd(file).as_os_str().as_bytes())?;
+            State::Unnamed { dir_fd } => {
+                let from = cstring(proc_fd(&self.file).as_os_str().as_bytes())?;
                 let d = dir_fd.as_raw_fd();
                 loop {
                     let temp = temp_name();
@@ -427,24 +460,38 @@ impl Temp {
                     // SAFETY: as above.
                     if unsafe { libc::renameat(d, temp.as_ptr(), d, name.as_ptr()) } != 0 {
                         let e = io::Error::last_os_error();
-                        unsafe { libc::unlinkat(d, temp.as_ptr(), 0) };
+                        // The file is named now, so it can no longer be linked from its
+                        // descriptor: it stays under the hidden name, to be tried again.
+                        self.state = State::Named {
+                            path: dir.join(std::ffi::OsStr::from_bytes(temp.as_bytes())),
+                        };
                         return Err(e);
                     }
+                    self.state = State::Placed;
                     return Ok(());
                 }
             }
         }
+    }
+
+    /// Moves a file put in place at `dir/name` back to a hidden name (see [`Staged::unplace_io`]).
+    fn unplace(&mut self, dir: &Path, name: &CString) -> io::Result<()> {
+        if !matches!(self.state, State::Placed) {
+            return Ok(());
+        }
+        let from = dir.join(std::ffi::OsStr::from_bytes(name.as_bytes()));
+        let to = dir.join(std::ffi::OsStr::from_bytes(temp_name().as_bytes()));
+        fs::rename(from, &to)?;
+        self.state = State::Named { path: to };
+        Ok(())
     }
 }
 
 impl Drop for Temp {
     fn drop(&mut self) {
         // An unnamed file vanishes with its descriptor; a named one must be removed.
-        if let Temp::Named {
-            path, done: false, ..
-        } = self
-        {
-            let _ = fs::remove_file(&*path);
+        if let State::Named { path } = &self.state {
+            let _ = fs::remove_file(path);
         }
     }
 }

@@ -8,31 +8,24 @@
 //! - Every shard (and the index) is a staged temporary file from the start: the whole
 //!   checkpoint is reserved on the disk when the writer is made, and while it is written
 //!   nothing in the directory changes. Each shard holds two descriptors until `finish`.
-//! - Publishing (`finish`), once every shard is complete (and synced): the existing index is
-//!   removed first; then each shard is renamed into place; then files of an earlier save under
-//!   the same prefix that the new set does not have are removed (as `save_torch_state_dict`
-//!   clears them, but only now that the new shards are complete); then the new index is renamed
-//!   into place, and the directory synced. A reader that opens the checkpoint by its index sees
-//!   the old set, no index, or the new set, never an index naming a mix of old and new shards.
-//!   (A reader that opened the old index earlier and opens its shards lazily may meet new shards
-//!   under old names: open every shard before the save, or save to a new directory.)
-//! - A crash before publishing leaves the directory as it was; a crash while publishing leaves
-//!   no index, so no loader reads a mix: save again. Where the filesystem lacks unnamed
-//!   temporary files, a crash may also leave hidden `.st-*.tmp` files (as for `save_file`).
+//! - Publishing (`finish`), once every shard is complete (and synced), is a transaction
+//!   (`publish.rs`): the checkpoint already in the directory stays whole and openable through
+//!   its index until the new one is complete, whatever fails and wherever a crash stops it; on
+//!   a failure the directory is put back as it was and the writer may finish again.
+//! - A crash before publishing leaves the directory as it was. Where the filesystem lacks
+//!   unnamed temporary files, a crash may also leave hidden `.st-*.tmp` files (as for
+//!   `save_file`).
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::atomic::{sync_dir, Staged};
+use super::atomic::Staged;
 use super::layout::{check_entries, data_alignment, Entry};
-use super::shards::{
-    index_name, index_text, is_checkpoint_file, plan_shards, DEFAULT_MAX_SHARD_SIZE,
-};
-use super::streaming::{StreamWriter, TensorSpec, WriteOptions};
-use super::Durability;
+use super::publish::{publish, Failed, NewSet};
+use super::shards::{index_name, index_text, plan_shards, DEFAULT_MAX_SHARD_SIZE};
+use super::streaming::{published, StreamWriter, TensorSpec, WriteOptions};
+use super::{noted, Durability};
 use crate::error::{Error, Result};
 
 /// How a sharded checkpoint is cut and named.
@@ -66,7 +59,7 @@ impl Default for ShardOptions {
 /// # std::fs::create_dir_all(&dir).unwrap();
 /// let specs = [TensorSpec::new("a", Dtype::U8, &[4]), TensorSpec::new("b", Dtype::U8, &[4])];
 /// let options = ShardOptions { max_shard_size: 4, ..ShardOptions::default() };
-/// let w = ShardedWriter::create(&dir, &specs, None, options)?;
+/// let mut w = ShardedWriter::create(&dir, &specs, None, options)?;
 /// w.write("a", &[1; 4])?;
 /// w.write("b", &[2; 4])?;
 /// assert_eq!(w.files(), ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
@@ -87,6 +80,10 @@ pub struct ShardedWriter {
     /// The index and its bytes; none for a checkpoint of one file.
     index: Option<(Staged, Vec<u8>)>,
     total_size: u64,
+    /// Whether `finish` put the set in place.
+    published: bool,
+    /// Why the writer cannot finish (a failed sync, a rollback that could not complete).
+    failed: Option<Error>,
 }
 
 impl ShardedWriter {
@@ -166,6 +163,8 @@ impl ShardedWriter {
                 .collect(),
             index,
             total_size: plan.total_size,
+            published: false,
+            failed: None,
         })
     }
 
@@ -215,6 +214,7 @@ impl ShardedWriter {
 
     /// Writes all of tensor `name` (see [`StreamWriter::write`]).
     pub fn write(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        self.check_open()?;
         let (s, k) = self.route[self.position(name)?];
         let shard = &self.shards[s];
         if bytes.len() as u64 != shard.tensor_len(k) {
@@ -231,6 +231,7 @@ impl ShardedWriter {
 
     /// [`ShardedWriter::write_at`] for the declared tensor at `index` (declaration order).
     pub fn write_index(&self, index: usize, offset: u64, bytes: &[u8]) -> Result<()> {
+        self.check_open()?;
         let &(s, k) = self.route.get(index).ok_or_else(|| Error::Internal {
             message: format!(
                 "tensor position {index} of a writer of {} tensors",
@@ -240,59 +241,92 @@ impl ShardedWriter {
         self.shards[s].write_index(k, offset, bytes)
     }
 
-    /// Checks that every shard is complete, then publishes the set (see the module
-    /// documentation). On an error before publishing, nothing in the directory changed.
-    pub fn finish(self) -> Result<()> {
+    /// Checks that every shard is complete, then publishes the set as a transaction (see
+    /// `publish.rs`): the checkpoint already in the directory stays whole until the new one is.
+    /// On an error nothing was published and, unless the error says the writer cannot finish
+    /// (a failed write or sync, or a rollback that could not complete), the writer may be
+    /// finished again once the cause is fixed (write the missing bytes, clear the way). After
+    /// success every call is refused.
+    pub fn finish(&mut self) -> Result<()> {
         let dir = self.dir.clone();
         self.publish().map_err(|e| e.in_file(&dir))
     }
 
-    fn publish(self) -> Result<()> {
+    /// Refuses every call after a `finish` that published or that left the writer unable to.
+    fn check_open(&self) -> Result<()> {
+        if self.published {
+            return Err(published(&self.dir));
+        }
+        match &self.failed {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    fn publish(&mut self) -> Result<()> {
+        self.check_open()?;
         let synced = self.durability == Durability::Synced;
         for shard in &self.shards {
             shard.check_complete()?;
         }
-        let staged: Vec<Staged> = self
-            .shards
-            .into_iter()
-            .map(StreamWriter::into_staged)
-            .collect();
-        let index = match self.index {
-            Some((staged, text)) => {
-                let index_path = self.dir.join(index_name(&self.prefix));
-                staged
-                    .file()
-                    .write_all_at(&text, 0)
-                    .map_err(|e| Error::io(&index_path, "write", e))?;
-                Some(staged)
+        if let Some((staged, text)) = &self.index {
+            staged
+                .file()
+                .write_all_at(text, 0)
+                .map_err(|e| Error::io(staged.path(), "write", e))?;
+            if synced {
+                staged.sync().map_err(|e| {
+                    self.fail(noted(
+                        e,
+                        "the disk may not hold what was written: write the checkpoint again",
+                    ))
+                })?;
             }
-            None => None,
+        }
+        if synced {
+            for shard in &self.shards {
+                shard.sync()?;
+            }
+        }
+        let set = NewSet {
+            dir: &self.dir,
+            prefix: &self.prefix,
+            shards: self
+                .names
+                .iter()
+                .map(String::as_str)
+                .zip(self.shards.iter_mut().map(StreamWriter::staged))
+                .collect(),
+            index: self.index.as_mut().map(|(staged, _)| staged),
+            synced,
         };
-        if synced {
-            for s in staged.iter().chain(&index) {
-                s.sync()?;
+        match publish(set) {
+            Ok(()) => {
+                self.set_published();
+                Ok(())
             }
+            Err(Failed::Unchanged(e)) => Err(e),
+            Err(Failed::Published(e)) => {
+                self.set_published();
+                Err(e)
+            }
+            Err(Failed::Stuck(e)) => Err(self.fail(e)),
+            Err(Failed::Crashed) => Err(self.fail(Error::Internal {
+                message: "the test's simulated crash".into(),
+            })),
         }
-        // The old index goes first: from here until the new one is in place, no index names a
-        // mix of old and new shards.
-        let old_index = self.dir.join(index_name(&self.prefix));
-        remove_if_file(&old_index)?;
-        if synced {
-            sync_dir(&self.dir);
+    }
+
+    fn set_published(&mut self) {
+        self.published = true;
+        for shard in &mut self.shards {
+            shard.set_published();
         }
-        for s in staged {
-            s.persist()?;
-        }
-        let mut keep: Vec<String> = self.names.clone();
-        keep.push(index_name(&self.prefix));
-        let stale = remove_stale(&self.dir, &self.prefix, &keep);
-        if let Some(index) = index {
-            index.persist()?;
-        }
-        if synced {
-            sync_dir(&self.dir);
-        }
-        stale
+    }
+
+    /// Records `e` as the reason the writer cannot finish, reported by every later call.
+    fn fail(&mut self, e: Error) -> Error {
+        self.failed.get_or_insert(e).clone()
     }
 }
 
@@ -304,53 +338,4 @@ fn check_prefix(prefix: &str) -> Result<()> {
         });
     }
     Ok(())
-}
-
-/// Removes the file (or symlink) at `path` if there is one; a directory there is an error.
-fn remove_if_file(path: &Path) -> Result<()> {
-    match fs::symlink_metadata(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io(path, "remove the earlier index", e)),
-        Ok(m) if m.is_dir() => Err(Error::io(
-            path,
-            "remove the earlier index",
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "it is a directory, not an index file",
-            ),
-        )),
-        Ok(_) => match fs::remove_file(path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(Error::io(path, "remove the earlier index", e))
-            }
-            _ => Ok(()),
-        },
-    }
-}
-
-/// Removes the files of an earlier checkpoint under `prefix` in `dir` that are not in `keep`;
-/// every one is tried, and the first failure is reported.
-fn remove_stale(dir: &Path, prefix: &str, keep: &[String]) -> Result<()> {
-    let entries = fs::read_dir(dir).map_err(|e| Error::io(dir, "list", e))?;
-    let mut first = Ok(());
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let bytes = name.as_bytes();
-        if !is_checkpoint_file(bytes, prefix) || keep.iter().any(|k| k.as_bytes() == bytes) {
-            continue;
-        }
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            continue;
-        }
-        if let Err(e) = fs::remove_file(entry.path()) {
-            if e.kind() != std::io::ErrorKind::NotFound && first.is_ok() {
-                first = Err(Error::io(
-                    &entry.path(),
-                    "remove a file of the earlier checkpoint (the new one is in place)",
-                    e,
-                ));
-            }
-        }
-    }
-    first
 }

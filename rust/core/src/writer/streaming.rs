@@ -16,8 +16,14 @@
 //!   filesystem has it), so a disk too small fails then (`ENOSPC`), before any byte is written;
 //!   where it cannot be reserved, a full disk fails the write that meets it. Either way the
 //!   target is untouched and the temporary file goes with the writer.
-//! - After a failed write (the disk, not the caller's piece), every later call reports that
-//!   first error: the file can no longer be complete.
+//! - After a failed write (the disk, not the caller's piece), or a failed sync when finishing,
+//!   every later call reports that first error: the file can no longer be trusted to be complete.
+//! - A `finish` that fails on anything else leaves the writer as it was, to be finished again
+//!   once the cause is fixed: bytes missing (write them), the rename refused (a directory at the
+//!   target's name, permissions, a full directory). Nothing was published; the temporary file
+//!   stays (hidden `.st-*.tmp` once a rename was tried on it, removed with the writer). After a
+//!   `finish` that succeeded the writer refuses everything (`Internal`: the file is no longer
+//!   its own).
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::FileExt;
@@ -25,10 +31,11 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use super::atomic::Staged;
+use super::atomic::{sync_dir, Staged};
+use super::faults::{step, Halt};
 use super::layout::{lay_out, Entry};
 use super::pieces::Pieces;
-use super::Durability;
+use super::{noted, Durability};
 use crate::dtype::Dtype;
 use crate::error::{Error, PieceProblem, Result};
 
@@ -80,7 +87,8 @@ struct Slot {
 /// # let dir = std::env::temp_dir().join(format!("stream-doc-{}", std::process::id()));
 /// # std::fs::create_dir_all(&dir).unwrap();
 /// let specs = [TensorSpec::new("w", Dtype::U8, &[4])];
-/// let w = StreamWriter::create(dir.join("out.safetensors"), &specs, None, WriteOptions::default())?;
+/// let path = dir.join("out.safetensors");
+/// let mut w = StreamWriter::create(&path, &specs, None, WriteOptions::default())?;
 /// w.write_at("w", 2, &[3, 4])?;
 /// w.write_at("w", 0, &[1, 2])?;
 /// w.finish()?;
@@ -99,6 +107,8 @@ pub struct StreamWriter {
     file_len: u64,
     /// The first failed write, reported by every later call.
     failed: Mutex<Option<Error>>,
+    /// Whether `finish` put the file in place.
+    published: bool,
 }
 
 impl StreamWriter {
@@ -166,6 +176,7 @@ impl StreamWriter {
             file_order: layout.order,
             file_len,
             failed: Mutex::new(None),
+            published: false,
         })
     }
 
@@ -236,7 +247,7 @@ impl StreamWriter {
 
     /// [`StreamWriter::write_at`] for the declared tensor at `index` (declaration order).
     pub fn write_index(&self, index: usize, offset: u64, bytes: &[u8]) -> Result<()> {
-        self.check_not_failed()?;
+        self.check_open()?;
         let slot = self.slots.get(index).ok_or_else(|| Error::Internal {
             message: format!(
                 "tensor position {index} of a writer of {} tensors",
@@ -267,17 +278,30 @@ impl StreamWriter {
         .in_file(&self.path)
     }
 
-    fn check_not_failed(&self) -> Result<()> {
+    /// Refuses every call after a failed write or a `finish` that published.
+    fn check_open(&self) -> Result<()> {
+        if self.published {
+            return Err(published(&self.path));
+        }
         match &*self.failed.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(e) => Err(e.clone()),
             None => Ok(()),
         }
     }
 
+    /// Records `e` as the writer's failure, reported by every later call.
+    pub(crate) fn fail(&self, e: Error) -> Error {
+        self.failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert_with(|| e)
+            .clone()
+    }
+
     /// Checks that every byte of every tensor arrived (`MetadataIncompleteBuffer` naming the
     /// first tensor, in file order, with bytes missing) and that no write failed.
     pub(crate) fn check_complete(&self) -> Result<()> {
-        self.check_not_failed()?;
+        self.check_open()?;
         for &i in &self.file_order {
             let slot = &self.slots[i];
             let pieces = slot.pieces.lock().unwrap_or_else(|p| p.into_inner());
@@ -288,18 +312,65 @@ impl StreamWriter {
         Ok(())
     }
 
-    /// The complete file, to be published with others (`sharded.rs`).
-    pub(crate) fn into_staged(self) -> Staged {
-        self.staged
+    /// The file, to be synced and published with others (`sharded.rs`).
+    pub(crate) fn staged(&mut self) -> &mut Staged {
+        &mut self.staged
+    }
+
+    /// Syncs the file to disk; a failure fails the writer (see the module documentation).
+    pub(crate) fn sync(&self) -> Result<()> {
+        self.staged.sync().map_err(|e| {
+            self.fail(noted(
+                e.in_file(&self.path),
+                "the disk may not hold what was written: write the file again",
+            ))
+        })
+    }
+
+    /// Marks the file as published by its set (`sharded.rs`): the writer refuses writes.
+    pub(crate) fn set_published(&mut self) {
+        self.published = true;
     }
 
     /// Checks that the file is complete, then puts it in place atomically (synced unless the
-    /// options said otherwise). On any error nothing is published and the temporary file is
-    /// gone.
-    pub fn finish(self) -> Result<()> {
+    /// options said otherwise). On an error nothing is published, and unless the error was the
+    /// disk's (a failed write or sync, reported again by every later call) the writer may be
+    /// finished again once the cause is fixed: write the missing bytes, or clear the target's
+    /// name. After success every call is refused.
+    pub fn finish(&mut self) -> Result<()> {
         self.check_complete()?;
         let synced = self.durability == Durability::Synced;
-        self.staged.commit(synced)
+        if synced {
+            self.sync()?;
+        }
+        let target = self.staged.target();
+        step("rename the file into place", || self.staged.persist_io()).map_err(|h| match h {
+            Halt::Failed(e) => noted(
+                Error::io(&self.path, "rename", e),
+                "nothing was published: the target is as it was, and `finish` may be called \
+                 again once the cause is fixed",
+            ),
+            Halt::Crashed => Error::Internal {
+                message: "the test's simulated crash".into(),
+            },
+        })?;
+        self.published = true;
+        if synced {
+            if let Some(dir) = target.parent() {
+                sync_dir(dir);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The error of a call on a writer that published its file.
+pub(crate) fn published(path: &Path) -> Error {
+    Error::Internal {
+        message: format!(
+            "{}: this writer has already published its file; make a new writer to write again",
+            path.display()
+        ),
     }
 }
 
