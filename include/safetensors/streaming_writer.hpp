@@ -101,9 +101,12 @@ Status save_sharded_list(PathRef dir, TensorList tensors, const Metadata& metada
 /// file (the whole file is reserved up front where the filesystem allows); from `write`,
 /// `TensorNotFound` (not declared), `TensorInvalidInfo` (a whole tensor of the wrong size, or a
 /// piece ending past the tensor), `InvalidOffset` (bytes already written), `Io` (the disk);
-/// from `finish`, `MetadataIncompleteBuffer` (bytes never written), and after a failed write
-/// that write's error. After any error of `finish` nothing was published. Move-only; a
-/// moved-from writer reports `Internal`.
+/// from `finish`, `MetadataIncompleteBuffer` (bytes never written), `Io` (the rename, or for a
+/// sharded checkpoint its publishing), and after a failed write that write's error. After any
+/// error of `finish` nothing was published and the writer is as it was: write what was missing,
+/// or clear the way, and `finish` again (a writer whose write or sync failed on the disk keeps
+/// reporting that error). After a successful `finish` every call reports `Internal`.
+/// Move-only; a moved-from writer reports `Internal`.
 ///
 ///   safetensors::StreamingWriter out("model.safetensors", {{"w", safetensors::Dtype::U8, {4}}});
 ///   out.write("w", std::as_bytes(std::span(bytes)));
@@ -131,7 +134,8 @@ class StreamingWriter {
     nothrow::write(*this, name, offset, bytes).throw_if_error();
   }
   /// Checks that every byte of every tensor arrived, then publishes: renames the file over the
-  /// target (synced unless `SaveOptions::sync` is false), or the shards and the index.
+  /// target (synced unless `SaveOptions::sync` is false), or the shards and the index as a
+  /// transaction. On an error nothing was published and the writer may be finished again.
   void finish() { nothrow::finish(*this).throw_if_error(); }
 
   /// The files `finish` publishes: the target, or a checkpoint's shards then its index, each
@@ -174,10 +178,13 @@ class StreamingWriter {
 /// would take it past `max_shard_size`, a larger tensor in a shard of its own. Each shard gets
 /// `metadata` as its `__metadata__` (give `{"format", "pt"}` for transformers, which refuses a
 /// shard whose metadata lacks a format); the index gets `total_size` and the same metadata.
-/// Nothing in the directory changes before `finish`, which publishes the set: the old index
-/// removed, the shards renamed into place, the files of an earlier save under the same prefix
-/// that the new set lacks removed, the new index renamed into place last. A reader opening the
-/// index sees the old set, no index, or the new set, never a mix.
+/// Nothing in the directory changes before `finish`, which publishes the set as a transaction:
+/// the checkpoint already in the directory stays whole and opens through its index until the
+/// new one is complete (an old shard whose name a new one takes is kept under a backup name the
+/// old index is pointed at), the new index renamed into place is the commit, and then the
+/// backups and the files of the earlier checkpoint that the new one lacks are removed. On any
+/// failure, or a crash at any point, the directory opens as the old checkpoint or the new one,
+/// never neither and never a mix (docs/writing.md).
 ///
 ///   safetensors::ShardedWriter out("ckpt", specs, {{"format", "pt"}}, {.max_shard_size = 1'000'000'000});
 ///   for (const auto& s : specs) out.write(s.name, bytes_of(s.name));

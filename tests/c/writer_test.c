@@ -1,14 +1,15 @@
 /* The C streaming writer (st_writer): a file written in pieces in any order is byte-identical
  * to st_save_file of the same tensors; a sharded checkpoint has the shards and index its file
  * names say and reads back through st_checkpoint_open; every piece error has its kind; nothing
- * appears under the target's name before st_writer_finish, and a freed or failed writer leaves
- * nothing behind.
+ * appears under the target's name before st_writer_finish, a freed writer leaves nothing behind,
+ * and a failed finish keeps the writer, which finishes once the cause is fixed.
  *
  *   c_writer_test WORK_DIR */
 #include "support.h"
 
 #include <dirent.h>
 #include <stdint.h>
+#include <unistd.h>
 
 static const char* work;
 
@@ -102,15 +103,25 @@ static void test_piece_errors(void) {
   make_dir(dir);
   OK(st_writer_create(path_in(dir, "e.safetensors"), t, n, NULL, 0, NULL, &w, err));
   FAILS(ST_ERR_TENSOR_NOT_FOUND, st_writer_write(w, ST_LITERAL("nope"), 0, b_values, 1, err));
+  /* A name that is not UTF-8 was never declared, as the C++ writer says. */
+  FAILS(ST_ERR_TENSOR_NOT_FOUND, st_writer_write(w, "\xff", 1, 0, b_values, 1, err));
+  CHECK(strstr(last_message, "e.safetensors") != NULL);
   FAILS(ST_ERR_TENSOR_INVALID_INFO, st_writer_write(w, ST_LITERAL("b"), 2, b_values, 2, err));
   OK(st_writer_write(w, ST_LITERAL("b"), 0, b_values, 2, err));
   FAILS(ST_ERR_INVALID_OFFSET, st_writer_write(w, ST_LITERAL("b"), 1, b_values, 2, err));
   FAILS(ST_ERR_INTERNAL, st_writer_write(w, ST_LITERAL("b"), 2, NULL, 1, err));
   FAILS(ST_ERR_INTERNAL, st_writer_write(NULL, ST_LITERAL("b"), 2, b_values, 1, err));
-  /* Bytes missing: finish fails, frees the writer, and leaves nothing. */
+  /* Bytes missing: finish fails, publishes nothing and keeps the writer, which finishes once
+   * they are written. */
   FAILS(ST_ERR_METADATA_INCOMPLETE_BUFFER, st_writer_finish(w, err));
-  CHECK(strstr(last_message, "w") != NULL);
+  CHECK(strstr(last_message, "`w`") != NULL);
   CHECK(entries(dir) == 0);
+  FAILS(ST_ERR_METADATA_INCOMPLETE_BUFFER, st_writer_finish(w, err));
+  OK(st_writer_write(w, ST_LITERAL("b"), 2, b_values + 2, 1, err));
+  OK(st_writer_write(w, ST_LITERAL("w"), 0, w_values, sizeof w_values, err));
+  OK(st_writer_finish(w, err)); /* and frees it */
+  CHECK(entries(dir) == 1);
+  CHECK(is_regular(path_in(dir, "e.safetensors")));
   FAILS(ST_ERR_INTERNAL, st_writer_finish(NULL, err));
 
   /* A writer freed before finishing leaves nothing, and an existing target untouched. */
@@ -119,7 +130,7 @@ static void test_piece_errors(void) {
   OK(st_writer_write(w, ST_LITERAL("b"), 0, b_values, 3, err));
   st_writer_free(w);
   st_writer_free(NULL);
-  CHECK(entries(dir) == 1);
+  CHECK(entries(dir) == 2);
   {
     size_t size = 0;
     unsigned char* kept = read_file(path_in(dir, "keep.safetensors"), &size);
@@ -145,7 +156,31 @@ static void test_piece_errors(void) {
     snprintf(missing, sizeof missing, "%s/missing/a.safetensors", dir);
     FAILS(ST_ERR_IO, st_writer_create(missing, t, 1, NULL, 0, NULL, &w, err));
   }
-  CHECK(entries(dir) == 1);
+  CHECK(entries(dir) == 2);
+}
+
+/* A finish whose rename fails (a directory where the file goes) publishes nothing, keeps the
+ * writer with the same error kind as the C++ face, and finishes once the way is clear. */
+static void test_failed_rename(void) {
+  st_tensor t[2];
+  size_t n = tensors(t);
+  st_writer* w = NULL;
+  char dir[4096], target[4096], expected[4096];
+  snprintf(dir, sizeof dir, "%s", path_in(work, "rename"));
+  make_dir(dir);
+  snprintf(target, sizeof target, "%s", path_in(dir, "out.safetensors"));
+  snprintf(expected, sizeof expected, "%s", path_in(work, "rename-expected.safetensors"));
+  OK(st_save_file(expected, t, n, NULL, 0, 0, err));
+  OK(st_writer_create(target, t, n, NULL, 0, NULL, &w, err));
+  OK(st_writer_write(w, ST_LITERAL("w"), 0, w_values, sizeof w_values, err));
+  OK(st_writer_write(w, ST_LITERAL("b"), 0, b_values, 3, err));
+  make_dir(target);
+  FAILS(ST_ERR_IO, st_writer_finish(w, err));
+  CHECK(strstr(last_message, "finish") != NULL); /* says it may be finished again */
+  CHECK(rmdir(target) == 0);
+  OK(st_writer_finish(w, err));
+  CHECK(same_files(expected, target));
+  CHECK(entries(dir) == 1); /* nothing left beside it */
 }
 
 static void test_aligned(void) {
@@ -230,6 +265,7 @@ int main(int argc, char** argv) {
   for (i = 0; i < 32; ++i) w_values[i] = (float)i * 0.5f;
   test_one_file();
   test_piece_errors();
+  test_failed_rename();
   test_aligned();
   test_sharded();
   if (test_failures > 0) {

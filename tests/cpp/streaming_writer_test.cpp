@@ -183,8 +183,37 @@ TEST(StreamingWriter, EveryWrongPieceIsATypedErrorOnBothFaces) {
   auto missing = safetensors::nothrow::finish(out);
   EXPECT_EQ(missing.kind(), ErrorKind::MetadataIncompleteBuffer) << missing.message();
   EXPECT_NE(missing.message().find("`a`"), std::string::npos) << missing.message();
+  test::expect_same(missing, test::thrown([&] { out.finish(); }));
   EXPECT_FALSE(fs::exists(target));
   EXPECT_TRUE(listing(dir.path()).empty());
+  // The writer is as it was: the missing bytes written, it finishes.
+  out.write("a", 0, piece(4));
+  out.write("a", 12, piece(4));
+  out.finish();
+  safetensors::SafeOpen f(target);
+  EXPECT_EQ(f.get_tensor("a").data.size(), 16u);
+  EXPECT_EQ(listing(dir.path()), std::vector<std::string>{"out.safetensors"});
+}
+
+// A finish whose rename fails (a directory where the file goes) publishes nothing and leaves the
+// writer usable, as the C API does: once the way is clear it finishes, leaving nothing beside.
+TEST(StreamingWriter, AFinishWhoseRenameFailsCanBeFinishedAgain) {
+  test::TempDir dir;
+  Model m;
+  const auto target = dir / "out.safetensors";
+  safetensors::save_file(dir / "whole.safetensors", m.views());
+  StreamingWriter out(target, m.specs);
+  for (std::size_t k = 0; k < m.specs.size(); ++k) out.write(m.specs[k].name, m.data[k]);
+  fs::create_directory(target);
+  auto refused = safetensors::nothrow::finish(out);
+  EXPECT_EQ(refused.kind(), ErrorKind::Io) << refused.message();
+  EXPECT_NE(refused.message().find("finish"), std::string::npos) << refused.message();
+  EXPECT_TRUE(fs::is_directory(target));
+  fs::remove(target);
+  out.finish();
+  EXPECT_EQ(test::read_bytes(target), test::read_bytes(dir / "whole.safetensors"));
+  EXPECT_EQ(listing(dir.path()), (std::vector<std::string>{"out.safetensors", "whole.safetensors"}));
+  EXPECT_EQ(safetensors::nothrow::finish(out).kind(), ErrorKind::Internal);
 }
 
 TEST(StreamingWriter, DeclarationsThatDoNotAddUpAreRefusedAndNoFileIsMade) {
@@ -513,6 +542,78 @@ TEST(ShardedWriter, SaveShardedWritesOneFileWhenEverythingFitsAndReplacesAnEarli
             }),
             ErrorKind::InvalidShardPath);
   EXPECT_EQ(listing(dir.path()), (std::vector<std::string>{"model.safetensors", "single.safetensors"}));
+}
+
+/// Every tensor of the checkpoint `index` names, with its bytes.
+std::map<std::string, std::vector<std::byte>> contents(const fs::path& index) {
+  safetensors::Checkpoint ckpt(index);
+  std::map<std::string, std::vector<std::byte>> out;
+  for (const auto& name : ckpt.keys()) {
+    auto t = ckpt.get_tensor(name);
+    out.emplace(name, std::vector<std::byte>(t.data.begin(), t.data.end()));
+  }
+  return out;
+}
+
+/// `m`'s tensors with every byte changed: a later generation of the same checkpoint.
+Model next_generation(Model m) {
+  for (auto& d : m.data)
+    for (auto& b : d) b = static_cast<std::byte>(static_cast<unsigned>(b) ^ 0x5a);
+  return m;
+}
+
+// A save over a checkpoint whose shard count is the same reuses every shard name: the new bytes
+// are read back through the index, and no backup of the old shards is left.
+TEST(ShardedWriter, ReplacingTheSameShardNamesLeavesTheNewCheckpointAndNoBackup) {
+  test::TempDir dir;
+  Model old;
+  const Model fresh = next_generation(old);
+  const safetensors::ShardOptions shards{.max_shard_size = 2000};
+  safetensors::save_sharded(dir.path(), old.views(), kMeta, shards);
+  const auto names = listing(dir.path());
+  safetensors::save_sharded(dir.path(), fresh.views(), kMeta, shards);
+  EXPECT_EQ(listing(dir.path()), names);
+  const auto got = contents(dir / "model.safetensors.index.json");
+  for (std::size_t k = 0; k < fresh.specs.size(); ++k) {
+    EXPECT_EQ(got.at(fresh.specs[k].name), fresh.data[k]) << fresh.specs[k].name;
+  }
+}
+
+// A publish that fails half way (a directory where the third new shard goes; the earlier
+// checkpoint's shards have other names) puts the directory back: the earlier checkpoint opens
+// with its bytes, and the writer finishes once the way is clear, as the C API's does.
+TEST(ShardedWriter, AFailedPublishKeepsTheEarlierCheckpointAndTheWriter) {
+  test::TempDir dir;
+  Model old;
+  const Model fresh = next_generation(old);
+  safetensors::save_sharded(dir.path(), old.views(), kMeta, {.max_shard_size = 70000});
+  const auto index = dir / "model.safetensors.index.json";
+  const auto before = listing(dir.path());
+  const auto old_contents = contents(index);
+  ShardedWriter out(dir.path(), fresh.specs, kMeta, {.max_shard_size = 500});
+  for (std::size_t k = 0; k < fresh.specs.size(); ++k) out.write(fresh.specs[k].name, fresh.data[k]);
+  const auto files = out.files();
+  ASSERT_GE(files.size(), 4u);
+  ASSERT_EQ(std::count(before.begin(), before.end(), fs::path(files[2]).filename().string()), 0);
+  fs::create_directory(files[2]);
+  auto failed = safetensors::nothrow::finish(out);
+  EXPECT_EQ(failed.kind(), ErrorKind::Io) << failed.message();
+  EXPECT_NE(failed.message().find("nothing was published"), std::string::npos) << failed.message();
+  fs::remove(files[2]);
+  std::vector<std::string> now;
+  for (const auto& n : listing(dir.path()))
+    if (n.rfind(".st-", 0) != 0) now.push_back(n);  // the new shards, staged
+  EXPECT_EQ(now, before);
+  EXPECT_EQ(contents(index), old_contents);
+  out.finish();
+  const auto got = contents(index);
+  for (std::size_t k = 0; k < fresh.specs.size(); ++k) {
+    EXPECT_EQ(got.at(fresh.specs[k].name), fresh.data[k]) << fresh.specs[k].name;
+  }
+  std::vector<std::string> published;
+  for (const auto& f : files) published.push_back(fs::path(f).filename().string());
+  std::sort(published.begin(), published.end());
+  EXPECT_EQ(listing(dir.path()), published);
 }
 
 // A braced list of tensors is written by a loop of its own rather than the range templates
