@@ -1,14 +1,15 @@
 // `safetensors metadata FILE [--set KEY=VALUE]... [--delete KEY]... [--json]`: prints a file's metadata,
 // or rewrites the file with the changes: under an exclusive lock, staged beside it (private,
-// then given the original's owner and mode), written through the library's writer, every
-// tensor compared with the original, and renamed over it with SIGINT, SIGTERM and SIGHUP held
-// so that no signal leaves the staged file behind.
+// then given the original's owner, mode and extended attributes, ACLs among them), written
+// through the library's writer, every tensor compared with the original, and renamed over it
+// with SIGINT, SIGTERM and SIGHUP held so that no signal leaves the staged file behind.
 #include <safetensors/safetensors.hpp>
 
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -75,6 +76,8 @@ class FileLock {
 
   /// The locked file's status: mode, owner, inode.
   [[nodiscard]] const struct stat& status() const { return stat_; }
+  /// The locked file's descriptor (read-only).
+  [[nodiscard]] int fd() const { return fd_; }
   /// Whether `path` still names the locked file.
   [[nodiscard]] bool still_named_by(const fs::path& path) const {
     struct stat now {};
@@ -134,6 +137,57 @@ void copy_owner_and_mode(const fs::path& staged, const struct stat& original, co
   if (now.st_uid != original.st_uid) mode &= static_cast<mode_t>(~S_ISUID);
   if (now.st_gid != original.st_gid) mode &= static_cast<mode_t>(~S_ISGID);
   if (::chmod(staged.c_str(), mode) != 0) throw_io("set the mode of", staged, errno);
+}
+
+/// Fills `out` with the bytes a size-then-fill xattr call gives (`call(buffer, size)` returns
+/// the length or -1), asking again if they grew in between; false, with `errno` set, when the
+/// call fails.
+template <class Call>
+bool xattr_bytes(Call call, std::string& out) {
+  for (;;) {
+    const ssize_t len = call(nullptr, 0);
+    if (len < 0) return false;
+    out.assign(static_cast<std::size_t>(len), '\0');
+    const ssize_t got = call(out.data(), out.size());
+    if (got >= 0) {
+      out.resize(static_cast<std::size_t>(got));
+      return true;
+    }
+    if (errno != ERANGE) return false;
+  }
+}
+
+/// Gives the staged file the original's extended attributes, its ACL among them, by the rule of
+/// the library's writer (rust/core/src/writer/atomic.rs): without them a file whose ACL narrows
+/// its group would get that group the ACL mask's rights from the mode bits, wider than before.
+/// An attribute only a privileged process may set (`security.*`, `trusted.*`) is left out when
+/// refused; failing to copy any other fails the rewrite before anything is replaced.
+void copy_extended_attributes(const fs::path& staged, int original, const fs::path& path) {
+  std::string names;
+  if (!xattr_bytes([&](char* b, std::size_t n) { return ::flistxattr(original, b, n); }, names)) {
+    if (errno == ENOTSUP) return;  // no extended attributes on this filesystem
+    throw_io("list the extended attributes of", path, errno);
+  }
+  for (std::size_t at = 0; at < names.size();) {
+    const std::string name = names.c_str() + at;
+    at += name.size() + 1;
+    if (name.empty()) continue;
+    std::string value;
+    if (!xattr_bytes([&](char* b, std::size_t n) { return ::fgetxattr(original, name.c_str(), b, n); },
+                     value)) {
+      if (errno == ENODATA) continue;  // removed since it was listed
+      throw_io("read the extended attributes of", path, errno);
+    }
+    if (::lsetxattr(staged.c_str(), name.c_str(), value.data(), value.size(), 0) != 0) {
+      const int err = errno;
+      const bool privileged = name.rfind("security.", 0) == 0 || name.rfind("trusted.", 0) == 0;
+      if (privileged && (err == EPERM || err == EACCES)) continue;
+      throw safetensors::Error(safetensors::ErrorKind::Io,
+                               "cannot copy the extended attribute `" + printable(name) +
+                                   "` (an ACL or xattr) of " + path.string() + " to its rewrite: " +
+                                   std::strerror(err) + "; " + path.string() + " left unchanged");
+    }
+  }
 }
 
 /// Creates the staged file: hidden, beside the target, named for this process, the target's
@@ -253,8 +307,9 @@ void check_rewrite(const fs::path& staged, const SafeOpen& original, const Tenso
   }
 }
 
-/// Writes the staged file and gives it the original's owner and mode. It is written private
-/// (umask 077) first, so its bytes are never readable by more users than the original's.
+/// Writes the staged file and gives it the original's owner, mode and extended attributes. It is
+/// written private (umask 077) first, so its bytes are never readable by more users than the
+/// original's.
 void write_staged(const fs::path& staged, const Tensors& tensors,
                   const std::map<std::string, std::string>& meta, const FileLock& lock,
                   const fs::path& target) {
@@ -267,6 +322,7 @@ void write_staged(const fs::path& staged, const Tensors& tensors,
   }
   ::umask(old_mask);
   copy_owner_and_mode(staged, lock.status(), target);
+  copy_extended_attributes(staged, lock.fd(), target);
 }
 
 /// Stages the rewrite beside `target`, checks it, and renames it over `target`; on any error

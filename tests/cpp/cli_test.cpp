@@ -8,9 +8,11 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 
@@ -280,6 +282,44 @@ TEST_F(Cli, MetadataRewriteByAnotherUserDropsSetIdBits) {
   EXPECT_EQ(st.st_uid, 4343u);
   EXPECT_EQ(st.st_mode & 07777, 0644u) << std::oct << (st.st_mode & 07777);
   EXPECT_EQ(safetensors::SafeOpen(good_).metadata().at("k"), "v");
+}
+
+// A file whose ACL gives its group nothing while the mask allows rw (its mode then reads 0660)
+// must keep that ACL through a rewrite: the mode alone would give the group rw. Other extended
+// attributes stay too, as the library's writer keeps them.
+TEST_F(Cli, MetadataRewriteKeepsTheFilesAclAndExtendedAttributes) {
+  std::filesystem::permissions(good_, std::filesystem::perms(0640));
+  struct Entry {
+    std::uint16_t tag, perm;
+    std::uint32_t id;
+  };
+  // user:: rw-, user:4242 rw-, group:: ---, mask:: rw-, other:: --- (the kernel's xattr layout).
+  const Entry entries[] = {{0x01, 6, 0xffffffff},
+                           {0x02, 6, 4242},
+                           {0x04, 0, 0xffffffff},
+                           {0x10, 6, 0xffffffff},
+                           {0x20, 0, 0xffffffff}};
+  std::string acl(4, '\0');
+  acl[0] = 2;  // version
+  for (const auto& e : entries) acl.append(reinterpret_cast<const char*>(&e), sizeof e);
+  if (::setxattr(good_.c_str(), "system.posix_acl_access", acl.data(), acl.size(), 0) != 0 ||
+      ::setxattr(good_.c_str(), "user.origin", "kept", 4, 0) != 0) {
+    GTEST_SKIP() << "no ACLs or user xattrs here: " << std::strerror(errno);
+  }
+  auto read_xattr = [&](const char* name) {
+    std::string out(256, '\0');
+    const ssize_t n = ::getxattr(good_.c_str(), name, out.data(), out.size());
+    out.resize(n < 0 ? 0 : static_cast<std::size_t>(n));
+    return out;
+  };
+  const std::string before = read_xattr("system.posix_acl_access");
+  auto r = cli({"metadata", good_.string(), "--set", "k=v"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(safetensors::SafeOpen(good_).metadata().at("k"), "v");
+  EXPECT_EQ(read_xattr("system.posix_acl_access"), before)
+      << "the ACL was lost: the group gets the mask's rw";
+  EXPECT_EQ(read_xattr("user.origin"), "kept");
+  EXPECT_TRUE(hidden_files(dir_.path()).empty());
 }
 
 TEST_F(Cli, MetadataThroughASymlinkEditsTheTargetAndKeepsTheLink) {
