@@ -1351,10 +1351,11 @@ int st_writer_write(const struct st_writer *writer,
  * and publishes: renames the file over its target, or for a sharded checkpoint publishes the
  * set as a transaction, the checkpoint already in the directory staying whole until the new
  * one is (docs/writing.md). On success the writer is freed: do not use or free it afterwards.
- * On an error nothing was published and the writer is kept: fix the cause (write the missing
- * bytes, clear the target's name) and call `st_writer_finish` again, or `st_writer_free` it.
- * A writer whose write or sync failed on the disk reports that error again on every call:
- * free it.
+ * On an error the writer is kept and, unless the error says the new checkpoint is in place
+ * (only a file of the earlier one could not be removed), nothing was published: fix the cause
+ * (write the missing bytes, clear the target's name) and call `st_writer_finish` again, or
+ * `st_writer_free` it. A writer whose write or sync failed on the disk reports that error
+ * again on every call: free it.
  *
  * Errors: `ST_ERR_METADATA_INCOMPLETE_BUFFER` (a tensor with bytes missing, named with the
  * first missing range), the error a failed write reported, `ST_ERR_INVALID_INDEX` (the

@@ -102,8 +102,9 @@ Status save_sharded_list(PathRef dir, TensorList tensors, const Metadata& metada
 /// `TensorNotFound` (not declared), `TensorInvalidInfo` (a whole tensor of the wrong size, or a
 /// piece ending past the tensor), `InvalidOffset` (bytes already written), `Io` (the disk);
 /// from `finish`, `MetadataIncompleteBuffer` (bytes never written), `Io` (the rename, or for a
-/// sharded checkpoint its publishing), and after a failed write that write's error. After any
-/// error of `finish` nothing was published and the writer is as it was: write what was missing,
+/// sharded checkpoint its publishing), and after a failed write that write's error. After an
+/// error of `finish` nothing was published (unless it says the new checkpoint is in place and
+/// only a file of the earlier one is left) and the writer is as it was: write what was missing,
 /// or clear the way, and `finish` again (a writer whose write or sync failed on the disk keeps
 /// reporting that error). After a successful `finish` every call reports `Internal`.
 /// Move-only; a moved-from writer reports `Internal`.
