@@ -35,7 +35,10 @@ enum {
   CUDA_ERROR_INVALID_HANDLE = 400,
   CUDA_ERROR_NOT_READY = 600,
   CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
+  CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
+  CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
   CUDA_ERROR_LAUNCH_FAILED = 719,
+  CUDA_ERROR_NOT_PERMITTED = 800,
   CUDA_ERROR_NOT_SUPPORTED = 801,
   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
   CUDA_ERROR_UNKNOWN = 999
@@ -59,6 +62,17 @@ enum {
   CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12
 };
 enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2 };
+enum {
+  CU_MEMHOSTREGISTER_PORTABLE = 1,
+  CU_MEMHOSTREGISTER_DEVICEMAP = 2,
+  CU_MEMHOSTREGISTER_IOMEMORY = 4,
+  CU_MEMHOSTREGISTER_READ_ONLY = 8
+};
+enum {
+  CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED = 99,
+  CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES = 100,
+  CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED = 113
+};
 enum { CU_STREAM_CAPTURE_STATUS_NONE = 0, CU_STREAM_CAPTURE_STATUS_ACTIVE = 1 };
 
 /* ---- initialisation, devices, errors ---- */
@@ -96,6 +110,11 @@ FAKECUDA_API CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes);
 FAKECUDA_API CUresult cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags);
 FAKECUDA_API CUresult cuMemAllocHost_v2(void** pp, size_t bytes);
 FAKECUDA_API CUresult cuMemFreeHost(void* p);
+/* Page-locks (registers) existing host memory: copies from it are then DMA, as from pinned
+ * memory. With READ_ONLY the memory may be a read-only mapping (the driver only reads it). */
+FAKECUDA_API CUresult cuMemHostRegister_v2(void* p, size_t bytes, unsigned int flags);
+FAKECUDA_API CUresult cuMemHostRegister(void* p, size_t bytes, unsigned int flags);
+FAKECUDA_API CUresult cuMemHostUnregister(void* p);
 FAKECUDA_API CUresult cuPointerGetAttribute(void* data, int attribute, CUdeviceptr ptr);
 FAKECUDA_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t bytes);
 FAKECUDA_API CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t bytes);
@@ -165,6 +184,40 @@ FAKECUDA_API int fakecuda_set_failures(const char* spec);
 FAKECUDA_API void fakecuda_set_latency_us(unsigned int us);
 /* While held (non-zero), no stream makes progress: tests see copies pending, deterministically. */
 FAKECUDA_API void fakecuda_hold(int held);
+
+/* The link between host and device: one per device and direction, at `gbps` (10^9 bytes per
+ * second; 0, the default, for none: copies then only wait their latency, every stream at once).
+ * With a link, the copies of every stream of a device in that direction take turns on it, on the
+ * driver's clock: each starts at max(when its stream reaches it, when the link is free) and ends
+ * latency + bytes / bandwidth later (SAFETENSORS_FAKE_CUDA_H2D_GBPS, _D2H_GBPS). */
+enum { FAKECUDA_H2D = 0, FAKECUDA_D2H = 1 };
+FAKECUDA_API void fakecuda_set_link_gbps(int direction, double gbps);
+/* The driver's clock now, in nanoseconds: the epoch of the link statistics. */
+FAKECUDA_API unsigned long long fakecuda_clock_ns(void);
+/* A link's statistics since the last reset: the time it carried copies, the start of its first
+ * copy and the end of its last (clock nanoseconds; 0 and 0 with no copy), and its copies.
+ * Returns 0, or -1 for a device or direction that does not exist. */
+FAKECUDA_API int fakecuda_link_stats(int device, int direction, unsigned long long* busy_ns,
+                                     unsigned long long* first_start_ns, unsigned long long* last_end_ns,
+                                     unsigned long long* copies);
+/* Restarts every link's statistics. */
+FAKECUDA_API void fakecuda_link_reset(void);
+
+/* Registered host memory (cuMemHostRegister): bytes and ranges registered now, the most bytes
+ * registered at once since the last reset (a non-zero `reset` first restarts it from now), and
+ * the successful registrations and unregistrations since start. */
+FAKECUDA_API size_t fakecuda_registered_bytes(void);
+FAKECUDA_API int fakecuda_live_registrations(void);
+FAKECUDA_API size_t fakecuda_peak_registered_bytes(int reset);
+FAKECUDA_API void fakecuda_registrations(unsigned long long* registered, unsigned long long* unregistered);
+/* What a registration costs: `gbps` (0: nothing; SAFETENSORS_FAKE_CUDA_REGISTER_GBPS), and
+ * with a non-zero `hold_api_lock` every other driver call waits for it to finish, as one real
+ * driver was seen to do (SAFETENSORS_FAKE_CUDA_REGISTER_LOCKS=1). */
+FAKECUDA_API void fakecuda_set_register_cost(double gbps, int hold_api_lock);
+/* Whether the devices say they can register read-only memory (attribute 113; default 1,
+ * SAFETENSORS_FAKE_CUDA_READ_ONLY_REGISTER=0 for no); without, READ_ONLY registrations fail
+ * with CUDA_ERROR_NOT_SUPPORTED. */
+FAKECUDA_API void fakecuda_set_read_only_register(int supported);
 
 #ifdef __cplusplus
 }

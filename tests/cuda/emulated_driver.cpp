@@ -15,7 +15,8 @@
 //   cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxSetFlags_v2, cuCtxCreate_v2, cuCtxDestroy_v2,
 //   cuCtxGetCurrent, cuCtxSetCurrent*, cuCtxPushCurrent_v2, cuCtxPopCurrent_v2, cuCtxGetDevice,
 //   cuCtxSynchronize, cuMemAlloc_v2*, cuMemFree_v2*, cuMemGetInfo_v2, cuMemHostAlloc*,
-//   cuMemAllocHost_v2, cuMemFreeHost*, cuPointerGetAttribute, cuMemcpyHtoD_v2,
+//   cuMemAllocHost_v2, cuMemFreeHost*, cuMemHostRegister_v2*, cuMemHostUnregister*,
+//   cuPointerGetAttribute, cuMemcpyHtoD_v2,
 //   cuMemcpyDtoH_v2*, cuMemcpyDtoD_v2, cuMemcpyHtoDAsync_v2*, cuMemcpyDtoHAsync_v2*,
 //   cuMemcpyDtoDAsync_v2, cuMemsetD8_v2, cuMemsetD8Async, cuMemcpy, cuMemcpyAsync,
 //   cuLaunchHostFunc, cuStreamCreate*,
@@ -23,8 +24,8 @@
 //   cuStreamGetCtx, cuStreamGetFlags, cuStreamWaitEvent, cuStreamIsCapturing,
 //   cuStreamBeginCapture_v2, cuStreamEndCapture, cuGraphDestroy, cuEventCreate*,
 //   cuEventDestroy_v2*, cuEventRecord*, cuEventQuery, cuEventSynchronize*, cuEventElapsedTime;
-// plus the unversioned cuDevicePrimaryCtxRelease/Reset (same ABI) and the fakecuda_* controls
-// of emulated_cuda.h. A call cudarc resolves that is missing here makes cudarc panic ("Missing
+// plus the unversioned cuDevicePrimaryCtxRelease/Reset and cuMemHostRegister (same ABI) and the fakecuda_*
+// controls of emulated_cuda.h. A call cudarc resolves that is missing here makes cudarc panic ("Missing
 // symbol"), which rust/cuda reports as a Cuda error naming the symbol: add it here.
 //
 // Model (what the real driver does and our code relies on):
@@ -53,13 +54,37 @@
 //   cuStreamDestroy returns at once and the stream's queued work still runs, as documented.
 //   SAFETENSORS_FAKE_CUDA_FREE_COPIES=1 (for benchmarks of the host side only) makes a
 //   host-to-device copy from pinned memory move and check nothing: the device keeps its bytes.
+// - The link: with SAFETENSORS_FAKE_CUDA_H2D_GBPS (or _D2H_GBPS, or fakecuda_set_link_gbps) each
+//   device has a link per direction at that bandwidth, which the copies between host and device
+//   of all its streams share, one at a time, as a PCIe link and its copy engine do: on the
+//   driver's clock (steady_clock, nanoseconds from cuInit), a copy starts at max(when its
+//   stream's worker reaches it, when the link is free) and ends latency + bytes / bandwidth
+//   later; the worker moves the bytes, then sleeps until that end. So the clock, not the host's
+//   speed, says how long the link is busy, and what a test reads from the counters
+//   (fakecuda_link_stats: busy time, first start, last end, copies) is the schedule the
+//   program fed it: idle gaps are the program's. Without a link, copies only wait their latency,
+//   every stream at once (the default, as before).
+// - Registered memory (cuMemHostRegister): a range of existing host memory (heap, a file's
+//   mapping) that copies then treat as pinned (checksummed, counted as pending). Flags as the
+//   driver's; READ_ONLY only where the device says it supports it (attribute 113, default yes,
+//   SAFETENSORS_FAKE_CUDA_READ_ONLY_REGISTER=0 for no: CUDA_ERROR_NOT_SUPPORTED); memory that is
+//   not writable (a PROT_READ mapping) without READ_ONLY, or a range with an unmapped hole, is
+//   CUDA_ERROR_INVALID_VALUE, as the driver's pinning of it fails; a range overlapping one
+//   registered or pinned already is CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED; unregistering an
+//   address that is not the start of a registered range is CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED.
+//   A cost model: SAFETENSORS_FAKE_CUDA_REGISTER_GBPS (registration sleeps bytes / bandwidth),
+//   and SAFETENSORS_FAKE_CUDA_REGISTER_LOCKS=1 holds the driver's lock meanwhile, so that every
+//   other call waits (a real driver was seen to: vLLM #51414). A context reset unregisters its
+//   ranges. Counters: bytes and ranges registered now, the peak, registrations, unregistrations.
 // - Events record a position in a stream; query/synchronize look at that stream's progress.
 //   cuStreamWaitEvent may join contexts (documented as allowed); cuEventRecord may not.
 //
 // Checks that abort (message on stderr, then abort()), where the real driver returns an error
 // our code might ignore or, worse, succeeds and corrupts: a pinned buffer modified while a copy
 // from it is pending (checksum at enqueue against checksum at completion); a pinned buffer
-// freed with a copy from or into it pending; device memory freed with copies pending; an event
+// freed with a copy from or into it pending; registered memory unregistered with a copy from or
+// into it pending, or modified while a copy from it is pending; device memory freed with copies
+// pending; an event
 // recorded on a stream of another context (CUDA_ERROR_INVALID_HANDLE on a real device, and the
 // event would then never mark the copy done); a copy between a stream and memory of different
 // contexts or devices; memory, streams or events used after their context was reset, after
@@ -72,7 +97,8 @@
 // Injected failures: SAFETENSORS_FAKE_CUDA_FAIL=<function>:<N>[:<code>][,...] makes the N-th
 // call of that entry point (counted from cuInit; the name with or without its _v2) fail with
 // <code>, or a plausible CUresult for that call: out of memory for allocations and creations,
-// invalid value for copies, launch failed for waits, invalid handle for records, unknown else.
+// invalid value for copies, launch failed for waits, invalid handle for records, out of memory
+// for registrations, unknown else.
 // Tests may replace the spec at run time with fakecuda_set_failures().
 //
 // Concurrency: one mutex guards every table; workers copy outside it. Objects are never freed
@@ -84,6 +110,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdarg>
@@ -92,10 +119,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <new>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -158,6 +187,11 @@ struct Op {
   // Keys of the allocations whose pending counts this copy holds (0: none).
   CUdeviceptr dst_dev = 0, src_dev = 0;
   std::uintptr_t src_pin = 0, dst_pin = 0;
+  // Keys of the registered ranges whose pending counts this copy holds (0: none).
+  std::uintptr_t src_reg = 0, dst_reg = 0;
+  // The link it crosses: its device and direction (FAKECUDA_H2D, FAKECUDA_D2H), or -1.
+  int link_device = 0;
+  int link_dir = -1;
   // wait: until `other` has completed `other_seq`; marker: stamps `event`.
   CUstream other = nullptr;
   std::uint64_t other_seq = 0;
@@ -224,9 +258,24 @@ struct PinAlloc {
   int pending = 0;
 };
 
+struct RegAlloc {
+  std::size_t size = 0;
+  CUcontext ctx = nullptr;
+  std::uint64_t gen = 0;
+  unsigned flags = 0;
+  int pending = 0;
+};
+
 struct Dead {
   std::size_t size = 0;
   std::string why;
+};
+
+/// A device's link in one direction (see the header comment): its bandwidth and when it is free
+/// next, on the driver's clock, and what it carried since the last reset.
+struct Link {
+  Clock::time_point free_at{};
+  std::uint64_t busy_ns = 0, first_start_ns = 0, last_end_ns = 0, copies = 0;
 };
 
 struct Failure {
@@ -256,6 +305,15 @@ struct Driver {
   bool free_copies = false;  // SAFETENSORS_FAKE_CUDA_FREE_COPIES=1: host-to-device copies from
                              // pinned memory move nothing and check nothing (benchmarks only)
   bool held = false;
+  Clock::time_point epoch = Clock::now();     // the driver's clock starts here
+  std::array<double, 2> link_gbps{0.0, 0.0};  // by direction; 0: no link
+  std::vector<std::array<Link, 2>> links;     // by device, then direction
+  double register_gbps = 0.0;                 // 0: registration costs nothing
+  bool register_locks = false;                // registration holds the driver's lock
+  bool read_only_register = true;             // attribute 113
+  std::map<std::uintptr_t, RegAlloc> reg;
+  std::size_t live_registered_bytes = 0, peak_registered_bytes = 0;
+  unsigned long long registrations = 0, unregistrations = 0;
   std::vector<std::unique_ptr<CUctx_st>> primaries;
   std::vector<std::unique_ptr<CUctx_st>> created;
   std::unordered_set<const CUctx_st*> contexts;
@@ -302,6 +360,8 @@ std::string base_name(const std::string& fn) {
 }
 
 int default_failure(const std::string& fn) {
+  if (fn == "cuMemHostUnregister") return CUDA_ERROR_UNKNOWN;
+  if (fn == "cuMemHostRegister") return CUDA_ERROR_OUT_OF_MEMORY;
   if (fn.find("Alloc") != std::string::npos || fn.find("Create") != std::string::npos ||
       fn.find("Retain") != std::string::npos)
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -379,6 +439,29 @@ CUresult current(CUcontext* out) {
 
 // ---- streams ----------------------------------------------------------------------------------
 
+std::uint64_t clock_ns(Clock::time_point t) {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(t - drv().epoch).count());
+}
+
+/// Books copy `op` on its link (lock held): it starts once the link is free, and ends latency +
+/// bytes / bandwidth later; returns that end.
+Clock::time_point schedule_on_link(const Op& op) {
+  Driver& d = drv();
+  Link& link = d.links.at(static_cast<std::size_t>(op.link_device))[static_cast<std::size_t>(op.link_dir)];
+  const double gbps = d.link_gbps[static_cast<std::size_t>(op.link_dir)];
+  const Clock::time_point start = std::max(Clock::now(), link.free_at);
+  const auto took = std::chrono::nanoseconds(static_cast<std::int64_t>(d.latency_us) * 1000 +
+                                             static_cast<std::int64_t>(static_cast<double>(op.n) / gbps));
+  const Clock::time_point end = start + took;
+  link.free_at = end;
+  if (link.copies == 0) link.first_start_ns = clock_ns(start);
+  link.last_end_ns = clock_ns(end);
+  link.busy_ns += static_cast<std::uint64_t>(took.count());
+  link.copies++;
+  return end;
+}
+
 void worker_main(CUstream s) {
   Driver& d = drv();
   Lock lk(d.mu);
@@ -398,8 +481,11 @@ void worker_main(CUstream s) {
       lk.lock();
     } else {
       unsigned latency = d.latency_us;
+      Clock::time_point end{};
+      const bool on_link = op.link_dir >= 0 && d.link_gbps[static_cast<std::size_t>(op.link_dir)] > 0;
+      if (on_link) end = schedule_on_link(op);
       lk.unlock();
-      if (latency) std::this_thread::sleep_for(std::chrono::microseconds(latency));
+      if (!on_link && latency) std::this_thread::sleep_for(std::chrono::microseconds(latency));
       const std::uint8_t* src = op.staged ? op.staged.get() : op.src;
       if (op.free) {
         // Benchmarks of the host side: the copy takes no time and moves nothing.
@@ -409,13 +495,16 @@ void worker_main(CUstream s) {
         std::memmove(op.dst, src, op.n);
         if (op.check && checksum(src, op.n) != op.sum) {
           die(op.fn,
-              "the pinned buffer at %p (%zu bytes copied from it) was modified while the copy was "
+              "the %s buffer at %p (%zu bytes copied from it) was modified while the copy was "
               "pending: a pinned source may be reused only after the copy completes (event or stream "
               "synchronization)",
-              static_cast<const void*>(src), op.n);
+              op.src_reg ? "registered" : "pinned", static_cast<const void*>(src), op.n);
         }
       }
+      if (on_link) std::this_thread::sleep_until(end);
       lk.lock();
+      if (op.src_reg) d.reg.at(op.src_reg).pending--;
+      if (op.dst_reg) d.reg.at(op.dst_reg).pending--;
       if (op.dst_dev) d.dev.at(op.dst_dev).pending--;
       if (op.src_dev && op.src_dev != op.dst_dev) d.dev.at(op.src_dev).pending--;
       if (op.src_pin) d.pin.at(op.src_pin).pending--;
@@ -627,6 +716,22 @@ PinAlloc* pinned_range(const char* fn, const void* ptr, std::size_t n, std::uint
   return nullptr;
 }
 
+/// The registered range holding [p, p + n), or null when p is in none; aborts for a range
+/// overrunning its registration (a copy the real driver would stage through pageable memory
+/// for its end, or refuse).
+RegAlloc* registered_range(const char* fn, const void* ptr, std::size_t n, std::uintptr_t* base) {
+  Driver& d = drv();
+  auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = holding(d.reg, p);
+  if (it == d.reg.end()) return nullptr;
+  if (n > it->first + it->second.size - p) {
+    die(fn, "%zu bytes at %p overrun the registered range %s of %zu bytes", n, ptr, hex(it->first).c_str(),
+        it->second.size);
+  }
+  *base = it->first;
+  return &it->second;
+}
+
 void same_context(const char* fn, CUstream s, const DevAlloc& a, CUdeviceptr base) {
   if (a.ctx != s->ctx) {
     die(fn,
@@ -686,6 +791,14 @@ void reset_context(Lock& lk, CUcontext c, const char* why) {
       ++it;
     }
   }
+  for (auto it = d.reg.begin(); it != d.reg.end();) {
+    if (it->second.ctx == c && it->second.gen == old) {
+      d.live_registered_bytes -= it->second.size;
+      it = d.reg.erase(it);
+    } else {
+      ++it;
+    }
+  }
   for (CUstream s : doomed) s->life = Life::reset;
   for (CUstream s : doomed) stop_stream(lk, s, Life::reset);
 }
@@ -704,7 +817,13 @@ CUresult make_copy(const char* fn, CUstream s, bool async, CUdeviceptr dst_dev, 
     op.dst_dev = base;
   } else {
     std::uintptr_t base = 0;
-    if (pinned_range(fn, dst_host, n, &base)) op.dst_pin = base;
+    if (pinned_range(fn, dst_host, n, &base)) {
+      op.dst_pin = base;
+    } else if (RegAlloc* r = registered_range(fn, dst_host, n, &base)) {
+      if (r->flags & CU_MEMHOSTREGISTER_READ_ONLY)
+        return CUDA_ERROR_INVALID_VALUE;  // the device may only read it
+      op.dst_reg = base;
+    }
     op.dst = static_cast<std::uint8_t*>(dst_host);
   }
   if (src_dev) {
@@ -717,8 +836,10 @@ CUresult make_copy(const char* fn, CUstream s, bool async, CUdeviceptr dst_dev, 
   } else if (src_host) {
     std::uintptr_t base = 0;
     op.src = static_cast<const std::uint8_t*>(src_host);
-    if (pinned_range(fn, src_host, n, &base)) {
-      op.src_pin = base;
+    const bool pinned = pinned_range(fn, src_host, n, &base) != nullptr;
+    if (pinned) op.src_pin = base;
+    if (!pinned && registered_range(fn, src_host, n, &base)) op.src_reg = base;
+    if (op.src_pin || op.src_reg) {
       op.free = d.free_copies && op.dst_dev != 0;
       op.check = !op.free;
       if (op.check) op.sum = checksum(op.src, n);
@@ -731,6 +852,15 @@ CUresult make_copy(const char* fn, CUstream s, bool async, CUdeviceptr dst_dev, 
     }
   }
   op.n = n;
+  if (op.dst_dev && !src_dev) {
+    op.link_device = s->ctx->device;
+    op.link_dir = FAKECUDA_H2D;
+  } else if (src_dev && !op.dst_dev) {
+    op.link_device = s->ctx->device;
+    op.link_dir = FAKECUDA_D2H;
+  }
+  if (op.src_reg) d.reg.at(op.src_reg).pending++;
+  if (op.dst_reg) d.reg.at(op.dst_reg).pending++;
   if (op.dst_dev) d.dev.at(op.dst_dev).pending++;
   if (op.src_dev && op.src_dev != op.dst_dev) d.dev.at(op.src_dev).pending++;
   if (op.src_pin) d.pin.at(op.src_pin).pending++;
@@ -751,7 +881,7 @@ CUresult copy(const char* fn, CUstream stream, bool sync, CUdeviceptr dst_dev, v
   op.fill = fill;
   if (CUresult r = make_copy(fn, s, !sync, dst_dev, dst_host, src_dev, src_host, n, op)) return r;
   // The real driver returns from a copy into pageable memory only once it is complete.
-  bool wait = sync || (dst_host && !op.dst_pin);
+  bool wait = sync || (dst_host && !op.dst_pin && !op.dst_reg);
   std::uint64_t seq = enqueue(fn, s, std::move(op));
   if (wait) wait_for(lk, s, seq);
   return CUDA_SUCCESS;
@@ -773,6 +903,16 @@ CUresult cuInit(unsigned int flags) {
       d.latency_us = static_cast<unsigned>(std::strtoul(l, nullptr, 10));
     if (const char* f = std::getenv("SAFETENSORS_FAKE_CUDA_FREE_COPIES"))
       d.free_copies = std::strcmp(f, "1") == 0;
+    if (const char* g = std::getenv("SAFETENSORS_FAKE_CUDA_H2D_GBPS"))
+      d.link_gbps[FAKECUDA_H2D] = std::atof(g);
+    if (const char* g = std::getenv("SAFETENSORS_FAKE_CUDA_D2H_GBPS"))
+      d.link_gbps[FAKECUDA_D2H] = std::atof(g);
+    if (const char* g = std::getenv("SAFETENSORS_FAKE_CUDA_REGISTER_GBPS")) d.register_gbps = std::atof(g);
+    if (const char* l = std::getenv("SAFETENSORS_FAKE_CUDA_REGISTER_LOCKS"))
+      d.register_locks = std::strcmp(l, "1") == 0;
+    if (const char* r = std::getenv("SAFETENSORS_FAKE_CUDA_READ_ONLY_REGISTER"))
+      d.read_only_register = std::strcmp(r, "0") != 0;
+    for (double& g : d.link_gbps) g = g > 0 ? g : 0.0;
     if (!parse_failures(std::getenv("SAFETENSORS_FAKE_CUDA_FAIL"), d.failures)) {
       std::fprintf(stderr, "emulated libcuda: malformed SAFETENSORS_FAKE_CUDA_FAIL (want fn:N[:code],...)\n");
       std::abort();
@@ -785,6 +925,7 @@ CUresult cuInit(unsigned int flags) {
       d.primaries.push_back(std::move(c));
       d.next_address.push_back(kDeviceBase + kDeviceSpan * static_cast<std::uint64_t>(i) + 256);
     }
+    d.links.resize(static_cast<std::size_t>(d.devices));
   }
   if (d.devices == 0) return CUDA_ERROR_NO_DEVICE;
   if (CUresult r = injected("cuInit")) return r;
@@ -903,6 +1044,15 @@ CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice device) {
     case 41:
       *value = 1;
       break;  // unified addressing
+    case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED:
+      *value = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES:
+      *value = 0;
+      break;  // a discrete GPU (not GH200 or GB200)
+    case CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED:
+      *value = drv().read_only_register ? 1 : 0;
+      break;
     case 75:
       *value = 9;
       break;  // compute capability major
@@ -1202,6 +1352,105 @@ CUresult cuMemFreeHost(void* p) {
   }
   kill_pinned(key, it->second, "freed by cuMemFreeHost");
   d.pin.erase(it);
+  return CUDA_SUCCESS;
+}
+
+namespace {
+/// Whether every page of [p, p + n) is mapped with `want` (r or w) permission, from
+/// /proc/self/maps: what the driver's pinning of the pages needs.
+bool mapped_with(std::uintptr_t p, std::size_t n, char want) {
+  std::ifstream maps("/proc/self/maps");
+  std::uintptr_t at = p;
+  const std::uintptr_t end = p + n;
+  for (std::string line; at < end && std::getline(maps, line);) {
+    std::istringstream fields(line);
+    std::string range, perms;
+    fields >> range >> perms;
+    std::size_t dash = range.find('-');
+    if (dash == std::string::npos || perms.size() < 2) continue;
+    std::uintptr_t lo = std::stoull(range.substr(0, dash), nullptr, 16);
+    std::uintptr_t hi = std::stoull(range.substr(dash + 1), nullptr, 16);
+    if (hi <= at) continue;
+    if (lo > at) return false;  // a hole
+    if (perms[want == 'w' ? 1 : 0] != want) return false;
+    at = hi;
+  }
+  return at >= end;
+}
+
+bool overlaps_any(std::uintptr_t p, std::size_t n) {
+  Driver& d = drv();
+  auto hits = [&](const auto& allocations) {
+    auto it = allocations.lower_bound(p + n);
+    if (it == allocations.begin()) return false;
+    --it;
+    return it->first + it->second.size > p;
+  };
+  return hits(d.reg) || hits(d.pin);
+}
+
+CUresult host_register(const char* fn, void* ptr, std::size_t bytes, unsigned flags) {
+  Driver& d = drv();
+  Lock lk;
+  if (CUresult r = enter(lk, fn)) return r;
+  if (!ptr || bytes == 0 || (flags & ~0xFu)) return CUDA_ERROR_INVALID_VALUE;
+  CUcontext c = nullptr;
+  if (CUresult r = current(&c)) return r;
+  const bool read_only = (flags & CU_MEMHOSTREGISTER_READ_ONLY) != 0;
+  if (read_only && !d.read_only_register) return CUDA_ERROR_NOT_SUPPORTED;
+  auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  if (overlaps_any(p, bytes)) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  // The driver pins the pages for the device to read (and, without READ_ONLY, write).
+  if (!mapped_with(p, bytes, read_only ? 'r' : 'w')) return CUDA_ERROR_INVALID_VALUE;
+  if (d.register_gbps > 0) {
+    auto took =
+        std::chrono::nanoseconds(static_cast<std::int64_t>(static_cast<double>(bytes) / d.register_gbps));
+    if (d.register_locks) {
+      std::this_thread::sleep_for(took);  // every other call waits for the lock meanwhile
+    } else {
+      lk.unlock();
+      std::this_thread::sleep_for(took);
+      lk.lock();
+      if (overlaps_any(p, bytes)) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    }
+  }
+  RegAlloc a;
+  a.size = bytes;
+  a.ctx = c;
+  a.gen = c->gen;
+  a.flags = flags;
+  d.reg.emplace(p, a);
+  d.live_registered_bytes += bytes;
+  d.peak_registered_bytes = std::max(d.peak_registered_bytes, d.live_registered_bytes);
+  d.registrations++;
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+CUresult cuMemHostRegister_v2(void* p, std::size_t bytes, unsigned int flags) {
+  return host_register("cuMemHostRegister_v2", p, bytes, flags);
+}
+
+CUresult cuMemHostRegister(void* p, std::size_t bytes, unsigned int flags) {
+  return host_register("cuMemHostRegister", p, bytes, flags);
+}
+
+CUresult cuMemHostUnregister(void* p) {
+  Lock lk;
+  if (CUresult r = enter(lk, "cuMemHostUnregister")) return r;
+  if (!p) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = drv();
+  auto it = d.reg.find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == d.reg.end()) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  if (it->second.pending) {
+    die("cuMemHostUnregister",
+        "registered range %p (%zu bytes) unregistered while %d copies from or into it are pending: the "
+        "driver would unpin pages the copy engine still reads",
+        p, it->second.size, it->second.pending);
+  }
+  d.live_registered_bytes -= it->second.size;
+  d.reg.erase(it);
+  d.unregistrations++;
   return CUDA_SUCCESS;
 }
 
@@ -1632,4 +1881,73 @@ void fakecuda_hold(int held) {
   if (!drv().held) {
     for (auto& [key, s] : drv().streams) s->work.notify_all();
   }
+}
+
+void fakecuda_set_link_gbps(int direction, double gbps) {
+  Lock lk(drv().mu);
+  if (direction == FAKECUDA_H2D || direction == FAKECUDA_D2H)
+    drv().link_gbps[static_cast<std::size_t>(direction)] = gbps > 0 ? gbps : 0.0;
+}
+
+unsigned long long fakecuda_clock_ns(void) {
+  return clock_ns(Clock::now());
+}
+
+int fakecuda_link_stats(int device, int direction, unsigned long long* busy_ns,
+                        unsigned long long* first_start_ns, unsigned long long* last_end_ns,
+                        unsigned long long* copies) {
+  Lock lk(drv().mu);
+  if (device < 0 || static_cast<std::size_t>(device) >= drv().links.size() ||
+      (direction != FAKECUDA_H2D && direction != FAKECUDA_D2H))
+    return -1;
+  const Link& l = drv().links[static_cast<std::size_t>(device)][static_cast<std::size_t>(direction)];
+  if (busy_ns) *busy_ns = l.busy_ns;
+  if (first_start_ns) *first_start_ns = l.first_start_ns;
+  if (last_end_ns) *last_end_ns = l.last_end_ns;
+  if (copies) *copies = l.copies;
+  return 0;
+}
+
+void fakecuda_link_reset(void) {
+  Lock lk(drv().mu);
+  for (auto& device : drv().links) {
+    for (Link& l : device) {
+      Clock::time_point free_at = l.free_at;  // copies booked already still hold the link
+      l = Link{};
+      l.free_at = free_at;
+    }
+  }
+}
+
+std::size_t fakecuda_registered_bytes(void) {
+  Lock lk(drv().mu);
+  return drv().live_registered_bytes;
+}
+
+int fakecuda_live_registrations(void) {
+  Lock lk(drv().mu);
+  return static_cast<int>(drv().reg.size());
+}
+
+std::size_t fakecuda_peak_registered_bytes(int reset) {
+  Lock lk(drv().mu);
+  if (reset) drv().peak_registered_bytes = drv().live_registered_bytes;
+  return drv().peak_registered_bytes;
+}
+
+void fakecuda_registrations(unsigned long long* registered, unsigned long long* unregistered) {
+  Lock lk(drv().mu);
+  if (registered) *registered = drv().registrations;
+  if (unregistered) *unregistered = drv().unregistrations;
+}
+
+void fakecuda_set_register_cost(double gbps, int hold_api_lock) {
+  Lock lk(drv().mu);
+  drv().register_gbps = gbps > 0 ? gbps : 0.0;
+  drv().register_locks = hold_api_lock != 0;
+}
+
+void fakecuda_set_read_only_register(int supported) {
+  Lock lk(drv().mu);
+  drv().read_only_register = supported != 0;
 }

@@ -4,7 +4,10 @@
 // every check meant to abort does abort, with its message (death tests). Run by ctest with
 // SAFETENSORS_FAKE_CUDA_DEVICES=2.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -29,12 +32,19 @@ class EmulatedDriver : public ::testing::Test {
     ASSERT_EQ(n, 2) << "ctest runs these tests with SAFETENSORS_FAKE_CUDA_DEVICES=2";
     fakecuda_set_failures(nullptr);
     fakecuda_hold(0);
+    fakecuda_set_link_gbps(FAKECUDA_H2D, 0);
+    fakecuda_set_link_gbps(FAKECUDA_D2H, 0);
+    fakecuda_set_register_cost(0, 0);
+    fakecuda_set_read_only_register(1);
     CU_OK(cuDevicePrimaryCtxRetain(&ctx0_, 0));
     CU_OK(cuDevicePrimaryCtxRetain(&ctx1_, 1));
     CU_OK(cuCtxSetCurrent(ctx0_));
   }
   void TearDown() override {
     fakecuda_hold(0);
+    fakecuda_set_link_gbps(FAKECUDA_H2D, 0);
+    fakecuda_set_link_gbps(FAKECUDA_D2H, 0);
+    fakecuda_set_latency_us(100);
     cuCtxSetCurrent(nullptr);
     cuDevicePrimaryCtxRelease_v2(1);
     cuDevicePrimaryCtxRelease_v2(0);
@@ -549,6 +559,214 @@ TEST_F(EmulatedDriver, DiesWhenWorkIsEnqueuedOnACapturingStream) {
         cuMemcpyHtoDAsync_v2(d, src, 16, s);
       },
       "while it is capturing a graph");
+}
+
+/// A link's counters (fakecuda_link_stats).
+struct LinkStats {
+  unsigned long long busy = 0, first = 0, last = 0, copies = 0;
+};
+
+LinkStats link_stats(int device, int direction) {
+  LinkStats s;
+  EXPECT_EQ(fakecuda_link_stats(device, direction, &s.busy, &s.first, &s.last, &s.copies), 0);
+  return s;
+}
+
+TEST_F(EmulatedDriver, CopiesOfEveryStreamOfADeviceTakeTurnsOnItsLinkOnTheClock) {
+  // 1 GB/s and no latency: a copy of n bytes holds the link exactly n ns. Both copies are
+  // enqueued at once, so the second waits for the link (33 ms) rather than for its stream: the
+  // schedule is the clock's, whatever the host's speed.
+  fakecuda_set_latency_us(0);
+  fakecuda_set_link_gbps(FAKECUDA_H2D, 1.0);
+  fakecuda_link_reset();
+  constexpr std::size_t n = 32 << 20;
+  Resources a(n, CU_STREAM_NON_BLOCKING, 1), b(n, CU_STREAM_NON_BLOCKING, 2);
+  void* back = nullptr;
+  CU_OK(cuMemHostAlloc(&back, 4096, 0));
+  const auto t0 = std::chrono::steady_clock::now();
+  fakecuda_hold(1);
+  CU_OK(cuMemcpyHtoDAsync_v2(a.device, a.pinned, n, a.stream));
+  CU_OK(cuMemcpyHtoDAsync_v2(b.device, b.pinned, n, b.stream));
+  CU_OK(cuMemcpyDtoHAsync_v2(back, b.device, 4096, b.stream));  // the other direction's link
+  fakecuda_hold(0);
+  CU_OK(cuStreamSynchronize(a.stream));
+  CU_OK(cuStreamSynchronize(b.stream));
+  const auto took = std::chrono::steady_clock::now() - t0;
+  LinkStats h2d = link_stats(0, FAKECUDA_H2D);
+  EXPECT_EQ(h2d.copies, 2u);
+  EXPECT_EQ(h2d.busy, 2 * n) << "n bytes at 1 GB/s hold the link n ns";
+  EXPECT_EQ(h2d.last - h2d.first, h2d.busy) << "the second copy started the moment the first ended";
+  EXPECT_GE(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count(), static_cast<long long>(2 * n))
+      << "the copies were done only once the link had carried them";
+  LinkStats d2h = link_stats(0, FAKECUDA_D2H);
+  EXPECT_EQ(d2h.copies, 0u) << "the other direction's link has no bandwidth set: not modelled";
+  EXPECT_EQ(link_stats(1, FAKECUDA_H2D).copies, 0u) << "device 1's link carried nothing";
+  EXPECT_EQ(a.device_bytes(), a.want);
+  EXPECT_EQ(b.device_bytes(), b.want);
+  unsigned long long busy = 0;
+  EXPECT_EQ(fakecuda_link_stats(2, FAKECUDA_H2D, &busy, nullptr, nullptr, nullptr), -1) << "no device 2";
+  fakecuda_link_reset();
+  EXPECT_EQ(link_stats(0, FAKECUDA_H2D).copies, 0u);
+  CU_OK(cuMemFreeHost(back));
+}
+
+TEST_F(EmulatedDriver, ALinkIdlesWhileNothingIsQueuedOnIt) {
+  fakecuda_set_latency_us(0);
+  fakecuda_set_link_gbps(FAKECUDA_H2D, 1.0);
+  constexpr std::size_t n = 4 << 20;
+  Resources r(n, CU_STREAM_NON_BLOCKING, 4);
+  fakecuda_link_reset();
+  CU_OK(cuMemcpyHtoDAsync_v2(r.device, r.pinned, n, r.stream));
+  CU_OK(cuStreamSynchronize(r.stream));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CU_OK(cuMemcpyHtoDAsync_v2(r.device, r.pinned, n, r.stream));
+  CU_OK(cuStreamSynchronize(r.stream));
+  LinkStats s = link_stats(0, FAKECUDA_H2D);
+  EXPECT_EQ(s.busy, 2 * n);
+  EXPECT_GE(s.last - s.first, s.busy + 20'000'000) << "the 20 ms with nothing queued are idle time";
+  EXPECT_LE(s.first, fakecuda_clock_ns());
+}
+
+/// `pages` pages of anonymous memory with protection `prot`, unmapped at the end.
+struct Pages {
+  Pages(std::size_t pages, int prot) : n(pages * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE))) {
+    p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    EXPECT_NE(p, MAP_FAILED);
+    auto* bytes = static_cast<std::uint8_t*>(p);
+    for (std::size_t i = 0; i < n; ++i) bytes[i] = static_cast<std::uint8_t>(i * 13 + 5);
+    EXPECT_EQ(::mprotect(p, n, prot), 0);
+  }
+  ~Pages() { ::munmap(p, n); }
+  Pages(const Pages&) = delete;
+  Pages& operator=(const Pages&) = delete;
+  std::size_t n;
+  void* p = nullptr;
+};
+
+TEST_F(EmulatedDriver, RegisteredMemoryIsCopiedAsPinnedAndCounted) {
+  int attr = 0;
+  CU_OK(cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED, 0));
+  EXPECT_EQ(attr, 1);
+  CU_OK(cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, 0));
+  EXPECT_EQ(attr, 1);
+  Pages ro(16, PROT_READ);
+  const std::size_t peak = fakecuda_peak_registered_bytes(1);
+  unsigned long long reg0 = 0, unreg0 = 0;
+  fakecuda_registrations(&reg0, &unreg0);
+  CU_OK(cuMemHostRegister_v2(ro.p, ro.n, CU_MEMHOSTREGISTER_READ_ONLY));
+  EXPECT_EQ(fakecuda_registered_bytes(), ro.n);
+  EXPECT_EQ(fakecuda_live_registrations(), 1);
+  CUdeviceptr d = 0;
+  CUstream s = nullptr;
+  CU_OK(cuMemAlloc_v2(&d, ro.n));
+  CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  const auto pageable = fakecuda_pageable_async_copies();
+  CU_OK(cuMemcpyHtoDAsync_v2(d, static_cast<std::uint8_t*>(ro.p) + 100, ro.n - 100, s));
+  EXPECT_EQ(fakecuda_pageable_async_copies(), pageable) << "registered memory is not pageable";
+  CU_OK(cuStreamSynchronize(s));
+  std::vector<std::uint8_t> back(ro.n - 100);
+  CU_OK(cuMemcpyDtoH_v2(back.data(), d, back.size()));
+  EXPECT_EQ(std::memcmp(back.data(), static_cast<std::uint8_t*>(ro.p) + 100, back.size()), 0);
+  // The device may not write read-only registered memory.
+  EXPECT_EQ(cuMemcpyDtoHAsync_v2(ro.p, d, 64, s), CUDA_ERROR_INVALID_VALUE);
+  CU_OK(cuMemHostUnregister(ro.p));
+  EXPECT_EQ(cuMemHostUnregister(ro.p), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED) << "only once";
+  EXPECT_EQ(fakecuda_registered_bytes(), 0u);
+  EXPECT_EQ(fakecuda_peak_registered_bytes(0), peak + ro.n);
+  unsigned long long reg1 = 0, unreg1 = 0;
+  fakecuda_registrations(&reg1, &unreg1);
+  EXPECT_EQ(reg1, reg0 + 1);
+  EXPECT_EQ(unreg1, unreg0 + 1);
+  CU_OK(cuStreamDestroy_v2(s));
+  CU_OK(cuMemFree_v2(d));
+}
+
+TEST_F(EmulatedDriver, RegistrationRefusesWhatTheDriverRefuses) {
+  Pages rw(8, PROT_READ | PROT_WRITE), ro(8, PROT_READ);
+  auto* base = static_cast<std::uint8_t*>(rw.p);
+  EXPECT_EQ(cuMemHostRegister_v2(nullptr, 4096, 0), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cuMemHostRegister_v2(rw.p, 0, 0), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cuMemHostRegister_v2(rw.p, 4096, 0x10), CUDA_ERROR_INVALID_VALUE) << "unknown flag";
+  EXPECT_EQ(cuMemHostRegister_v2(ro.p, ro.n, 0), CUDA_ERROR_INVALID_VALUE)
+      << "a read-only mapping needs CU_MEMHOSTREGISTER_READ_ONLY";
+  fakecuda_set_read_only_register(0);
+  EXPECT_EQ(cuMemHostRegister_v2(ro.p, ro.n, CU_MEMHOSTREGISTER_READ_ONLY), CUDA_ERROR_NOT_SUPPORTED);
+  fakecuda_set_read_only_register(1);
+  CU_OK(cuMemHostRegister_v2(base + 4096, 8192, 0));
+  EXPECT_EQ(cuMemHostRegister_v2(base, 8192, 0), CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+  EXPECT_EQ(cuMemHostRegister_v2(base + 8192, 4096, 0), CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+  CU_OK(cuMemHostRegister_v2(base, 4096, 0)) << "adjacent, not overlapping";
+  EXPECT_EQ(cuMemHostUnregister(base + 8192), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED) << "not a range's start";
+  ASSERT_EQ(fakecuda_set_failures("cuMemHostRegister:1,cuMemHostUnregister:1"), 0);
+  EXPECT_EQ(cuMemHostRegister_v2(base + 3 * 4096, 4096, 0), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(cuMemHostUnregister(base), CUDA_ERROR_UNKNOWN);
+  EXPECT_EQ(fakecuda_live_registrations(), 2) << "an injected failure changes nothing";
+  CU_OK(cuMemHostUnregister(base));
+  CU_OK(cuMemHostUnregister(base + 4096));
+  EXPECT_EQ(fakecuda_live_registrations(), 0);
+  void* pinned = nullptr;
+  CU_OK(cuMemHostAlloc(&pinned, 4096, 0));
+  EXPECT_EQ(cuMemHostRegister_v2(pinned, 4096, 0), CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)
+      << "pinned memory is page-locked already";
+  CU_OK(cuMemFreeHost(pinned));
+}
+
+TEST_F(EmulatedDriver, ARegistrationCostsItsTimeAndCanHoldEveryOtherCall) {
+  Pages rw(256, PROT_READ | PROT_WRITE);  // 1 MiB with 4 KiB pages
+  fakecuda_set_register_cost(0.05, 1);    // 20 ms per MiB, holding the driver's lock
+  std::atomic<bool> registering{false};
+  std::chrono::steady_clock::duration waited{};
+  std::thread other([&] {
+    while (!registering) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    const auto t0 = std::chrono::steady_clock::now();
+    int n = 0;
+    cuDeviceGetCount(&n);
+    waited = std::chrono::steady_clock::now() - t0;
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  registering = true;
+  CU_OK(cuMemHostRegister_v2(rw.p, rw.n, 0));
+  const auto took = std::chrono::steady_clock::now() - t0;
+  other.join();
+  EXPECT_GE(took, std::chrono::nanoseconds(static_cast<long long>(static_cast<double>(rw.n) / 0.05)));
+  EXPECT_GE(waited, std::chrono::milliseconds(5)) << "another call waited for the registration";
+  fakecuda_set_register_cost(0, 0);
+  CU_OK(cuMemHostUnregister(rw.p));
+}
+
+TEST_F(EmulatedDriver, DiesWhenRegisteredMemoryIsUnregisteredWithACopyPending) {
+  EXPECT_DEATH(
+      {
+        Pages rw(4, PROT_READ | PROT_WRITE);
+        CUdeviceptr d = 0;
+        CUstream s = nullptr;
+        cuMemAlloc_v2(&d, rw.n);
+        cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+        cuMemHostRegister_v2(rw.p, rw.n, 0);
+        fakecuda_hold(1);
+        cuMemcpyHtoDAsync_v2(d, rw.p, rw.n, s);
+        cuMemHostUnregister(rw.p);
+      },
+      "cuMemHostUnregister: registered range .* unregistered while 1 copies");
+}
+
+TEST_F(EmulatedDriver, DiesWhenRegisteredMemoryIsModifiedBeforeItsCopyCompletes) {
+  EXPECT_DEATH(
+      {
+        Pages rw(4, PROT_READ | PROT_WRITE);
+        CUdeviceptr d = 0;
+        CUstream s = nullptr;
+        cuMemAlloc_v2(&d, rw.n);
+        cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+        cuMemHostRegister_v2(rw.p, rw.n, 0);
+        fakecuda_hold(1);
+        cuMemcpyHtoDAsync_v2(d, rw.p, rw.n, s);
+        static_cast<std::uint8_t*>(rw.p)[7] ^= 1;
+        fakecuda_hold(0);
+        cuStreamSynchronize(s);
+      },
+      "was modified while the copy was pending");
 }
 
 }  // namespace
