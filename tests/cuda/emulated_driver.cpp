@@ -174,6 +174,7 @@ struct Op {
   enum Kind { copy, wait, marker, host_fn } kind = copy;
   const char* fn = "";
   std::uint64_t seq = 0;
+  Clock::time_point at{};  // when it was enqueued
   // copy: `dst` and `src` are host addresses (device storage, pinned or pageable memory);
   // `fill` >= 0 makes it a memset.
   std::uint8_t* dst = nullptr;
@@ -226,6 +227,8 @@ struct CUstream_st {
   bool stopping = false;
   std::deque<Op> queue;  // front: running or next
   std::uint64_t enqueued = 0, completed = 0;
+  // When the stream's last operation completed (a copy on a link: when the link finished it).
+  Clock::time_point idle_since{};
   std::condition_variable work;
   std::thread worker;
 };
@@ -444,13 +447,15 @@ std::uint64_t clock_ns(Clock::time_point t) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(t - drv().epoch).count());
 }
 
-/// Books copy `op` on its link (lock held): it starts once the link is free, and ends latency +
-/// bytes / bandwidth later; returns that end.
-Clock::time_point schedule_on_link(const Op& op) {
+/// Books copy `op` of stream `s` on its link (lock held): it starts once it was enqueued, its
+/// stream's earlier work is done and the link is free, and ends latency + bytes / bandwidth
+/// later; returns that end. All three moments are the driver's clock's, never when this thread
+/// happened to wake: a busy host delays the bytes, not the schedule.
+Clock::time_point schedule_on_link(CUstream s, const Op& op) {
   Driver& d = drv();
   Link& link = d.links.at(static_cast<std::size_t>(op.link_device))[static_cast<std::size_t>(op.link_dir)];
   const double gbps = d.link_gbps[static_cast<std::size_t>(op.link_dir)];
-  const Clock::time_point start = std::max(Clock::now(), link.free_at);
+  const Clock::time_point start = std::max({op.at, s->idle_since, link.free_at});
   const auto took = std::chrono::nanoseconds(static_cast<std::int64_t>(d.latency_us) * 1000 +
                                              static_cast<std::int64_t>(static_cast<double>(op.n) / gbps));
   const Clock::time_point end = start + took;
@@ -472,18 +477,22 @@ void worker_main(CUstream s) {
     if (op.kind == Op::wait) {
       CUstream other = op.other;
       while (other->completed < op.other_seq) d.progress.wait(lk);
+      s->idle_since = std::max(s->idle_since, other->idle_since);
     } else if (op.kind == Op::marker) {
+      // The moment the stream reached it, as a GPU stamps it: once enqueued and once what came
+      // before it had completed, however late this thread wakes.
       CUevent e = op.event;
-      if (e->stream == s && e->seq == op.seq) e->when = Clock::now();
+      if (e->stream == s && e->seq == op.seq) e->when = std::max(op.at, s->idle_since);
     } else if (op.kind == Op::host_fn) {
       lk.unlock();
       op.host(op.user);
       lk.lock();
+      s->idle_since = Clock::now();
     } else {
       unsigned latency = d.latency_us;
       Clock::time_point end{};
       const bool on_link = op.link_dir >= 0 && d.link_gbps[static_cast<std::size_t>(op.link_dir)] > 0;
-      if (on_link) end = schedule_on_link(op);
+      if (on_link) end = schedule_on_link(s, op);
       lk.unlock();
       if (!on_link && latency) std::this_thread::sleep_for(std::chrono::microseconds(latency));
       const std::uint8_t* src = op.staged ? op.staged.get() : op.src;
@@ -503,6 +512,7 @@ void worker_main(CUstream s) {
       }
       if (on_link) std::this_thread::sleep_until(end);
       lk.lock();
+      s->idle_since = on_link ? end : Clock::now();
       if (op.src_reg) d.reg.at(op.src_reg).pending--;
       if (op.dst_reg) d.reg.at(op.dst_reg).pending--;
       if (op.dst_dev) d.dev.at(op.dst_dev).pending--;
@@ -569,6 +579,7 @@ CUresult resolve_event(const char* fn, CUevent h, CUevent* out) {
 
 void push(CUstream s, Op op) {
   op.seq = ++s->enqueued;
+  op.at = Clock::now();
   s->queue.push_back(std::move(op));
   s->work.notify_one();
 }
