@@ -13,7 +13,12 @@
 
 #include <atomic>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "gpu_support.hpp"
@@ -507,6 +512,224 @@ TEST(CudaUpload, DeviceTensorsFindsEveryNameAndRefusesOthers) {
   cuda::DeviceTensors moved = std::move(again);
   EXPECT_EQ(kind_of([&] { (void)again.data("t1"); }), ErrorKind::Internal);  // moved from
   EXPECT_EQ(moved.data("t1"), static_cast<std::byte*>(moved.buffer().data()) + moved.at("t1").offset);
+}
+
+// ---- the pipeline at the link (docs/gpu.md): striped readers, zero-copy spans, traces --------
+
+/// An environment variable set for a scope, as it was restored after (uploaders read theirs when
+/// they are made).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+/// A model of about `mib` MiB: tensors of 1.5 MiB and odd small ones between them (so that
+/// padding falls inside chunks and spans), in one file.
+std::filesystem::path make_model(const test::TempDir& dir, std::size_t mib) {
+  std::vector<std::vector<std::uint8_t>> storage;
+  std::vector<std::pair<std::string, TensorView>> tensors;
+  const std::size_t large = 3u << 19;
+  std::size_t total = 0;
+  for (std::size_t i = 0; total < (mib << 20); ++i) {
+    const std::size_t n = i % 3 == 2 ? 1000 + i : large;
+    auto& b = storage.emplace_back(n);
+    for (std::size_t j = 0; j < n; ++j) b[j] = static_cast<std::uint8_t>(j * 31 + i * 7);
+    char name[32];
+    std::snprintf(name, sizeof name, "layer%03zu", i);
+    tensors.emplace_back(name, TensorView{Dtype::U8, {n}, std::as_bytes(std::span(b)), {}});
+    total += n;
+  }
+  auto path = dir / "model.safetensors";
+  safetensors::save_file(path, tensors);
+  return path;
+}
+
+/// The emulated driver's link and registration controls, reset on the way out.
+struct Link {
+  explicit Link(const Driver& d) : drv(d) {}
+  ~Link() {
+    drv.get<void (*)(int, double)>("fakecuda_set_link_gbps")(0, 0.0);
+    drv.get<void (*)(unsigned)>("fakecuda_set_latency_us")(100);
+    drv.get<void (*)(double, int)>("fakecuda_set_register_cost")(0.0, 0);
+    drv.get<void (*)(int)>("fakecuda_set_read_only_register")(1);
+    drv.fail("");
+  }
+  Link(const Link&) = delete;
+  Link& operator=(const Link&) = delete;
+  void set_h2d(double gbps) const { drv.get<void (*)(int, double)>("fakecuda_set_link_gbps")(0, gbps); }
+  void reset() const { drv.get<void (*)()>("fakecuda_link_reset")(); }
+  struct Stats {
+    unsigned long long busy = 0, first = 0, last = 0, copies = 0;
+    [[nodiscard]] double utilisation() const {
+      return last > first ? static_cast<double>(busy) / static_cast<double>(last - first) : 0.0;
+    }
+  };
+  [[nodiscard]] Stats h2d() const {
+    Stats s;
+    using F =
+        int (*)(int, int, unsigned long long*, unsigned long long*, unsigned long long*, unsigned long long*);
+    EXPECT_EQ(drv.get<F>("fakecuda_link_stats")(0, 0, &s.busy, &s.first, &s.last, &s.copies), 0);
+    return s;
+  }
+  [[nodiscard]] std::pair<unsigned long long, unsigned long long> registrations() const {
+    unsigned long long r = 0, u = 0;
+    drv.get<void (*)(unsigned long long*, unsigned long long*)>("fakecuda_registrations")(&r, &u);
+    return {r, u};
+  }
+  [[nodiscard]] int live_registrations() const { return drv.counter("fakecuda_live_registrations"); }
+  [[nodiscard]] std::size_t peak_registered(int reset) const {
+    return drv.get<std::size_t (*)(int)>("fakecuda_peak_registered_bytes")(reset);
+  }
+  const Driver& drv;
+};
+
+TEST(CudaUploadLink, StripedReadersKeepASlowLinkBusyFromItsFirstCopyToItsLast) {
+  // The emulated link at 0.1 GB/s, far slower than the readers and the emulator's own checks
+  // (even under a sanitizer on two busy cores): once the first copy starts, the link never
+  // waits for a chunk until the last one is done.
+  Driver drv;
+  if (!test::gpu_or_skip()) return;
+  if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's link";
+  Link link(drv);
+  test::TempDir dir;
+  SafeOpen f(make_model(dir, 16));
+  ScopedEnv stripe("SAFETENSORS_UPLOAD_STRIPE", "512K");
+  cuda::Uploader up(0, {.staging_slots = 6, .slot_bytes = 2u << 20, .readers = 4});
+  EXPECT_TRUE(same_as_file(f, up.load(f)));  // reader threads started, pages warm
+  link.set_h2d(0.1);
+  drv.get<void (*)(unsigned)>("fakecuda_set_latency_us")(0);
+  link.reset();
+  auto t = up.load(f);
+  const Link::Stats s = link.h2d();
+  EXPECT_EQ(s.copies, (cuda::plan(f).first + (2u << 20) - 1) / (2u << 20)) << "one copy per 2 MiB chunk";
+  EXPECT_GE(s.utilisation(), 0.9) << "the link idled between its first copy and its last";
+  EXPECT_TRUE(same_as_file(f, t));
+}
+
+TEST(CudaUploadZeroCopy, SpansOfTheMappingLandEveryByteAndAreReleasedAfterTheirCopies) {
+  Driver drv;
+  if (!test::gpu_or_skip()) return;
+  test::TempDir dir;
+  SafeOpen f(make_model(dir, 24));
+  ScopedEnv on("SAFETENSORS_ZERO_COPY", "1");
+  ScopedEnv window("SAFETENSORS_ZERO_COPY_WINDOW", "6M");
+  ScopedEnv span("SAFETENSORS_ZERO_COPY_SPAN", "4M");
+  ScopedEnv stripe("SAFETENSORS_UPLOAD_STRIPE", "512K");
+  cuda::Uploader up(0, {.staging_slots = 4, .slot_bytes = 2u << 20, .readers = 3});
+  if (!drv.emulated()) {
+    // On a real GPU: the bytes, whichever path each span took.
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(same_as_file(f, up.load(f)));
+    return;
+  }
+  Link link(drv);
+  const auto [reg0, unreg0] = link.registrations();
+  (void)link.peak_registered(1);
+  const auto pageable = drv.pageable_copies();
+  EXPECT_TRUE(same_as_file(f, up.load(f)));
+  const auto host_allocs = drv.calls("cuMemHostAlloc");
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(same_as_file(f, up.load(f)));
+    EXPECT_EQ(link.live_registrations(), 0) << "a span stayed registered after its upload";
+  }
+  const auto [reg1, unreg1] = link.registrations();
+  EXPECT_GT(reg1, reg0) << "no span was registered";
+  EXPECT_EQ(reg1 - reg0, unreg1 - unreg0) << "every registered span is unregistered exactly once";
+  EXPECT_LE(link.peak_registered(0), std::size_t{6} << 20) << "more than the window registered at once";
+  EXPECT_EQ(drv.pageable_copies(), pageable) << "a copy read memory that was neither pinned nor registered";
+  EXPECT_EQ(drv.calls("cuMemHostAlloc"), host_allocs) << "a repeated load pinned memory";
+  // A file that is not mapped is staged: nothing registered.
+  SafeOpen read(dir / "model.safetensors", {safetensors::Backend::Read});
+  EXPECT_TRUE(same_as_file(read, up.load(read)));
+  EXPECT_EQ(link.registrations().first, reg1);
+}
+
+TEST(CudaUploadZeroCopy, ARefusedRegistrationStagesItsSpanAndTheBytesStayExact) {
+  // Unregistering a span with a copy out of it pending, or freeing what a copy reads, aborts the
+  // emulator; here each registration or unregistration is refused in turn, at its first, second
+  // and third use, and every load still lands every byte.
+  Driver drv;
+  if (!test::gpu_or_skip()) return;
+  if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's injected failures";
+  Link link(drv);
+  test::TempDir dir;
+  SafeOpen f(make_model(dir, 12));
+  ScopedEnv on("SAFETENSORS_ZERO_COPY", "1");
+  ScopedEnv window("SAFETENSORS_ZERO_COPY_WINDOW", "4M");
+  ScopedEnv span("SAFETENSORS_ZERO_COPY_SPAN", "2M");
+  // One reader, the feeder itself: it takes every span, so that each failure below meets a
+  // registration, an unregistration, a copy or a zeroed gap of a span where it is asked for.
+  const cuda::UploadOptions ring{.staging_slots = 4, .slot_bytes = 1u << 20, .readers = 1};
+  for (const char* spec :
+       {"cuMemHostRegister:1", "cuMemHostRegister:2", "cuMemHostRegister:3:712", "cuMemHostRegister:2:801",
+        "cuMemcpyHtoDAsync:2", "cuMemsetD8Async:1", "cuMemHostUnregister:1", "cuMemHostUnregister:3"}) {
+    cuda::Uploader up(0, ring);
+    const int live = link.live_registrations();
+    drv.fail(spec);
+    try {
+      EXPECT_TRUE(same_as_file(f, up.load(f))) << spec;
+    } catch (const safetensors::Error& e) {
+      // Only a failed copy fails the load (a refused registration stages, a refused
+      // unregistration is counted): as with staging, a Cuda error, then the uploader is reused.
+      EXPECT_EQ(e.kind(), ErrorKind::Cuda) << spec;
+      EXPECT_TRUE(std::string(spec).rfind("cuMem", 0) == 0 &&
+                  std::string(spec).find("Register") == std::string::npos)
+          << spec << ": " << e.what();
+    }
+    drv.fail("");
+    EXPECT_TRUE(same_as_file(f, up.load(f))) << "after " << spec;
+    // A refused unregistration leaves its span registered (the driver kept it); nothing else does.
+    const bool refused_unregister = std::string(spec).find("Unregister") != std::string::npos;
+    EXPECT_LE(link.live_registrations(), live + (refused_unregister ? 1 : 0)) << spec;
+  }
+  // A device without read-only registration: zero-copy stays off, nothing is registered.
+  drv.get<void (*)(int)>("fakecuda_set_read_only_register")(0);
+  const auto before = drv.calls("cuMemHostRegister");
+  cuda::Uploader off(0, ring);
+  EXPECT_TRUE(same_as_file(f, off.load(f)));
+  EXPECT_EQ(drv.calls("cuMemHostRegister"), before);
+  drv.get<void (*)(int)>("fakecuda_set_read_only_register")(1);
+  // A registration that holds the driver's lock while it runs (as one real driver does) slows
+  // the load but neither deadlocks nor changes a byte.
+  drv.get<void (*)(double, int)>("fakecuda_set_register_cost")(2.0, 1);
+  cuda::Uploader locking(0, ring);
+  EXPECT_TRUE(same_as_file(f, locking.load(f)));
+}
+
+TEST(CudaUploadTrace, ATracedLoadWritesItsTimelineWithTheDevicesCopyTimes) {
+  Driver drv;
+  if (!test::gpu_or_skip()) return;
+  test::TempDir dir;
+  SafeOpen f(make_model(dir, 8));
+  const auto trace = dir / "trace.jsonl";
+  ScopedEnv on("SAFETENSORS_UPLOAD_TRACE", trace.c_str());
+  cuda::Uploader up(0, {.staging_slots = 4, .slot_bytes = 1u << 20, .readers = 2});
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(same_as_file(f, up.load(f)));
+  std::ifstream in(trace);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 2u) << "one line per load";
+  for (const auto& line : lines) {
+    EXPECT_NE(line.find("\"link_busy\":"), std::string::npos) << line.substr(0, 200);
+    EXPECT_NE(line.find("\"device_times\":true"), std::string::npos) << line.substr(0, 200);
+    EXPECT_NE(line.find("\"alloc_ns\":["), std::string::npos) << line.substr(0, 200);
+    EXPECT_NE(line.find("\"chunks\":[["), std::string::npos) << line.substr(0, 200);
+  }
 }
 
 }  // namespace

@@ -6,28 +6,45 @@
 //! memory and check that every byte lands where the plan says. Host memory stays bounded by the
 //! ring (`slots × slot_bytes`) whatever the size of the model.
 //!
-//! How it runs: the destination range `[0, plan.total())` is cut into chunks of one slot each.
-//! Reader threads claim chunks in order; chunk `k` uses slot `k % slots`, waits until chunk
-//! `k - slots` has been submitted from that slot and its copy has completed, fills the slot from
-//! the files (`pread`, or a copy from the mapping), and submits one asynchronous copy of the
-//! whole chunk. Bytes of the destination that no tensor covers (alignment padding) are zeroed.
+//! How it runs (`schedule.rs`): the destination range `[0, plan.total())` is cut into chunks of
+//! one slot each, and each chunk into stripes ([`PipelineOptions::stripe_bytes`], 2 MiB by
+//! default). The readers, threads the ring keeps for its life (`readers.rs`), claim stripes in
+//! order from one counter, so that every reader works on the oldest chunk not yet filled and
+//! chunks complete one after another at the readers' combined rate, rather than in rounds of
+//! one chunk per reader. Chunk `k` uses slot `k % slots`: the first reader to reach it waits
+//! until chunk `k - slots` has been submitted from that slot and its copy has completed; the
+//! readers fill their stripes (`pread`, or a copy from the mapping; `fill.rs`), and the one that
+//! fills the chunk's last stripe submits one asynchronous copy of the whole chunk. Bytes of the
+//! destination that no tensor covers (alignment padding) are zeroed.
+//!
+//! A target may also copy spans straight out of the files' pages (zero-copy,
+//! [`UploadTarget::copy_direct`]): one reader then takes whole chunks from the same counter when
+//! it meets one at the front of the queue, so that staging and zero-copy share the work in
+//! order, each taking more when it is faster.
 //!
 //! Streaming delivery (each tensor handed over as it lands, optionally through a bounded device
-//! scratch ring) runs the same readers with two hooks: see [`landing`].
+//! scratch ring) runs the same readers with two hooks: see [`landing`]. A run can record its
+//! timeline: see [`trace`].
 
+mod fill;
 pub mod landing;
 mod plan;
+mod readers;
+mod schedule;
+pub mod trace;
 
-use plan::Piece;
+pub use fill::{DirectRun, DirectSpan};
 pub use plan::{Placement, UploadPlan};
+pub use readers::on_reader_thread;
+pub use trace::{ChunkTimes, DeviceCopy, Timeline, TraceSummary};
 
-use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+pub(crate) use fill::{carve, read_grouped};
+
 use std::sync::{Condvar, Mutex};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::file::SafeFile;
-use crate::slice::SlicePlan;
+use schedule::RunShape;
 
 /// Where an upload goes: staging buffers the readers fill, and asynchronous copies out of them
 /// into the destination (the CUDA path: pinned memory, events, a stream and a device pointer).
@@ -45,13 +62,36 @@ pub trait UploadTarget: Sync {
     fn submit(&self, slot: &mut Self::Slot, len: usize, dst_offset: u64) -> Result<()>;
     /// Blocks until the slot's last submitted copy is done (immediately if none).
     fn wait(&self, slot: &mut Self::Slot) -> Result<()>;
-    /// Runs on each reader thread before its first call (CUDA makes its context current).
+    /// Runs on each reader thread before its first call of a run (CUDA makes its context
+    /// current; on the ring's own reader threads, once for the thread's life).
     fn enter_thread(&self) -> Result<()> {
         Ok(())
     }
-    /// Runs on each reader thread after its last call, even after an error (CUDA restores the
-    /// context the thread had).
+    /// Runs on each reader thread after its last call of a run, even after an error (CUDA
+    /// restores the context a thread not of the ring had).
     fn leave_thread(&self) {}
+    /// Whether to offer spans to [`UploadTarget::copy_direct`] in this run (asked once per run;
+    /// only runs that wait for their copies before returning, [`Ring::upload`], ask).
+    fn takes_direct(&self) -> bool {
+        false
+    }
+    /// Chunks a zero-copy span covers at most (the feeder claims that many at once).
+    fn direct_chunks(&self) -> usize {
+        1
+    }
+    /// Copies the destination bytes of `span` straight from the files (bytes no run covers are
+    /// zeros), without staging: `Ok(true)` once every copy is submitted, `Ok(false)` when it
+    /// cannot (the ring then stages the span). The copies must be complete, and whatever they
+    /// held released, when [`UploadTarget::finish_direct`] returns.
+    fn copy_direct(&self, span: &DirectSpan<'_>) -> Result<bool> {
+        let _ = span;
+        Ok(false)
+    }
+    /// Waits for every copy [`UploadTarget::copy_direct`] submitted and releases what they held;
+    /// called once the run's readers are done, even after an error.
+    fn finish_direct(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Sizes of the staging ring and how many threads fill it.
@@ -60,14 +100,16 @@ pub trait UploadTarget: Sync {
 /// reader copies file bytes (from the page cache, with `pread` or from the mapping) into
 /// pinned memory at roughly 6-10 GB/s, so keeping the link busy takes 50 / 6 ≈ 8 readers
 /// filling at once: half of 16 cores, leaving the rest to the caller and the kernel's page
-/// cache work. While 8 slots are being filled, the copy engine must still have queued work, or
-/// it idles between fills: a 16 MiB chunk crosses the link in 16 MiB / 50 GB/s ≈ 0.34 ms,
-/// while one fill takes 16 MiB / 6 GB/s ≈ 2.8 ms, so 4 extra slots (submitted, waiting for or
-/// in the copy engine) cover the jitter of 8 fills finishing at different times. Hence the
-/// defaults: readers = clamp(cores / 2, 1, 8), slots = readers + 4, 16 MiB each (192 MiB of
-/// pinned memory on a 16-core host; 80 MiB on 2 cores). Chunks much smaller than 16 MiB pay
-/// the per-copy launch and event cost (~10 µs) too often; much larger ones lengthen the
-/// pipeline's fill and drain at the start and end of every upload.
+/// cache work. With readers sharing every chunk in stripes, a 16 MiB chunk fills in
+/// 16 MiB / 47 GB/s ≈ 0.35 ms and crosses the link in ≈ 0.34 ms, so the link waits for the
+/// first chunk about that long and drains for one chunk at the end; 4 slots more than readers
+/// keep copies queued through the jitter of the fills. Hence the defaults: readers =
+/// clamp(cores / 2, 1, 8), slots = readers + 4, 16 MiB each (192 MiB of pinned memory on a
+/// 16-core host; 80 MiB on 2 cores). Chunks much smaller than 16 MiB pay the per-copy launch
+/// and event cost (~10 µs) too often; much larger ones lengthen the pipeline's fill and drain
+/// at the start and end of every upload. (Before stripes, each reader filled a whole chunk
+/// alone, so the first copy waited for readers × 16 MiB and the last drained as long: a fixed
+/// ~4.5 ms per load on the H200, docs/gpu.md.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingOptions {
     /// Number of staging buffers (more than `readers`, so that copies stay queued while every
@@ -98,6 +140,72 @@ impl Default for RingOptions {
     }
 }
 
+/// How the readers share a run's work and what a run records, beside [`RingOptions`]'s sizes.
+/// [`PipelineOptions::default`] reads the environment, so that a program (a benchmark, the GPU
+/// kit's probe) can choose without new arguments:
+/// - `SAFETENSORS_UPLOAD_STRIPE=<bytes>` (suffix `K` or `M` for KiB or MiB): stripe size; `0`
+///   for whole chunks, one reader each (the schedule before stripes);
+/// - `SAFETENSORS_UPLOAD_TRACE=<anything but 0>`: record each run's timeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PipelineOptions {
+    /// Bytes a reader fills at a time; every chunk is cut into stripes of this size (the last
+    /// one shorter), which readers claim in order. 0, or at least the chunk size: one reader
+    /// fills each chunk whole. Not a multiple of 4 KiB: rounded up to one.
+    pub stripe_bytes: usize,
+    /// Record each run's [`Timeline`] ([`Ring::take_trace`]).
+    pub trace: bool,
+    /// A floor under fill time, in nanoseconds per MiB (0: none): each stripe takes at least
+    /// this long, as from a source slower than the page cache. For tests of the schedule, whose
+    /// timing must not depend on how busy the machine's cores are (a reader that sleeps needs no
+    /// core), and never set by the defaults.
+    pub min_fill_ns_per_mib: u64,
+}
+
+/// The default stripe: 2 MiB, InstantTensor's stripe (48.5 GB/s to an H200 from tmpfs with 32
+/// threads); small enough that eight readers fill a 16 MiB chunk together, large enough that a
+/// stripe's claim and bookkeeping (~1 µs) is nothing beside its copy (~200 µs).
+pub const DEFAULT_STRIPE: usize = 2 << 20;
+
+impl Default for PipelineOptions {
+    fn default() -> Self {
+        PipelineOptions::from_env()
+    }
+}
+
+impl PipelineOptions {
+    /// The defaults, as the environment overrides them (see the type's documentation).
+    pub fn from_env() -> PipelineOptions {
+        let stripe_bytes = std::env::var("SAFETENSORS_UPLOAD_STRIPE")
+            .ok()
+            .and_then(|v| parse_bytes(&v))
+            .unwrap_or(DEFAULT_STRIPE);
+        let trace =
+            std::env::var("SAFETENSORS_UPLOAD_TRACE").is_ok_and(|v| !v.is_empty() && v != "0");
+        PipelineOptions {
+            stripe_bytes,
+            trace,
+            min_fill_ns_per_mib: 0,
+        }
+    }
+}
+
+/// `text` as a byte count: digits, optionally followed by `K` (KiB) or `M` (MiB).
+pub fn parse_bytes(text: &str) -> Option<usize> {
+    let t = text.trim();
+    let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => (&t[..i], &t[i..]),
+        None => (t, ""),
+    };
+    let n: usize = digits.parse().ok()?;
+    let scale = match unit.trim() {
+        "" => 1,
+        "K" | "k" | "KiB" => 1 << 10,
+        "M" | "m" | "MiB" => 1 << 20,
+        _ => return None,
+    };
+    n.checked_mul(scale)
+}
+
 struct SlotState<S> {
     /// The chunk of the current run allowed to use this slot next.
     turn: usize,
@@ -106,17 +214,29 @@ struct SlotState<S> {
     /// The staging buffer, allocated on first use in a lazy ring, and its size.
     slot: Option<S>,
     capacity: usize,
+    /// The chunk whose stripes are being filled (its slot made ready), the stripes of it not yet
+    /// filled, and where the buffer is meanwhile (stripes are filled without the lock).
+    filling: Option<usize>,
+    left: usize,
+    base: usize,
+    /// A reader is making the slot ready for `turn` (waiting for its previous copy).
+    preparing: bool,
 }
 
-/// A ring of staging buffers, reusable across uploads to the same device, and safe to share
-/// between threads: runs take turns (the copy engine is one link; two runs at once would only
-/// split it), so each run numbers its chunks from 0 against the ring's slots on its own.
+/// A ring of staging buffers and the threads that fill them, reusable across uploads to the
+/// same device, and safe to share between threads: runs take turns (the copy engine is one
+/// link; two runs at once would only split it), so each run numbers its chunks from 0 against
+/// the ring's slots on its own.
 pub struct Ring<S> {
     slots: Vec<(Mutex<SlotState<S>>, Condvar)>,
     slot_bytes: usize,
     readers: usize,
+    pipeline: PipelineOptions,
     /// Held for the whole of a run (and of `wait_all`): one run owns the slots' turns at a time.
     running: Mutex<()>,
+    threads: readers::Readers,
+    /// The last run's timeline, when tracing.
+    trace: Mutex<Option<Timeline>>,
 }
 
 /// What an upload moved.
@@ -124,8 +244,10 @@ pub struct Ring<S> {
 pub struct UploadStats {
     /// Bytes copied to the destination, padding included.
     pub bytes: u64,
-    /// Chunks (one copy each).
+    /// Chunks (one copy each when staged).
     pub chunks: usize,
+    /// Of `chunks`, those copied straight from the files (zero-copy).
+    pub zero_copy_chunks: usize,
 }
 
 impl<S: Send> Ring<S> {
@@ -153,6 +275,10 @@ impl<S: Send> Ring<S> {
                     aborted: false,
                     slot: None,
                     capacity: 0,
+                    filling: None,
+                    left: 0,
+                    base: 0,
+                    preparing: false,
                 };
                 (Mutex::new(state), Condvar::new())
             })
@@ -161,8 +287,33 @@ impl<S: Send> Ring<S> {
             slots,
             slot_bytes: options.slot_bytes.max(4096),
             readers: options.readers.clamp(1, MAX_READERS),
+            pipeline: PipelineOptions::from_env(),
             running: Mutex::new(()),
+            threads: readers::Readers::new(),
+            trace: Mutex::new(None),
         }
+    }
+
+    /// The ring with `pipeline` instead of the environment's defaults.
+    pub fn with_pipeline(mut self, pipeline: PipelineOptions) -> Ring<S> {
+        self.pipeline = pipeline;
+        self
+    }
+
+    /// How the readers share the work.
+    pub fn pipeline(&self) -> PipelineOptions {
+        self.pipeline
+    }
+
+    /// Reader threads started so far (they live as long as the ring).
+    pub fn reader_threads(&self) -> usize {
+        self.threads.started()
+    }
+
+    /// The last run's timeline, when tracing ([`PipelineOptions::trace`]); taken, so that the
+    /// next call gives the next run's.
+    pub fn take_trace(&self) -> Option<Timeline> {
+        lock(&self.trace).take()
     }
 
     /// Bytes of staging memory the ring holds now.
@@ -191,8 +342,27 @@ impl<S: Send> Ring<S> {
         files: &[&SafeFile],
         plan: &UploadPlan,
     ) -> Result<UploadStats> {
+        self.upload_while(target, files, plan, &mut || Ok(()))
+    }
+
+    /// [`Ring::upload`], with `alongside` run on the calling thread while the readers start
+    /// filling: what the first copies need and the readers do not (the CUDA uploader allocates
+    /// the destination there, its copies waiting for the address). An error of `alongside`
+    /// stops the upload and is the one returned.
+    pub fn upload_while<T: UploadTarget<Slot = S>>(
+        &self,
+        target: &T,
+        files: &[&SafeFile],
+        plan: &UploadPlan,
+        alongside: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<UploadStats> {
         let _running = lock(&self.running);
-        let run = self.run_locked(target, files, plan, self.plain_shape(), &mut || Ok(()));
+        let shape = RunShape {
+            direct: true,
+            main_error_first: true,
+            ..self.plain_shape()
+        };
+        let run = self.run_locked(target, files, plan, shape, alongside);
         let waited = self.wait_all_locked(target);
         let stats = run?;
         waited.map(|()| stats)
@@ -204,203 +374,14 @@ impl<S: Send> Ring<S> {
             chunk: self.slot_bytes as u64,
             lap: None,
             progress: None,
+            direct: false,
+            main_error_first: false,
         }
     }
 
     /// The slot size: the chunk size of uploads into one destination.
     pub fn slot_bytes(&self) -> usize {
         self.slot_bytes
-    }
-
-    /// One run: reader threads fill and submit the chunks while the calling thread runs
-    /// `on_main` (a streaming delivery; nothing otherwise), then joins them. An error of
-    /// `on_main` stops the readers.
-    fn run_locked<T: UploadTarget<Slot = S>>(
-        &self,
-        target: &T,
-        files: &[&SafeFile],
-        plan: &UploadPlan,
-        shape: RunShape<'_>,
-        on_main: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<UploadStats> {
-        let chunk = shape.chunk.max(1);
-        let chunks = plan.total.div_ceil(chunk) as usize;
-        // Each chunk's pieces, found by binary search over pieces sorted by destination.
-        let mut pieces = plan.pieces.clone();
-        pieces.sort_by_key(|p| p.dst);
-        // Source numbers are the caller's own, not a checkpoint index's: the bridge numbers the
-        // files as it adds them, so from C++ a number without a file is a defect here, and a Rust
-        // caller gets one only by running the plan on other files than it was made for. Either
-        // way a broken contract, hence `Internal`.
-        if let Some(bad) = pieces.iter().find(|p| p.source >= files.len()) {
-            return Err(Error::Internal {
-                message: format!(
-                    "the upload plan reads source {} but only {} files were given",
-                    bad.source,
-                    files.len()
-                ),
-            });
-        }
-        // This run numbers its chunks from 0; the run lock keeps other runs off the turns.
-        for (i, (state, _)) in self.slots.iter().enumerate() {
-            let mut st = lock(state);
-            st.turn = i;
-            st.aborted = false;
-        }
-        // Never a slot larger than the plan needs (lazy rings allocate on first use).
-        let want = (plan.total.min(chunk) as usize)
-            .next_multiple_of(4096)
-            .max(4096);
-        let job = Job {
-            files,
-            pieces: &pieces,
-            slices: &plan.slices,
-            total: plan.total,
-            chunk,
-            lap: shape.lap,
-            chunks,
-            want: want.min(self.slot_bytes),
-            next: AtomicUsize::new(0),
-            failed: AtomicBool::new(false),
-            progress: shape.progress,
-        };
-        let first_error: Mutex<Option<Error>> = Mutex::new(None);
-        let readers = self.readers.min(chunks.max(1));
-        std::thread::scope(|scope| {
-            let readers: Vec<_> = (0..readers)
-                .map(|_| {
-                    scope.spawn(|| {
-                        let result = catch_unwind(AssertUnwindSafe(|| {
-                            target
-                                .enter_thread()
-                                .and_then(|()| self.read_chunks(target, &job))
-                        }));
-                        target.leave_thread();
-                        match result {
-                            Ok(Ok(())) => {}
-                            Ok(Err(e)) => {
-                                lock(&first_error).get_or_insert(e);
-                                self.abort(&job);
-                            }
-                            // The other readers and a streaming delivery must not wait for this
-                            // one's chunks; the join below passes the panic on.
-                            Err(panic) => {
-                                self.abort(&job);
-                                resume_unwind(panic);
-                            }
-                        }
-                    })
-                })
-                .collect();
-            // A panic here (a streaming delivery's) must stop the readers too, or the scope
-            // would wait for them forever; it is passed on once they are joined.
-            let main = catch_unwind(AssertUnwindSafe(&mut *on_main));
-            if !matches!(main, Ok(Ok(()))) {
-                self.abort(&job);
-            }
-            let main_panic = match main {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => {
-                    lock(&first_error).get_or_insert(e);
-                    None
-                }
-                Err(panic) => Some(panic),
-            };
-            // Joined explicitly (pthread_join) rather than by the end of the scope (a futex wait):
-            // C++ programs built with ThreadSanitizer see the join, so what the readers wrote (an
-            // error, say) is ordered before the caller reads it.
-            for reader in readers {
-                if let Err(panic) = reader.join() {
-                    resume_unwind(panic); // as the scope itself would
-                }
-            }
-            if let Some(panic) = main_panic {
-                resume_unwind(panic);
-            }
-        });
-        match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            Some(e) => Err(e),
-            None => Ok(UploadStats {
-                bytes: plan.total,
-                chunks,
-            }),
-        }
-    }
-
-    /// Stops the run: every waiter sees `aborted` under its slot's lock, so a wake-up cannot
-    /// fall between a waiter's check and its wait.
-    fn abort(&self, job: &Job<'_>) {
-        job.failed.store(true, Ordering::SeqCst);
-        for (state, cv) in &self.slots {
-            lock(state).aborted = true;
-            cv.notify_all();
-        }
-        if let Some(progress) = job.progress {
-            progress.abort();
-        }
-    }
-
-    fn read_chunks<T: UploadTarget<Slot = S>>(&self, target: &T, job: &Job<'_>) -> Result<()> {
-        loop {
-            let k = job.next.fetch_add(1, Ordering::SeqCst);
-            if k >= job.chunks || job.failed.load(Ordering::SeqCst) {
-                return Ok(());
-            }
-            // Before taking the slot: a reader waiting here for room in a scratch ring must not
-            // hold a lock that `abort` needs.
-            if let Some(progress) = job.progress {
-                if !progress.room_for(k)? {
-                    return Ok(());
-                }
-            }
-            if !self.fill_and_submit(target, job, k)? {
-                return Ok(());
-            }
-            if let Some(progress) = job.progress {
-                progress.submitted(k)?;
-            }
-        }
-    }
-
-    /// Chunk `k`, once its slot's turn has come: fills the slot and submits its copy; `false`
-    /// when the run was stopped meanwhile. Returns with the slot's lock released.
-    fn fill_and_submit<T: UploadTarget<Slot = S>>(
-        &self,
-        target: &T,
-        job: &Job<'_>,
-        k: usize,
-    ) -> Result<bool> {
-        let ring = self.slots.len();
-        let (state, turn_changed) = &self.slots[k % ring];
-        let mut st = lock(state);
-        while st.turn != k && !st.aborted {
-            st = turn_changed.wait(st).unwrap_or_else(|p| p.into_inner());
-        }
-        if st.aborted {
-            return Ok(false);
-        }
-        let st = &mut *st;
-        if let Some(slot) = st.slot.as_mut() {
-            target.wait(slot)?;
-        }
-        let start = k as u64 * job.chunk;
-        let len = (job.total - start).min(job.chunk) as usize;
-        if st.capacity < len {
-            // The old buffer's copy is done (waited above): dropping it frees it.
-            st.slot = None;
-            st.capacity = 0;
-            let cap = job.want.max(len);
-            st.slot = Some(target.new_slot(cap)?);
-            st.capacity = cap;
-        }
-        let slot = st.slot.as_mut().expect("allocated above");
-        fill(target.buffer(slot), start, len, job)?;
-        // A chunk never straddles the end of a scratch ring (its size is a multiple of the
-        // chunk size), so one copy still carries it.
-        target.submit(slot, len, job.lap.map_or(start, |lap| start % lap))?;
-        st.turn = k + ring;
-        turn_changed.notify_all();
-        Ok(true)
     }
 
     /// Blocks until every submitted copy is done. Waits on every slot even after an error (a
@@ -412,7 +393,7 @@ impl<S: Send> Ring<S> {
     }
 
     fn wait_all_locked<T: UploadTarget<Slot = S>>(&self, target: &T) -> Result<()> {
-        let mut first = Ok(());
+        let mut first = target.finish_direct();
         for (state, _) in &self.slots {
             if let Some(slot) = lock(state).slot.as_mut() {
                 let r = target.wait(slot);
@@ -433,179 +414,21 @@ impl<S: Send> Ring<S> {
     }
 }
 
-/// How one run cuts and places its chunks, and whom it tells (see [`landing`]).
-struct RunShape<'a> {
-    /// Bytes per chunk.
-    chunk: u64,
-    /// In a scratch ring of this many bytes (a multiple of `chunk`), destination offset `o`
-    /// lands at `o % lap`.
-    lap: Option<u64>,
-    progress: Option<&'a dyn landing::Progress>,
-}
-
-/// One run's shared state.
-struct Job<'a> {
-    files: &'a [&'a SafeFile],
-    pieces: &'a [Piece],
-    slices: &'a [SlicePlan],
-    total: u64,
-    chunk: u64,
-    lap: Option<u64>,
-    chunks: usize,
-    /// Size of a newly allocated slot.
-    want: usize,
-    next: AtomicUsize,
-    failed: AtomicBool,
-    progress: Option<&'a dyn landing::Progress>,
-}
-
-/// The next `[from, to)` of the destination bytes `rest` starts at `*at`: the gap before it
-/// zeroed, `rest` and `*at` moved past it.
-pub(crate) fn carve<'a>(
-    from: u64,
-    to: u64,
-    rest: &mut &'a mut [u8],
-    at: &mut u64,
-) -> Result<&'a mut [u8]> {
-    let (skip, len) = match (from.checked_sub(*at), to.checked_sub(from)) {
-        (Some(skip), Some(len)) if skip + len <= rest.len() as u64 => (skip as usize, len as usize),
-        _ => {
-            return Err(Error::Internal {
-                message: format!(
-                    "a load's piece [{from}, {to}) is out of order in its chunk (at {at})"
-                ),
-            })
-        }
-    };
-    let (gap, tail) = std::mem::take(rest).split_at_mut(skip);
-    gap.fill(0);
-    let (mine, tail) = tail.split_at_mut(len);
-    *rest = tail;
-    *at = to;
-    Ok(mine)
-}
-
-/// [`fill`] for jobs with files that read in batches ([`SafeFile::reads_in_batches`]: remote
-/// files read on demand): the chunk's reads of each such file are handed to it together (one
-/// round of concurrent ranged GETs, runs closer than a part coalesced) rather than one round
-/// trip per tensor or slice run. Reads of one file that overlap (a tensor requested twice) are
-/// made one by one.
-fn fill_in_batches(buf: &mut [u8], start: u64, len: usize, job: &Job<'_>) -> Result<()> {
-    let end = start + len as u64;
-    let mut rest: &mut [u8] = &mut buf[..len];
-    let mut at = start;
-    // Each read as (file, source offset, its bytes of `buf`), carved in destination order.
-    let mut reads: Vec<(usize, u64, &mut [u8])> = Vec::new();
-    let pieces = job.pieces;
-    let first = pieces.partition_point(|p| p.dst + p.len <= start);
-    for p in pieces[first..].iter().take_while(|p| p.dst < end) {
-        let lo = p.dst.max(start);
-        let hi = (p.dst + p.len).min(end);
-        match p.slice.and_then(|k| job.slices.get(k)) {
-            None => {
-                let dst = carve(lo, hi, &mut rest, &mut at)?;
-                crate::fallible::push(
-                    &mut reads,
-                    (p.source, p.src + (lo - p.dst), dst),
-                    "a chunk's reads",
-                )?;
-            }
-            Some(plan) => {
-                for (src, out, n) in
-                    plan.runs_in_result((lo - p.dst) as usize, (hi - p.dst) as usize)
-                {
-                    let to = p.dst + out as u64;
-                    let dst = carve(to, to + n as u64, &mut rest, &mut at)?;
-                    crate::fallible::push(
-                        &mut reads,
-                        (p.source, p.src + src as u64, dst),
-                        "a chunk's reads",
-                    )?;
-                }
-            }
-        }
-    }
-    rest.fill(0);
-    read_grouped(job.files, &mut reads)
-}
-
-/// Makes `reads` (file number, source offset, destination bytes; destinations disjoint): each
-/// file that reads in batches gets its reads in one [`SafeFile::read_batch`] (one by one when
-/// two of them overlap in the file, as a tensor requested twice does); other files read them
-/// one by one.
-pub(crate) fn read_grouped(
-    files: &[&SafeFile],
-    reads: &mut [(usize, u64, &mut [u8])],
-) -> Result<()> {
-    let mut sources: Vec<usize> = reads.iter().map(|r| r.0).collect();
-    sources.sort_unstable();
-    sources.dedup();
-    for source in sources {
-        let file = files.get(source).ok_or_else(|| Error::Internal {
-            message: format!("a load reads source {source} of {}", files.len()),
-        })?;
-        let mut runs: Vec<(u64, &mut [u8])> = Vec::new();
-        for (s, src, dst) in reads.iter_mut() {
-            if *s == source {
-                crate::fallible::push(&mut runs, (*src, &mut **dst), "a load's reads")?;
-            }
-        }
-        let mut spans: Vec<(u64, u64)> = runs
-            .iter()
-            .map(|(o, d)| (*o, *o + d.len() as u64))
-            .collect();
-        spans.sort_unstable();
-        if file.reads_in_batches() && spans.windows(2).all(|w| w[0].1 <= w[1].0) {
-            file.read_batch(&mut runs)?;
-        } else {
-            for (src, dst) in runs.iter_mut() {
-                file.read_data(*src, dst)?;
-            }
-        }
-    }
-    Ok(())
-}
-
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Fills `buf[..len]` with destination bytes `[start, start + len)`: source bytes where a piece
-/// covers them, zeros elsewhere.
-fn fill(buf: &mut [u8], start: u64, len: usize, job: &Job<'_>) -> Result<()> {
-    if job.files.iter().any(|f| f.reads_in_batches()) {
-        return fill_in_batches(buf, start, len, job);
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts_take_kib_and_mib() {
+        assert_eq!(parse_bytes("2M"), Some(2 << 20));
+        assert_eq!(parse_bytes("512K"), Some(512 << 10));
+        assert_eq!(parse_bytes("4096"), Some(4096));
+        assert_eq!(parse_bytes("0"), Some(0));
+        assert_eq!(parse_bytes("2G"), None);
+        assert_eq!(parse_bytes("x"), None);
     }
-    let end = start + len as u64;
-    let buf = &mut buf[..len];
-    let pieces = job.pieces;
-    // First piece that ends after `start`.
-    let first = pieces.partition_point(|p| p.dst + p.len <= start);
-    let mut at = start;
-    for p in pieces[first..].iter().take_while(|p| p.dst < end) {
-        let lo = p.dst.max(start);
-        let hi = (p.dst + p.len).min(end);
-        if lo > at {
-            buf[(at - start) as usize..(lo - start) as usize].fill(0);
-        }
-        let file = job.files[p.source];
-        match p.slice.and_then(|k| job.slices.get(k)) {
-            None => {
-                let dst = &mut buf[(lo - start) as usize..(hi - start) as usize];
-                file.read_data(p.src + (lo - p.dst), dst)?;
-            }
-            Some(plan) => {
-                let range = plan.runs_in_result((lo - p.dst) as usize, (hi - p.dst) as usize);
-                for (src, out, n) in range {
-                    let to = (p.dst + out as u64 - start) as usize;
-                    file.read_data(p.src + src as u64, &mut buf[to..to + n])?;
-                }
-            }
-        }
-        at = hi;
-    }
-    if at < end {
-        buf[(at - start) as usize..].fill(0);
-    }
-    Ok(())
 }

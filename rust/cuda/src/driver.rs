@@ -190,6 +190,14 @@ impl Gpu {
         self.ordinal
     }
 
+    /// A device attribute.
+    pub(crate) fn attribute(&self, a: sys::CUdevice_attribute) -> Result<i32> {
+        // SAFETY: a device handle the driver returned.
+        call("cuDeviceGetAttribute", || unsafe {
+            cu::device::get_attribute(self.device, a)
+        })
+    }
+
     /// The device's name, e.g. "NVIDIA H100 80GB HBM3".
     pub fn name(&self) -> Result<String> {
         call("cuDeviceGetName", || cu::device::get_name(self.device))

@@ -243,10 +243,8 @@ impl Uploader {
         delivery: Delivery<'_>,
     ) -> Result<UploadStats> {
         let target = GpuTarget {
-            gpu: &self.gpu,
-            stream,
-            dst: base,
             events: Some(&self.events),
+            ..GpuTarget::new(&self.gpu, stream, base)
         };
         let _delivering = Delivering::enter(self);
         let when = if delivery.when_enqueued {

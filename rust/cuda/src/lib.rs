@@ -5,9 +5,11 @@
 //! [`Uploader`] runs `safetensors_core`'s staged pipeline ([`Ring`]) with pinned staging buffers
 //! (page-locked, not write-combined: readers write them and the copy engine reads them), a
 //! blocking-sync event per buffer (a waiting reader sleeps instead of spinning on a core the
-//! other readers need), and asynchronous host-to-device copies on a non-blocking stream. Only
-//! the staging ring is page-locked, never the mapped file: locking a whole file and copying
-//! pageable memory were both measured slow by others.
+//! other readers need), and asynchronous host-to-device copies on a non-blocking stream. By
+//! default only the staging ring is page-locked; with [`ZeroCopy`] on, spans of a mapped file
+//! are registered with the driver a bounded window at a time and copied straight from the page
+//! cache, beside the staging readers (locking a whole file at once, and copying pageable
+//! memory, were both measured slow).
 //!
 //! Contexts, as the CUDA runtime handles them: each device's primary context is retained once,
 //! the first time the library uses the device, and kept for the life of the process, so device
@@ -23,6 +25,9 @@
 //! - `memory.rs`: device allocations, streams, the event pool;
 //! - `pool.rs`: pinned memory, and each device's idle list of it, reused across uploads;
 //! - `pinned.rs`: pinned staging slots and the ring's target on a device;
+//! - `register.rs`: zero-copy spans straight from a mapped file's pages (registered with the
+//!   driver, read-only, a bounded window at a time), beside the staging readers;
+//! - `trace.rs`: the device's side of an upload's timeline (timing events, trace mode only);
 //! - `uploader.rs`: [`Uploader`], whole uploads through the ring;
 //! - `landing.rs`: streaming uploads (each tensor handed to the caller as it lands, or through
 //!   a bounded device scratch ring); `stage.rs`: one rank's staging for multi-rank loads;
@@ -34,8 +39,10 @@ mod memory;
 mod numa;
 mod pinned;
 mod pool;
+mod register;
 mod save;
 mod stage;
+mod trace;
 mod uploader;
 
 pub use driver::{device_count, Current, Gpu};
@@ -44,6 +51,7 @@ pub use memory::{free, DeviceBuffer};
 pub use numa::Node;
 pub use pinned::PinnedSlot;
 pub use pool::{release_idle, IDLE_BYTES, IDLE_SLOTS};
+pub use register::{FeedStats, ZeroCopy};
 pub use save::{save_from_device, DeviceSource};
 pub use stage::Stager;
 pub use uploader::Uploader;

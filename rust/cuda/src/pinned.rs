@@ -2,16 +2,19 @@
 //! the copy engine reads them), each with the event that marks its last copy done, and
 //! [`GpuTarget`], the core ring's view of one upload's destination on a device.
 
-use std::sync::Arc;
+use std::cell::Cell;
+use std::sync::{Arc, Condvar, Mutex};
 
 use cudarc::driver::result as cu;
 use cudarc::driver::sys;
-use safetensors_core::upload::UploadTarget;
-use safetensors_core::Result;
+use safetensors_core::upload::{on_reader_thread, DirectSpan, UploadTarget};
+use safetensors_core::{Error, Result};
 
 use crate::driver::{call, Current, Gpu};
 use crate::memory::{EventPool, Stream};
 use crate::pool::{self, Pinned};
+use crate::register::Feeder;
+use crate::trace::DeviceTrace;
 
 impl Gpu {
     /// Seconds for one copy of `bytes` from pinned host memory to the device: the link's
@@ -22,12 +25,7 @@ impl Gpu {
         let mut slot = PinnedSlot::new(self, bytes)?;
         slot.buffer().fill(1);
         let stream = Stream::new(self)?;
-        let target = GpuTarget {
-            gpu: self,
-            stream: stream.handle,
-            dst: dst.ptr,
-            events: None,
-        };
+        let target = GpuTarget::new(self, stream.handle, dst.ptr);
         target.submit(&mut slot, bytes, 0)?; // warm-up
         target.wait(&mut slot)?;
         let start = std::time::Instant::now();
@@ -143,15 +141,81 @@ thread_local! {
     /// A reader thread's context before `enter_thread`, restored by `leave_thread`.
     static READER_CONTEXT: std::cell::RefCell<Option<Current>> =
         const { std::cell::RefCell::new(None) };
+    /// On a ring's own reader thread: the context made current on it for good (0: none yet).
+    static OWN_CONTEXT: Cell<usize> = const { Cell::new(0) };
 }
 
-/// One upload's destination on a [`Gpu`]: the device pointer and the stream its copies go on,
-/// and for streaming uploads the pool its marks (events) come from.
+/// A destination being allocated while the readers start: copies wait for its address.
+pub(crate) struct PendingDst {
+    /// `Some(Ok(address))` once allocated, `Some(Err(()))` when the allocation failed.
+    state: Mutex<Option<std::result::Result<sys::CUdeviceptr, ()>>>,
+    ready: Condvar,
+}
+
+impl PendingDst {
+    pub(crate) fn new() -> PendingDst {
+        PendingDst {
+            state: Mutex::new(None),
+            ready: Condvar::new(),
+        }
+    }
+
+    pub(crate) fn set(&self, outcome: std::result::Result<sys::CUdeviceptr, ()>) {
+        *self.state.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
+        self.ready.notify_all();
+    }
+
+    fn get(&self) -> Result<sys::CUdeviceptr> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            match *st {
+                Some(Ok(ptr)) => return Ok(ptr),
+                Some(Err(())) => {
+                    return Err(Error::Cuda {
+                        message: "the upload stopped: its destination could not be allocated"
+                            .into(),
+                    })
+                }
+                None => st = self.ready.wait(st).unwrap_or_else(|p| p.into_inner()),
+            }
+        }
+    }
+}
+
+/// One upload's destination on a [`Gpu`]: the device pointer (or one being allocated) and the
+/// stream its copies go on; for streaming uploads the pool its marks (events) come from; when
+/// traced, the device's timeline; for zero-copy, the feeder.
 pub(crate) struct GpuTarget<'a> {
     pub(crate) gpu: &'a Gpu,
     pub(crate) stream: sys::CUstream,
     pub(crate) dst: sys::CUdeviceptr,
     pub(crate) events: Option<&'a EventPool>,
+    pub(crate) pending_dst: Option<&'a PendingDst>,
+    pub(crate) trace: Option<&'a DeviceTrace>,
+    /// The feeder and the ring's chunk size.
+    pub(crate) feeder: Option<(&'a Feeder, usize)>,
+}
+
+impl<'a> GpuTarget<'a> {
+    pub(crate) fn new(gpu: &'a Gpu, stream: sys::CUstream, dst: sys::CUdeviceptr) -> Self {
+        GpuTarget {
+            gpu,
+            stream,
+            dst,
+            events: None,
+            pending_dst: None,
+            trace: None,
+            feeder: None,
+        }
+    }
+
+    /// The destination's address (waiting for it while it is being allocated).
+    fn destination(&self) -> Result<sys::CUdeviceptr> {
+        match self.pending_dst {
+            Some(pending) => pending.get(),
+            None => Ok(self.dst),
+        }
+    }
 }
 
 // SAFETY: the stream and device pointer are plain handles valid on any thread with the context.
@@ -169,12 +233,19 @@ impl UploadTarget for GpuTarget<'_> {
     }
 
     fn submit(&self, slot: &mut PinnedSlot, len: usize, dst_offset: u64) -> Result<()> {
+        let dst = self.destination()?;
         let src = &slot.buffer()[..len];
         // SAFETY: the slot stays untouched until `wait` sees its copy done; the destination
         // range lies inside the allocation the plan was sized for.
-        call("cuMemcpyHtoDAsync", || unsafe {
-            cu::memcpy_htod_async(self.dst + dst_offset, src, self.stream)
-        })?;
+        let copy = || {
+            call("cuMemcpyHtoDAsync", || unsafe {
+                cu::memcpy_htod_async(dst + dst_offset, src, self.stream)
+            })
+        };
+        match self.trace {
+            Some(trace) => trace.around(dst_offset, len as u64, copy)?,
+            None => copy()?,
+        }
         // SAFETY: the event belongs to this slot, in this context.
         let recorded = call("cuEventRecord", || unsafe {
             cu::event::record(slot.event, self.stream)
@@ -205,7 +276,22 @@ impl UploadTarget for GpuTarget<'_> {
     }
 
     fn enter_thread(&self) -> Result<()> {
-        // A reader thread (it ends with its run): on the CPUs of the device's NUMA node.
+        if on_reader_thread() {
+            // One of the ring's own threads, which serve this device only and live as long as
+            // the ring: placed and given the context once, for good.
+            let ctx = self.gpu.ctx as usize;
+            if OWN_CONTEXT.with(Cell::get) == ctx {
+                return Ok(());
+            }
+            if let Some(node) = self.gpu.numa_node() {
+                crate::numa::run_on(node);
+            }
+            std::mem::forget(self.gpu.enter()?);
+            OWN_CONTEXT.with(|c| c.set(ctx));
+            return Ok(());
+        }
+        // Another thread (the caller's, lending itself): on the CPUs of the device's NUMA
+        // node, its context restored after the run.
         if let Some(node) = self.gpu.numa_node() {
             crate::numa::run_on(node);
         }
@@ -215,6 +301,31 @@ impl UploadTarget for GpuTarget<'_> {
     }
 
     fn leave_thread(&self) {
-        READER_CONTEXT.with(|c| drop(c.borrow_mut().take()));
+        if !on_reader_thread() {
+            READER_CONTEXT.with(|c| drop(c.borrow_mut().take()));
+        }
+    }
+
+    fn takes_direct(&self) -> bool {
+        self.feeder.is_some_and(|(f, _)| f.is_on()) && self.events.is_some()
+    }
+
+    fn direct_chunks(&self) -> usize {
+        self.feeder.map_or(1, |(f, chunk)| f.span_chunks(chunk))
+    }
+
+    fn copy_direct(&self, span: &DirectSpan<'_>) -> Result<bool> {
+        let (Some((feeder, _)), Some(events)) = (self.feeder, self.events) else {
+            return Ok(false);
+        };
+        let dst = self.destination()?;
+        feeder.copy(span, dst, self.stream, events, self.trace)
+    }
+
+    fn finish_direct(&self) -> Result<()> {
+        match (self.feeder, self.events) {
+            (Some((feeder, _)), Some(events)) => feeder.finish(self.stream, events),
+            _ => Ok(()),
+        }
     }
 }

@@ -24,7 +24,8 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::{Condvar, Mutex};
 
-use super::{lock, Placement, Ring, RunShape, UploadPlan, UploadStats, UploadTarget};
+use super::schedule::RunShape;
+use super::{lock, Placement, Ring, UploadPlan, UploadStats, UploadTarget};
 use crate::error::{Error, Result};
 use crate::file::SafeFile;
 
@@ -124,7 +125,7 @@ impl StreamLayout {
         virtual_plan.pieces = plan
             .pieces
             .iter()
-            .map(|piece| super::Piece {
+            .map(|piece| super::plan::Piece {
                 dst: piece.dst + shift[piece.placement],
                 ..*piece
             })
@@ -432,6 +433,8 @@ impl<S: Send> Ring<S> {
             chunk: layout.chunk,
             lap: layout.lap,
             progress: Some(&flow),
+            direct: false,
+            main_error_first: false,
         };
         // Tensors of no bytes at the start (or every tensor, when no byte is copied) need no
         // chunk: announced before the readers start.
