@@ -57,11 +57,31 @@ pub(crate) fn reopen(path: &Path, id: &Identity, flags: libc::c_int) -> io::Resu
     Ok(file)
 }
 
+/// The one URL rule (`crate::is_url`) for paths: a path whose text is a URL (`s3://`,
+/// `http://`, `https://`) is refused with an `Io` error saying to open it as a remote file,
+/// never opened as the local file the kernel would make of it (`http:/host/m`, its `//`
+/// folded). The message shows the URL redacted (it may carry a password or a signature).
+pub(crate) fn refuse_url(path: &Path) -> Result<()> {
+    match path.to_str() {
+        Some(text) if crate::is_url(text) => Err(Error::io(
+            Path::new(&crate::redact_url(text)),
+            "open",
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a URL, not a local path: open it as a remote file (SafeOpen::open_remote, \
+                 Checkpoint::open_remote, st_file_open_remote)",
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Opens `path` for reading the one safe way: `O_NONBLOCK`, so that a FIFO cannot block the
 /// open forever (it has no effect on regular files), then `fstat` on the descriptor, refusing
 /// anything but a regular file (directories, FIFOs, devices such as `/dev/zero`, sockets) with
 /// an `Io` error. `what` says what the file should have been, for the message.
 pub(crate) fn open_regular(path: &Path, what: &str) -> Result<(File, Metadata)> {
+    refuse_url(path)?;
     let file = File::options()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)

@@ -77,6 +77,8 @@ pub(crate) struct Staged {
 impl Staged {
     /// A temporary file for the file `path` names (a symlink is followed).
     pub(crate) fn create(path: &Path) -> Result<Staged> {
+        // A URL is never written as the local file the kernel would make of it.
+        crate::open::refuse_url(path)?;
         let target = resolve_symlinks(path).map_err(|e| Error::io(path, "resolve", e))?;
         let existing = existing_file(&target).map_err(|e| Error::io(path, "write", e))?;
         let (dir, name) = split(&target).map_err(|e| Error::io(path, "write", e))?;
