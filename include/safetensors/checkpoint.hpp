@@ -170,7 +170,8 @@ class Checkpoint {
 
   /// Iterating gives each tensor's name and view in file order: shard by shard (in
   /// `shard_paths()` order), each shard's tensors in offset order, so that the loop reads each
-  /// shard front to back and opens it when it gets there. Only the tensors the index assigns
+  /// shard front to back; it opens the shards it reaches next a few at once (one per core, at
+  /// most 8), so that their headers are parsed in parallel. Only the tensors the index assigns
   /// to a shard come from it (a lenient checkpoint's missing tensors are not there; `missing()`
   /// lists them). `keys()` stays sorted. The loop holds the checkpoint; an error (a shard that
   /// fails to open, a failed read) is thrown when the loop reaches it, and `nothrow::tensors`
@@ -286,22 +287,65 @@ struct Access<Checkpoint> {
     return Checkpoint::shard_path(c, i);
   }
 
-  /// The open shard holding `name`, as a source: the shard is opened (once) and published
-  /// through C++ atomics so that ThreadSanitizer sees the ordering (the Rust core is not
-  /// instrumented). In lenient mode a listed tensor its shard lacks is `ShardMissing` here.
-  static Expected<OpenFile> open_file_for(const Checkpoint& ckpt, std::string_view name) {
+  /// A tensor's open shard, and its entry there (its position in the shard's offset order).
+  struct Placed {
+    const ffi::File* file;
+    std::size_t entry;
+  };
+
+  /// The open shard holding `name` and the tensor's entry in it: the shard is opened (once)
+  /// and published through C++ atomics so that ThreadSanitizer sees the ordering (the Rust core
+  /// is not instrumented). Once the shard is open this is one plain call (a hash probe in the
+  /// core) and one atomic load; the first lookup of a shard's tensor opens it and asks again.
+  /// In lenient mode a listed tensor its shard lacks is `ShardMissing` here.
+  static Expected<Placed> place(const Checkpoint& ckpt, std::string_view name) {
     if (!ckpt.state_) return moved_from("Checkpoint");
     const auto& h = *ckpt.state_;
     const ffi::Checkpoint& c = *h.ckpt;
-    // The index's shard (no shard is opened for that).
-    auto shard = attempt([&](ffi::Status& st) { return c.shard_of(bytes(name), st); });
-    if (!shard) return shard.status();
-    auto opened = open_shard(h, *shard);
-    if (!opened) return opened.status();
-    if (auto held = attempt([&](ffi::Status& st) { return c.shard_holding(bytes(name), st); }); !held) {
-      return held.status();
+    for (int tries = 0; tries < 2; ++tries) {
+      if (const std::int64_t at = c.find(bytes(name)); at >= 0) {
+        const auto shard = static_cast<std::size_t>(at >> 32);
+        const auto entry = static_cast<std::size_t>(at & 0xffffffff);
+        const ffi::File* file = h.shards[shard].file.load(std::memory_order_acquire);
+        if (file == nullptr) {
+          auto opened = open_shard(h, shard);
+          if (!opened) return opened.status();
+          file = *opened;
+        }
+        return Placed{file, entry};
+      }
+      // Not listed, not open yet, or (lenient) missing from its shard: the core says which,
+      // with the error that names the file, and the shard is opened through `open_shard`.
+      auto shard = attempt([&](ffi::Status& st) { return c.shard_of(bytes(name), st); });
+      if (!shard) return shard.status();
+      if (auto opened = open_shard(h, *shard); !opened) return opened.status();
+      if (auto held = attempt([&](ffi::Status& st) { return c.shard_holding(bytes(name), st); }); !held) {
+        return held.status();
+      }
     }
-    return OpenFile::of(**opened, ckpt.state_);
+    return Status(ErrorKind::Internal, "tensor `" + std::string(name) + "` is in an open shard the index cannot place");
+  }
+
+  /// The open shard holding `name`, as a source (see `place`).
+  static Expected<OpenFile> open_file_for(const Checkpoint& ckpt, std::string_view name) {
+    auto placed = place(ckpt, name);
+    if (!placed) return placed.status();
+    return source_of(ckpt, *placed);
+  }
+
+  /// The shard of `placed` as a source, sharing the checkpoint (which keeps it).
+  static OpenFile source_of(const Checkpoint& ckpt, const Placed& placed) {
+    return OpenFile::of(*placed.file, ckpt.state_);
+  }
+
+  /// The description of the tensor `placed`: no source made, no owner shared (the checkpoint
+  /// keeps the shard), one call for its entry.
+  static TensorInfo info_of(const Placed& placed) {
+    const ffi::TensorMeta m = placed.file->meta_at(placed.entry);
+    const std::size_t* dims = placed.file->dims().data;
+    return TensorInfo{static_cast<Dtype>(m.dtype),
+                      {dims + m.shape_start, dims + m.shape_start + m.shape_len},
+                      {m.begin, m.end}};
   }
 
   /// Shard `shard` as a source, opened through `open_shard`; `ShardMissing` past the last one.
@@ -327,6 +371,10 @@ struct Access<Checkpoint> {
   /// too.
   static Status open_every_shard(const Checkpoint& ckpt) {
     if (!ckpt.state_) return moved_from("Checkpoint");
+    // Opened by the core, several at once; then each published here.
+    if (auto opened = attempt([&](ffi::Status& st) { ckpt.state_->ckpt->open_all_shards(st); }); !opened.ok()) {
+      return opened;
+    }
     for (std::size_t i = 0; i < ckpt.state_->ckpt->shard_count(); ++i) {
       if (auto opened = open_shard(*ckpt.state_, i); !opened) return opened.status();
     }
@@ -359,12 +407,18 @@ struct Access<Checkpoint> {
 };
 
 /// The tensors of a checkpoint in file order: shard by shard, each shard's in offset order,
-/// those the index assigns to it. The cursor of iterating over a `Checkpoint`; it holds a copy
-/// of it (and with it the shards).
+/// those the index assigns to it (the core lists them when the shard opens: no lookup per
+/// tensor). The cursor of iterating over a `Checkpoint`; it holds a copy of it (and with it the
+/// shards).
 struct ShardCursor {
   Checkpoint ckpt;
   std::size_t shard = 0;
-  std::optional<FileCursor> in_shard;
+  std::optional<OpenFile> file;
+  /// The entries of `shard` the index assigns to it (the core's memory, living as long as the
+  /// checkpoint), and the next one to read.
+  const std::size_t* entries = nullptr;
+  std::size_t entry_count = 0;
+  std::size_t next_entry = 0;
 
   Status next(std::optional<NamedTensor>& out) {
     out.reset();
@@ -372,31 +426,28 @@ struct ShardCursor {
     if (!c) return c.status();
     const ffi::Checkpoint& index = **c;
     for (;;) {
-      if (!in_shard) {
+      if (!file) {
         if (shard >= index.shard_count()) return {};
+        // The shards the loop reaches next are opened several at once (one per core), so
+        // that their headers are parsed in parallel; an error waits for the loop to get there.
+        if (!index.shard_is_open(shard)) index.open_ahead(shard);
         auto src = Access<Checkpoint>::shard_source(ckpt, shard);
         if (!src) return src.status();
-        in_shard.emplace(FileCursor{std::move(*src), 0});
+        file.emplace(std::move(*src));
+        const ffi::Sizes listed = index.shard_entries(shard);
+        entries = listed.data;
+        entry_count = listed.len;
+        next_entry = 0;
       }
-      const ffi::File& file = *in_shard->file.file;
-      if (in_shard->next_index >= file.tensor_count()) {
-        in_shard.reset();
+      if (next_entry >= entry_count) {
+        file.reset();
         ++shard;
         continue;
       }
-      // A tensor the index does not list, or assigns to another shard, is not this shard's.
-      auto name = bytes(view(file.name_at(in_shard->next_index)));
-      if (index.position(name) < 0) {
-        ++in_shard->next_index;
-        continue;
-      }
-      auto assigned = attempt([&](ffi::Status& st) { return index.shard_of(name, st); });
-      if (!assigned) return assigned.status();
-      if (*assigned != shard) {
-        ++in_shard->next_index;
-        continue;
-      }
-      return in_shard->next(out);
+      auto item = file->tensor_at(entries[next_entry++]);
+      if (!item) return item.status();
+      out.emplace(std::move(*item));
+      return {};
     }
   }
 };
@@ -429,15 +480,15 @@ inline Expected<std::map<std::string, std::string>> nothrow::metadata(const Chec
 }
 
 inline Expected<TensorInfo> nothrow::info(const Checkpoint& ckpt, std::string_view name) {
-  auto src = detail::Access<Checkpoint>::open_file_for(ckpt, name);
-  if (!src) return src.status();
-  return src->info(name);
+  auto placed = detail::Access<Checkpoint>::place(ckpt, name);
+  if (!placed) return placed.status();
+  return detail::Access<Checkpoint>::info_of(*placed);
 }
 
 inline Expected<TensorView> nothrow::get_tensor(const Checkpoint& ckpt, std::string_view name) {
-  auto src = detail::Access<Checkpoint>::open_file_for(ckpt, name);
-  if (!src) return src.status();
-  return src->get_tensor(name);
+  auto placed = detail::Access<Checkpoint>::place(ckpt, name);
+  if (!placed) return placed.status();
+  return detail::Access<Checkpoint>::source_of(ckpt, *placed).get_tensor_at(placed->entry, name);
 }
 
 inline Expected<Slice> nothrow::get_slice(const Checkpoint& ckpt, std::string_view name) {

@@ -128,6 +128,17 @@ struct OpenFile {
     return TensorInfo{static_cast<Dtype>(m->dtype), shape_of(*m), {m->begin, m->end}};
   }
 
+  /// The tensor at position `index` in file order (below `file->tensor_count()`).
+  [[nodiscard]] TensorInfo info_at(std::size_t index) const {
+    const ffi::TensorMeta m = file->meta_at(index);
+    return TensorInfo{static_cast<Dtype>(m.dtype), shape_of(m), {m.begin, m.end}};
+  }
+
+  /// The tensor at position `index` in file order, named `name` in messages.
+  [[nodiscard]] Expected<TensorView> get_tensor_at(std::size_t index, std::string_view name) const {
+    return view_of(file->meta_at(index), name);
+  }
+
   [[nodiscard]] Status read_data(std::size_t offset, std::span<std::byte> dst) const {
     if (auto st = refuse_overlap_with("read_data", dst); !st.ok()) return st;
     return attempt([&](ffi::Status& st) { file->read_data(offset, bytes_mut(dst), st); });

@@ -179,6 +179,18 @@ fn not_found_beyond(name: &str, i: usize, count: usize) -> Error {
 /// that its shard holds, shard by shard (in lenient mode, tensors a stale index lists but the
 /// shard lacks are left out: [`Checkpoint::missing`] names them).
 pub(crate) fn resolve(source: Source<'_>, requests: Option<&[Request]>) -> Result<Vec<Item>> {
+    if let (Source::Checkpoint(c), Some(requests)) = (source, requests) {
+        // Every shard the requests name, opened at once (several in parallel) rather than one
+        // by one as the loop below meets them. Errors are left to the loop, which names the
+        // request.
+        let mut shards: Vec<usize> = requests
+            .iter()
+            .filter_map(|r| c.shard_of(&r.name).ok())
+            .collect();
+        shards.sort_unstable();
+        shards.dedup();
+        let _ = c.open_shards(&shards);
+    }
     let mut items = match requests {
         Some(requests) => requests
             .iter()
@@ -203,16 +215,27 @@ pub(crate) fn resolve(source: Source<'_>, requests: Option<&[Request]>) -> Resul
 /// Every tensor of the source, in file order.
 fn whole(source: Source<'_>) -> Result<Vec<Item>> {
     let mut items = Vec::new();
+    if let Source::Checkpoint(c) = source {
+        c.open_all_shards()?;
+        for i in 0..c.shard_count() {
+            let file = source.file(i)?;
+            // The entries the index assigns to this shard: unlisted tensors, and copies the
+            // index assigns elsewhere, are not the checkpoint's.
+            for &entry in c.shard_entries(i)? {
+                let name = file
+                    .header()
+                    .name_at(entry)
+                    .ok_or_else(|| Error::Internal {
+                        message: format!("entry {entry} of shard {i} is past its last"),
+                    })?;
+                items.push(item(items.len(), i, file.clone(), name, None)?);
+            }
+        }
+        return Ok(items);
+    }
     for i in 0..source.count() {
         let file = source.file(i)?;
         for info in file.header().iter() {
-            if let Source::Checkpoint(c) = source {
-                // Unlisted tensors, and copies the index assigns elsewhere, are not the
-                // checkpoint's.
-                if c.shard_of(info.name).ok() != Some(i) {
-                    continue;
-                }
-            }
             items.push(item(items.len(), i, file.clone(), info.name, None)?);
         }
     }

@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 use safetensors_core::{CheckpointOptions, Error};
 
 use crate::file::{backend, populate, File, Metadata};
-use crate::status::{guard, Bytes, Status};
+use crate::status::{guard, Bytes, Sizes, Status};
 use crate::status::{handed_over, native_path};
 use ffi::{Backend, Populate};
 
@@ -17,6 +17,7 @@ pub mod ffi {
         include!("safetensors/ffi/src/file.rs.h");
         type Status = crate::status::ffi::Status;
         type Bytes = crate::status::ffi::Bytes;
+        type Sizes = crate::status::ffi::Sizes;
         type Backend = crate::file::ffi::Backend;
         type Populate = crate::file::ffi::Populate;
         type File = crate::file::File;
@@ -53,9 +54,23 @@ pub mod ffi {
         fn position(self: &Checkpoint, name: Bytes) -> isize;
         /// The shard holding `name`, or `TensorNotFound`.
         fn shard_of(self: &Checkpoint, name: Bytes, status: &mut Status) -> usize;
+        /// Where `name` is, when its shard is open and holds it: `(shard << 32) | entry` (the
+        /// tensor's position in the shard's offset order). -1 when the index does not list it,
+        /// -2 when its shard is not open yet or lacks it (ask `shard_holding` for the error).
+        /// No status, no lock: the lookup of every tensor once its shard is open.
+        fn find(self: &Checkpoint, name: Bytes) -> i64;
+        /// The entries of shard `shard` (open) that the index assigns to it, ascending; empty
+        /// for a shard not open yet. They live as long as the checkpoint.
+        fn shard_entries(self: &Checkpoint, shard: usize) -> Sizes;
         /// Shard `shard`, opened (once) and checked against the index on first use; it lives as
         /// long as the checkpoint. Null on failure.
         fn shard_file(self: &Checkpoint, shard: usize, status: &mut Status) -> *const File;
+        /// Opens every shard not open yet, several at once (the core's `open_all_shards`): for
+        /// work that needs them all (iterating, `missing`, `trailing_bytes`).
+        fn open_all_shards(self: &Checkpoint, status: &mut Status);
+        /// Opens the shards a reader walking them in order from `first` reaches next, several
+        /// at once (the core's `open_ahead`; errors are left for the reader to meet).
+        fn open_ahead(self: &Checkpoint, first: usize);
         /// Number of shard files.
         fn shard_count(self: &Checkpoint) -> usize;
         /// Path of shard `shard` (raw bytes, living as long as the checkpoint).
@@ -151,10 +166,8 @@ impl Checkpoint {
     pub fn position(&self, name: Bytes) -> isize {
         // SAFETY: C++ lends the name for this call (`detail::bytes`).
         let name = unsafe { name.get() };
-        std::str::from_utf8(name)
-            .ok()
-            .and_then(|n| self.inner.position(n))
-            .map_or(-1, |i| i as isize)
+        // Bytes that are not UTF-8 are no name of the index (whose names are all UTF-8).
+        self.inner.position_bytes(name).map_or(-1, |i| i as isize)
     }
 
     /// Names are compared as bytes: a name that is not UTF-8 matches no tensor (a lossy
@@ -169,6 +182,33 @@ impl Checkpoint {
             }
             .in_file(self.inner.path())),
         })
+    }
+
+    pub fn find(&self, name: Bytes) -> i64 {
+        // SAFETY: C++ lends the name for this call (`detail::bytes`).
+        let name = unsafe { name.get() };
+        match self.inner.find(name) {
+            Some(safetensors_core::Found::At { shard, entry }) => {
+                ((shard as i64) << 32) | entry as i64
+            }
+            Some(_) => -2,
+            None => -1,
+        }
+    }
+
+    pub fn open_all_shards(&self, status: &mut Status) {
+        guard(status, || self.inner.open_all_shards())
+    }
+
+    pub fn open_ahead(&self, first: usize) {
+        self.inner.open_ahead(first);
+    }
+
+    pub fn shard_entries(&self, shard: usize) -> Sizes {
+        match self.inner.shard_is_open(shard) {
+            true => Sizes::of(self.inner.shard_entries(shard).unwrap_or(&[])),
+            false => Sizes::of(&[]),
+        }
     }
 
     /// Shard `shard`, opened on first use; it lives as long as `self` (null on failure).

@@ -31,11 +31,12 @@ mod paths;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::{Error, Result};
 use crate::file::{read_regular, Backend, OpenOptions, Populate, SafeFile};
+use crate::header::names::NameIndex;
 use crate::header::TensorInfo;
 use index::parse_index;
 pub use index::MAX_INDEX_SIZE;
@@ -81,7 +82,49 @@ struct Shard {
     name: String,
     path: PathBuf,
     file: OnceLock<Arc<SafeFile>>,
+    /// The entries (positions in the shard's offset order) of the tensors the index assigns to
+    /// this shard and the shard holds, ascending: set with `file`.
+    entries: OnceLock<Vec<usize>>,
     opening: Mutex<()>,
+}
+
+impl Shard {
+    fn new(name: String, path: PathBuf) -> Shard {
+        Shard {
+            name,
+            path,
+            file: OnceLock::new(),
+            entries: OnceLock::new(),
+            opening: Mutex::new(()),
+        }
+    }
+}
+
+/// `Checkpoint::entry` before the tensor's shard is open.
+const UNKNOWN: u32 = u32::MAX;
+/// `Checkpoint::entry` of a tensor its (open) shard lacks (lenient mode).
+const ABSENT: u32 = u32::MAX - 1;
+
+/// Where [`Checkpoint::find`] found a tensor the index lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    /// In shard `shard` (open), at position `entry` of its offset order.
+    At {
+        /// The shard.
+        shard: usize,
+        /// The tensor's position in the shard's offset order.
+        entry: usize,
+    },
+    /// In shard `shard`, which is not open yet.
+    Unopened {
+        /// The shard.
+        shard: usize,
+    },
+    /// Assigned to shard `shard`, which lacks it (lenient mode).
+    Missing {
+        /// The shard.
+        shard: usize,
+    },
 }
 
 /// A checkpoint of one or more safetensors files.
@@ -97,6 +140,16 @@ pub struct Checkpoint {
     /// Tensor names, sorted, with the shard each one is in.
     names: Vec<String>,
     shard_of: Vec<u32>,
+    /// Name → sorted position.
+    lookup: NameIndex,
+    /// The sorted positions of each shard's tensors: shard `s`'s are
+    /// `members[starts[s]..starts[s + 1]]`, ascending.
+    starts: Vec<u32>,
+    members: Vec<u32>,
+    /// Each position's entry in its shard's offset order, filled when the shard is opened
+    /// (`UNKNOWN` before, `ABSENT` when it lacks the tensor): a lookup of a tensor in an open
+    /// shard is one hash probe and one load, no lock and no header lookup.
+    entry: Vec<AtomicU32>,
     shards: Vec<Shard>,
     metadata: Option<BTreeMap<String, String>>,
     options: CheckpointOptions,
@@ -154,26 +207,150 @@ impl Checkpoint {
             .into_iter()
             .map(str::to_owned)
             .collect();
-        let shard = Shard {
-            name: path
-                .file_name()
+        let shard = Shard::new(
+            path.file_name()
                 .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
-            path: path.clone(),
-            file: OnceLock::new(),
-            opening: Mutex::new(()),
-        };
+            path.clone(),
+        );
         let metadata = file.header().metadata().cloned();
-        let _ = shard.file.set(Arc::new(file));
-        Checkpoint {
+        let count = names.len();
+        let ckpt = Checkpoint::assemble(
             path,
-            shard_of: vec![0; names.len()],
             names,
-            shards: vec![shard],
+            vec![0; count],
+            vec![shard],
             metadata,
             options,
-            opens: AtomicUsize::new(1),
-            opener: None,
+            None,
+        );
+        // The file's own names: none is missing, none is another shard's.
+        let entries = ckpt.place_entries(0, &file).unwrap_or_default();
+        let _ = ckpt.shards[0].entries.set(entries);
+        let _ = ckpt.shards[0].file.set(Arc::new(file));
+        ckpt.opens.store(1, Ordering::Relaxed);
+        ckpt
+    }
+
+    /// A checkpoint of these sorted, distinct names (each in shard `shard_of[i]`), no shard
+    /// open yet.
+    fn assemble(
+        path: PathBuf,
+        names: Vec<String>,
+        shard_of: Vec<u32>,
+        shards: Vec<Shard>,
+        metadata: Option<BTreeMap<String, String>>,
+        options: CheckpointOptions,
+        opener: Option<Box<dyn ShardOpener>>,
+    ) -> Checkpoint {
+        // Distinct names (checked by the caller), so the build never reports a repeat.
+        let lookup =
+            NameIndex::build(names.len(), |i| names[i as usize].as_str()).unwrap_or_default();
+        // The positions grouped by shard, ascending within each (a counting sort).
+        let mut starts = vec![0u32; shards.len() + 1];
+        for &s in &shard_of {
+            starts[s as usize + 1] += 1;
         }
+        for s in 0..shards.len() {
+            starts[s + 1] += starts[s];
+        }
+        let mut next = starts.clone();
+        let mut members = vec![0u32; shard_of.len()];
+        for (pos, &s) in shard_of.iter().enumerate() {
+            members[next[s as usize] as usize] = pos as u32;
+            next[s as usize] += 1;
+        }
+        let entry = (0..names.len()).map(|_| AtomicU32::new(UNKNOWN)).collect();
+        Checkpoint {
+            path,
+            names,
+            shard_of,
+            lookup,
+            starts,
+            members,
+            entry,
+            shards,
+            metadata,
+            options,
+            opens: AtomicUsize::new(0),
+            opener,
+        }
+    }
+
+    /// The sorted positions of the tensors the index assigns to shard `id`.
+    fn members_of(&self, id: usize) -> &[u32] {
+        &self.members[self.starts[id] as usize..self.starts[id + 1] as usize]
+    }
+
+    /// Checks shard `id`'s file against the index and records where each of its tensors is in
+    /// it: returns the entries the index assigns to it, ascending. Called once per shard,
+    /// before it is published; on an error nothing is recorded.
+    ///
+    /// The index is the authority: the shard must hold what it is assigned (else
+    /// `ShardMissing`, checked first), and nothing that is assigned elsewhere (else
+    /// `ShardMismatch`). In lenient mode neither is an error: a missing tensor is recorded as
+    /// such and is an error when asked for ([`Checkpoint::place`]), a copy assigned elsewhere is
+    /// never read (lookups go through the index).
+    ///
+    /// Each of the shard's tensors is looked up in the shard's own small name table, which the
+    /// parse just built and the cache still holds; the checkpoint's table (some 90,000 names
+    /// for a mixture-of-experts model) is asked only about tensors of the shard the index does
+    /// not assign to it, which a checkpoint as saved has none of.
+    fn place_entries(&self, id: usize, file: &SafeFile) -> Result<Vec<usize>> {
+        let header = file.header();
+        let members = self.members_of(id);
+        let mut entries = Vec::with_capacity(members.len());
+        let mut missing = None;
+        for &pos in members {
+            let name = &self.names[pos as usize];
+            let value = match header.position(name) {
+                Some(e) => {
+                    entries.push(e);
+                    e as u32
+                }
+                None if self.options.lenient => ABSENT,
+                None => {
+                    missing.get_or_insert_with(|| Error::ShardMissing {
+                        shard: self.shards[id].name.clone(),
+                        tensor: Some(name.clone()),
+                    });
+                    UNKNOWN
+                }
+            };
+            self.entry[pos as usize].store(value, Ordering::Relaxed);
+        }
+        let mut mismatch = None;
+        if entries.len() < header.len() && !self.options.lenient {
+            // Some tensor of the shard is not one the index assigns to it: unlisted (fine), or
+            // assigned to another shard (refused).
+            let mut mine = vec![false; header.len()];
+            for &e in &entries {
+                mine[e] = true;
+            }
+            for (e, name) in header.offset_names().enumerate() {
+                if mine[e] {
+                    continue;
+                }
+                if let Some(pos) = self.position(name) {
+                    let owner = self.shard_of[pos] as usize;
+                    if owner != id {
+                        mismatch = Some(Error::ShardMismatch {
+                            tensor: name.to_owned(),
+                            found_in: self.shards[id].name.clone(),
+                            claimed_by: Some(self.shards[owner].name.clone()),
+                        });
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some(e) = missing.or(mismatch) {
+            for &pos in members {
+                self.entry[pos as usize].store(UNKNOWN, Ordering::Relaxed);
+            }
+            return Err(e);
+        }
+        entries.sort_unstable();
+        Ok(entries)
     }
 
     /// Parses a Hugging Face index: `{"metadata": {...}, "weight_map": {"tensor": "shard", ...}}`.
@@ -235,6 +412,11 @@ impl Checkpoint {
 
     /// A checkpoint from its index's text, each shard's location given by `resolve(shard as
     /// the index spells it, its confined relative path)`.
+    ///
+    /// Per shard, not per entry: a shard's spelling is confined and resolved once (an index of
+    /// 90,000 tensors names some 160 shards; consecutive entries mostly name the same one, which
+    /// is tried first). The names are sorted only when the index's order is not already sorted
+    /// (Hugging Face tools write them sorted).
     fn build(
         path: &Path,
         text: &[u8],
@@ -243,46 +425,62 @@ impl Checkpoint {
         mut resolve: impl FnMut(&str, &Path) -> Result<PathBuf>,
     ) -> Result<Checkpoint> {
         let (metadata, weight_map) = parse_index(text)?;
-        let mut shard_ids: BTreeMap<PathBuf, u32> = BTreeMap::new();
+        let mut by_spelling: std::collections::HashMap<&str, u32> = Default::default();
+        let mut by_relative: BTreeMap<PathBuf, u32> = BTreeMap::new();
         let mut shards = Vec::new();
-        let mut entries: Vec<(String, u32)> = Vec::with_capacity(weight_map.len());
-        for (tensor, shard) in &weight_map {
-            let relative = confined(shard)?;
-            let id = match shard_ids.get(&relative) {
-                Some(&id) => id,
-                None => {
-                    let full = resolve(shard, &relative)?;
-                    let id = shards.len() as u32;
-                    shards.push(Shard {
-                        name: shard.clone(),
-                        path: full,
-                        file: OnceLock::new(),
-                        opening: Mutex::new(()),
-                    });
-                    shard_ids.insert(relative, id);
-                    id
-                }
+        let mut ids: Vec<u32> = Vec::with_capacity(weight_map.len());
+        let mut last: Option<(&str, u32)> = None;
+        for (_, shard) in &weight_map {
+            let shard: &str = shard;
+            let id = match last {
+                Some((spelling, id)) if spelling == shard => id,
+                _ => match by_spelling.get(shard) {
+                    Some(&id) => id,
+                    None => {
+                        let relative = confined(shard)?;
+                        let id = match by_relative.get(&relative) {
+                            Some(&id) => id,
+                            None => {
+                                let full = resolve(shard, &relative)?;
+                                let id = shards.len() as u32;
+                                shards.push(Shard::new(shard.to_owned(), full));
+                                by_relative.insert(relative, id);
+                                id
+                            }
+                        };
+                        by_spelling.insert(shard, id);
+                        id
+                    }
+                },
             };
-            entries.push((tensor.clone(), id));
+            last = Some((shard, id));
+            ids.push(id);
         }
-        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        if let Some(w) = entries.windows(2).find(|w| w[0].0 == w[1].0) {
-            return Err(Error::DuplicateKey {
-                key: w[0].0.clone(),
-                in_metadata: false,
-            });
+        let name = |i: u32| weight_map[i as usize].0.as_bytes();
+        let mut order: Vec<u32> = (0..weight_map.len() as u32).collect();
+        if !order.windows(2).all(|w| name(w[0]) < name(w[1])) {
+            order.sort_unstable_by(|&a, &b| name(a).cmp(name(b)));
+            if let Some(w) = order.windows(2).find(|w| name(w[0]) == name(w[1])) {
+                return Err(Error::DuplicateKey {
+                    key: weight_map[w[0] as usize].0.to_string(),
+                    in_metadata: false,
+                });
+            }
         }
-        let (names, shard_of) = entries.into_iter().unzip();
-        Ok(Checkpoint {
-            path: path.to_path_buf(),
+        let names = order
+            .iter()
+            .map(|&i| weight_map[i as usize].0.to_string())
+            .collect();
+        let shard_of = order.iter().map(|&i| ids[i as usize]).collect();
+        Ok(Checkpoint::assemble(
+            path.to_path_buf(),
             names,
             shard_of,
             shards,
             metadata,
             options,
-            opens: AtomicUsize::new(0),
             opener,
-        })
+        ))
     }
 
     /// The path given to [`Checkpoint::open`].
@@ -313,7 +511,40 @@ impl Checkpoint {
 
     /// Position of `name` in [`Checkpoint::names`].
     pub fn position(&self, name: &str) -> Option<usize> {
-        self.names.binary_search_by(|n| n.as_str().cmp(name)).ok()
+        self.position_bytes(name.as_bytes())
+    }
+
+    /// Position of the name of these bytes in [`Checkpoint::names`] (bytes that are not UTF-8
+    /// match no name).
+    pub fn position_bytes(&self, name: &[u8]) -> Option<usize> {
+        self.lookup
+            .find(name, |i| self.names[i as usize].as_bytes())
+            .map(|i| i as usize)
+    }
+
+    /// Where the tensor of these bytes is, without a lock or an allocation: `None` when the
+    /// index does not list it. The fast path of every lookup: once its shard is open, a
+    /// tensor's place costs one hash probe and one load.
+    pub fn find(&self, name: &[u8]) -> Option<Found> {
+        let pos = self.position_bytes(name)?;
+        let shard = self.shard_of[pos] as usize;
+        Some(match self.entry[pos].load(Ordering::Relaxed) {
+            // The entry is filled before the shard is published: make sure it is.
+            UNKNOWN => Found::Unopened { shard },
+            ABSENT => Found::Missing { shard },
+            entry if self.shards[shard].file.get().is_some() => Found::At {
+                shard,
+                entry: entry as usize,
+            },
+            _ => Found::Unopened { shard },
+        })
+    }
+
+    /// The entries of shard `i` (positions in its offset order) that the index assigns to it
+    /// and it holds, ascending: what iterating over the checkpoint reads from it. Opens it.
+    pub fn shard_entries(&self, i: usize) -> Result<&[usize]> {
+        self.shard(i)?;
+        Ok(self.shards[i].entries.get().map_or(&[], Vec::as_slice))
     }
 
     /// Which shard holds `name`, or `TensorNotFound`.
@@ -380,28 +611,112 @@ impl Checkpoint {
                 _ => e,
             }
         })?;
-        self.check_shard(i as u32, &file)
+        let entries = self
+            .place_entries(i, &file)
             .map_err(|e| e.in_file(&self.path))?;
+        let _ = shard.entries.set(entries);
         self.opens.fetch_add(1, Ordering::Relaxed);
         Ok(shard.file.get_or_init(|| Arc::new(file)))
     }
 
+    /// Opens every shard of `shards` not open yet, several at once (up to the machine's cores,
+    /// at most 8): each is opened and checked as [`Checkpoint::shard`] does. For work that needs
+    /// many shards at once (iterating over the checkpoint, a request list, a stream, an upload):
+    /// the headers of a 163-shard checkpoint are parsed by every core instead of one. On an
+    /// error, the one of the lowest-numbered shard that failed (the others are still opened).
+    pub fn open_shards(&self, shards: &[usize]) -> Result<()> {
+        let pending: Vec<usize> = shards
+            .iter()
+            .copied()
+            .filter(|&i| i < self.shards.len() && !self.shard_is_open(i))
+            .collect();
+        let threads = parallelism().min(pending.len());
+        if threads <= 1 {
+            return pending.iter().try_for_each(|&i| self.shard(i).map(|_| ()));
+        }
+        let next = AtomicUsize::new(0);
+        let failed: Mutex<Option<(usize, Error)>> = Mutex::new(None);
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(|| loop {
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&i) = pending.get(k) else {
+                        break;
+                    };
+                    if let Err(e) = self.shard(i) {
+                        let mut first = failed.lock().unwrap_or_else(|p| p.into_inner());
+                        if first.as_ref().is_none_or(|(j, _)| i < *j) {
+                            *first = Some((i, e));
+                        }
+                    }
+                });
+            }
+        });
+        // The scope joined every thread: what they opened is visible here (and, through the
+        // join, to a ThreadSanitizer build of the caller).
+        match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some((_, e)) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Opens the shards from `first` on that a reader walking them in order will reach next:
+    /// up to one per core (at most 8) not open yet, several at once. Errors are left for the
+    /// reader to meet when it gets to the shard (a shard that failed stays unopened, and its
+    /// open fails again then, naming it): a loop that stops early opens few shards beyond
+    /// where it stopped, and reports a broken shard only if it gets there.
+    pub fn open_ahead(&self, first: usize) {
+        let last = first.saturating_add(parallelism()).min(self.shards.len());
+        let ahead: Vec<usize> = (first..last).collect();
+        let _ = self.open_shards(&ahead);
+    }
+
+    /// Opens every shard (see [`Checkpoint::open_shards`]).
+    pub fn open_all_shards(&self) -> Result<()> {
+        let all: Vec<usize> = (0..self.shards.len()).collect();
+        self.open_shards(&all)
+    }
+
     /// The file holding `name` and the tensor's description.
     pub fn locate(&self, name: &str) -> Result<(&SafeFile, TensorInfo<'_>)> {
-        let file = self.shard(self.shard_holding(name)?)?;
-        let info = file.info(name)?;
+        let (shard, entry) = self.place(name)?;
+        let file = self.shards[shard]
+            .file
+            .get()
+            .ok_or_else(|| Error::Internal {
+                message: format!("shard {shard} was placed but is not open"),
+            })?;
+        let info = file.header().at(entry).ok_or_else(|| Error::Internal {
+            message: format!("entry {entry} of shard {shard} is past its last"),
+        })?;
         Ok((file, info))
+    }
+
+    /// The shard holding `name` (opened now if it is not yet) and the tensor's entry in it:
+    /// `TensorNotFound` when the index does not list it, `ShardMissing` when (lenient mode) the
+    /// shard lacks it, or the shard's error when it cannot be opened.
+    pub fn place(&self, name: &str) -> Result<(usize, usize)> {
+        loop {
+            match self.find(name.as_bytes()) {
+                Some(Found::At { shard, entry }) => return Ok((shard, entry)),
+                Some(Found::Unopened { shard }) => {
+                    self.shard(shard)?;
+                }
+                Some(Found::Missing { shard }) => return Err(self.missing_in(shard, name)),
+                None => {
+                    return Err(Error::TensorNotFound {
+                        name: name.to_owned(),
+                    }
+                    .in_file(&self.path))
+                }
+            }
+        }
     }
 
     /// The shard holding `name`, opened: [`Checkpoint::shard_of`], then (in lenient mode, where
     /// opening a shard does not check this) `ShardMissing` when the shard lacks the tensor.
     pub fn shard_holding(&self, name: &str) -> Result<usize> {
-        let i = self.shard_of(name)?;
-        let file = self.shard(i)?;
-        if file.header().position(name).is_none() {
-            return Err(self.missing_in(i, name));
-        }
-        Ok(i)
+        self.place(name).map(|(shard, _)| shard)
     }
 
     fn missing_in(&self, shard: usize, name: &str) -> Error {
@@ -421,17 +736,13 @@ impl Checkpoint {
     /// Opens every shard to know (an error opening one is returned). Always empty in strict
     /// mode, where such a shard fails to open instead.
     pub fn missing(&self) -> Result<Vec<(String, usize)>> {
+        self.open_all_shards()?;
         let mut out = Vec::new();
         for i in 0..self.shards.len() {
-            let file = self.shard(i)?;
-            for (name, _) in self
-                .names
-                .iter()
-                .zip(&self.shard_of)
-                .filter(|(_, &s)| s as usize == i)
-            {
-                if file.header().position(name).is_none() {
-                    out.push((name.clone(), i));
+            self.shard(i)?;
+            for &pos in self.members_of(i) {
+                if self.entry[pos as usize].load(Ordering::Relaxed) == ABSENT {
+                    out.push((self.names[pos as usize].clone(), i));
                 }
             }
         }
@@ -442,6 +753,7 @@ impl Checkpoint {
     /// Shards with bytes after their last tensor, as (shard index, byte count); opens every
     /// shard to know. Always empty unless opened with `allow_trailing_bytes`.
     pub fn trailing_bytes(&self) -> Result<Vec<(usize, u64)>> {
+        self.open_all_shards()?;
         let mut out = Vec::new();
         for i in 0..self.shards.len() {
             let n = self.shard(i)?.trailing_bytes();
@@ -451,41 +763,11 @@ impl Checkpoint {
         }
         Ok(out)
     }
+}
 
-    /// The index is the authority: the shard must hold what it is assigned, and nothing that
-    /// is assigned elsewhere. In lenient mode neither is checked here: a missing tensor is an
-    /// error when asked for ([`Checkpoint::shard_holding`]), a copy assigned elsewhere is never
-    /// read (lookups go through the index).
-    fn check_shard(&self, id: u32, file: &SafeFile) -> Result<()> {
-        if self.options.lenient {
-            return Ok(());
-        }
-        let shard = &self.shards[id as usize];
-        for (name, _) in self
-            .names
-            .iter()
-            .zip(&self.shard_of)
-            .filter(|(_, &s)| s == id)
-        {
-            if file.header().position(name).is_none() {
-                return Err(Error::ShardMissing {
-                    shard: shard.name.clone(),
-                    tensor: Some(name.clone()),
-                });
-            }
-        }
-        for info in file.header().iter() {
-            if let Some(pos) = self.position(info.name) {
-                let owner = self.shard_of[pos];
-                if owner != id {
-                    return Err(Error::ShardMismatch {
-                        tensor: info.name.to_owned(),
-                        found_in: shard.name.clone(),
-                        claimed_by: Some(self.shards[owner as usize].name.clone()),
-                    });
-                }
-            }
-        }
-        Ok(())
-    }
+/// Shards opened at once: one per core, at most 8.
+fn parallelism() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(8)
 }

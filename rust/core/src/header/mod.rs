@@ -25,7 +25,7 @@
 mod builder;
 mod canonical;
 mod general;
-mod names;
+pub(crate) mod names;
 
 use std::collections::BTreeMap;
 use std::fmt;

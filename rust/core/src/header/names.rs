@@ -11,7 +11,7 @@ use std::hash::BuildHasher;
 /// SipHash (std's `RandomState`), which a hostile header cannot steer. Lookups stay O(1) either
 /// way; ordinary headers never pay for SipHash, which cost ~10% of opening a large header.
 #[derive(Clone, Default)]
-pub(super) struct NameIndex {
+pub(crate) struct NameIndex {
     /// Positions plus one; 0 marks an empty slot.
     slots: Vec<u32>,
     hasher: NameHasher,
@@ -97,7 +97,7 @@ fn tail_word(bytes: &[u8], n: usize) -> u64 {
 
 impl NameIndex {
     /// Indexes `count` names; on a repeated name returns it as the error.
-    pub(super) fn build<'a>(
+    pub(crate) fn build<'a>(
         count: usize,
         name: impl Fn(u32) -> &'a str,
     ) -> std::result::Result<NameIndex, String> {
@@ -144,7 +144,7 @@ impl NameIndex {
         Ok(Some(NameIndex { slots, hasher }))
     }
 
-    pub(super) fn find<'a>(&self, n: &[u8], name: impl Fn(u32) -> &'a [u8]) -> Option<u32> {
+    pub(crate) fn find<'a>(&self, n: &[u8], name: impl Fn(u32) -> &'a [u8]) -> Option<u32> {
         if self.slots.is_empty() {
             return None;
         }
