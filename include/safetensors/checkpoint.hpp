@@ -323,7 +323,8 @@ struct Access<Checkpoint> {
         return held.status();
       }
     }
-    return Status(ErrorKind::Internal, "tensor `" + std::string(name) + "` is in an open shard the index cannot place");
+    return Status(ErrorKind::Internal,
+                  "tensor `" + std::string(name) + "` is in an open shard the index cannot place");
   }
 
   /// The open shard holding `name`, as a source (see `place`).
@@ -372,7 +373,8 @@ struct Access<Checkpoint> {
   static Status open_every_shard(const Checkpoint& ckpt) {
     if (!ckpt.state_) return moved_from("Checkpoint");
     // Opened by the core, several at once; then each published here.
-    if (auto opened = attempt([&](ffi::Status& st) { ckpt.state_->ckpt->open_all_shards(st); }); !opened.ok()) {
+    if (auto opened = attempt([&](ffi::Status& st) { ckpt.state_->ckpt->open_all_shards(st); });
+        !opened.ok()) {
       return opened;
     }
     for (std::size_t i = 0; i < ckpt.state_->ckpt->shard_count(); ++i) {
