@@ -13,6 +13,11 @@
     gpu        safetensors.torch.load_file(path, device="cuda:0"), synchronized (torch + CUDA)
     gpu_naive  a naive torch baseline: load_file on the CPU, then .to("cuda:0") per tensor
 
+A FILE that is a checkpoint index (`.json`, make_bench_files' moe-deepseek-v3) gets bench_cpp's
+checkpoint `open` item, named by its directory: json.load of the index, then for every shard
+safe_open, keys() and get_slice(k).get_shape() for each key (what Python code does with a
+sharded checkpoint), runs taking turns as bench_cpp's.
+
 Files with dtypes NumPy lacks (bf16, fp8) go through safetensors.torch when torch is installed,
 else those items are reported as skipped. Writes the same JSON schema as bench_cpp (tool
 "bench.py"). Medians of --runs runs after one warm-up, with the spread (min, max); the page
@@ -136,8 +141,37 @@ def open_all(path):
             f.get_slice(k).get_shape()
 
 
+def open_checkpoint(index):
+    """The checkpoint `open` item: the index read, then every shard opened, its keys listed and
+    each tensor's shape taken."""
+    with open(index) as f:
+        weight_map = json.load(f)["weight_map"]
+    folder = os.path.dirname(index)
+    n = 0
+    for shard in sorted(set(weight_map.values())):
+        with safe_open(os.path.join(folder, shard), framework="np") as f:
+            for k in f.keys():
+                f.get_slice(k).get_shape()
+                n += 1
+    return n
+
+
+def bench_checkpoint(index, runs, items):
+    """The checkpoint items of an index (`open`), named by its directory."""
+    out = []
+    tensors = open_checkpoint(index)
+    if "open" in items:
+        out.append(result("open", timed(runs, lambda: open_checkpoint(index))))
+    with open(index) as f:
+        size = int(json.load(f).get("metadata", {}).get("total_size", 0))
+    name = os.path.basename(os.path.dirname(os.path.abspath(index)))
+    return {"name": name, "bytes": size, "tensors": tensors, "items": out, "limits": []}
+
+
 def bench_file(path, runs, items, cold=False):
     """Every item of one file; with `cold`, the page cache is dropped before every run."""
+    if path.lower().endswith(".json"):
+        return bench_checkpoint(path, runs, items)
     size = os.path.getsize(path)
     setup = drop_caches if cold else (lambda: None)
     if not cold:

@@ -26,6 +26,18 @@
 //              `gpu` load of the same file
 //   convert    not per file, and only when asked for (--items convert, no FILE needed): each
 //              dtype to F32 and F32 to BF16/F16/F8_E4M3 on 64 Mi elements (bench_convert.hpp)
+// A FILE that is a checkpoint index (`.json`: make_bench_files' moe-deepseek-v3) gets the items
+// of a checkpoint, named by its directory, taking turns run by run:
+//   open       Checkpoint open, keys(), every tensor's info (its shard opened on first use);
+//              bench.py: json.load of the index, then per shard safe_open, keys, get_shape
+//   load       every tensor's bytes copied into one buffer by range-for over the checkpoint;
+//              limit: one read() of every shard file into the same buffer
+//   plan_ep    a LoadPlan for expert parallelism over 8 ranks (each rank its own experts,
+//              every rank every other tensor): the selections made and the plan built
+//   plan_tp    a LoadPlan for tensor parallelism over 8 ranks (every 2-D tensor split by rows
+//              where it has a row per rank, the rest replicated)
+//   plan_upload  the upload plan of every tensor (cuda::plan: where each lands on the device;
+//              no GPU needed)
 // Limits also measured: read() into fresh memory (what any copy into new memory pays for page
 // faults), the same into fresh memory that asked for huge pages (what an owned copy on one
 // thread can reach: the kernel still zeroes each page), and one memcpy of the file's size.
@@ -78,6 +90,7 @@
 #include "bench_ranks.hpp"
 #include "checked_output.hpp"
 #include "cold.hpp"
+#include "gpu/probe.hpp"
 #include "limits.hpp"
 #include "peer_syoyo.hpp"
 
@@ -109,8 +122,8 @@ constexpr const char* kUsage =
 
 const std::set<std::string> kColdItems{"disk", "mmap", "read", "direct", "prefetch", "stream"};
 const std::set<std::string> kAllItems = [] {
-  std::set<std::string> all{"open", "load",    "load_copy", "slice", "save",
-                            "gpu",  "convert", "ring",      "peer",  "ranks"};
+  std::set<std::string> all{"open",    "load", "load_copy", "slice", "save", "gpu",
+                            "convert", "ring", "peer",      "ranks", "plans"};
   all.insert(kColdItems.begin(), kColdItems.end());
   return all;
 }();
@@ -125,6 +138,7 @@ struct Options {
   bool cold = false;
   bool help = false;
   std::set<std::string> items;
+  bool items_given = false;  // --items named them (else the defaults)
   std::string json;
   std::vector<fs::path> files;
 };
@@ -546,7 +560,8 @@ std::set<std::string> item_list(const std::string& text) {
   std::set<std::string> items;
   std::istringstream s(text);
   for (std::string it; std::getline(s, it, ',');) {
-    if (!kAllItems.count(it)) throw UsageError("unknown item '" + it + "' in --items");
+    // `probe` (gpu/probe.hpp): only when asked for, as `ranks`.
+    if (!kAllItems.count(it) && it != "probe") throw UsageError("unknown item '" + it + "' in --items");
     items.insert(it);
   }
   return items;
@@ -575,6 +590,7 @@ Options read_arguments(int argc, char** argv) {
     } else if (a == "--items") {
       o.items = item_list(value());
       items_given = true;
+      o.items_given = true;
     } else if (a == "--help" || a == "-h") {
       o.help = true;
     } else if (a.size() > 1 && a[0] == '-') {
@@ -642,6 +658,7 @@ struct FileResults {
   Limits limits;
   bool with_save = false;
   GpuResults gpu;
+  std::string probe;  // the GPU probe's JSON object (gpu/probe.hpp), when it ran
   std::deque<Result> ring_limits;  // the `ring` item's limits (a deque: items point at them)
 };
 
@@ -820,6 +837,18 @@ void run_items(const Options& opt, const fs::path& path, int runs, const std::fu
                FileResults& out) {
   using Kind = measure::LoadItem::Kind;
   std::size_t size = fs::file_size(path);
+  if (opt.items.count("probe")) {
+    out.probe = gpu_probe::run(path, runs);
+    // The GPU kit's probe step asks for `probe` (and `ranks`) alone: the CPU limits beside the
+    // other items would only spend its device time.
+    if (std::all_of(opt.items.begin(), opt.items.end(), [](const auto& i) { return i == "probe" || i == "ranks"; })) {
+      const std::string why = "not measured beside --items probe";
+      out.limits = {{"read()", {}, 0, why},  {"read() into new memory", {}, 0, why},
+                    {"read() into new huge pages", {}, 0, why}, {"memcpy", {}, 0, why}, {}, {}};
+      if (opt.items.count("ranks")) ranks_items(path, runs, setup, out);
+      return;
+    }
+  }
   out.with_save = opt.items.count("save") && size < (2ull << 30);
   out.limits = limits(path, runs, out.with_save, setup);
   if (opt.items.count("open"))
@@ -904,6 +933,7 @@ std::string file_json(const fs::path& path, std::size_t size, std::size_t tensor
     for (const auto& l : r.ring_limits) json << "," << json_result(l);
   }
   json << "],\"gpu_host_extra_bytes\":" << r.gpu.host_extra;
+  if (!r.probe.empty()) json << ",\"probe\":" << r.probe;
   if (!cold.second.empty()) json << ",\"disk\":" << cold.second;
   json << "}";
   return json.str();
@@ -982,7 +1012,140 @@ std::pair<std::string, std::string> cold_items(const Options& opt, const fs::pat
   return {json, "{\"tool\":" + json_text(tool.name) + ",\"command\":" + json_text(tool.command) + "}"};
 }
 
+// ---- a checkpoint index as FILE --------------------------------------------------------------
+
+bool is_index(const fs::path& path) {
+  std::string ext = path.extension().string();
+  for (auto& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return ext == ".json";
+}
+
+/// Every shard of the checkpoint read whole into `buffer` (the files one after another), with
+/// plain read()s: the machine's limit for reading the checkpoint's bytes.
+void read_shards(const std::vector<std::string>& shards, std::vector<std::byte>& buffer) {
+  std::size_t at = 0;
+  for (const auto& shard : shards) {
+    int fd = ::open(shard.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw std::runtime_error("cannot open " + shard);
+    for (;;) {
+      ssize_t n = ::read(fd, buffer.data() + at, buffer.size() - at);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      at += static_cast<std::size_t>(n);
+    }
+    ::close(fd);
+  }
+  sink += at;
+}
+
+std::string bench_checkpoint(const Options& opt, const fs::path& index) {
+  const std::string name = index.parent_path().filename().string();
+  std::vector<std::string> shards;
+  std::size_t tensors = 0, file_bytes = 0, tensor_bytes = 0;
+  {
+    safetensors::Checkpoint c(index);
+    shards = c.shard_paths();
+    tensors = c.size();
+    for (const auto& s : shards) file_bytes += fs::file_size(s);
+    for (const auto& [n, view] : c) tensor_bytes += view.data.size();
+  }
+  const int runs = opt.runs ? opt.runs : 7;
+  std::printf("%s (checkpoint: %zu tensors in %zu shards, %zu bytes, %d runs)\n", name.c_str(), tensors,
+              shards.size(), file_bytes, runs);
+  std::vector<std::byte> buffer(std::max(file_bytes, tensor_bytes));
+  std::memset(buffer.data(), 1, buffer.size());  // faulted in before any run
+  struct Item {
+    Result result;
+    std::function<void()> body;
+  };
+  std::vector<Item> items;
+  if (opt.items.count("open")) {
+    items.push_back({{"open", {}, 0, {}}, [&] {
+                       safetensors::Checkpoint c(index);
+                       for (const auto& k : c.keys()) sink += c.info(k).shape.size();
+                     }});
+  }
+  // The plans are a default item of a checkpoint (not of a file).
+  if (opt.items.count("plans") || !opt.items_given) {
+    // One open checkpoint, as an engine plans on: what is timed is making the plan.
+    auto ckpt = std::make_shared<safetensors::Checkpoint>(index);
+    auto keys = std::make_shared<std::vector<std::string>>(ckpt->keys());
+    constexpr std::size_t world = 8;
+    items.push_back({{"plan_ep", {}, 0, {}}, [ckpt, keys] {
+                       std::vector<std::vector<safetensors::Selection>> needs(world);
+                       for (const auto& k : *keys) {
+                         auto slice = ckpt->get_slice(k);
+                         // "...mlp.experts.E.": expert E belongs to rank E % world.
+                         const auto at = k.find(".experts.");
+                         if (at == std::string::npos) {
+                           for (auto& n : needs) n.push_back(slice.select({}));
+                         } else {
+                           needs[std::stoul(k.substr(at + 9)) % world].push_back(slice.select({}));
+                         }
+                       }
+                       safetensors::LoadPlan plan(needs);
+                       sink += plan.bytes_read();
+                     }});
+    items.push_back({{"plan_tp", {}, 0, {}}, [ckpt, keys] {
+                       std::vector<std::vector<safetensors::Selection>> needs(world);
+                       for (const auto& k : *keys) {
+                         auto slice = ckpt->get_slice(k);
+                         const auto shape = slice.shape();
+                         for (std::size_t r = 0; r < world; ++r) {
+                           needs[r].push_back(shape.size() == 2 && shape[0] % world == 0
+                                                  ? safetensors::column_parallel(slice, r, world)
+                                                  : slice.select({}));
+                         }
+                       }
+                       safetensors::LoadPlan plan(needs);
+                       sink += plan.bytes_read();
+                     }});
+    items.push_back({{"plan_upload", {}, 0, {}}, [ckpt] { sink += safetensors::cuda::plan(*ckpt).first; }});
+  }
+  if (opt.items.count("load")) {
+    items.push_back({{"load", {}, tensor_bytes, {}}, [&] {
+                       safetensors::Checkpoint c(index);
+                       std::size_t at = 0;
+                       for (const auto& [n, view] : c) {
+                         std::memcpy(buffer.data() + at, view.data.data(), view.data.size());
+                         at += view.data.size();
+                       }
+                       sink += at;
+                     }});
+    items.push_back({{"read()", {}, file_bytes, {}}, [&] { read_shards(shards, buffer); }});
+  }
+  for (auto& item : items) item.body();  // warm-up
+  for (int run = 0; run < runs; ++run) {
+    for (auto& item : items) {
+      auto start = measure::Clock::now();
+      item.body();
+      item.result.runs.push_back(measure::seconds_since(start));
+    }
+  }
+  const Result* read_limit = nullptr;
+  for (const auto& item : items)
+    if (item.result.item == "read()") read_limit = &item.result;
+  std::ostringstream json;
+  json << "{\"name\":\"" << name << "\",\"bytes\":" << tensor_bytes << ",\"tensors\":" << tensors
+       << ",\"shards\":" << shards.size() << ",\"items\":[";
+  bool first = true;
+  for (const auto& item : items) {
+    if (item.result.item == "read()") continue;
+    print_result(item.result, item.result.item == "load" ? read_limit : nullptr);
+    json << (first ? "" : ",") << json_result(item.result);
+    first = false;
+  }
+  json << "],\"limits\":[";
+  if (read_limit) {
+    print_result(*read_limit, nullptr);
+    json << json_result(*read_limit);
+  }
+  json << "]}";
+  return json.str();
+}
+
 std::string bench_file(const Options& opt, const fs::path& path) {
+  if (is_index(path)) return bench_checkpoint(opt, path);
   std::size_t size = fs::file_size(path);
   int runs = opt.runs ? opt.runs : opt.cold ? 5 : (size > (2ull << 30) ? 3 : 7);
   auto setup = cache_setup(opt, path);

@@ -30,6 +30,8 @@ GOALS = {
     ("gpt2.safetensors", "load_copy"): [("limit", 0.8)],
     ("gpt2.safetensors", "save"): [("limit", 0.8)],
     ("1b-mixed.safetensors", "gpu"): [("limit", 0.85), ("python", 10)],
+    ("moe-deepseek-v3", "open"): [("python", 6), ("python_every", 5)],
+    ("moe-deepseek-v3", "load"): [("limit", 0.5)],
 }
 MIN_ROUNDS = 3
 # Which limit each item is compared with: like for like. `load_copy` copies into memory it owns,
@@ -44,7 +46,7 @@ EXTRA_LIMIT_OF = {"load_copy": ["read() into new memory", "read() into new huge 
 # mapping and copies nothing. Our synced save has no Python counterpart (Python's save_file does
 # not sync), so it is compared with save_nosync only.
 PYTHON_OF = {"load": None, "load_copy": "load", "save": None}
-ITEMS = ["open", "load", "load_copy", "slice", "save", "save_nosync", "gpu"]
+ITEMS = ["open", "load", "load_copy", "slice", "save", "save_nosync", "gpu", "plan_ep", "plan_tp", "plan_upload"]
 
 
 DISPLAY = {"model.safetensors": "all-MiniLM-L6-v2"}

@@ -72,6 +72,37 @@ class Bench : public ::testing::TestWithParam<Program> {
   std::filesystem::path model_ = dir_ / "model.safetensors", bad_ = dir_ / "bad.safetensors";
 };
 
+TEST_P(Bench, ACheckpointIndexGetsTheCheckpointItemsNamedByItsDirectory) {
+  if (!can_measure()) GTEST_SKIP() << "no NumPy and safetensors in " << SAFETENSORS_TEST_PYTHON;
+  // Two shards and their index, in a directory named as the report will name them.
+  auto folder = dir_ / "tiny-moe";
+  std::filesystem::create_directories(folder);
+  std::array<float, 8> a{1, 2, 3, 4, 5, 6, 7, 8};
+  std::array<float, 2> b{9, 10};
+  safetensors::save_file(
+      folder / "s1.safetensors",
+      {{"layers.0.mlp.experts.1.w", TensorView{Dtype::F32, {8, 1}, std::as_bytes(std::span(a)), {}}}});
+  safetensors::save_file(folder / "s2.safetensors",
+                         {{"norm", TensorView{Dtype::F32, {2}, std::as_bytes(std::span(b)), {}}}});
+  std::ofstream(folder / "model.safetensors.index.json")
+      << R"({"metadata":{"total_size":40},"weight_map":{"layers.0.mlp.experts.1.w":"s1.safetensors","norm":"s2.safetensors"}})";
+  auto json = dir_ / "ckpt.json";
+  auto r =
+      bench({"--runs", "2", "--json", json.string(), (folder / "model.safetensors.index.json").string()});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  std::ifstream in(json);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(has(text, R"("name":"tiny-moe")") || has(text, R"("name": "tiny-moe")")) << text;
+  EXPECT_TRUE(has(text, R"("tensors":2)") || has(text, R"("tensors": 2)")) << text;
+  EXPECT_TRUE(has(text, R"("item":"open")") || has(text, R"("item": "open")")) << text;
+  if (std::string(GetParam().name) == "bench_cpp") {
+    // Every byte by range-for beside one read() of every shard; and the plans.
+    for (const char* item : {"load", "read()", "plan_ep", "plan_tp", "plan_upload"})
+      EXPECT_TRUE(has(text, std::string(R"("item":")") + item + "\"")) << item << ": " << text;
+    EXPECT_TRUE(has(r.out, "tiny-moe (checkpoint: 2 tensors in 2 shards")) << r.out;
+  }
+}
+
 TEST_P(Bench, ModelIterationsPrintsTheTimePerIterationOfEachLoad) {
   if (!can_measure()) GTEST_SKIP() << "no NumPy and safetensors in " << SAFETENSORS_TEST_PYTHON;
   auto json = dir_ / "out.json";
