@@ -588,7 +588,7 @@ typedef struct st_file_desc {
  */
 typedef struct st_tensor {
   /**
-   * The tensor's name (for conversions, only used in messages; may be empty).
+   * The tensor's name (conversions do not use it; may be empty).
    */
   struct st_str name;
   /**

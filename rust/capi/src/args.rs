@@ -1,18 +1,19 @@
 //! The caller's arguments, checked before use: handles and out-pointers that must not be NULL,
 //! byte ranges (a NULL pointer is only allowed with a length of 0), arrays, paths, names and
 //! flags. A careless argument is an `Internal` error naming the call and the parameter, never
-//! a dereference of NULL.
+//! a dereference of NULL. An output buffer is lent to Rust only after the core's overlap rule
+//! (`safetensors_core::refuse_overlap`) has refused one that overlaps what the call reads.
 //!
 //! What this layer hands back to C: strings as [`st_str`] (a pointer and a length, never NULL,
 //! never NUL-terminated unless said), and pointers to nothing (an empty name, the shape of a
 //! scalar, the bytes of an empty tensor) as valid static addresses rather than NULL or Rust's
 //! dangling pointers, so that any language may form an empty slice from them.
 
-use std::collections::HashMap;
-use std::ffi::{c_char, c_void, CStr, CString};
+use std::ffi::{c_char, c_void, CStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Mutex;
+
+use safetensors_core::AddressRange;
 
 use crate::status::{Fail, Res};
 
@@ -62,25 +63,6 @@ pub(crate) fn dims_ptr(dims: &[usize]) -> *const usize {
     } else {
         dims.as_ptr()
     }
-}
-
-/// `name` as a static NUL-terminated string (names of kinds and dtypes): made once per name.
-pub(crate) fn static_c_str(name: &'static str) -> *const c_char {
-    static NAMES: Mutex<Option<HashMap<&'static str, &'static CStr>>> = Mutex::new(None);
-    let interned = std::panic::catch_unwind(|| {
-        let mut names = NAMES.lock().unwrap_or_else(|p| p.into_inner());
-        let names = names.get_or_insert_with(HashMap::new);
-        names
-            .entry(name)
-            .or_insert_with(|| {
-                // The names are our own identifiers: none holds a NUL.
-                let c = CString::new(name).unwrap_or_default();
-                Box::leak(c.into_boxed_c_str())
-            })
-            .as_ptr()
-    });
-    // Nothing unwinds into C, even from a call that cannot fail.
-    interned.unwrap_or(c"".as_ptr())
 }
 
 /// One entry point, named in the messages about its arguments.
@@ -141,9 +123,28 @@ impl Call {
         Ok(unsafe { std::slice::from_raw_parts(p.cast(), len) })
     }
 
-    /// `len` writable bytes at `p` (NULL only with `len` 0). Callers check first that they do
-    /// not overlap anything the call reads ([`refuse_overlap`]): Rust may not hold a mutable
-    /// slice over bytes it also reads.
+    /// The output buffer `dst`, `len` writable bytes (NULL only with `len` 0), lent as a slice
+    /// once it is known to overlap none of `reads`, what the call reads: Rust may not hold a
+    /// mutable slice over bytes it also reads (the core's rule and message,
+    /// `safetensors_core::refuse_overlap`, as C++'s).
+    ///
+    /// # Safety
+    /// `dst` is NULL or points to `len` writable bytes no one else uses during the call.
+    pub(crate) unsafe fn output<'a>(
+        &self,
+        reads: &[AddressRange],
+        dst: *mut c_void,
+        len: usize,
+    ) -> Res<&'a mut [u8]> {
+        for &src in reads {
+            safetensors_core::refuse_overlap(self.0, src, AddressRange::at(dst, len))?;
+        }
+        // SAFETY: the caller's promise; it overlaps nothing the call reads (checked above).
+        unsafe { self.bytes_mut(dst, len, "dst") }
+    }
+
+    /// `len` writable bytes at `p` (NULL only with `len` 0), which the caller has checked
+    /// overlap nothing the call reads ([`Call::output`] does both).
     ///
     /// # Safety
     /// `p` is NULL or points to `len` writable bytes no one else uses during the call.
@@ -247,40 +248,22 @@ impl Call {
     }
 }
 
-/// Refuses an output buffer `dst` that overlaps `src`, the bytes the call reads: the rule of
-/// C++'s `detail::refuse_overlap`, with its message and kind (`InvalidSlice`), checked before
-/// any byte is written (and before Rust forms a mutable slice over `dst`).
+/// Refuses an output buffer `dst` that overlaps `src` (address, length), the bytes the call
+/// reads: the core's rule (for callers that hold addresses rather than a [`Call::output`]).
 pub(crate) fn refuse_overlap(
     call: Call,
     src: (usize, usize),
     dst: (*const c_void, usize),
 ) -> Res<()> {
-    let (a0, alen) = src;
-    let (b0, blen) = (dst.0 as usize, dst.1);
-    if alen == 0 || blen == 0 {
-        return Ok(());
-    }
-    let overlaps = if a0 >= b0 {
-        a0 - b0 < blen
-    } else {
-        b0 - a0 < alen
+    let src = AddressRange {
+        start: src.0,
+        len: src.1,
     };
-    if !overlaps {
-        return Ok(());
-    }
-    Err(Fail::Said(
-        safetensors_core::ErrorKind::InvalidSlice,
-        format!(
-            "{}: the destination ({blen} bytes) overlaps the bytes it reads ({alen} bytes); write \
-             into a separate buffer",
-            call.0
-        ),
-    ))
-}
-
-/// The address range of `bytes`, for [`refuse_overlap`].
-pub(crate) fn span(bytes: &[u8]) -> (usize, usize) {
-    (bytes.as_ptr() as usize, bytes.len())
+    Ok(safetensors_core::refuse_overlap(
+        call.0,
+        src,
+        AddressRange::at(dst.0, dst.1),
+    )?)
 }
 
 #[cfg(test)]
@@ -288,16 +271,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn overlap_is_any_shared_byte() {
-        let c = Call("t");
-        let buf = [0u8; 16];
-        let base = buf.as_ptr() as usize;
-        let at = |o: usize| (buf[o..].as_ptr().cast::<c_void>(), 4usize);
-        assert!(refuse_overlap(c, (base, 8), at(7)).is_err());
-        assert!(refuse_overlap(c, (base, 8), at(8)).is_ok());
-        assert!(refuse_overlap(c, (base + 4, 4), at(1)).is_err());
-        assert!(refuse_overlap(c, (base + 4, 4), at(0)).is_ok());
-        assert!(refuse_overlap(c, (base, 0), at(0)).is_ok());
+    fn an_output_is_lent_only_clear_of_what_the_call_reads() {
+        let c = Call("st_t");
+        let mut buf = [0u8; 16];
+        let src = AddressRange::of(&buf[..8]);
+        let at = |o: usize| buf[o..].as_ptr().cast_mut().cast::<c_void>();
+        // SAFETY: `buf` is ours and unused during the calls.
+        unsafe {
+            let e = c.output(&[src], at(7), 4).unwrap_err();
+            assert_eq!(e.kind(), safetensors_core::ErrorKind::InvalidSlice);
+            assert!(e.message().starts_with("st_t: the destination (4 bytes)"));
+            assert_eq!(c.output(&[src], at(8), 4).unwrap().len(), 4);
+            assert!(c.output(&[], std::ptr::null_mut(), 1).is_err());
+            assert!(c
+                .output(&[src], std::ptr::null_mut(), 0)
+                .unwrap()
+                .is_empty());
+        }
+        let (p, n) = (buf.as_mut_ptr(), buf.len());
+        assert!(refuse_overlap(c, (p as usize, n), (p.cast(), 1)).is_err());
     }
 
     #[test]

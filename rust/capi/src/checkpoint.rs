@@ -4,16 +4,18 @@
 use std::ffi::{c_char, c_void};
 use std::os::raw::c_int;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
-use safetensors_core::{Checkpoint, CheckpointOptions, SafeFile, TensorInfo};
+use safetensors_core::{
+    name_to_find, Checkpoint, CheckpointOptions, MetadataList, SafeFile, TensorInfo,
+};
 
 use crate::args::{st_str, Call};
+use crate::ffi::{free_box, hand_out};
 use crate::file::{
-    backend, metadata_list, not_found, read_tensor, BACKEND_BITS, ST_OPEN_ALLOW_TRAILING_BYTES,
-    ST_OPEN_LENIENT,
+    backend, read_tensor, BACKEND_BITS, ST_OPEN_ALLOW_TRAILING_BYTES, ST_OPEN_LENIENT,
 };
-use crate::status::{quietly, run, st_error, Res};
+use crate::status::{run, st_error, Res};
 use crate::tensor::st_tensor;
 
 /// Tensors the index lists but their shard lacks, each with its shard.
@@ -24,8 +26,9 @@ type Missing = Arc<Vec<(String, usize)>>;
 /// bytes of its shards) are valid while it lives.
 pub struct st_checkpoint {
     pub(crate) inner: Checkpoint,
-    metadata: OnceLock<Vec<(String, String)>>,
-    /// `missing()`, once it has succeeded (it opens every shard).
+    metadata: MetadataList,
+    /// `missing()`, once it has succeeded (it opens every shard); kept so that the names
+    /// handed out stay valid while the checkpoint lives.
     missing: Mutex<Option<Missing>>,
 }
 
@@ -33,17 +36,15 @@ impl st_checkpoint {
     /// A checkpoint as the C API hands it out.
     pub(crate) fn new(inner: Checkpoint) -> st_checkpoint {
         st_checkpoint {
+            metadata: MetadataList::of(inner.metadata()),
             inner,
-            metadata: OnceLock::new(),
             missing: Mutex::new(None),
         }
     }
 
-    /// The shard file holding `name` and its description (`TensorNotFound` for a name that is
-    /// not UTF-8, which no tensor has).
+    /// The shard file holding `name` (any bytes) and its description.
     pub(crate) fn locate(&self, name: &[u8]) -> Res<(&SafeFile, TensorInfo<'_>)> {
-        let text = std::str::from_utf8(name).map_err(|_| not_found(name, self.inner.path()))?;
-        Ok(self.inner.locate(text)?)
+        Ok(self.inner.locate(name_to_find(name, self.inner.path())?)?)
     }
 
     fn missing(&self) -> Res<Missing> {
@@ -86,7 +87,7 @@ pub unsafe extern "C" fn st_checkpoint_open(
             ..CheckpointOptions::default()
         };
         let inner = Checkpoint::open_with(path, options)?;
-        *out = Box::into_raw(Box::new(st_checkpoint::new(inner)));
+        *out = hand_out(st_checkpoint::new(inner));
         Ok(())
     })
 }
@@ -94,10 +95,9 @@ pub unsafe extern "C" fn st_checkpoint_open(
 /// Frees a checkpoint (NULL is ignored). Slices and streams made from it keep their shards.
 #[no_mangle]
 pub unsafe extern "C" fn st_checkpoint_free(checkpoint: *mut st_checkpoint) {
-    if !checkpoint.is_null() {
-        // SAFETY: a checkpoint from `st_checkpoint_open`, freed once (the header's contract).
-        quietly(|| drop(unsafe { Box::from_raw(checkpoint) }));
-    }
+    // SAFETY: NULL or a checkpoint from `st_checkpoint_open`, freed once (the header's
+    // contract).
+    unsafe { free_box(checkpoint) }
 }
 
 /// What `st_checkpoint_describe` reports about a checkpoint.
@@ -237,10 +237,10 @@ pub unsafe extern "C" fn st_checkpoint_metadata(
                 c.out(value, "value")?,
             )
         };
-        let list = ckpt
-            .metadata
-            .get_or_init(|| metadata_list(ckpt.inner.metadata()));
-        let (k, v) = &list[c.index(i, list.len(), "the metadata")?];
+        let list = &ckpt.metadata;
+        let (k, v) = list
+            .get(c.index(i, list.len(), "the metadata")?)
+            .unwrap_or_default();
         *key = st_str::of(k.as_bytes());
         *value = st_str::of(v.as_bytes());
         Ok(())
@@ -267,8 +267,9 @@ pub unsafe extern "C" fn st_checkpoint_shard_of(
                 c.out(shard, "shard")?,
             )
         };
-        let text = std::str::from_utf8(name).map_err(|_| not_found(name, ckpt.inner.path()))?;
-        *out = ckpt.inner.shard_of(text)?;
+        *out = ckpt
+            .inner
+            .shard_of(name_to_find(name, ckpt.inner.path())?)?;
         Ok(())
     })
 }

@@ -5,9 +5,9 @@
 use std::ffi::c_void;
 use std::os::raw::c_int;
 
-use safetensors_core::{convert, TensorView};
+use safetensors_core::{convert, AddressRange, TensorView};
 
-use crate::args::{refuse_overlap, span, Call};
+use crate::args::Call;
 use crate::dtype::to_convert;
 use crate::status::{run, st_error, Res};
 use crate::tensor::{given, st_tensor, Given};
@@ -39,15 +39,6 @@ fn view<'a>(t: &Given<'a>) -> Res<TensorView<'a>> {
     Ok(TensorView::new(to_convert(t.dtype)?, t.shape, t.data))
 }
 
-/// Refuses an output overlapping any of `inputs`, then lends it as a slice.
-unsafe fn output<'a>(c: Call, inputs: &[&[u8]], dst: *mut c_void, len: usize) -> Res<&'a mut [u8]> {
-    for input in inputs {
-        refuse_overlap(c, span(input), (dst, len))?;
-    }
-    // SAFETY: the caller's promise; it overlaps no input (checked above).
-    unsafe { c.bytes_mut(dst, len, "dst") }
-}
-
 /// Converts `src` (`dtype`, `shape`, `data` of `byte_size` bytes) to dtype `to` into `dst`,
 /// which must hold exactly its elements in `to` (size it with `st_tensor_byte_size`). Sources:
 /// every dtype but C64; targets: every float dtype. Results are those of ml_dtypes' `astype`.
@@ -71,7 +62,7 @@ pub unsafe extern "C" fn st_convert(
         let from = view(&src)?;
         let to = to_convert(to)?;
         // SAFETY: as above.
-        let dst = unsafe { output(c, &[src.data], dst, dst_len)? };
+        let dst = unsafe { c.output(&[AddressRange::of(src.data)], dst, dst_len)? };
         Ok(convert::convert(
             from.dtype, from.shape, from.data, to, dst,
         )?)
@@ -103,8 +94,9 @@ pub unsafe extern "C" fn st_dequantize_fp8_blocks(
             )
         };
         let (wv, sv, to) = (view(&w)?, view(&s)?, to_convert(to)?);
+        let reads = [AddressRange::of(w.data), AddressRange::of(s.data)];
         // SAFETY: as above.
-        let dst = unsafe { output(c, &[w.data, s.data], dst, dst_len)? };
+        let dst = unsafe { c.output(&reads, dst, dst_len)? };
         Ok(convert::dequantize_fp8_blocks(
             wv,
             sv,
@@ -137,8 +129,9 @@ pub unsafe extern "C" fn st_dequantize_mxfp4(
             )
         };
         let (bv, sv, to) = (view(&b)?, view(&s)?, to_convert(to)?);
+        let reads = [AddressRange::of(b.data), AddressRange::of(s.data)];
         // SAFETY: as above.
-        let dst = unsafe { output(c, &[b.data, s.data], dst, dst_len)? };
+        let dst = unsafe { c.output(&reads, dst, dst_len)? };
         Ok(convert::dequantize_mxfp4(bv, sv, to, dst)?)
     })
 }

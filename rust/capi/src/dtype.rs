@@ -1,12 +1,14 @@
 //! Element types: the `ST_DTYPE_*` values (C++'s `safetensors::Dtype`, in the format's order),
-//! their names and sizes, and how a value a caller passes becomes a dtype.
+//! their names and sizes. Which value or spelling names a dtype is the core's rule
+//! (`Dtype::from_value`, `Dtype::from_str`).
 
 use std::ffi::c_char;
 use std::os::raw::c_int;
 
-use safetensors_core::{convert, dtype_to_write, Dtype};
+use safetensors_core::{convert, Dtype};
 
-use crate::args::{static_c_str, Call};
+use crate::args::Call;
+use crate::ffi::static_c_str;
 use crate::status::{run, st_error, Fail, Res};
 
 /// A dtype: boolean, one byte per element. The `ST_DTYPE_*` values are C++'s `safetensors::Dtype`
@@ -89,21 +91,17 @@ const _: () = {
     assert!(dtypes.len() == Dtype::ALL.len());
 };
 
-fn dtype_of(value: i32) -> Option<Dtype> {
-    u8::try_from(value).ok().and_then(Dtype::from_index)
-}
-
 /// The header spelling of a dtype, e.g. `"F32"` (static, NUL-terminated); `""` for a value
 /// that is no dtype.
 #[no_mangle]
 pub extern "C" fn st_dtype_name(dtype: i32) -> *const c_char {
-    static_c_str(dtype_of(dtype).map_or("", Dtype::name))
+    static_c_str(Dtype::from_value(dtype).map_or("", Dtype::name))
 }
 
 /// Bits of one element (4 for F4, 6 for the F6 types); 0 for a value that is no dtype.
 #[no_mangle]
 pub extern "C" fn st_dtype_bits(dtype: i32) -> usize {
-    dtype_of(dtype).map_or(0, Dtype::bits)
+    Dtype::from_value(dtype).map_or(0, Dtype::bits)
 }
 
 /// The dtype spelled exactly `name` (`name_len` bytes; `"f32"` is not `F32`), into `*dtype`.
@@ -119,46 +117,20 @@ pub unsafe extern "C" fn st_dtype_from_name(
     run(err, || {
         // SAFETY: the header's contract for each argument.
         let (name, out) = unsafe { (c.name(name, name_len, "name")?, c.out(dtype, "dtype")?) };
-        let found = std::str::from_utf8(name).ok().and_then(Dtype::from_name);
-        *out = found.ok_or_else(|| {
+        // The core's message (every spelling listed), with the C API's kind for a bad dtype.
+        let lossy = String::from_utf8_lossy(name);
+        *out = lossy.parse::<Dtype>().map_err(|unknown| {
             Fail::Said(
                 safetensors_core::ErrorKind::TypeMismatch,
-                format!(
-                    "st_dtype_from_name: `{}` is not a safetensors dtype (they are spelled as in \
-                     headers: F32, BF16, F8_E4M3, ...)",
-                    String::from_utf8_lossy(name)
-                ),
+                format!("{}: {unknown}", c.0),
             )
         })? as i32;
         Ok(())
     })
 }
 
-/// A dtype value a caller passes for a conversion (a value that is no dtype is
-/// `TypeMismatch`, with the core's message, whatever its width).
+/// A dtype value a caller passes for a conversion (the core's rule and message for a value that
+/// is no dtype, whatever its width).
 pub(crate) fn to_convert(value: i32) -> Res<Dtype> {
-    match u8::try_from(value) {
-        Ok(v) => Ok(convert::dtype_to_convert(v)?),
-        Err(_) => Err(Fail::Said(
-            safetensors_core::ErrorKind::TypeMismatch,
-            format!(
-                "dtype index {value} is not a safetensors dtype (there are {})",
-                Dtype::ALL.len()
-            ),
-        )),
-    }
-}
-
-/// A dtype value a caller passes for tensor `name` to write.
-pub(crate) fn to_write(name: &str, value: i32) -> Res<Dtype> {
-    match u8::try_from(value) {
-        Ok(v) => Ok(dtype_to_write(name, v)?),
-        Err(_) => Err(Fail::Said(
-            safetensors_core::ErrorKind::TypeMismatch,
-            format!(
-                "tensor `{name}` has an invalid dtype value {value} (valid values are 0 to {})",
-                Dtype::ALL.len() - 1
-            ),
-        )),
-    }
+    Ok(convert::dtype_to_convert(value)?)
 }

@@ -5,12 +5,16 @@ use std::ffi::{c_char, c_void};
 use std::os::raw::c_int;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use safetensors_core::{AlignedBuf, Backend, Error, OpenOptions, SafeFile, TensorInfo};
+use safetensors_core::{
+    tensor_not_found, AddressRange, AlignedBuf, Backend, Error, LentBytes, MetadataList,
+    OpenOptions, Release, SafeFile, SortedNames, TensorInfo,
+};
 
-use crate::args::{refuse_overlap, st_str, Call};
-use crate::status::{quietly, run, st_error, Fail, Res};
+use crate::args::{st_str, Call};
+use crate::ffi::{free_box, hand_out};
+use crate::status::{run, st_error, Fail, Res};
 use crate::tensor::st_tensor;
 
 /// Backend: map the file read-only; tensor bytes are zero-copy pointers into the mapping.
@@ -56,20 +60,21 @@ pub(crate) fn backend(c: Call, flags: u32) -> Res<Backend> {
 /// not.
 pub struct st_file {
     pub(crate) inner: Arc<SafeFile>,
-    sorted: OnceLock<Vec<u32>>,
-    metadata: OnceLock<Vec<(String, String)>>,
+    /// The names in `ST_ORDER_SORTED`, sorted at the first call that asks.
+    sorted: SortedNames,
+    metadata: MetadataList,
 }
 
 impl st_file {
     pub(crate) fn new(inner: SafeFile) -> st_file {
         st_file {
+            metadata: MetadataList::of(inner.header().metadata()),
             inner: Arc::new(inner),
-            sorted: OnceLock::new(),
-            metadata: OnceLock::new(),
+            sorted: SortedNames::new(),
         }
     }
 
-    /// The tensor `name`, or `TensorNotFound` naming the file.
+    /// The tensor `name` (any bytes), or `TensorNotFound` naming the file.
     pub(crate) fn find(&self, name: &[u8]) -> Res<TensorInfo<'_>> {
         let header = self.inner.header();
         header
@@ -77,37 +82,11 @@ impl st_file {
             .and_then(|i| header.at(i))
             .ok_or_else(|| not_found(name, self.inner.path()))
     }
-
-    fn metadata(&self) -> &[(String, String)] {
-        self.metadata
-            .get_or_init(|| metadata_list(self.inner.header().metadata()))
-    }
 }
 
+/// The core's `TensorNotFound` for `name` in `path`.
 pub(crate) fn not_found(name: &[u8], path: &Path) -> Fail {
-    Error::TensorNotFound {
-        name: String::from_utf8_lossy(name).into_owned(),
-    }
-    .in_file(path)
-    .into()
-}
-
-/// A metadata map as a list, for lookups by position.
-pub(crate) fn metadata_list(
-    map: Option<&std::collections::BTreeMap<String, String>>,
-) -> Vec<(String, String)> {
-    map.map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-        .unwrap_or_default()
-}
-
-/// The address range of a file's bytes in memory (the whole mapping, or a caller's whole
-/// buffer), which no output buffer may overlap; empty for the read and direct backends. A file
-/// whose mapping was deferred is mapped now: the read that asks goes through the mapping
-/// anyway.
-pub(crate) fn memory_span(file: &SafeFile) -> safetensors_core::Result<(usize, usize)> {
-    Ok(file
-        .mapped_file()?
-        .map_or((0, 0), |all| (all.as_ptr() as usize, all.len())))
+    tensor_not_found(name, path).into()
 }
 
 /// Opens and validates the safetensors file at `path` (NUL-terminated, as the OS takes it).
@@ -135,7 +114,7 @@ pub unsafe extern "C" fn st_file_open(
             ..OpenOptions::default()
         };
         let file = SafeFile::open_with(path, options)?;
-        *out = Box::into_raw(Box::new(st_file::new(file)));
+        *out = hand_out(st_file::new(file));
         Ok(())
     })
 }
@@ -143,43 +122,6 @@ pub unsafe extern "C" fn st_file_open(
 /// Called once with the `owner` given to `st_file_open_memory` when the library no longer
 /// reads the bytes.
 pub type st_release_fn = Option<unsafe extern "C" fn(owner: *mut c_void)>;
-
-/// The caller's owner of bytes lent to a file: released when the core drops them.
-struct Owner {
-    release: unsafe extern "C" fn(*mut c_void),
-    owner: *mut c_void,
-}
-
-impl Drop for Owner {
-    fn drop(&mut self) {
-        // SAFETY: `st_file_open_memory`'s contract: a function to call once with `owner`.
-        unsafe { (self.release)(self.owner) }
-    }
-}
-
-/// Bytes a caller lends to a file (see `st_file_open_memory`).
-struct Lent {
-    ptr: *const u8,
-    len: usize,
-    /// Never read: released when the bytes are dropped.
-    _owner: Option<Owner>,
-}
-
-// SAFETY: the bytes are only read, and `st_file_open_memory`'s contract keeps them alive and
-// unchanged until the owner is released, from whichever thread drops the last reader.
-unsafe impl Send for Lent {}
-// SAFETY: as above.
-unsafe impl Sync for Lent {}
-
-impl AsRef<[u8]> for Lent {
-    fn as_ref(&self) -> &[u8] {
-        if self.len == 0 {
-            return &[];
-        }
-        // SAFETY: `st_file_open_memory`'s contract: `len` bytes at `ptr`, alive and unchanged.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
 
 /// A copy of a caller's bytes, aligned to 4096 bytes (so that typed reads of every dtype are
 /// aligned, as from a mapping).
@@ -223,7 +165,8 @@ pub unsafe extern "C" fn st_file_open_memory(
     err: *mut st_error,
 ) -> c_int {
     // Taken first, so that the owner is released on every path, errors included.
-    let owner = release.map(|release| Owner { release, owner });
+    // SAFETY: the header's contract: `release(owner)` may be called once, from any thread.
+    let owner = release.map(|release| unsafe { Release::new(release, owner) });
     let c = Call("st_file_open_memory");
     run(err, move || {
         // SAFETY: the header's contract for each argument.
@@ -235,17 +178,15 @@ pub unsafe extern "C" fn st_file_open_memory(
             )
         };
         c.flags(flags, BACKEND_BITS | ST_OPEN_ALLOW_TRAILING_BYTES)?;
-        let lent = Lent {
-            ptr: bytes.as_ptr(),
-            len: bytes.len(),
-            _owner: owner,
-        };
+        // SAFETY: the header's contract: the bytes stay alive and unchanged until the owner is
+        // released (without one, until everything made from the file is freed).
+        let lent = unsafe { LentBytes::new(bytes.as_ptr(), bytes.len(), owner) };
         let options = OpenOptions {
             allow_trailing_bytes: flags & ST_OPEN_ALLOW_TRAILING_BYTES != 0,
             ..OpenOptions::default()
         };
-        let file = SafeFile::from_memory(name, Box::new(lent), options)?;
-        *out = Box::into_raw(Box::new(st_file::new(file)));
+        let file = SafeFile::from_memory(name, lent.into_memory(), options)?;
+        *out = hand_out(st_file::new(file));
         Ok(())
     })
 }
@@ -279,7 +220,7 @@ pub unsafe extern "C" fn st_file_open_memory_copy(
             ..OpenOptions::default()
         };
         let file = SafeFile::from_memory(name, Box::new(Copied(copy)), options)?;
-        *out = Box::into_raw(Box::new(st_file::new(file)));
+        *out = hand_out(st_file::new(file));
         Ok(())
     })
 }
@@ -287,10 +228,8 @@ pub unsafe extern "C" fn st_file_open_memory_copy(
 /// Frees a file (NULL is ignored). Slices, streams and plans made from it keep what they need.
 #[no_mangle]
 pub unsafe extern "C" fn st_file_free(file: *mut st_file) {
-    if !file.is_null() {
-        // SAFETY: a file from `st_file_open*`, freed once (the header's contract).
-        quietly(|| drop(unsafe { Box::from_raw(file) }));
-    }
+    // SAFETY: NULL or a file from `st_file_open*`, freed once (the header's contract).
+    unsafe { free_box(file) }
 }
 
 /// What `st_file_describe` reports about a file.
@@ -367,10 +306,7 @@ pub unsafe extern "C" fn st_file_key(
         let header = file.inner.header();
         let i = c.index(i, header.len(), "the file's tensor list")?;
         let position = match order {
-            ST_ORDER_SORTED => {
-                let sorted = file.sorted.get_or_init(|| header.sorted_positions());
-                sorted[i] as usize
-            }
+            ST_ORDER_SORTED => file.sorted.position(header, i).unwrap_or(i),
             ST_ORDER_FILE => i,
             other => {
                 return Err(Fail::careless(format!(
@@ -416,8 +352,8 @@ pub unsafe extern "C" fn st_file_info(
     })
 }
 
-/// Copies the bytes of `bytes` of `file`, starting at `offset` of its data buffer, into `dst`,
-/// after refusing a `dst` that overlaps the file's memory.
+/// Copies `len` bytes of `file`, starting at `offset` of its data buffer, into `dst`, which
+/// may not overlap the file's memory.
 unsafe fn read_into(
     c: Call,
     file: &SafeFile,
@@ -425,9 +361,8 @@ unsafe fn read_into(
     dst: *mut c_void,
     len: usize,
 ) -> Res<()> {
-    refuse_overlap(c, memory_span(file)?, (dst, len))?;
-    // SAFETY: the caller's promise; it overlaps nothing the read reads (checked above).
-    let dst = unsafe { c.bytes_mut(dst, len, "dst")? };
+    // SAFETY: the caller's promise.
+    let dst = unsafe { c.output(&[AddressRange::of_file(file)?], dst, len)? };
     Ok(file.read_data(offset, dst)?)
 }
 
@@ -515,8 +450,10 @@ pub unsafe extern "C" fn st_file_metadata(
                 c.out(value, "value")?,
             )
         };
-        let list = file.metadata();
-        let (k, v) = &list[c.index(i, list.len(), "the metadata")?];
+        let list = &file.metadata;
+        let (k, v) = list
+            .get(c.index(i, list.len(), "the metadata")?)
+            .unwrap_or_default();
         *key = st_str::of(k.as_bytes());
         *value = st_str::of(v.as_bytes());
         Ok(())
@@ -545,9 +482,7 @@ pub unsafe extern "C" fn st_file_metadata_get(
                 c.out(found, "found")?,
             )
         };
-        let hit = std::str::from_utf8(key)
-            .ok()
-            .and_then(|k| file.inner.header().metadata()?.get(k));
+        let hit = file.metadata.value(key);
         *found = hit.is_some();
         *value = hit.map_or(st_str::empty(), |v| st_str::of(v.as_bytes()));
         Ok(())

@@ -7,16 +7,22 @@
 //! depends on this crate), so a program using both APIs has one copy of the core and of Rust's
 //! standard library, and `libsafetensors.so` exports both (`cmake/safetensors.map`).
 //!
-//! The rules every entry point follows:
-//! - it returns `ST_OK` or `ST_FAILED`, and fills the caller's `st_error` (when not NULL) with
-//!   the error's kind and message (`status.rs`); it never unwinds into C: a panic becomes an
-//!   `Internal` error;
+//! The bindings translate; the core decides. This crate turns C arguments into core types and
+//! core results into C ones, and holds no rule of the format or of the library's behaviour:
+//! which names are found (`safetensors_core::name_to_find`), what a writer accepts
+//! (`Declarations`, `CheckpointWriter`), lent memory (`LentBytes`), overlapping outputs
+//! (`refuse_overlap`), the orders things are listed in (`MetadataList`, `SortedNames`) are all
+//! the core's, shared with the C++ bridge. What is left here:
+//! - every entry point returns `ST_OK` or `ST_FAILED`, and fills the caller's `st_error` (when
+//!   not NULL) with the error's kind and message (`status.rs`); it never unwinds into C: a
+//!   panic becomes an `Internal` error (the one boundary, `ffi::catch`);
 //! - it checks its arguments before using them (`args.rs`): a NULL handle or out-pointer, a
 //!   NULL buffer with a length, unknown flags or enumerators are `Internal` errors naming the
-//!   call and the parameter; output buffers that overlap what the call reads are refused;
-//! - objects are handed out as `Box` pointers and freed by their `st_*_free` (NULL ignored);
-//!   whatever reads holds what it reads from (slices, streams, plans keep their files);
-//!   pointers into an object (names, shapes, zero-copy bytes) are valid while it lives.
+//!   call and the parameter, and zeroed option fields mean the defaults;
+//! - objects are handed out as `Box` pointers and freed by their `st_*_free` (NULL ignored;
+//!   `ffi::hand_out`, `ffi::free_box`); whatever reads holds what it reads from (slices,
+//!   streams, plans keep their files); pointers into an object (names, shapes, zero-copy bytes)
+//!   are valid while it lives.
 //!
 //! Safety: every `unsafe extern "C" fn` here trusts its caller for what C cannot check, as the
 //! header documents: handles are live objects of this library of the right type, pointers with
@@ -54,6 +60,8 @@ mod cuda;
 mod remote;
 
 mod args;
+
+mod ffi;
 
 pub use args::st_str;
 pub use checkpoint::*;

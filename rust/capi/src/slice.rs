@@ -5,12 +5,13 @@ use std::ffi::{c_char, c_void};
 use std::os::raw::c_int;
 use std::sync::Arc;
 
-use safetensors_core::{Indexer, SafeFile, SlicePlan, TensorInfo};
+use safetensors_core::{name_to_find, AddressRange, Indexer, SafeFile, SlicePlan, TensorInfo};
 
-use crate::args::{bytes_ptr, dims_ptr, refuse_overlap, st_str, Call};
+use crate::args::{bytes_ptr, dims_ptr, st_str, Call};
 use crate::checkpoint::st_checkpoint;
-use crate::file::{memory_span, st_file};
-use crate::status::{quietly, run, st_error, Fail, Res};
+use crate::ffi::{free_box, hand_out};
+use crate::file::st_file;
+use crate::status::{run, st_error, Fail, Res};
 use crate::tensor::st_tensor;
 
 /// `st_index.kind`: `start:stop:step` (the default of a zeroed `st_index`; see `has_start`).
@@ -92,11 +93,11 @@ unsafe fn make(
     let position = file.header().position(info.name).ok_or_else(|| {
         Fail::careless(format!("{}: tensor `{}` has no position", c.0, info.name))
     })?;
-    *out = Box::into_raw(Box::new(st_slice {
+    *out = hand_out(st_slice {
         file: file.clone(),
         position,
         plan,
-    }));
+    });
     Ok(())
 }
 
@@ -150,8 +151,7 @@ pub unsafe extern "C" fn st_checkpoint_slice(
                 c.out(out, "out")?,
             )
         };
-        let text = std::str::from_utf8(name)
-            .map_err(|_| crate::file::not_found(name, ckpt.inner.path()))?;
+        let text = name_to_find(name, ckpt.inner.path())?;
         let shard = ckpt.inner.shard_holding(text)?;
         let file = ckpt.inner.shard(shard)?;
         let info = file.info(text)?;
@@ -163,10 +163,8 @@ pub unsafe extern "C" fn st_checkpoint_slice(
 /// Frees a slice (NULL is ignored).
 #[no_mangle]
 pub unsafe extern "C" fn st_slice_free(slice: *mut st_slice) {
-    if !slice.is_null() {
-        // SAFETY: a slice from `st_*_slice`, freed once (the header's contract).
-        quietly(|| drop(unsafe { Box::from_raw(slice) }));
-    }
+    // SAFETY: NULL or a slice from `st_*_slice`, freed once (the header's contract).
+    unsafe { free_box(slice) }
 }
 
 /// Describes the selection into `*out`: the tensor's name and dtype, the selection's shape and
@@ -186,13 +184,8 @@ pub unsafe extern "C" fn st_slice_tensor(
         let info = slice.info()?;
         let begin = info.data_offsets.0;
         let (lo, hi) = slice.plan.extent().unwrap_or((0, 0));
-        let one_run = {
-            let mut runs = slice.plan.runs();
-            runs.next();
-            runs.next().is_none()
-        };
         let data = match slice.file.mapped_data()? {
-            Some(d) if one_run => d
+            Some(d) if slice.plan.is_contiguous() => d
                 .get(begin + lo..begin + hi)
                 .map_or(std::ptr::null(), bytes_ptr),
             _ => std::ptr::null(),
@@ -225,9 +218,9 @@ pub unsafe extern "C" fn st_slice_read(
     run(err, || {
         // SAFETY: the header's contract for each argument.
         let slice = unsafe { c.handle(slice, "slice")? };
-        refuse_overlap(c, memory_span(&slice.file)?, (dst, dst_len))?;
-        // SAFETY: as above; it overlaps nothing the read reads (checked above).
-        let dst = unsafe { c.bytes_mut(dst, dst_len, "dst")? };
+        let reads = [AddressRange::of_file(&slice.file)?];
+        // SAFETY: as above.
+        let dst = unsafe { c.output(&reads, dst, dst_len)? };
         let info = slice.info()?;
         Ok(slice.file.read_slice_of(&info, &slice.plan, dst)?)
     })

@@ -1,13 +1,15 @@
 //! How every call reports its outcome: an `int` status (`ST_OK` or `ST_FAILED`) and, when the
 //! caller passes one, an [`st_error`] filled with the error's kind and message. No global or
 //! thread-local "last error": the error travels with the call that failed. Nothing unwinds into
-//! C: every entry point runs inside [`run`], which turns a panic into an `Internal` error.
+//! C: every entry point runs inside [`run`] (or [`quietly`], for the frees), which turn a panic
+//! into an `Internal` error through the one boundary, `ffi::catch`.
 
 use std::ffi::c_char;
 use std::os::raw::c_int;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use safetensors_core::{Error, ErrorKind};
+
+use crate::ffi::{catch, static_c_str};
 
 /// What a call that succeeded returns.
 pub const ST_OK: c_int = 0;
@@ -147,7 +149,7 @@ pub extern "C" fn st_error_kind_name(kind: i32) -> *const c_char {
         .ok()
         .and_then(|k| ErrorKind::ALL.get(k))
         .map_or("", |k| k.name());
-    crate::args::static_c_str(name)
+    static_c_str(name)
 }
 
 /// Why a call failed: an error of the core, or one this layer finds in the caller's
@@ -192,14 +194,8 @@ pub(crate) type Res<T> = Result<T, Fail>;
 /// Runs the body of an entry point: `ST_OK`, or `ST_FAILED` with `err` filled. A panic becomes
 /// an `Internal` error instead of unwinding into C (which would abort the process).
 pub(crate) fn run(err: *mut st_error, body: impl FnOnce() -> Res<()>) -> c_int {
-    let outcome = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|payload| {
-        let what = payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        Err(Fail::Core(Error::Internal { message: what }))
-    });
+    let outcome =
+        catch(body).unwrap_or_else(|what| Err(Fail::Core(Error::Internal { message: what })));
     match outcome {
         Ok(()) => ST_OK,
         Err(fail) => {
@@ -213,7 +209,7 @@ pub(crate) fn run(err: *mut st_error, body: impl FnOnce() -> Res<()>) -> c_int {
 /// Runs a function that returns nothing (the `*_free` calls): a panic is swallowed, never
 /// unwound into C.
 pub(crate) fn quietly(body: impl FnOnce()) {
-    let _ = catch_unwind(AssertUnwindSafe(body));
+    let _ = catch(body);
 }
 
 /// Fills `err` (when not NULL) with `kind` and `message`, NULs written as `\0`.

@@ -7,15 +7,16 @@ use std::path::Path;
 use std::sync::Arc;
 
 use safetensors_core::{
-    advise, Advice, Plan, Prefetch, PrefetchOptions, Request, SafeFile, Source, StreamOptions,
-    StreamTensor, TensorStream,
+    advise, name_to_find, Advice, Plan, Prefetch, PrefetchOptions, Request, SafeFile, Source,
+    StreamOptions, StreamTensor, TensorStream,
 };
 
 use crate::args::{bytes_ptr, dims_ptr, st_str, Call};
 use crate::checkpoint::st_checkpoint;
-use crate::file::{not_found, st_file};
+use crate::ffi::{free_box, hand_out};
+use crate::file::st_file;
 use crate::slice::st_index;
-use crate::status::{quietly, run, st_error, Fail, Res};
+use crate::status::{run, st_error, Fail, Res};
 use crate::tensor::st_tensor;
 
 /// One requested tensor: whole (`index_count` 0), or the bytes a selection of it takes, packed
@@ -57,8 +58,7 @@ unsafe fn resolve_requests(
                 c.array(r.indices, r.index_count, &format!("requests[{i}].indices"))?,
             )
         };
-        // A name that is not UTF-8 matches no tensor (a lossy copy could match another one).
-        let name = std::str::from_utf8(name).map_err(|_| not_found(name, source))?;
+        let name = name_to_find(name, source)?;
         let mut request = if indices.is_empty() {
             Request::tensor(name)
         } else {
@@ -129,7 +129,7 @@ pub unsafe extern "C" fn st_stream_file(
         let list = unsafe { resolve_requests(c, requests, count, file.inner.path())? };
         let files = [file.inner.clone()];
         let inner = TensorStream::open(Source::Files(&files), list.as_deref(), options)?;
-        *out = Box::into_raw(Box::new(st_stream { inner }));
+        *out = hand_out(st_stream { inner });
         Ok(())
     })
 }
@@ -154,7 +154,7 @@ pub unsafe extern "C" fn st_stream_checkpoint(
         // SAFETY: as above.
         let list = unsafe { resolve_requests(c, requests, count, ckpt.inner.path())? };
         let inner = TensorStream::open(Source::Checkpoint(&ckpt.inner), list.as_deref(), options)?;
-        *out = Box::into_raw(Box::new(st_stream { inner }));
+        *out = hand_out(st_stream { inner });
         Ok(())
     })
 }
@@ -175,7 +175,7 @@ pub unsafe extern "C" fn st_stream_next(
         let (stream, out) = unsafe { (c.handle_mut(stream, "stream")?, c.out(tensor, "tensor")?) };
         *out = std::ptr::null_mut();
         if let Some(next) = stream.inner.next() {
-            *out = Box::into_raw(Box::new(st_stream_tensor { inner: next? }));
+            *out = hand_out(st_stream_tensor { inner: next? });
         }
         Ok(())
     })
@@ -221,10 +221,8 @@ pub unsafe extern "C" fn st_stream_describe(
 /// in progress ends. Tensors it delivered stay valid.
 #[no_mangle]
 pub unsafe extern "C" fn st_stream_free(stream: *mut st_stream) {
-    if !stream.is_null() {
-        // SAFETY: a stream from `st_stream_*`, freed once (the header's contract).
-        quietly(|| drop(unsafe { Box::from_raw(stream) }));
-    }
+    // SAFETY: NULL or a stream from `st_stream_*`, freed once (the header's contract).
+    unsafe { free_box(stream) }
 }
 
 /// Describes a delivered tensor into `*out` (`data_begin`/`data_end` are 0): its bytes (the
@@ -270,10 +268,8 @@ pub unsafe extern "C" fn st_stream_tensor_get(
 /// Frees a delivered tensor (NULL is ignored), returning its bytes to its stream's budget.
 #[no_mangle]
 pub unsafe extern "C" fn st_stream_tensor_free(tensor: *mut st_stream_tensor) {
-    if !tensor.is_null() {
-        // SAFETY: a tensor from `st_stream_next`, freed once (the header's contract).
-        quietly(|| drop(unsafe { Box::from_raw(tensor) }));
-    }
+    // SAFETY: NULL or a tensor from `st_stream_next`, freed once (the header's contract).
+    unsafe { free_box(tensor) }
 }
 
 /// A prefetch in progress: reader threads warming the page cache for a plan. Every call may
@@ -306,7 +302,7 @@ fn start(
     out: &mut *mut st_prefetch,
 ) -> Res<()> {
     let inner = plan?.prefetch(prefetch_options(threads, request_bytes))?;
-    *out = Box::into_raw(Box::new(st_prefetch { inner }));
+    *out = hand_out(st_prefetch { inner });
     Ok(())
 }
 
@@ -405,10 +401,8 @@ pub unsafe extern "C" fn st_prefetch_progress(
 /// running ones.
 #[no_mangle]
 pub unsafe extern "C" fn st_prefetch_free(prefetch: *mut st_prefetch) {
-    if !prefetch.is_null() {
-        // SAFETY: a prefetch from `st_prefetch_*`, freed once (the header's contract).
-        quietly(|| drop(unsafe { Box::from_raw(prefetch) }));
-    }
+    // SAFETY: NULL or a prefetch from `st_prefetch_*`, freed once (the header's contract).
+    unsafe { free_box(prefetch) }
 }
 
 /// Advice: the bytes will be read soon (`MADV_WILLNEED`).

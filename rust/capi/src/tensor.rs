@@ -20,7 +20,7 @@ use crate::status::Res;
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct st_tensor {
-    /// The tensor's name (for conversions, only used in messages; may be empty).
+    /// The tensor's name (conversions do not use it; may be empty).
     pub name: st_str,
     /// Its element type, one of `ST_DTYPE_*`.
     pub dtype: i32,
@@ -70,9 +70,9 @@ impl st_tensor {
     }
 }
 
-/// A tensor a caller gives, its pointers checked.
+/// A tensor a caller gives for a conversion, its pointers checked (its name is checked too,
+/// but a conversion does not use it).
 pub(crate) struct Given<'a> {
-    pub name: &'a [u8],
     pub dtype: i32,
     pub shape: &'a [usize],
     pub data: &'a [u8],
@@ -86,8 +86,8 @@ pub(crate) struct Given<'a> {
 pub(crate) unsafe fn given<'a>(c: Call, t: &'a st_tensor, what: &str) -> Res<Given<'a>> {
     // SAFETY: the caller's promise.
     unsafe {
+        c.name(t.name.ptr, t.name.len, &format!("{what}.name.ptr"))?;
         Ok(Given {
-            name: c.name(t.name.ptr, t.name.len, &format!("{what}.name.ptr"))?,
             dtype: t.dtype,
             shape: c.array(t.shape, t.rank, &format!("{what}.shape"))?,
             data: c.bytes(t.data, t.byte_size, &format!("{what}.data"))?,

@@ -2,18 +2,14 @@
 //! memory the library allocates). The layout is the reference's, byte for byte. Writing tensor
 //! by tensor, one file or a sharded checkpoint, is `writer.rs` (`st_writer`).
 
-use std::collections::BTreeMap;
 use std::ffi::{c_char, c_void};
 use std::os::raw::c_int;
 
-use safetensors_core::{
-    fallible, text_to_write, Durability, Error, PreparedFile, TensorView, TextField,
-};
+use safetensors_core::{fallible, Declarations, Durability};
 
 use crate::args::{st_str, Call};
-use crate::dtype::to_write;
 use crate::status::{quietly, run, st_error, Res};
-use crate::tensor::{given, st_tensor};
+use crate::tensor::st_tensor;
 
 /// One `__metadata__` entry to write.
 #[repr(C)]
@@ -31,53 +27,56 @@ pub const ST_SAVE_NO_SYNC: u32 = 1;
 /// `save_file(..., metadata={})`); by default no entries means no `__metadata__`.
 pub const ST_SAVE_EMPTY_METADATA: u32 = 2;
 
-/// The caller's tensors and metadata, checked: names and metadata UTF-8, dtypes real, keys not
-/// repeated. The tensors borrow the caller's memory for the call.
-struct Input<'a> {
-    tensors: Vec<(String, TensorView<'a>)>,
-    metadata: Option<BTreeMap<String, String>>,
-}
-
-unsafe fn input<'a>(
-    c: Call,
-    tensors: *const st_tensor,
-    count: usize,
-    metadata: *const st_metadata_entry,
-    metadata_count: usize,
-    flags: u32,
-) -> Res<Input<'a>> {
-    c.flags(flags, ST_SAVE_NO_SYNC | ST_SAVE_EMPTY_METADATA)?;
-    // SAFETY: the caller's promise.
-    let list = unsafe { c.array(tensors, count, "tensors")? };
-    let mut out = fallible::with_capacity(list.len(), "the tensors to write")?;
-    for (i, t) in list.iter().enumerate() {
-        // SAFETY: as above.
-        let t = unsafe { given(c, t, &format!("tensors[{i}]"))? };
-        let name = text_to_write(t.name, TextField::TensorName)?;
-        let dtype = to_write(&name, t.dtype)?;
-        out.push((name, TensorView::new(dtype, t.shape, t.data)));
-    }
-    Ok(Input {
-        tensors: out,
-        // SAFETY: as above.
-        metadata: unsafe { metadata_of(c, metadata, metadata_count, flags)? },
-    })
-}
-
-/// The caller's metadata entries, checked: UTF-8, keys not repeated; `None` when there are
-/// none and `ST_SAVE_EMPTY_METADATA` is not in `flags`.
+/// Reads the caller's tensors into `decls`, each checked by the core as it comes, and returns
+/// their bytes when `with_data` (writing all at once; a streaming writer's declarations have
+/// none, and their `data` and `byte_size` are not read).
 ///
 /// # Safety
-/// `metadata` points to `metadata_count` entries, each describing memory as the header says.
-pub(crate) unsafe fn metadata_of(
+/// `tensors` points to `count` tensors, each describing memory as the header says.
+pub(crate) unsafe fn declare_tensors<'a>(
     c: Call,
-    metadata: *const st_metadata_entry,
-    metadata_count: usize,
-    flags: u32,
-) -> Res<Option<BTreeMap<String, String>>> {
+    decls: &mut Declarations,
+    tensors: *const st_tensor,
+    count: usize,
+    with_data: bool,
+) -> Res<Vec<&'a [u8]>> {
     // SAFETY: the caller's promise.
-    let entries = unsafe { c.array(metadata, metadata_count, "metadata")? };
-    let mut map = (metadata_count > 0 || flags & ST_SAVE_EMPTY_METADATA != 0).then(BTreeMap::new);
+    let list = unsafe { c.array(tensors, count, "tensors")? };
+    let mut data = fallible::with_capacity(if with_data { list.len() } else { 0 }, "the tensors")?;
+    for (i, t) in list.iter().enumerate() {
+        // SAFETY: as above.
+        let (name, shape) = unsafe {
+            (
+                c.name(t.name.ptr, t.name.len, &format!("tensors[{i}].name.ptr"))?,
+                c.array(t.shape, t.rank, &format!("tensors[{i}].shape"))?,
+            )
+        };
+        if with_data {
+            // SAFETY: as above.
+            data.push(unsafe { c.bytes(t.data, t.byte_size, &format!("tensors[{i}].data"))? });
+        }
+        decls.tensor(name, t.dtype, shape)?;
+    }
+    Ok(data)
+}
+
+/// Reads the caller's metadata entries into `decls` (the core checks each), keeping an empty
+/// `__metadata__` when `flags` has `ST_SAVE_EMPTY_METADATA`.
+///
+/// # Safety
+/// `metadata` points to `count` entries, each describing memory as the header says.
+pub(crate) unsafe fn declare_metadata(
+    c: Call,
+    decls: &mut Declarations,
+    metadata: *const st_metadata_entry,
+    count: usize,
+    flags: u32,
+) -> Res<()> {
+    if flags & ST_SAVE_EMPTY_METADATA != 0 {
+        decls.keep_empty_metadata();
+    }
+    // SAFETY: the caller's promise.
+    let entries = unsafe { c.array(metadata, count, "metadata")? };
     for (i, e) in entries.iter().enumerate() {
         // SAFETY: as above.
         let (k, v) = unsafe {
@@ -90,19 +89,18 @@ pub(crate) unsafe fn metadata_of(
                 )?,
             )
         };
-        let key = text_to_write(k, TextField::MetadataKey)?;
-        let value = text_to_write(v, TextField::MetadataValue)?;
-        let map = map.get_or_insert_with(BTreeMap::new);
-        if map.contains_key(&key) {
-            return Err(Error::DuplicateKey {
-                key,
-                in_metadata: true,
-            }
-            .into());
-        }
-        map.insert(key, value);
+        decls.metadata_entry(k, v)?;
     }
-    Ok(map)
+    Ok(())
+}
+
+/// The durability `flags` ask for.
+pub(crate) fn durability(flags: u32) -> Durability {
+    if flags & ST_SAVE_NO_SYNC != 0 {
+        Durability::Unsynced
+    } else {
+        Durability::Synced
+    }
 }
 
 /// Writes `count` tensors (each: name, dtype, shape, `byte_size` bytes at `data`) and
@@ -130,21 +128,14 @@ pub unsafe extern "C" fn st_save_file(
     run(err, || {
         // SAFETY: the header's contract for each argument.
         let path = unsafe { c.path(path, "path")? };
-        let durability = if flags & ST_SAVE_NO_SYNC != 0 {
-            Durability::Unsynced
-        } else {
-            Durability::Synced
-        };
+        c.flags(flags, ST_SAVE_NO_SYNC | ST_SAVE_EMPTY_METADATA)?;
+        let mut decls = Declarations::new(Some(path));
         // SAFETY: as above.
-        unsafe { input(c, tensors, count, metadata, metadata_count, flags) }
-            .and_then(|i| {
-                let prepared = PreparedFile::new(i.tensors, i.metadata.as_ref())?;
-                Ok(prepared.write_file_with(path, durability)?)
-            })
-            .map_err(|e| match e {
-                crate::status::Fail::Core(e) => e.in_file(path).into(),
-                other => other,
-            })
+        let data = unsafe { declare_tensors(c, &mut decls, tensors, count, true)? };
+        // SAFETY: as above.
+        unsafe { declare_metadata(c, &mut decls, metadata, metadata_count, flags)? };
+        let prepared = decls.prepare(&data, 0)?;
+        Ok(prepared.write_file_with(path, durability(flags))?)
     })
 }
 
@@ -165,9 +156,13 @@ pub unsafe extern "C" fn st_serialize(
     run(err, || {
         // SAFETY: the header's contract for each argument.
         let (data, len) = unsafe { (c.out(data, "data")?, c.out(len, "len")?) };
+        c.flags(flags, ST_SAVE_NO_SYNC | ST_SAVE_EMPTY_METADATA)?;
+        let mut decls = Declarations::new(None);
         // SAFETY: as above.
-        let input = unsafe { input(c, tensors, count, metadata, metadata_count, flags)? };
-        let prepared = PreparedFile::new(input.tensors, input.metadata.as_ref())?;
+        let bytes = unsafe { declare_tensors(c, &mut decls, tensors, count, true)? };
+        // SAFETY: as above.
+        unsafe { declare_metadata(c, &mut decls, metadata, metadata_count, flags)? };
+        let prepared = decls.prepare(&bytes, 0)?;
         let n = prepared.len();
         // malloc, so that `st_bytes_free` needs no length. Never 0 bytes: a file has a header.
         // SAFETY: a fresh allocation, checked below.

@@ -1,23 +1,24 @@
 //! [`st_writer`]: a file, or a sharded checkpoint, written tensor by tensor: declared up front
 //! (names, dtypes, shapes, metadata), then each tensor's bytes handed in one piece or in chunks,
 //! from any thread and in any order, then finished (a failed finish keeps the writer, to be
-//! finished again once the cause is fixed). The core's `StreamWriter` and
-//! `ShardedWriter` do the work (docs/writing.md); this layer checks the caller's arguments and
-//! keeps the file names the handle hands out.
+//! finished again once the cause is fixed). The core's `CheckpointWriter` does the work
+//! (docs/writing.md) from the core's `Declarations`; this layer reads the caller's arguments
+//! and keeps the file names the handle hands out.
 
 use std::ffi::{c_char, c_void};
 use std::os::raw::c_int;
+use std::path::Path;
 
-use safetensors_core::{
-    text_to_write, Durability, Error, ShardOptions, ShardedWriter, StreamWriter, TensorSpec,
-    TextField, WriteOptions,
-};
+use safetensors_core::{CheckpointWriter, Declarations, ShardOptions, WriteOptions};
 
 use crate::args::{st_str, Call};
-use crate::dtype::to_write;
-use crate::status::{quietly, run, st_error, Res};
+use crate::ffi::{free_box, hand_out};
+use crate::status::{run, st_error, Res};
 use crate::tensor::st_tensor;
-use crate::write::{metadata_of, st_metadata_entry, ST_SAVE_EMPTY_METADATA, ST_SAVE_NO_SYNC};
+use crate::write::{
+    declare_metadata, declare_tensors, durability, st_metadata_entry, ST_SAVE_EMPTY_METADATA,
+    ST_SAVE_NO_SYNC,
+};
 
 /// How an `st_writer` writes. A NULL `st_write_options*` means every field's default (all
 /// zero).
@@ -39,12 +40,6 @@ pub struct st_write_options {
     pub prefix: st_str,
 }
 
-/// What a writer writes.
-enum Target {
-    File(StreamWriter),
-    Sharded(ShardedWriter),
-}
-
 /// A file or sharded checkpoint being written (`st_writer_create`,
 /// `st_writer_create_sharded`). `st_writer_write` may be called from several threads at once;
 /// `st_writer_finish` and `st_writer_free` from one, once every write has returned. Nothing
@@ -52,33 +47,16 @@ enum Target {
 /// process killed, before that leaves nothing behind. A successful `st_writer_finish` frees
 /// the writer; a failed one keeps it, to be finished again or freed.
 pub struct st_writer {
-    target: Target,
-    /// The file names the writer will publish, in order (for `st_writer_file_name`).
+    inner: CheckpointWriter,
+    /// The file names the writer will publish, in order (for `st_writer_file_name`, whose
+    /// strings live as long as the writer).
     files: Vec<String>,
-    /// The target file, or the directory of a sharded checkpoint, named by errors.
-    path: std::path::PathBuf,
 }
 
-impl Target {
-    fn write_at(&self, name: &str, offset: u64, bytes: &[u8]) -> Result<(), Error> {
-        match self {
-            Target::File(w) => w.write_at(name, offset, bytes),
-            Target::Sharded(w) => w.write_at(name, offset, bytes),
-        }
-    }
-
-    fn finish(&mut self) -> Result<(), Error> {
-        match self {
-            Target::File(w) => w.finish(),
-            Target::Sharded(w) => w.finish(),
-        }
-    }
-}
-
-/// The caller's declarations and options, checked.
+/// The caller's declarations and options, read into the core's `Declarations` (which check
+/// them), naming `target` in their errors.
 struct Declared {
-    specs: Vec<TensorSpec>,
-    metadata: Option<std::collections::BTreeMap<String, String>>,
+    decls: Declarations,
     write: WriteOptions,
     options: st_write_options,
 }
@@ -89,12 +67,14 @@ struct Declared {
 /// As the header says of `st_writer_create`'s arguments.
 unsafe fn declared(
     c: Call,
+    target: &Path,
     tensors: *const st_tensor,
     count: usize,
     metadata: *const st_metadata_entry,
     metadata_count: usize,
     options: *const st_write_options,
 ) -> Res<Declared> {
+    // A NULL `st_write_options*` is every field's default: all zero.
     let options = if options.is_null() {
         st_write_options {
             flags: 0,
@@ -110,35 +90,26 @@ unsafe fn declared(
         *unsafe { c.handle(options, "options")? }
     };
     c.flags(options.flags, ST_SAVE_NO_SYNC | ST_SAVE_EMPTY_METADATA)?;
-    // SAFETY: the caller's promise.
-    let list = unsafe { c.array(tensors, count, "tensors")? };
-    let mut specs = safetensors_core::fallible::with_capacity(list.len(), "the declared tensors")?;
-    for (i, t) in list.iter().enumerate() {
-        // SAFETY: as above.
-        let (name, shape) = unsafe {
-            (
-                c.name(t.name.ptr, t.name.len, &format!("tensors[{i}].name.ptr"))?,
-                c.array(t.shape, t.rank, &format!("tensors[{i}].shape"))?,
-            )
-        };
-        let name = text_to_write(name, TextField::TensorName)?;
-        let dtype = to_write(&name, t.dtype)?;
-        specs.push(TensorSpec::new(name, dtype, shape));
+    let mut decls = Declarations::with_capacity(Some(target), count)?;
+    // SAFETY: as above.
+    unsafe {
+        declare_tensors(c, &mut decls, tensors, count, false)?;
+        declare_metadata(c, &mut decls, metadata, metadata_count, options.flags)?;
     }
     Ok(Declared {
-        specs,
-        // SAFETY: as above.
-        metadata: unsafe { metadata_of(c, metadata, metadata_count, options.flags)? },
+        decls,
         write: WriteOptions {
-            durability: if options.flags & ST_SAVE_NO_SYNC != 0 {
-                Durability::Unsynced
-            } else {
-                Durability::Synced
-            },
+            durability: durability(options.flags),
             alignment: options.alignment,
         },
         options,
     })
+}
+
+/// The writer handed out, with the names of the files it publishes.
+fn writer(inner: CheckpointWriter) -> *mut st_writer {
+    let files = inner.files();
+    hand_out(st_writer { inner, files })
 }
 
 /// Starts writing one safetensors file at `path`: `count` tensors declared (name, dtype,
@@ -168,17 +139,8 @@ pub unsafe extern "C" fn st_writer_create(
         // SAFETY: the header's contract for each argument.
         let (path, out) = unsafe { (c.path(path, "path")?, c.out(out, "out")?) };
         // SAFETY: as above.
-        let d = unsafe { declared(c, tensors, count, metadata, metadata_count, options)? };
-        let writer = StreamWriter::create(path, &d.specs, d.metadata.as_ref(), d.write)?;
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        *out = Box::into_raw(Box::new(st_writer {
-            target: Target::File(writer),
-            files: vec![name],
-            path: path.to_path_buf(),
-        }));
+        let d = unsafe { declared(c, path, tensors, count, metadata, metadata_count, options)? };
+        *out = writer(CheckpointWriter::file(path, &d.decls, d.write)?);
         Ok(())
     })
 }
@@ -205,7 +167,8 @@ pub unsafe extern "C" fn st_writer_create_sharded(
         // SAFETY: the header's contract for each argument.
         let (dir, out) = unsafe { (c.path(dir, "dir")?, c.out(out, "out")?) };
         // SAFETY: as above.
-        let d = unsafe { declared(c, tensors, count, metadata, metadata_count, options)? };
+        let d = unsafe { declared(c, dir, tensors, count, metadata, metadata_count, options)? };
+        // Zeroed fields mean the defaults (C's `st_write_options` starts zeroed).
         let mut shard = ShardOptions {
             write: d.write,
             ..ShardOptions::default()
@@ -213,28 +176,13 @@ pub unsafe extern "C" fn st_writer_create_sharded(
         if d.options.max_shard_size != 0 {
             shard.max_shard_size = d.options.max_shard_size;
         }
+        let prefix = &d.options.prefix;
         // SAFETY: as above.
-        let prefix = unsafe {
-            c.name(
-                d.options.prefix.ptr,
-                d.options.prefix.len,
-                "options->prefix",
-            )?
-        };
+        let prefix = unsafe { c.name(prefix.ptr, prefix.len, "options->prefix")? };
         if !prefix.is_empty() {
-            // Names in the index are JSON strings: a prefix that is not UTF-8 cannot be one.
-            shard.prefix =
-                String::from_utf8(prefix.to_vec()).map_err(|_| Error::InvalidShardPath {
-                    shard: format!("{}.safetensors", String::from_utf8_lossy(prefix)),
-                })?;
+            shard.prefix = d.decls.shard_prefix(prefix)?;
         }
-        let writer = ShardedWriter::create(dir, &d.specs, d.metadata.as_ref(), shard)?;
-        let files = writer.files();
-        *out = Box::into_raw(Box::new(st_writer {
-            target: Target::Sharded(writer),
-            files,
-            path: dir.to_path_buf(),
-        }));
+        *out = writer(CheckpointWriter::sharded(dir, &d.decls, shard)?);
         Ok(())
     })
 }
@@ -268,14 +216,7 @@ pub unsafe extern "C" fn st_writer_write(
                 c.bytes(data, len, "data")?,
             )
         };
-        // A name that is not UTF-8 was never declared (as the C++ writer says).
-        let name = std::str::from_utf8(name).map_err(|_| {
-            Error::TensorNotFound {
-                name: String::from_utf8_lossy(name).into_owned(),
-            }
-            .in_file(&writer.path)
-        })?;
-        Ok(writer.target.write_at(name, offset, bytes)?)
+        Ok(writer.inner.write_at(name, offset, bytes)?)
     })
 }
 
@@ -301,9 +242,9 @@ pub unsafe extern "C" fn st_writer_finish(writer: *mut st_writer, err: *mut st_e
         }
         // SAFETY: a live writer from `st_writer_create*`, used by this thread alone (the
         // header's contract).
-        unsafe { &mut *writer }.target.finish()?;
+        unsafe { &mut *writer }.inner.finish()?;
         // SAFETY: as above; published, it is given back once, here.
-        drop(unsafe { Box::from_raw(writer) });
+        unsafe { free_box(writer) };
         Ok(())
     })
 }
@@ -312,10 +253,8 @@ pub unsafe extern "C" fn st_writer_finish(writer: *mut st_writer, err: *mut st_e
 /// targets are untouched (NULL is ignored).
 #[no_mangle]
 pub unsafe extern "C" fn st_writer_free(writer: *mut st_writer) {
-    if !writer.is_null() {
-        // SAFETY: a writer from `st_writer_create*`, freed once (the header's contract).
-        quietly(|| drop(unsafe { Box::from_raw(writer) }));
-    }
+    // SAFETY: NULL or a writer from `st_writer_create*`, freed once (the header's contract).
+    unsafe { free_box(writer) }
 }
 
 /// The number of files the writer publishes: 1 for `st_writer_create`; the shards plus the

@@ -158,6 +158,13 @@ impl Dtype {
         Self::ALL.get(usize::from(index)).copied()
     }
 
+    /// The dtype whose value is `value` as a binding passes it, in whatever integer width (C's
+    /// `int32_t`, C++'s `uint8_t`): `None` for a value that names no dtype, never one wrapped
+    /// into range (300 is not `300 % 256`).
+    pub fn from_value(value: impl Into<i64>) -> Option<Dtype> {
+        u8::try_from(value.into()).ok().and_then(Dtype::from_index)
+    }
+
     /// Number of bytes taken by `numel` elements, or `None` when the count of bits overflows
     /// or does not end on a byte boundary.
     pub fn byte_size(self, numel: usize) -> Option<usize> {
@@ -287,6 +294,15 @@ mod tests {
             assert_eq!(Dtype::from_index(i as u8), Some(*d));
         }
         assert_eq!(Dtype::from_index(22), None);
+    }
+
+    #[test]
+    fn values_of_any_width_name_a_dtype_only_in_range() {
+        assert_eq!(Dtype::from_value(17i32), Some(Dtype::F32));
+        assert_eq!(Dtype::from_value(21u8), Some(Dtype::U64));
+        for value in [22i64, -1, 256 + 17, i64::from(i32::MIN), i64::MAX] {
+            assert_eq!(Dtype::from_value(value), None, "{value}");
+        }
     }
 
     #[test]

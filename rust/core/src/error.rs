@@ -188,8 +188,9 @@ pub enum Error {
     /// `static_cast<Dtype>(99)`, for a tensor to write or a conversion. Its kind is
     /// [`ErrorKind::TypeMismatch`].
     InvalidDtypeValue {
-        /// The value given.
-        value: u8,
+        /// The value given (C passes an `int32_t`, C++ a `uint8_t`: any of them is said as
+        /// given).
+        value: i64,
         /// The tensor to write that has it; `None` for a conversion.
         tensor: Option<String>,
     },
@@ -247,6 +248,17 @@ pub enum Error {
         alignment: u64,
         /// Why it cannot be had.
         reason: &'static str,
+    },
+    /// An output buffer a caller handed over overlaps the bytes the call reads (see
+    /// `overlap.rs`); its kind is [`ErrorKind::InvalidSlice`], the kind of every unfit output
+    /// buffer.
+    OverlappingOutput {
+        /// The call that refused it, as the caller knows it (e.g. `st_convert`, `convert`).
+        call: String,
+        /// Bytes of the output buffer.
+        dst_len: u64,
+        /// Bytes the call reads that it overlaps (a tensor, a file in memory).
+        src_len: u64,
     },
     /// A broken internal contract: a defect in this library (please report it), or a Rust
     /// caller that ran a plan on other inputs than it was made for.
@@ -504,6 +516,7 @@ impl Error {
                 PieceProblem::Missing { .. } => ErrorKind::MetadataIncompleteBuffer,
             },
             Error::BadAlignment { .. } => ErrorKind::InvalidSlice,
+            Error::OverlappingOutput { .. } => ErrorKind::InvalidSlice,
             Error::Internal { .. } => ErrorKind::Internal,
             Error::InFile { source, .. } => source.kind(),
         }
@@ -870,6 +883,15 @@ impl fmt::Display for Error {
                 "cannot align the data to {alignment} bytes: {reason}; use a power of two such \
                  as 64 (SIMD) or 4096 (direct I/O), or 0 for the reference layout"
             ),
+            Error::OverlappingOutput {
+                call,
+                dst_len,
+                src_len,
+            } => write!(
+                f,
+                "{call}: the destination ({dst_len} bytes) overlaps the bytes it reads ({src_len} \
+                 bytes); write into a separate buffer"
+            ),
             Error::Internal { message } => write!(
                 f,
                 "internal error in the safetensors library (please report): {message}"
@@ -1037,6 +1059,15 @@ impl Clone for Error {
             Error::BadAlignment { alignment, reason } => Error::BadAlignment {
                 alignment: *alignment,
                 reason,
+            },
+            Error::OverlappingOutput {
+                call,
+                dst_len,
+                src_len,
+            } => Error::OverlappingOutput {
+                call: call.clone(),
+                dst_len: *dst_len,
+                src_len: *src_len,
             },
             Error::Internal { message } => Error::Internal {
                 message: message.clone(),

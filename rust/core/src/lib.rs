@@ -20,7 +20,12 @@
 //!   ring (CUDA lives in `rust/cuda`); `request.rs` (what to read, from a file, a checkpoint or
 //!   several files), `prefetch.rs` and `stream.rs`: cold loads;
 //! - `url.rs`: which strings are URLs and what of them messages show (remote reading itself is
-//!   the `safetensors-remote` crate, `rust/remote`).
+//!   the `safetensors-remote` crate, `rust/remote`);
+//! - what the bindings (the C API, the C++ bridge) take from the core rather than decide:
+//!   `lookup.rs` (a name given as bytes that is not UTF-8 is `TensorNotFound`), `lent.rs`
+//!   (memory a caller lends to a file, and its release), `overlap.rs` (output buffers that
+//!   overlap what a call reads are refused), `listing.rs` (metadata and names handed out by
+//!   position); a writer's declarations are `writer/declare.rs`.
 //!
 //! ```
 //! use safetensors_core::{serialize, Dtype, SafeTensors, TensorView};
@@ -44,7 +49,11 @@ pub mod fallible;
 mod file;
 mod format;
 mod header;
+mod lent;
+mod listing;
+mod lookup;
 mod open;
+mod overlap;
 mod prefetch;
 mod request;
 pub mod residency;
@@ -64,6 +73,10 @@ pub use error::{Error, ErrorKind, HeaderContents, PieceProblem, Result, TextFiel
 pub use file::{read_many, Backend, MemoryBytes, OpenOptions, Populate, RangeSource, SafeFile};
 pub use format::{LENGTH_PREFIX_SIZE, MAX_HEADER_SIZE, MAX_RANK, METADATA_KEY};
 pub use header::{read_header_len, test_hooks, Header, Placement, TensorInfo};
+pub use lent::{LentBytes, Release};
+pub use listing::{MetadataList, SortedNames};
+pub use lookup::{name_to_find, tensor_not_found};
+pub use overlap::{refuse_overlap, AddressRange};
 pub use prefetch::{advise, Advice, Plan, Prefetch, PrefetchOptions, MAX_REQUEST_BYTES};
 pub use request::{Request, Source};
 pub use slice::{Indexer, Placed, Runs, SlicePlan};
@@ -72,6 +85,7 @@ pub use url::{is_url, push_url_segment, redact_url, url_scheme, url_text};
 pub use view::{SafeTensors, TensorView};
 pub use writer::{
     dtype_to_write, plan_shards, serialize, serialize_to_file, text_to_write, write_atomically,
-    write_atomically_with, Durability, PreparedFile, ShardOptions, ShardPlan, ShardedWriter,
-    StreamWriter, TensorSpec, WriteOptions, DEFAULT_MAX_SHARD_SIZE, MAX_ALIGNMENT,
+    write_atomically_with, CheckpointWriter, Declarations, Durability, PreparedFile, ShardOptions,
+    ShardPlan, ShardedWriter, StreamWriter, TensorSpec, WriteOptions, DEFAULT_MAX_SHARD_SIZE,
+    MAX_ALIGNMENT,
 };

@@ -247,6 +247,15 @@ impl SlicePlan {
         }
     }
 
+    /// Whether the selection is at most one contiguous run of the tensor's bytes (after
+    /// merging runs that touch), so that a file in memory can hand it out without a copy: the
+    /// one rule the C API's `st_slice_tensor` and the C++ bridge's zero-copy selections follow.
+    pub fn is_contiguous(&self) -> bool {
+        let mut runs = self.runs();
+        runs.next();
+        runs.next().is_none()
+    }
+
     /// Bytes of the tensor this plan slices.
     pub fn tensor_byte_len(&self) -> usize {
         self.tensor_len

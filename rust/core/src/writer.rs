@@ -1,6 +1,8 @@
 //! Writing files laid out exactly as the reference writes them. This module holds the entry
-//! points for tensors given at once (`serialize`, `serialize_to_file`, [`PreparedFile`]) and the
-//! checks of bytes and dtype values handed over by C++; its files hold the rest:
+//! points for tensors given at once (`serialize`, `serialize_to_file`, [`PreparedFile`]); its
+//! files hold the rest:
+//! - `declare.rs`: what a binding declares (names, dtype values, metadata, a shard prefix, as
+//!   bytes and numbers), checked once for C and C++ ([`Declarations`]);
 //! - `layout.rs`: the header and where each tensor goes, from names, dtypes, shapes and
 //!   metadata alone (the reference's order, the optional alignment of the data);
 //! - `atomic.rs`: replacing a file atomically (the temporary file, owner, mode, xattrs);
@@ -11,12 +13,15 @@
 //!   the set taking the place of the checkpoint already in the directory, as a transaction
 //!   (`old_index.rs`: reading and repointing that checkpoint's index); `faults.rs`: the seam
 //!   through which the crate's tests fail or interrupt each step of publishing
-//!   (`publish_tests.rs`).
+//!   (`publish_tests.rs`);
+//! - `target.rs`: [`CheckpointWriter`], one file or a sharded checkpoint behind one handle, as
+//!   the C API and the C++ bridge hold them.
 //!
 //! The reference keeps metadata in a hash map, so with two or more keys its output order
 //! varies; ours is sorted.
 
 mod atomic;
+mod declare;
 mod faults;
 mod layout;
 mod old_index;
@@ -27,20 +32,22 @@ mod publish_tests;
 mod sharded;
 mod shards;
 mod streaming;
+mod target;
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::path::Path;
 
-use crate::dtype::Dtype;
-use crate::error::{Error, Result, TextField};
+use crate::error::{Error, Result};
 use crate::view::TensorView;
 use layout::{lay_out, Entry};
 
+pub use declare::{dtype_to_write, text_to_write, Declarations};
 pub use layout::MAX_ALIGNMENT;
 pub use sharded::{ShardOptions, ShardedWriter};
 pub use shards::{plan_shards, ShardPlan, DEFAULT_MAX_SHARD_SIZE};
 pub use streaming::{StreamWriter, TensorSpec, WriteOptions};
+pub use target::CheckpointWriter;
 
 /// A file ready to be written: every tensor checked, the header laid out, the data borrowed.
 ///
@@ -133,29 +140,6 @@ impl<'a> PreparedFile<'a> {
             Ok(())
         })
     }
-}
-
-/// Header text handed over as bytes (a tensor name, a metadata key or value, from C++), as
-/// UTF-8: the header is UTF-8 JSON, so other bytes cannot be written ([`Error::NotUtf8`]).
-pub fn text_to_write(bytes: &[u8], field: TextField) -> Result<String> {
-    String::from_utf8(bytes.to_vec()).map_err(|e| {
-        let offset = e.utf8_error().valid_up_to();
-        Error::NotUtf8 {
-            field,
-            lossy: String::from_utf8_lossy(bytes).into_owned(),
-            offset,
-            byte: bytes[offset],
-        }
-    })
-}
-
-/// The dtype with enumeration value `value` (as C++ passes it) of tensor `tensor`, to be
-/// written ([`Error::InvalidDtypeValue`] when there is none).
-pub fn dtype_to_write(tensor: &str, value: u8) -> Result<Dtype> {
-    Dtype::from_index(value).ok_or_else(|| Error::InvalidDtypeValue {
-        value,
-        tensor: Some(tensor.to_owned()),
-    })
 }
 
 /// Serializes tensors and optional metadata into the bytes of a safetensors file.

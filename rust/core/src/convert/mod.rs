@@ -75,10 +75,12 @@ pub fn check_conversion(from: Dtype, to: Dtype) -> Result<()> {
     })
 }
 
-/// The dtype with enumeration value `value` (as C++ passes it) for a conversion
-/// ([`Error::InvalidDtypeValue`], of kind `TypeMismatch`, when there is none).
-pub fn dtype_to_convert(value: u8) -> Result<Dtype> {
-    Dtype::from_index(value).ok_or(Error::InvalidDtypeValue {
+/// The dtype with enumeration value `value` (as C++ passes it, a `uint8_t`, or C, an
+/// `int32_t`) for a conversion ([`Error::InvalidDtypeValue`], of kind `TypeMismatch`, when
+/// there is none, whatever the value's width).
+pub fn dtype_to_convert(value: impl Into<i64>) -> Result<Dtype> {
+    let value = value.into();
+    crate::dtype::Dtype::from_value(value).ok_or(Error::InvalidDtypeValue {
         value,
         tensor: None,
     })

@@ -271,3 +271,23 @@ fn a_tensor_that_cannot_exist_has_no_plan() {
     let e = SlicePlan::new(&i, &[Indexer::Select(0)]).unwrap_err();
     assert_eq!(e.kind(), crate::ErrorKind::ValidationOverflow);
 }
+
+#[test]
+fn contiguous_is_at_most_one_run_after_merging() {
+    let t = info(Dtype::F32, &[4, 3]);
+    let plan = |idx: &[Indexer]| SlicePlan::new(&t, idx).unwrap();
+    assert!(plan(&[]).is_contiguous());
+    // Whole rows touch and merge into one run.
+    assert!(plan(&[Indexer::range(1, 3)]).is_contiguous());
+    assert!(plan(&[Indexer::Select(2)]).is_contiguous());
+    assert!(plan(&[Indexer::range(3, 1)]).is_contiguous());
+    // A column, or every other row, leaves gaps.
+    let column = [Indexer::range(0, 4), Indexer::Select(1)];
+    assert!(!plan(&column).is_contiguous());
+    let strided = [Indexer::Range {
+        start: None,
+        stop: None,
+        step: 2,
+    }];
+    assert!(!plan(&strided).is_contiguous());
+}
