@@ -330,7 +330,7 @@ impl<S: Send> Ring<S> {
         files: &[&SafeFile],
         plan: &UploadPlan,
     ) -> Result<UploadStats> {
-        let _running = lock(&self.running);
+        let _running = self.take_turn();
         self.run_locked(target, files, plan, self.plain_shape(), &mut || Ok(()))
     }
 
@@ -356,7 +356,7 @@ impl<S: Send> Ring<S> {
         plan: &UploadPlan,
         alongside: &mut dyn FnMut() -> Result<()>,
     ) -> Result<UploadStats> {
-        let _running = lock(&self.running);
+        let _running = self.take_turn();
         let shape = RunShape {
             direct: true,
             main_error_first: true,
@@ -388,7 +388,7 @@ impl<S: Send> Ring<S> {
     /// caller frees the destination on error, which must not happen under a pending copy) and
     /// returns the first error.
     pub fn wait_all<T: UploadTarget<Slot = S>>(&self, target: &T) -> Result<()> {
-        let _running = lock(&self.running);
+        let _running = self.take_turn();
         self.wait_all_locked(target)
     }
 
@@ -411,6 +411,35 @@ impl<S: Send> Ring<S> {
             .into_iter()
             .filter_map(|(m, _)| m.into_inner().unwrap_or_else(|p| p.into_inner()).slot)
             .collect()
+    }
+}
+
+impl<S> Ring<S> {
+    /// The ring's turn (see `running`). Runs hand the slots and the reader threads from one
+    /// caller's thread to the next through this lock: what the last run waited for (its copies
+    /// out of the slots) is ordered before what the next run's readers write there, which a
+    /// sanitized C++ program sees only when the hand-over is announced (`crate::tsan`): the
+    /// readers, kept between runs, make no driver call of their own that would order them.
+    fn take_turn(&self) -> Turn<'_> {
+        let guard = lock(&self.running);
+        crate::tsan::acquire(&self.running);
+        Turn {
+            _guard: guard,
+            token: &self.running,
+        }
+    }
+}
+
+/// A run's turn on its ring; announces its end before unlocking.
+struct Turn<'a> {
+    _guard: std::sync::MutexGuard<'a, ()>,
+    token: &'a Mutex<()>,
+}
+
+impl Drop for Turn<'_> {
+    // Runs before the guard it holds unlocks.
+    fn drop(&mut self) {
+        crate::tsan::release(self.token);
     }
 }
 

@@ -37,6 +37,12 @@ use crate::driver::{call, Gpu};
 use crate::memory::{Event, EventPool};
 use crate::trace::DeviceTrace;
 
+/// The smallest average run (tensor, or part of one) a zero-copy span may have: each run is a
+/// copy of its own (a staged chunk is one copy whatever it holds), and a copy's launch costs
+/// ~5-10 µs on a device, so a span of small tensors (biases, norms; a 20,000-tensor file) is
+/// staged instead.
+const MIN_AVERAGE_RUN: u64 = 256 << 10;
+
 /// Whether and how an uploader copies straight from the page cache.
 ///
 /// [`ZeroCopy::from_env`] (what uploaders start with) reads `SAFETENSORS_ZERO_COPY` (`1` on,
@@ -90,6 +96,8 @@ pub struct FeedStats {
     /// Spans left to staging: a registration the driver refused, or a span larger than the
     /// window.
     pub fallbacks: u64,
+    /// Spans left to staging because their tensors are small (see `MIN_AVERAGE_RUN`).
+    pub small_runs: u64,
     /// Successful registrations and unregistrations.
     pub registrations: u64,
     /// See `registrations`.
@@ -126,6 +134,7 @@ pub(crate) struct Feeder {
     off: AtomicBool,
     spans: AtomicU64,
     fallbacks: AtomicU64,
+    small_runs: AtomicU64,
     registrations: AtomicU64,
     unregistrations: AtomicU64,
     unregister_failures: AtomicU64,
@@ -173,6 +182,7 @@ impl Feeder {
             off: AtomicBool::new(false),
             spans: AtomicU64::new(0),
             fallbacks: AtomicU64::new(0),
+            small_runs: AtomicU64::new(0),
             registrations: AtomicU64::new(0),
             unregistrations: AtomicU64::new(0),
             unregister_failures: AtomicU64::new(0),
@@ -196,6 +206,7 @@ impl Feeder {
         FeedStats {
             spans: self.spans.load(Ordering::Relaxed),
             fallbacks: self.fallbacks.load(Ordering::Relaxed),
+            small_runs: self.small_runs.load(Ordering::Relaxed),
             registrations: self.registrations.load(Ordering::Relaxed),
             unregistrations: self.unregistrations.load(Ordering::Relaxed),
             unregister_failures: self.unregister_failures.load(Ordering::Relaxed),
@@ -218,6 +229,10 @@ impl Feeder {
         trace: Option<&DeviceTrace>,
     ) -> Result<bool> {
         if !self.is_on() {
+            return Ok(false);
+        }
+        if span.runs.len() as u64 > span.len / MIN_AVERAGE_RUN + 4 {
+            self.small_runs.fetch_add(1, Ordering::Relaxed);
             return Ok(false);
         }
         // Each run's host address, and the page-aligned ranges they need, merged.
@@ -373,6 +388,19 @@ impl Feeder {
         dst: sys::CUdeviceptr,
         stream: sys::CUstream,
     ) -> Result<()> {
+        // Padding between runs: zeroed gap by gap, or, with more than a few gaps, the whole span
+        // at once before the copies (one launch; the device writes its own memory at several
+        // TB/s, and the copies after it, in stream order, overwrite all but the gaps).
+        let gaps = runs
+            .iter()
+            .scan(span.start, |at, &(_, len, to)| {
+                let gap = to > *at;
+                *at = to + len as u64;
+                Some(gap)
+            })
+            .filter(|&g| g)
+            .count();
+        let whole = gaps > 2;
         let mut at = span.start;
         let zero = |from: u64, to: u64| -> Result<()> {
             if to > from {
@@ -383,8 +411,13 @@ impl Feeder {
             }
             Ok(())
         };
+        if whole {
+            zero(span.start, span.start + span.len)?;
+        }
         for &(host, len, to) in runs {
-            zero(at, to)?;
+            if !whole {
+                zero(at, to)?;
+            }
             let mut done = 0;
             while done < len {
                 let here = host + done;
@@ -406,6 +439,9 @@ impl Feeder {
                 done += n;
             }
             at = to + len as u64;
+        }
+        if whole {
+            return Ok(());
         }
         zero(at, span.start + span.len)
     }

@@ -125,20 +125,20 @@ impl DeviceTrace {
     }
 }
 
-/// Where `SAFETENSORS_UPLOAD_TRACE` sends each traced upload's timeline: a file to append one
-/// line of JSON to, when the value is a path (not `1`).
-pub(crate) fn append(timeline: &Timeline) {
-    let Ok(path) = std::env::var("SAFETENSORS_UPLOAD_TRACE") else {
-        return;
-    };
-    if path.is_empty() || path == "0" || path == "1" {
-        return;
-    }
-    // A trace is a diagnostic: a file that cannot be written loses the line, not the upload.
+/// Where `SAFETENSORS_UPLOAD_TRACE` (as it was when the uploader was made) sends each traced
+/// upload's timeline: a file to append one line of JSON to, when the value is a path (not `1`).
+pub(crate) fn trace_file() -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("SAFETENSORS_UPLOAD_TRACE")?;
+    (!path.is_empty() && path != "0" && path != "1").then(|| path.into())
+}
+
+/// Appends `timeline` to `path` as one line of JSON. A trace is a diagnostic: a file that cannot
+/// be written loses the line, not the upload.
+pub(crate) fn append(path: &std::path::Path, timeline: &Timeline) {
     if let Ok(mut f) = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(&path)
+        .open(path)
     {
         let _ = writeln!(f, "{}", timeline.to_json());
     }

@@ -36,8 +36,10 @@ pub struct Uploader {
     pub(crate) events: EventPool,
     /// Zero-copy spans, when on ([`ZeroCopy`]) and the device can.
     feeder: Option<Feeder>,
-    /// The last traced upload's timeline, with the device's copy times.
+    /// The last traced upload's timeline, with the device's copy times, and the file each is
+    /// appended to.
     trace: Mutex<Option<Timeline>>,
+    trace_file: Option<std::path::PathBuf>,
     pub(crate) gpu: Arc<Gpu>,
 }
 
@@ -65,6 +67,7 @@ impl Uploader {
             events: EventPool::new(gpu.ctx),
             feeder: Feeder::new(&gpu, ZeroCopy::from_env()),
             trace: Mutex::new(None),
+            trace_file: crate::trace::trace_file(),
             gpu,
         }
     }
@@ -208,7 +211,9 @@ impl Uploader {
             let ns = |t: Instant| t.saturating_duration_since(origin).as_nanos() as u64;
             timeline.alloc = Some((ns(a), ns(b)));
         }
-        crate::trace::append(&timeline);
+        if let Some(path) = &self.trace_file {
+            crate::trace::append(path, &timeline);
+        }
         *self.trace.lock().unwrap_or_else(|p| p.into_inner()) = Some(timeline);
     }
 

@@ -427,7 +427,7 @@ impl<S: Send> Ring<S> {
         when: DeliverWhen,
         deliver: &mut Deliver<'_, T::Mark>,
     ) -> Result<UploadStats> {
-        let _running = lock(&self.running);
+        let _running = self.take_turn();
         let flow = Flow::new(target, layout)?;
         let shape = RunShape {
             chunk: layout.chunk,

@@ -221,13 +221,11 @@ impl<S: Send> Ring<S> {
                 self.abort(&job);
             }
             match main {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    let mut first = lock(&first_error);
-                    if shape.main_error_first || first.is_none() {
-                        *first = Some(e);
-                    }
-                }
+                Ok(Ok(())) => None,
+                // Weighed against the readers' errors once they are done (an error a reader
+                // made is not to be dropped here, while readers still run: a sanitized C++
+                // program could not see the hand-over); whether one came first is noted.
+                Ok(Err(e)) => Some((e, lock(&first_error).is_some())),
                 Err(panic) => resume_unwind(panic),
             }
         });
@@ -236,11 +234,27 @@ impl<S: Send> Ring<S> {
             let timeline = rec.finish(|k| (plan.total - k as u64 * chunk).min(chunk));
             *lock(&self.trace) = Some(timeline);
         }
-        if let Err(e) = scoped {
-            let path = files.first().map_or(std::path::Path::new(""), |f| f.path());
-            return Err(Error::io(path, "start an upload's reader thread for", e));
-        }
-        match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        let main_error = match scoped {
+            Ok(main_error) => main_error,
+            Err(e) => {
+                let path = files.first().map_or(std::path::Path::new(""), |f| f.path());
+                return Err(Error::io(path, "start an upload's reader thread for", e));
+            }
+        };
+        let readers_error = first_error.into_inner().unwrap_or_else(|p| p.into_inner());
+        // The first error in time, or the caller's part's when the shape says so.
+        let error = match (main_error, readers_error) {
+            (Some((main, reader_first)), Some(reader)) => {
+                Some(if shape.main_error_first || !reader_first {
+                    main
+                } else {
+                    reader
+                })
+            }
+            (Some((main, _)), None) => Some(main),
+            (None, reader) => reader,
+        };
+        match error {
             Some(e) => Err(e),
             None => Ok(UploadStats {
                 bytes: plan.total,
@@ -420,6 +434,9 @@ impl<S: Send> Ring<S> {
                     return Ok(false);
                 }
                 self.prepare(target, job, &mut st, k)?;
+                // The slot's last copy is done (seen through the driver's own lock): what the
+                // readers write next is ordered after it, for a sanitized C++ program too.
+                crate::tsan::release(state);
                 changed.notify_all();
                 break;
             }
