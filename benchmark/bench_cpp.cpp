@@ -658,7 +658,7 @@ struct FileResults {
   Limits limits;
   bool with_save = false;
   GpuResults gpu;
-  std::string probe;  // the GPU probe's JSON object (gpu/probe.hpp), when it ran
+  std::string probe;               // the GPU probe's JSON object (gpu/probe.hpp), when it ran
   std::deque<Result> ring_limits;  // the `ring` item's limits (a deque: items point at them)
 };
 
@@ -841,10 +841,15 @@ void run_items(const Options& opt, const fs::path& path, int runs, const std::fu
     out.probe = gpu_probe::run(path, runs);
     // The GPU kit's probe step asks for `probe` (and `ranks`) alone: the CPU limits beside the
     // other items would only spend its device time.
-    if (std::all_of(opt.items.begin(), opt.items.end(), [](const auto& i) { return i == "probe" || i == "ranks"; })) {
+    if (std::all_of(opt.items.begin(), opt.items.end(),
+                    [](const auto& i) { return i == "probe" || i == "ranks"; })) {
       const std::string why = "not measured beside --items probe";
-      out.limits = {{"read()", {}, 0, why},  {"read() into new memory", {}, 0, why},
-                    {"read() into new huge pages", {}, 0, why}, {"memcpy", {}, 0, why}, {}, {}};
+      out.limits = {{"read()", {}, 0, why},
+                    {"read() into new memory", {}, 0, why},
+                    {"read() into new huge pages", {}, 0, why},
+                    {"memcpy", {}, 0, why},
+                    {},
+                    {}};
       if (opt.items.count("ranks")) ranks_items(path, runs, setup, out);
       return;
     }
