@@ -406,6 +406,9 @@ def markdown(runs, gl):
         if s["data"].get("table"):
             lines += ["", "**The CPU goals on this machine's CPU** (the cpu step: bench_cpp and bench.py, interleaved "
                       "rounds; conversions and load_copy on one core in raw.tar.gz, cpu/raw):", ""] + s["data"]["table"]
+    for s in runs.ran("probe"):
+        lines += ["", "**The probe** (the probe step: every upload variant beside the same pinned copy, and the "
+                  "decision rule of docs/gpu.md):", "", "```"] + s["data"].get("lines", []) + ["```"]
     lines += ["", checks_section(runs), "**Steps**:", "", "| step | outcome | seconds |", "|---|---|---|"]
     for r in runs.results:
         for s in r.get("steps", []):
@@ -435,6 +438,9 @@ def summary(runs, gl, out_dir):
     lines.append("Goals:")
     for g in gl:
         lines.append(f"  {mark[g['status']]}{g['goal']}" + (f" — {g['file']}" if g["file"] else "") + f": {g['detail']}"[:230])
+    for s in runs.ran("probe"):
+        lines += ["", "The probe (its figures: results.md; raw: raw.tar.gz, probe-*.json):"]
+        lines += [f"  {d['topic']}: {d['verdict']}"[:230] for d in s["data"].get("decision", [])]
     cpu = cpu_goal_lines(runs)
     if cpu:
         lines += ["", "CPU goals on this machine's CPU (the cpu step; its table: raw.tar.gz, cpu/results.md):"] + cpu

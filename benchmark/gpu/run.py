@@ -36,6 +36,13 @@ Steps, in this order (each either runs or says why not, and the rest go on):
                240 s in a full run: what does not fit says so; --steps sanitizer runs it alone)
   iterations   the seed README's table: time per iteration over 1, 10 and 100 iterations
                (--iterations), Python and C++, CPU and CUDA, for each file
+  probe        only when named (--steps probe): what decides how uploads reach the link, in one
+               bench_cpp process per file (gpt2 and 1b, generated when missing; --files others):
+               the pinned copy, whole chunks (the schedule before stripes), the default, the read
+               backend, zero-copy and the hybrid, interleaved; one traced load of each (link busy,
+               first copy, drain); host copies beside DMA; the ring sweep; registration rates and
+               stalls; the multi-rank loads; then the decision rule (docs/gpu.md). --budget 400
+               leaves room for one rerun in 15 minutes of device time
   report       summary.txt, results.md, chart.png, results.json, run.log and raw.tar.gz under --out
 
 --steps runs only the steps named (and environment, files, fixtures and report, which the others
@@ -60,7 +67,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from runner import FILE_NAMES, KIT, REPORT_RESERVE, Run  # noqa: E402 (the kit's folder, first)
-from steps import STEP_FUNCTIONS, STEPS, step_report  # noqa: E402
+from steps import OPTIONAL_STEPS, STEP_FUNCTIONS, STEPS, step_report  # noqa: E402
 
 
 def run_step(run, name, why_not=None):
@@ -122,6 +129,7 @@ def parse(argv):
     ap.add_argument("--emulated-driver", help="a folder holding the emulated libcuda.so.1 (the kit's own test)")
     ap.add_argument("--cold", action="store_true", help="with --emulated-driver: run the cold steps too")
     a = ap.parse_args(argv)
+    a.files_given = a.files is not None
     files = (a.files or ("1b" if a.large else "gpt2")).split(",")
     for f in files:
         if f not in FILE_NAMES:
@@ -136,8 +144,8 @@ def parse(argv):
     # What every other step stands on runs whatever --steps says (files already made are kept).
     a.only = (set(a.steps.split(",")) | {"environment", "files", "fixtures", "report"}) if a.steps else set(STEPS)
     a.leave = set(a.skip.split(",")) if a.skip else set()
-    for s in sorted((a.only | a.leave) - set(STEPS)):
-        ap.error(f"unknown step '{s}' (steps: {', '.join(STEPS)})")
+    for s in sorted((a.only | a.leave) - set(STEPS) - set(OPTIONAL_STEPS)):
+        ap.error(f"unknown step '{s}' (steps: {', '.join(STEPS + OPTIONAL_STEPS)})")
     a.large_leaves_sanitizer = a.large and "sanitizer" not in (a.only if a.steps else set()) and "sanitizer" not in a.leave
     if a.large_leaves_sanitizer:
         a.leave.add("sanitizer")
@@ -168,6 +176,9 @@ def main(argv):
             why_not = ("--large: the sanitizer runs the tests' own small files, the same in the first run"
                        if name == "sanitizer" and a.large_leaves_sanitizer else "left out with --skip")
         run_step(run, name, why_not)
+    for name in OPTIONAL_STEPS:
+        if name in a.only and name not in a.leave:
+            run_step(run, name)
     run_step(run, "report")
     run.save()
     run.console.flush()

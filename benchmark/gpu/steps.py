@@ -10,11 +10,15 @@ import shutil
 import time
 import zipfile
 
+from probe import step_probe
 from runner import FILE_NAMES, HERE, KIT, bin_path, can_drop_caches, command, read_json, remaining, tail, tool
 
 # In the order they run: correctness first, then the measurements, the slow and optional last.
 STEPS = ["environment", "files", "fixtures", "tests", "interop", "host_memory", "bench_warm", "peers_warm",
          "python_warm", "bench_cold", "peers_cold", "python_cold", "cpu", "sanitizer", "iterations", "report"]
+# Steps that run only when --steps names them, after the others (before the report): the probe
+# (probe.py) decides between upload paths on a GPU, a few minutes of device time of its own.
+OPTIONAL_STEPS = ["probe"]
 # Every program tests/CMakeLists.txt declares with safetensors_gpu_test (the kit's test checks
 # that the two lists agree, and that benchmark/gpu-kit packs each).
 TEST_PROGRAMS = ["cuda_test", "cuda_upload_test", "cuda_stream_test", "cuda_save_test", "distributed_cuda_test",
@@ -599,4 +603,5 @@ STEP_FUNCTIONS = {
     "cpu": (step_cpu, 420),
     "sanitizer": (step_sanitizer, 240),
     "iterations": (step_iterations, 600),
+    "probe": (step_probe, 420),
 }
