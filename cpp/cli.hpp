@@ -94,18 +94,27 @@ inline bool is_option(const std::string& a) {
 /// built from `http://host/m` names the local file `http:/host/m` (std::filesystem's normal
 /// form and the kernel both fold the `//`), so a command would read, or rewrite, a file the
 /// user never named. Commands reach the file only through `open_file`, `open_checkpoint` (a URL
-/// remotely) and `local_path` (a URL refused).
+/// remotely) and `local_path` (a URL refused). A URL is shown as the library's messages show it
+/// (`safetensors::redact_url`): a pre-signed URL's query, or a password, never reaches the
+/// output or --json.
 class Location {
  public:
-  explicit Location(std::string text) : text_(std::move(text)), url_(safetensors::is_url(text_)) {}
+  explicit Location(std::string text)
+      : text_(std::move(text)),
+        url_(safetensors::is_url(text_)),
+        shown_(url_ ? safetensors::redact_url(text_) : text_) {}
 
   [[nodiscard]] bool is_url() const noexcept { return url_; }
-  /// The argument as typed: what messages and --json show.
-  [[nodiscard]] const std::string& text() const noexcept { return text_; }
+  /// The argument as output and --json show it: a path as typed, a URL without user
+  /// information, query or fragment.
+  [[nodiscard]] const std::string& text() const noexcept { return shown_; }
+  /// The argument as typed, a URL's query included: what is opened, never what is printed.
+  [[nodiscard]] const std::string& address() const noexcept { return text_; }
   /// Whether it names a checkpoint index: as `Checkpoint` decides, by an extension of `json` in
-  /// any case (`model.index.JSON` too), of the text's last segment (a URL's as a path's).
+  /// any case (`model.index.JSON` too), of the text's last segment (a URL's path's, before any
+  /// query, as a path's).
   [[nodiscard]] bool is_index() const {
-    std::string_view name(text_);
+    std::string_view name(shown_);
     name.remove_prefix(std::min(name.size(), name.rfind('/') + 1));  // npos + 1 is 0
     const auto dot = name.rfind('.');
     if (dot == std::string_view::npos || dot == 0 || name == "..") return false;  // as fs::path::extension
@@ -126,6 +135,7 @@ class Location {
   friend fs::path local_path(const Location& at, std::string_view refusal);
   std::string text_;
   bool url_;
+  std::string shown_;
 };
 
 /// The local path `at` names, for what acts on local files only; a URL is a usage error ending
@@ -174,7 +184,7 @@ inline FileArguments read_file_arguments(const std::string& command, const std::
 inline safetensors::SafeOpen open_file(const Location& at, safetensors::OpenOptions options,
                                        bool header_only) {
   if (!at.is_url()) return safetensors::SafeOpen(local_path(at, {}), options);
-  return safetensors::SafeOpen::open_remote(at.text(),
+  return safetensors::SafeOpen::open_remote(at.address(),
                                             {.header_only = header_only, .on_demand = !header_only}, options);
 }
 
@@ -184,7 +194,7 @@ inline safetensors::Checkpoint open_checkpoint(const Location& at, safetensors::
                                                bool header_only = false) {
   if (!at.is_url()) return safetensors::Checkpoint(local_path(at, {}), options);
   return safetensors::Checkpoint::open_remote(
-      at.text(), {.header_only = header_only, .on_demand = !header_only}, options);
+      at.address(), {.header_only = header_only, .on_demand = !header_only}, options);
 }
 
 /// A failed system call on `path` as a typed `Io` error.

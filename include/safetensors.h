@@ -415,6 +415,14 @@
 #define ST_REMOTE_ON_DEMAND 2
 
 /**
+ * `st_remote_options.flags`: keep whole files in a local cache, in `cache_dir` (NULL: the user's
+ * cache directory, `$XDG_CACHE_HOME/safetensors` or `~/.cache/safetensors`): a file fetched
+ * whole is written there and mapped, and a later open of the same URL and version maps it after
+ * one ranged GET (docs/remote.md).
+ */
+#define ST_REMOTE_CACHE 4
+
+/**
  * An open checkpoint. Safe to use from several threads at once (shards open lazily, each
  * once); free it with `st_checkpoint_free`. Pointers it hands out (names, shapes, zero-copy
  * bytes of its shards) are valid while it lives.
@@ -869,10 +877,20 @@ typedef struct st_remote_options {
    */
   uint64_t deadline_ms;
   /**
-   * `ST_REMOTE_HEADER_ONLY`, `ST_REMOTE_ON_DEMAND` (default none: the whole object is fetched
-   * at open and held in memory).
+   * `ST_REMOTE_HEADER_ONLY`, `ST_REMOTE_ON_DEMAND`, `ST_REMOTE_CACHE` (default none: the whole
+   * object is fetched at open and held in memory).
    */
   uint32_t flags;
+  /**
+   * With `ST_REMOTE_CACHE`: the cache's directory, a NUL-terminated path lent for the call;
+   * NULL for the user's cache directory (the default).
+   */
+  const char *cache_dir;
+  /**
+   * With `ST_REMOTE_CACHE`: bytes the cache may hold, the least recently used files removed
+   * past it; a file larger is not cached. 0 for the default (128 GiB).
+   */
+  uint64_t cache_limit;
 } st_remote_options;
 
 #ifdef __cplusplus
@@ -1661,7 +1679,8 @@ bool st_is_url(const char *s);
  * nothing more (`ST_REMOTE_HEADER_ONLY`), or each read's bytes when it is made
  * (`ST_REMOTE_ON_DEMAND`). `options` may be NULL (the defaults). `flags`:
  * `ST_OPEN_ALLOW_TRAILING_BYTES`. Credentials come from the environment (`AWS_*`), never from
- * the URL: a URL with user information or a query string is refused.
+ * the URL: a URL with user information is refused; an `http(s)://` URL's query (a pre-signed
+ * URL's signature) is sent with every request of that object and never shown.
  *
  * Errors: `ST_ERR_IO` naming the URL and what the server did (no such object, access denied,
  * the object changed while read, a wrong answer, a timeout), and a header's own errors.

@@ -7,6 +7,9 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
 #include <string_view>
 
 #include "safetensors/detail/bridge.hpp"
@@ -48,12 +51,34 @@ struct RemoteOptions {
   /// the object's size; bytes read twice are fetched twice. The file then reports
   /// `Backend::Read`.
   bool on_demand = false;
+  /// Keep whole files in a local cache: a file fetched whole is written into `cache_dir`
+  /// (atomically, named by its URL without query and its version) and mapped; a later open of
+  /// the same URL and version maps that copy after one ranged GET that checks the version, and
+  /// a copy that is corrupt or truncated is fetched again. Processes opening one file at once
+  /// fetch it once. An `on_demand` open maps a copy the cache holds but writes nothing; a
+  /// `header_only` open never touches it.
+  bool cache = false;
+  /// The cache's directory; empty for the user's (`$XDG_CACHE_HOME/safetensors`, else
+  /// `~/.cache/safetensors`).
+  std::filesystem::path cache_dir{};
+  /// Bytes the cache may hold: the least recently used files are removed past it; a file larger
+  /// is not cached.
+  std::uint64_t cache_limit = std::uint64_t{128} << 30;
 };
 
 /// Whether `s` names a remote file rather than a local path: it starts with `s3://`, `http://`
 /// or `https://` (the scheme in any case). The one rule the library and its CLI apply.
 [[nodiscard]] inline bool is_url(std::string_view s) {
   return ffi::is_url(detail::bytes(s));
+}
+
+/// `url` as the library's messages show it: scheme, host, port and path, without user
+/// information, query (a pre-signed URL's signature) or fragment. For programs that print a URL
+/// they were given.
+///
+///   safetensors::redact_url("https://h/m.safetensors?sig=x");  // "https://h/m.safetensors"
+[[nodiscard]] inline std::string redact_url(std::string_view url) {
+  return std::string(ffi::redact_url(detail::bytes(url)));
 }
 
 /// Whether this build opens remote files (configured with `SAFETENSORS_REMOTE`, the default);
@@ -75,7 +100,10 @@ inline ffi::RemoteOptions remote_options(const RemoteOptions& o) {
                             .max_retries = o.max_retries,
                             .deadline_ms = ms(o.deadline),
                             .header_only = o.header_only,
-                            .on_demand = o.on_demand};
+                            .on_demand = o.on_demand,
+                            .cache = o.cache,
+                            .cache_dir = detail::bytes(std::string_view(o.cache_dir.native())),
+                            .cache_limit = o.cache_limit};
 }
 }  // namespace detail
 

@@ -94,6 +94,25 @@ TEST(RemoteUrl, CredentialsInAUrlAreRefusedAndNeverShown) {
       << opened.status().message();
 }
 
+TEST(RemoteUrl, IsShownWithoutItsQueryOrCredentials) {
+  EXPECT_EQ(safetensors::redact_url("https://u:hunter2@h:8443/m.safetensors?sig=hunter2"),
+            "https://h:8443/m.safetensors");
+  EXPECT_EQ(safetensors::redact_url("s3://b/k.safetensors"), "s3://b/k.safetensors");
+}
+
+// A pre-signed URL is opened, its signature never shown: not in a message of the C++ API.
+TEST(Remote, ASignedUrlOpensAndItsSignatureIsNeverShown) {
+  SERVE_OR_SKIP(s);
+  const auto url = s.server->url("model.safetensors") + "?X-Amz-Signature=Sig0123456789hunter2";
+  auto f = safetensors::SafeOpen::open_remote(url);
+  EXPECT_EQ(f.get_tensor("b").shape(), (std::vector<std::size_t>{2, 3}));
+  auto missing =
+      safetensors::nothrow::open_remote(s.server->url("absent.safetensors") + "?sig=Sig0123456789hunter2");
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(missing.status().message().find("hunter2"), std::string::npos) << missing.status().message();
+  EXPECT_NE(missing.status().message().find("404"), std::string::npos) << missing.status().message();
+}
+
 // A URL is UTF-8 text: other bytes are refused, never read lossily as another object's URL
 // (nothing listens on port 1, so an attempt would fail on the connection instead).
 TEST(RemoteUrl, AUrlThatIsNotUtf8IsRefused) {
@@ -425,6 +444,34 @@ TEST(RemoteCli, InspectValidateAndStatsReadUrlsOfFilesAndCheckpoints) {
   auto missing = test::cli({"inspect", s.server->url("absent.safetensors")});
   EXPECT_EQ(missing.code, 1);
   EXPECT_TRUE(test::has(missing.err + missing.out, "404")) << missing.err << missing.out;
+}
+
+// A pre-signed URL (a file's, an index's) is read, and its query never reaches the output, the
+// --json document or an error.
+TEST(RemoteCli, ASignedUrlIsReadAndNeverShown) {
+  SERVE_OR_SKIP(s);
+  write_checkpoint(s.root.path());
+  const std::string query = "?X-Amz-Signature=Sig0123456789hunter2&X-Amz-Expires=60";
+  const auto url = s.server->url("model.safetensors");
+  const auto index = s.server->url("m.safetensors.index.json");
+  const std::vector<std::vector<std::string>> commands = {
+      {"inspect", url + query, "--json"},
+      {"inspect", index + query, "--json"},
+      {"validate", url + query, "--json"},
+      {"validate", index + query},
+      {"stats", url + query, "b", "--json"},
+      {"metadata", url + query, "--json"},
+      {"validate", s.server->url("absent.safetensors") + query, "--json"},
+  };
+  for (const auto& args : commands) {
+    auto run = test::cli(args);
+    EXPECT_EQ(run.code, args[1].find("absent") == std::string::npos ? 0 : 1) << run.out << run.err;
+    EXPECT_FALSE(test::has(run.out + run.err, "hunter2")) << args[0] << ": " << run.out << run.err;
+    EXPECT_FALSE(test::has(run.out + run.err, "X-Amz")) << args[0] << ": " << run.out << run.err;
+  }
+  auto inspected = test::cli({"inspect", index + query, "--json"});
+  EXPECT_TRUE(test::has(inspected.out, "\"path\":\"" + index + "\"")) << inspected.out;
+  EXPECT_TRUE(test::has(inspected.out, "\"shard\":\"m-2.safetensors\"")) << inspected.out;
 }
 #endif
 

@@ -5,10 +5,11 @@ servers, middleboxes and replaced objects do, so that the client's checks are te
 real bytes on a real socket.
 
     fault_proxy.py UPSTREAM_PORT FAULT [--after N] [--to URL] [--log FILE] [--tls CERT KEY]
+                   [--query TEXT]
 
 --to URL is where the redirect faults send a client (the request's path appended); --log FILE
 appends each request's method, path and headers to FILE as one JSON line; --tls serves HTTPS
-with that certificate and key.
+with that certificate and key; --query is the signature the `signed` fault asks for.
 
 Prints the port it listens on (127.0.0.1) as its first line, then serves until killed. The
 first N requests (default 0) pass untouched; from then on every GET gets FAULT:
@@ -37,6 +38,9 @@ first N requests (default 0) pass untouched; from then on every GET gets FAULT:
     redirect-to  302 to --to URL with the request's path
     echo403   403 with every request header echoed in the body, as servers that quote the
               request they refuse do (credentials must never reach a message from there)
+    signed    a GET or HEAD whose query string lacks --query TEXT gets 403 with the request
+              (its query included) echoed, as a store checking a pre-signed URL refuses; one
+              that holds it is forwarded as is. Applies from the first request.
 """
 import http.client
 import json
@@ -63,6 +67,7 @@ AFTER = int(option("--after", "0"))
 TO = option("--to")
 LOG = option("--log")
 TLS = option("--tls", n=2)
+QUERY = option("--query")
 count_lock = threading.Lock()
 count = 0
 
@@ -96,7 +101,19 @@ class Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
+    def unsigned(self):
+        """Whether the `signed` fault refuses this request (its query lacks the signature)."""
+        query = self.path.split("?", 1)[1] if "?" in self.path else ""
+        return FAULT == "signed" and QUERY not in query.split("&")
+
+    def refuse(self):
+        text = "".join(f"<{k}>{v}</{k}>" for k, v in self.headers.items())
+        page = f"<Error><Code>AccessDenied</Code><Request>{self.path} {text}</Request></Error>"
+        return self.send(403, [("Content-Type", "application/xml")], page.encode())
+
     def do_HEAD(self):
+        if self.unsigned():
+            return self.refuse()
         status, headers, body = self.forward()
         if FAULT in ("weak", "weak-etag"):
             headers = weaken(headers, replaced=False)
@@ -111,14 +128,14 @@ class Handler(BaseHTTPRequestHandler):
                 with open(LOG, "a") as f:
                     entry = {"method": self.command, "path": self.path, "headers": dict(self.headers.items())}
                     f.write(json.dumps(entry) + "\n")
+        if self.unsigned():
+            return self.refuse()
         fault = FAULT if n >= AFTER else "none"
         if fault in ("cut", "cut-range"):
             retry = fault == "cut-range" and n == AFTER + 1
             fault = "cut" if n == AFTER else "range" if retry else "none"
         if fault == "echo403":
-            text = "".join(f"<{k}>{v}</{k}>" for k, v in self.headers.items())
-            page = f"<Error><Code>AccessDenied</Code><Request>{self.path} {text}</Request></Error>"
-            return self.send(403, [("Content-Type", "application/xml")], page.encode())
+            return self.refuse()
         if fault == "redirect-to":
             return self.send(302, [("Location", TO + self.path)], b"")
         weak = FAULT in ("weak", "weak-etag")

@@ -20,6 +20,11 @@ pub const ST_REMOTE_HEADER_ONLY: u32 = 0x1;
 /// `st_remote_options.flags`: fetch tensor bytes when they are read (each read's exact byte
 /// runs, with concurrent ranged GETs of the pinned version) instead of the whole object at open.
 pub const ST_REMOTE_ON_DEMAND: u32 = 0x2;
+/// `st_remote_options.flags`: keep whole files in a local cache, in `cache_dir` (NULL: the user's
+/// cache directory, `$XDG_CACHE_HOME/safetensors` or `~/.cache/safetensors`): a file fetched
+/// whole is written there and mapped, and a later open of the same URL and version maps it after
+/// one ranged GET (docs/remote.md).
+pub const ST_REMOTE_CACHE: u32 = 0x4;
 
 /// How a remote file is read. Fill it with `st_remote_options_default`, then change what you
 /// need; passing NULL where one is asked for means the defaults.
@@ -43,9 +48,15 @@ pub struct st_remote_options {
     /// Longest the open may take (with `ST_REMOTE_ON_DEMAND`: the open, then each read on its
     /// own); 0 for no limit beyond each request's timeout (the default).
     pub deadline_ms: u64,
-    /// `ST_REMOTE_HEADER_ONLY`, `ST_REMOTE_ON_DEMAND` (default none: the whole object is fetched
-    /// at open and held in memory).
+    /// `ST_REMOTE_HEADER_ONLY`, `ST_REMOTE_ON_DEMAND`, `ST_REMOTE_CACHE` (default none: the whole
+    /// object is fetched at open and held in memory).
     pub flags: u32,
+    /// With `ST_REMOTE_CACHE`: the cache's directory, a NUL-terminated path lent for the call;
+    /// NULL for the user's cache directory (the default).
+    pub cache_dir: *const c_char,
+    /// With `ST_REMOTE_CACHE`: bytes the cache may hold, the least recently used files removed
+    /// past it; a file larger is not cached. 0 for the default (128 GiB).
+    pub cache_limit: u64,
 }
 
 /// Fills `options` with the defaults (NULL is ignored).
@@ -65,6 +76,7 @@ struct Defaults {
     request_timeout_ms: u64,
     connect_timeout_ms: u64,
     max_retries: usize,
+    cache_limit: u64,
 }
 
 fn defaults() -> st_remote_options {
@@ -78,6 +90,8 @@ fn defaults() -> st_remote_options {
         max_retries: d.max_retries,
         deadline_ms: 0,
         flags: 0,
+        cache_dir: std::ptr::null(),
+        cache_limit: d.cache_limit,
     }
 }
 
@@ -106,7 +120,10 @@ unsafe fn options_or_default(c: Call, p: *const st_remote_options) -> Res<st_rem
     }
     // SAFETY: the caller's pointer to one st_remote_options.
     let o = unsafe { *p };
-    c.flags(o.flags, ST_REMOTE_HEADER_ONLY | ST_REMOTE_ON_DEMAND)?;
+    c.flags(
+        o.flags,
+        ST_REMOTE_HEADER_ONLY | ST_REMOTE_ON_DEMAND | ST_REMOTE_CACHE,
+    )?;
     Ok(o)
 }
 
@@ -115,7 +132,8 @@ unsafe fn options_or_default(c: Call, p: *const st_remote_options) -> Res<st_rem
 /// nothing more (`ST_REMOTE_HEADER_ONLY`), or each read's bytes when it is made
 /// (`ST_REMOTE_ON_DEMAND`). `options` may be NULL (the defaults). `flags`:
 /// `ST_OPEN_ALLOW_TRAILING_BYTES`. Credentials come from the environment (`AWS_*`), never from
-/// the URL: a URL with user information or a query string is refused.
+/// the URL: a URL with user information is refused; an `http(s)://` URL's query (a pre-signed
+/// URL's signature) is sent with every request of that object and never shown.
 ///
 /// Errors: `ST_ERR_IO` naming the URL and what the server did (no such object, access denied,
 /// the object changed while read, a wrong answer, a timeout), and a header's own errors.
@@ -184,7 +202,9 @@ mod imp {
     use safetensors_core::{Checkpoint, CheckpointOptions, OpenOptions, Result, SafeFile};
     use safetensors_remote::{MillisOptions, RemoteOptions};
 
-    use super::{st_remote_options, Defaults, ST_REMOTE_HEADER_ONLY, ST_REMOTE_ON_DEMAND};
+    use super::{
+        st_remote_options, Defaults, ST_REMOTE_CACHE, ST_REMOTE_HEADER_ONLY, ST_REMOTE_ON_DEMAND,
+    };
 
     /// The remote crate's defaults, so that C and Rust never disagree.
     pub(super) fn defaults() -> Defaults {
@@ -196,6 +216,7 @@ mod imp {
             request_timeout_ms: d.request_timeout_ms,
             connect_timeout_ms: d.connect_timeout_ms,
             max_retries: d.max_retries,
+            cache_limit: safetensors_remote::DEFAULT_CACHE_LIMIT,
         }
     }
 
@@ -206,8 +227,9 @@ mod imp {
         safetensors_core::url_text(url.as_os_str().as_bytes())
     }
 
-    fn options(o: &st_remote_options) -> RemoteOptions {
-        MillisOptions {
+    /// SAFETY: `o.cache_dir` is NULL or the caller's NUL-terminated path, lent for the call.
+    unsafe fn options(o: &st_remote_options) -> RemoteOptions {
+        let millis = MillisOptions {
             concurrency: o.concurrency,
             part_size: o.part_size,
             first_read: o.first_read,
@@ -217,12 +239,30 @@ mod imp {
             deadline_ms: o.deadline_ms,
             header_only: o.flags & ST_REMOTE_HEADER_ONLY != 0,
             on_demand: o.flags & ST_REMOTE_ON_DEMAND != 0,
+        };
+        // NULL (or empty) is the user's cache directory: an empty path, to the remote crate.
+        let cache = (o.flags & ST_REMOTE_CACHE != 0).then(|| match o.cache_dir.is_null() {
+            true => std::path::PathBuf::new(),
+            // SAFETY: the caller's NUL-terminated path (see above).
+            false => {
+                use std::os::unix::ffi::OsStrExt;
+                let bytes = unsafe { std::ffi::CStr::from_ptr(o.cache_dir) }.to_bytes();
+                std::ffi::OsStr::from_bytes(bytes).into()
+            }
+        });
+        RemoteOptions {
+            cache,
+            cache_limit: match o.cache_limit {
+                0 => safetensors_remote::DEFAULT_CACHE_LIMIT,
+                n => n,
+            },
+            ..millis.into()
         }
-        .into()
     }
 
     pub(super) fn open(url: &Path, o: &st_remote_options, open: OpenOptions) -> Result<SafeFile> {
-        safetensors_remote::open(url_text(url)?, &options(o), open)
+        // SAFETY: the options the caller passed to this call.
+        safetensors_remote::open(url_text(url)?, &unsafe { options(o) }, open)
     }
 
     pub(super) fn open_checkpoint(
@@ -230,7 +270,8 @@ mod imp {
         o: &st_remote_options,
         options_: CheckpointOptions,
     ) -> Result<Checkpoint> {
-        safetensors_remote::open_checkpoint(url_text(url)?, &options(o), options_)
+        // SAFETY: the options the caller passed to this call.
+        safetensors_remote::open_checkpoint(url_text(url)?, &unsafe { options(o) }, options_)
     }
 }
 
@@ -251,6 +292,7 @@ mod imp {
             request_timeout_ms: 30_000,
             connect_timeout_ms: 5_000,
             max_retries: 3,
+            cache_limit: 128 << 30,
         }
     }
 

@@ -21,7 +21,7 @@ pub mod ffi {
     }
 
     /// `safetensors::RemoteOptions` as it crosses: durations in milliseconds, a deadline of 0
-    /// for none.
+    /// for none, the cache's directory as bytes.
     #[derive(Debug, Clone, Copy)]
     struct RemoteOptions {
         concurrency: usize,
@@ -33,6 +33,11 @@ pub mod ffi {
         deadline_ms: u64,
         header_only: bool,
         on_demand: bool,
+        /// Whether whole files go through a local cache, in `cache_dir` (a path lent for the
+        /// call; empty for the user's cache directory).
+        cache: bool,
+        cache_dir: Bytes,
+        cache_limit: u64,
     }
 
     extern "Rust" {
@@ -40,6 +45,9 @@ pub mod ffi {
         fn remote_built() -> bool;
         /// Whether `s` is a URL (`s3://`, `http://`, `https://`) rather than a local path.
         fn is_url(s: Bytes) -> bool;
+        /// `url` as messages show it: no user information, query or fragment (the core's
+        /// `redact_url`).
+        fn redact_url(url: Bytes) -> String;
         /// Opens the object at `url`: the header (validated), then every byte into memory, or
         /// (`on_demand`) each read's bytes when it is made. `allow_trailing_bytes` as for local
         /// files. Null on failure.
@@ -66,6 +74,13 @@ pub mod ffi {
 pub fn is_url(s: Bytes) -> bool {
     // SAFETY: C++ lends the bytes for this call (`detail::bytes`).
     std::str::from_utf8(unsafe { s.get() }).is_ok_and(safetensors_core::is_url)
+}
+
+/// The core's rule (`safetensors_core::redact_url`), for what C++ prints of a URL (the CLI's
+/// lines and `--json`), in every build. Bytes that are not UTF-8 are shown lossily.
+pub fn redact_url(url: Bytes) -> String {
+    // SAFETY: C++ lends the bytes for this call (`detail::bytes`).
+    safetensors_core::redact_url(&String::from_utf8_lossy(unsafe { url.get() }))
 }
 
 #[cfg(feature = "remote")]

@@ -52,9 +52,14 @@ pub(crate) fn store_error(name: &str, op: &'static str, e: object_store::Error) 
         E::Precondition { .. } => {
             return changed(name, "the server refused the pinned version: HTTP 412");
         }
-        E::PermissionDenied { .. } | E::Unauthenticated { .. } => (
+        E::PermissionDenied { .. } | E::Unauthenticated { .. } if name.starts_with("s3://") => (
             io::ErrorKind::PermissionDenied,
             "access denied (check the credentials in the AWS_* environment variables)",
+        ),
+        E::PermissionDenied { .. } | E::Unauthenticated { .. } => (
+            io::ErrorKind::PermissionDenied,
+            "access denied (HTTP 401 or 403: a pre-signed URL may have expired, or be signed \
+             for another object or method)",
         ),
         E::NotSupported { .. } => (io::ErrorKind::InvalidData, NOT_PARTIAL),
         _ => (io::ErrorKind::Other, "request failed"),
@@ -70,6 +75,27 @@ pub(crate) fn store_error(name: &str, op: &'static str, e: object_store::Error) 
         cause = c.source();
     }
     remote(name, op, kind, text)
+}
+
+/// A shard's error, when the checkpoint's index was opened by a signed URL: a shard refused
+/// access says that shards are requested without the index's query (a signature is good for
+/// one object only), so that the user knows to make the shards readable another way.
+pub(crate) fn unsigned_shard(e: Error, signed_index: bool) -> Error {
+    match e {
+        Error::Io { path, op, source }
+            if signed_index && source.kind() == io::ErrorKind::PermissionDenied =>
+        {
+            // The hint first: the server's part may be cut at the message's bound.
+            let hint = format!(
+                "the shard refused access; the index was opened by a signed URL, and its query \
+                 (a signature for the index alone) is not sent with shards, which are other \
+                 objects: make the shards readable without a signature, or open each by its own \
+                 signed URL ({source})"
+            );
+            Error::io(&path, op, io::Error::new(source.kind(), scrub(&hint)))
+        }
+        e => e,
+    }
 }
 
 /// Longest message kept from a server or library text.

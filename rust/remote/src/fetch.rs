@@ -21,6 +21,9 @@ use crate::transport::{Refused, ServerStatus};
 /// A remote object whose header has been read and validated, and whose version is pinned.
 pub struct Object {
     name: String,
+    /// What the object is, for the cache: its URL without query or user information, and for
+    /// `s3://` the endpoint (see `Location::identity`).
+    identity: String,
     store: Arc<dyn ObjectStore>,
     path: ObjectPath,
     options: RemoteOptions,
@@ -306,6 +309,7 @@ impl Object {
                 .map_err(|e| e.in_file(name.as_ref()))?;
         Ok(Object {
             name: location.name,
+            identity: location.identity,
             store: location.store,
             path: location.path,
             options,
@@ -354,9 +358,28 @@ impl Object {
         let len = usize::try_from(self.len()).map_err(|_| {
             fallible::out_of_memory(&format!("the object {}", self.name), self.len())
         })?;
-        let mut bytes = fallible::filled(len, 0u8, &format!("the object {}", self.name))?;
+        let bytes = fallible::filled(len, 0u8, &format!("the object {}", self.name))?;
+        self.fetch_into(bytes)
+    }
+
+    /// [`Object::fetch_all`] into `dst`, exactly as long as the object (memory, or a file
+    /// being written into the cache), returned filled.
+    pub(crate) fn fetch_into<B>(&self, mut dst: B) -> Result<B>
+    where
+        B: AsMut<[u8]> + Send + 'static,
+    {
+        let len = dst.as_mut().len();
+        if len as u64 != self.len() {
+            return Err(Error::Internal {
+                message: format!(
+                    "a buffer of {len} bytes for the {} bytes of {}",
+                    self.len(),
+                    self.name
+                ),
+            });
+        }
         let have = self.head.len().min(len);
-        bytes[..have].copy_from_slice(&self.head[..have]);
+        dst.as_mut()[..have].copy_from_slice(&self.head[..have]);
         let rest: Range<u64> = have as u64..len as u64;
         let parts = parts(std::slice::from_ref(&rest), self.options.part_size as u64);
         let getter = self.getter();
@@ -366,9 +389,40 @@ impl Object {
             .deadline_at
             .map(|at| at.saturating_duration_since(Instant::now()));
         runtime::run(&self.name, left, async move {
-            fetch_parts(&getter, &pin, &parts, concurrency, &mut bytes, 0).await?;
-            Ok(bytes)
+            fetch_parts(&getter, &pin, &parts, concurrency, dst.as_mut(), 0).await?;
+            Ok(dst)
         })
+    }
+
+    /// The options the object was opened with (made sane).
+    pub(crate) fn options(&self) -> &RemoteOptions {
+        &self.options
+    }
+
+    /// What the object is, for the cache (see `Location::identity`).
+    pub(crate) fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// The pinned version as one line of text, for the cache: the ETag and the modification
+    /// time as the server gave them, and the length; `None` when the server gave neither an
+    /// ETag nor a modification time (then nothing tells one version from another of the same
+    /// length, and the object is not cached).
+    pub(crate) fn version(&self) -> Option<String> {
+        let meta = &self.pin.meta;
+        let since = meta.last_modified.timestamp_nanos_opt().unwrap_or(0);
+        if meta.e_tag.is_none() && since == 0 {
+            return None;
+        }
+        Some(format!(
+            "etag={:?} modified={since} length={}",
+            meta.e_tag, meta.size
+        ))
+    }
+
+    /// When the deadline of the open runs out, if it has one.
+    pub(crate) fn deadline_at(&self) -> Option<Instant> {
+        self.deadline_at
     }
 }
 

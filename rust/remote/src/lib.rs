@@ -33,6 +33,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod cache;
 mod error;
 mod fetch;
 mod location;
@@ -48,21 +49,28 @@ use safetensors_core::{
     Checkpoint, CheckpointOptions, OpenOptions, Result, SafeFile, ShardOpener, MAX_INDEX_SIZE,
 };
 
+pub use cache::default_cache_dir;
 pub use fetch::Object;
-pub use options::{MillisOptions, RemoteOptions, MIN_PART_SIZE};
+pub use options::{MillisOptions, RemoteOptions, DEFAULT_CACHE_LIMIT, MIN_PART_SIZE};
 pub use safetensors_core::is_url;
 
 /// Opens the object at `url` (`s3://`, `http://` or `https://`) as a file in memory: the header
 /// first, validated, then the whole object with concurrent ranged GETs (or, with
 /// [`RemoteOptions::header_only`], nothing more: see [`SafeFile::header_only`]; with
 /// [`RemoteOptions::on_demand`], each read's bytes when it is made: see
-/// [`SafeFile::from_source`]). Errors name the URL.
+/// [`SafeFile::from_source`]; with [`RemoteOptions::cache`], through a local cache of whole
+/// files). Errors name the URL.
 pub fn open(url: &str, remote: &RemoteOptions, options: OpenOptions) -> Result<SafeFile> {
     let object = Object::open(url, remote, options.allow_trailing_bytes)?;
     let name = object.name().to_owned();
     if remote.header_only {
         return SafeFile::header_only(name, object.head(), object.len(), options);
     }
+    // With a cache: its copy, mapped (fetched into it first when whole and missing).
+    let object = match cache::open(object, options)? {
+        cache::Opened::File(file) => return Ok(file),
+        cache::Opened::Uncached(object) => object,
+    };
     if remote.on_demand {
         return object.on_demand(options);
     }
@@ -107,24 +115,31 @@ pub fn open_checkpoint(
         &base,
         Box::new(RemoteShards {
             remote: remote.clone(),
+            signed_index: url.contains('?'),
         }),
         options,
     )
 }
 
-/// Whether a URL names an index: its path ends in `.json`, in any case.
+/// Whether a URL names an index: its path (before any query) ends in `.json`, in any case.
 fn names_index(url: &str) -> bool {
-    let last = url.rsplit('/').next().unwrap_or("").as_bytes();
+    let path = url.split(['?', '#']).next().unwrap_or("");
+    let last = path.rsplit('/').next().unwrap_or("").as_bytes();
     last.len() >= 5 && last[last.len() - 5..].eq_ignore_ascii_case(b".json")
 }
 
-/// The shards of a remote checkpoint, opened with the checkpoint's remote options.
+/// The shards of a remote checkpoint, opened with the checkpoint's remote options. A shard is
+/// another object than the index: an index opened by a signed URL lends its query (a
+/// signature good for the index alone) to no shard, so shards are requested without one.
 struct RemoteShards {
     remote: RemoteOptions,
+    /// Whether the index's URL had a query: a shard refused access then says why.
+    signed_index: bool,
 }
 
 impl ShardOpener for RemoteShards {
     fn open_shard(&self, location: &str, options: OpenOptions) -> Result<SafeFile> {
         open(location, &self.remote, options)
+            .map_err(|e| error::unsigned_shard(e, self.signed_index))
     }
 }

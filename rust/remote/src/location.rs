@@ -3,9 +3,12 @@
 //! Which strings are URLs, and what of them messages show, are the core's rules
 //! (`safetensors_core::is_url`, `redact_url`), shared with builds without remote support.
 //!
-//! URLs that carry secrets are refused: user information (`https://user:pass@host/...`) and
-//! query strings (pre-signed URLs) would otherwise be sent where they should not be and end up
-//! in error messages. S3 credentials come from the environment (see docs/remote.md).
+//! User information in a URL (`https://user:pass@host/...`) is refused: it would travel with
+//! every request and redirect. A query string is accepted on `http(s)://` URLs (a pre-signed
+//! URL: `X-Amz-Signature`, `sig`, a SAS): it travels with every request of that object and no
+//! other (see `transport::Signed`), its values are registered as secrets before anything else
+//! happens, and names in messages never show it (`redact_url`). S3 credentials come from the
+//! environment and the AWS shared files (see docs/remote.md).
 
 use std::sync::Arc;
 
@@ -19,7 +22,7 @@ use url::Url;
 use crate::error::{invalid_url, store_error};
 use crate::options::RemoteOptions;
 use crate::secrets;
-use crate::transport::Connector;
+use crate::transport::{Connector, Signed};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Scheme {
@@ -37,6 +40,11 @@ fn scheme_of(s: &str) -> Option<Scheme> {
 /// A remote object: the store that reaches it, its path there, and its name for messages.
 pub(crate) struct Location {
     pub(crate) name: String,
+    /// What the object is, for the cache's names: the URL without user information or query
+    /// (two signed URLs of one object are one object), whole (a name in messages is bounded),
+    /// and for `s3://` the endpoint and region it is read from (one bucket name on two stores
+    /// is two objects).
+    pub(crate) identity: String,
     pub(crate) store: Arc<dyn ObjectStore>,
     pub(crate) path: ObjectPath,
 }
@@ -61,10 +69,17 @@ pub(crate) fn locate(url: &str, options: &RemoteOptions) -> Result<Location> {
              s3:// set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY instead",
         ));
     }
-    if parsed.query().is_some() || parsed.fragment().is_some() {
+    if parsed.fragment().is_some() {
         return Err(invalid_url(
             &name,
-            "URLs with a query or fragment (such as pre-signed URLs) are not supported yet",
+            "a URL with a fragment (#...) names no object: remove the fragment",
+        ));
+    }
+    if scheme == Scheme::S3 && parsed.query().is_some() {
+        return Err(invalid_url(
+            &name,
+            "an s3:// URL takes no query string: a pre-signed URL is an https:// URL (open \
+             that), and s3:// reads are signed with the AWS credentials",
         ));
     }
     let Some(host) = parsed.host_str().filter(|h| !h.is_empty()) else {
@@ -90,6 +105,7 @@ pub(crate) fn locate(url: &str, options: &RemoteOptions) -> Result<Location> {
         retry_timeout: options.request_timeout,
     };
     let connector = Connector::new(options.request_timeout, options.connect_timeout);
+    let mut identity = parsed[..url::Position::AfterPath].to_owned();
     let store: Arc<dyn ObjectStore> = match scheme {
         Scheme::S3 => {
             // Region, endpoint, path-style addressing, `AWS_ALLOW_HTTP` and credentials come
@@ -102,6 +118,13 @@ pub(crate) fn locate(url: &str, options: &RemoteOptions) -> Result<Location> {
                 }
             }
             builder = with_profile(builder);
+            let config = |key| builder.get_config_value(&key).unwrap_or_default();
+            identity = format!(
+                "{} endpoint={} region={}",
+                &parsed[..url::Position::AfterPath],
+                redact_url(&config(AmazonS3ConfigKey::Endpoint)),
+                config(AmazonS3ConfigKey::Region)
+            );
             let builder = builder
                 .with_config(
                     AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
@@ -117,6 +140,16 @@ pub(crate) fn locate(url: &str, options: &RemoteOptions) -> Result<Location> {
         }
         Scheme::Http => {
             let base = &parsed[..url::Position::BeforePath];
+            let signed = match parsed.query() {
+                Some(_) => Some(Signed {
+                    store_path: store_path(base, &path)
+                        .map_err(|e| invalid_url(&name, &format!("not a valid URL ({e})")))?,
+                    path_and_query: parsed[url::Position::BeforePath..url::Position::AfterQuery]
+                        .to_owned(),
+                }),
+                None => None,
+            };
+            let connector = connector.signed(signed);
             let client = ClientOptions::new()
                 // The user wrote http:// (https:// is verified TLS, the default). A redirect
                 // never leaves https for http (see `transport`).
@@ -131,7 +164,22 @@ pub(crate) fn locate(url: &str, options: &RemoteOptions) -> Result<Location> {
             Arc::new(builder.build().map_err(|e| store_error(&name, "open", e))?)
         }
     };
-    Ok(Location { name, store, path })
+    Ok(Location {
+        name,
+        identity,
+        store,
+        path,
+    })
+}
+
+/// The path object_store's HTTP store requests `path` by under `base` (its `path_url`: the
+/// base URL's segments extended by the object path's, each encoded), for [`Signed`] to match.
+fn store_path(base: &str, path: &ObjectPath) -> std::result::Result<String, url::ParseError> {
+    let mut url = Url::parse(base)?;
+    if let Ok(mut segments) = url.path_segments_mut() {
+        segments.extend(path.parts());
+    }
+    Ok(url.path().to_owned())
 }
 
 /// The AWS shared files' profile ([`crate::profile`]), for what the environment leaves unset:
@@ -216,13 +264,34 @@ mod tests {
         let o = RemoteOptions::default();
         for url in [
             "https://alice:hunter2@example.com/m.safetensors",
-            "https://example.com/m.safetensors?X-Amz-Signature=hunter2",
+            "s3://bucket/m.safetensors?X-Amz-Signature=hunter2",
+            "https://example.com/m.safetensors?X-Amz-Signature=hunter2#frag",
         ] {
             let e = locate(url, &o).err().expect("refused");
             let text = e.to_string();
             assert!(!text.contains("hunter2"), "{text}");
-            assert!(text.contains("https://example.com/m.safetensors"), "{text}");
+            assert!(
+                text.contains("https://example.com/m.safetensors")
+                    || text.contains("s3://bucket/m.safetensors"),
+                "{text}"
+            );
         }
+    }
+
+    #[test]
+    fn a_signed_url_is_a_store_whose_name_shows_no_query() {
+        let o = RemoteOptions::default();
+        let url =
+            "https://example.com/a%20b/m.safetensors?X-Amz-Signature=hunter2&X-Amz-Expires=60";
+        let at = locate(url, &o).expect("a signed https URL is accepted");
+        assert_eq!(at.name, "https://example.com/a%20b/m.safetensors");
+        assert_eq!(at.path.as_ref(), "a b/m.safetensors");
+        // The store asks for the path as its `path_url` encodes it; that is what the transport
+        // matches before sending the URL's own path and query.
+        assert_eq!(
+            store_path("https://example.com", &at.path).unwrap(),
+            "/a%20b/m.safetensors"
+        );
     }
 
     #[test]

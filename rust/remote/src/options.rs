@@ -1,5 +1,6 @@
 //! How remote objects are read: concurrency, part size, timeouts, retries and the deadline.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// The smallest part one GET asks for. A read keeps some bookkeeping for each of its parts (its
@@ -7,6 +8,9 @@ use std::time::Duration;
 /// parts of a few bytes would make a read of a large tensor millions of requests and hold
 /// many times its size in bookkeeping.
 pub const MIN_PART_SIZE: usize = 4096;
+
+/// The default of [`RemoteOptions::cache_limit`]: 128 GiB.
+pub const DEFAULT_CACHE_LIMIT: u64 = 128 << 30;
 
 /// Options for [`crate::open`]. The defaults suit a model on S3 or a CDN from a machine with a
 /// fast link; docs/remote.md says when to change them.
@@ -41,6 +45,18 @@ pub struct RemoteOptions {
     /// version. Memory is what the reads ask for, not the object's size. Default false (the
     /// whole object is fetched at open and held in memory).
     pub on_demand: bool,
+    /// A local cache of whole remote files: the directory, or an empty path for the user's
+    /// cache directory ([`crate::default_cache_dir`]); `None` (the default) for no cache. A file
+    /// fetched whole is written there (atomically, under a name made from its URL without
+    /// query or user information, and its version) and mapped; a later open of the same URL
+    /// and version maps that copy after one ranged GET that checks the version. An on-demand
+    /// open maps a copy the cache holds, but fetches nothing into it; a header-only open never
+    /// touches it. docs/remote.md says more.
+    pub cache: Option<PathBuf>,
+    /// Bytes the cache may hold: after a file is added, the least recently used ones are
+    /// removed until the rest fit; a file larger than this is not cached. Default
+    /// [`DEFAULT_CACHE_LIMIT`].
+    pub cache_limit: u64,
 }
 
 impl Default for RemoteOptions {
@@ -55,6 +71,8 @@ impl Default for RemoteOptions {
             deadline: None,
             header_only: false,
             on_demand: false,
+            cache: None,
+            cache_limit: DEFAULT_CACHE_LIMIT,
         }
     }
 }
@@ -74,7 +92,7 @@ impl RemoteOptions {
 
 /// [`RemoteOptions`] as the C and C++ bindings carry them: durations in whole milliseconds, and
 /// a deadline of 0 for none. Both bindings convert through this one type, so that they read
-/// the same fields the same way.
+/// the same fields the same way (all but the cache's, which they set on the result).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MillisOptions {
     /// [`RemoteOptions::concurrency`].
@@ -109,6 +127,7 @@ impl From<MillisOptions> for RemoteOptions {
             deadline: (o.deadline_ms != 0).then(|| Duration::from_millis(o.deadline_ms)),
             header_only: o.header_only,
             on_demand: o.on_demand,
+            ..RemoteOptions::default()
         }
     }
 }

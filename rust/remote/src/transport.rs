@@ -15,6 +15,12 @@
 //!   request holds its slot until its body is read or dropped), so a process never holds more
 //!   sockets than that per endpoint, however many files it opens. A child made by `fork` gets
 //!   clients of its own (see [`crate::process`]).
+//! - **A signed URL's query travels with its object only** ([`Signed`]): a store's paths have
+//!   no query, so the store made for a pre-signed URL (`?X-Amz-Signature=...`, `?sig=...`, a
+//!   SAS) asks for the object's path and this transport sends the request to the address the
+//!   URL gave, path and query as written (a signature is computed over them). Requests for
+//!   any other path, and a redirect's target, are sent as they are: a redirect names its own
+//!   address, signed or not, and the policy above applies to it.
 //! - **A server that is busy or failing** (5xx, 429, 408) is an error of this transport
 //!   ([`ServerStatus`], with the status and the start of the answer), which `fetch.rs` retries
 //!   as it retries a broken connection: object_store's own retries are off, so that every
@@ -81,6 +87,7 @@ struct Settings {
 pub(crate) struct Connector {
     timeout: Duration,
     connect_timeout: Duration,
+    signed: Option<Signed>,
 }
 
 impl Connector {
@@ -88,7 +95,49 @@ impl Connector {
         Connector {
             timeout,
             connect_timeout,
+            signed: None,
         }
+    }
+
+    /// The connector of a store made for one signed object: see [`Signed`].
+    pub(crate) fn signed(self, signed: Option<Signed>) -> Connector {
+        Connector { signed, ..self }
+    }
+}
+
+/// The address of a signed object (a pre-signed URL): the store requests `store_path`, and the
+/// transport sends that request to `path_and_query` instead, as the URL wrote them.
+#[derive(Clone)]
+pub(crate) struct Signed {
+    /// The path the store asks for the object by (no query: a store's paths have none).
+    pub(crate) store_path: String,
+    /// The path and query the URL gave: what is sent.
+    pub(crate) path_and_query: String,
+}
+
+impl fmt::Debug for Signed {
+    // Never the query: a Debug print of a store must not show a signature.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Signed")
+            .field("store_path", &self.store_path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Signed {
+    /// `uri` sent to the signed address when it asks for the signed object's path (and has no
+    /// query of its own), else unchanged.
+    fn apply(&self, uri: Uri) -> Result<Uri, HttpError> {
+        if uri.path() != self.store_path || uri.query().is_some() {
+            return Ok(uri);
+        }
+        let mut parts = uri.into_parts();
+        parts.path_and_query = Some(
+            self.path_and_query
+                .parse()
+                .map_err(|e| HttpError::new(HttpErrorKind::Unknown, e))?,
+        );
+        Uri::from_parts(parts).map_err(|e| HttpError::new(HttpErrorKind::Unknown, e))
     }
 }
 
@@ -111,7 +160,10 @@ impl HttpConnector for Connector {
             store: "HTTP",
             source: Box::new(e),
         })?;
-        Ok(HttpClient::new(Transport { settings }))
+        Ok(HttpClient::new(Transport {
+            settings,
+            signed: self.signed.clone(),
+        }))
     }
 }
 
@@ -182,6 +234,7 @@ fn client(s: &Settings) -> reqwest::Result<reqwest::Client> {
 #[derive(Debug)]
 struct Transport {
     settings: Settings,
+    signed: Option<Signed>,
 }
 
 #[async_trait::async_trait]
@@ -197,8 +250,11 @@ impl HttpService for Transport {
             .map_err(|e| HttpError::new(HttpErrorKind::Unknown, e))?;
         let (parts, body) = request.into_parts();
         let followable = parts.method == Method::GET || parts.method == Method::HEAD;
-        let first = parts.uri.clone();
-        let mut uri = parts.uri;
+        let mut uri = match &self.signed {
+            Some(signed) => signed.apply(parts.uri)?,
+            None => parts.uri,
+        };
+        let first = uri.clone();
         let mut headers = parts.headers;
         let mut hops = 0;
         loop {
@@ -219,6 +275,9 @@ impl HttpService for Transport {
                             &format!("too many redirects (more than {MAX_REDIRECTS})"),
                         ));
                     }
+                    // A redirect to a signed address: its signature is cut out of every message
+                    // from now on, as the URL's own is.
+                    crate::secrets::register_url(&next.to_string());
                     may_follow(&first, &uri, &next).map_err(|why| refused(&first, &next, why))?;
                     if !same_origin(&uri, &next) {
                         headers = cross_origin(&headers);
@@ -475,6 +534,29 @@ mod tests {
         let kept = cross_origin(&h);
         let names: Vec<&str> = kept.keys().map(HeaderName::as_str).collect();
         assert_eq!(names, ["range", "if-match"]);
+    }
+
+    #[test]
+    fn a_signed_objects_query_goes_to_its_path_only() {
+        let signed = Signed {
+            store_path: "/models/m.safetensors".into(),
+            path_and_query: "/models/m.safetensors?sig=abc%2Bdef&se=2030".into(),
+        };
+        let sent = signed
+            .apply(uri("https://h:8443/models/m.safetensors"))
+            .unwrap();
+        assert_eq!(
+            sent.to_string(),
+            "https://h:8443/models/m.safetensors?sig=abc%2Bdef&se=2030"
+        );
+        // Another object of the same server, and a request with a query of its own: unchanged.
+        for other in [
+            "https://h:8443/models/other.safetensors",
+            "https://h:8443/models/m.safetensors?x=1",
+        ] {
+            assert_eq!(signed.apply(uri(other)).unwrap().to_string(), other);
+        }
+        assert!(!format!("{signed:?}").contains("sig="));
     }
 
     #[test]

@@ -272,7 +272,6 @@ fn secrets_never_leave_their_request() {
 
     // 4. Secrets in the URL itself: user information holding `/`, `?` and `#` (no parser finds
     // the authority's end), and a signed query string.
-    let web_url = format!("http://127.0.0.1:{}/model.safetensors", nginx.port);
     let with_password = format!(
         "http://user:{URL_PASSWORD}@127.0.0.1:{}/model.safetensors",
         nginx.port
@@ -286,9 +285,14 @@ fn secrets_never_leave_their_request() {
         "s3 URL password",
         open(&s3_password, &impatient(), OpenOptions::default()),
     );
-    let signed = format!("{web_url}?X-Amz-Signature={SIGNATURE}&X-Amz-Credential={FILE_KEY}");
+    // A signed URL (accepted) refused by a server that echoes the request, its query included.
+    let echoing = proxy(nginx.port, "echo403", 0);
+    let signed = format!(
+        "http://127.0.0.1:{}/model.safetensors?X-Amz-Signature={SIGNATURE}&X-Amz-Credential={FILE_KEY}",
+        echoing.port
+    );
     messages.failed(
-        "signed query",
+        "signed query, 403 echo",
         open(&signed, &impatient(), OpenOptions::default()),
     );
     let missing_signed = format!(

@@ -14,7 +14,7 @@ pub fn remote_built() -> bool {
 }
 
 fn options(o: &RemoteOptions) -> safetensors_remote::RemoteOptions {
-    safetensors_remote::MillisOptions {
+    let millis = safetensors_remote::MillisOptions {
         concurrency: o.concurrency,
         part_size: o.part_size,
         first_read: o.first_read,
@@ -24,8 +24,17 @@ fn options(o: &RemoteOptions) -> safetensors_remote::RemoteOptions {
         deadline_ms: o.deadline_ms,
         header_only: o.header_only,
         on_demand: o.on_demand,
+    };
+    let cache = o.cache.then(|| {
+        use std::os::unix::ffi::OsStrExt;
+        // SAFETY: C++ lends the path's bytes for this call (`detail::bytes`).
+        std::path::PathBuf::from(std::ffi::OsStr::from_bytes(unsafe { o.cache_dir.get() }))
+    });
+    safetensors_remote::RemoteOptions {
+        cache,
+        cache_limit: o.cache_limit,
+        ..millis.into()
     }
-    .into()
 }
 
 pub fn open_remote(
