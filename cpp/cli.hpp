@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <functional>
 #include <initializer_list>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -178,23 +179,35 @@ inline FileArguments read_file_arguments(const std::string& command, const std::
 
 // ---- files ------------------------------------------------------------------------------------
 
+/// How the CLI reads a URL: only its header when `header_only`; else, with a `cache` (a directory,
+/// empty for the user's: `--cache`), fetched whole into the local cache and mapped from there (a
+/// copy already cached, of the same version, is mapped after one ranged GET); else each read's
+/// bytes when it is made (memory stays what one read needs, whatever the file's size).
+inline safetensors::RemoteOptions remote_options(bool header_only, const std::optional<fs::path>& cache) {
+  safetensors::RemoteOptions o{.header_only = header_only, .on_demand = !header_only && !cache};
+  if (cache && !header_only) {
+    o.cache = true;
+    o.cache_dir = *cache;
+  }
+  return o;
+}
+
 /// Opens the file `at` names: a URL remotely, only its header when `header_only`, else each
 /// read's bytes when it is made (memory stays what one read needs, whatever the file's size);
 /// a path from disk with `options`.
-inline safetensors::SafeOpen open_file(const Location& at, safetensors::OpenOptions options,
-                                       bool header_only) {
+inline safetensors::SafeOpen open_file(const Location& at, safetensors::OpenOptions options, bool header_only,
+                                       const std::optional<fs::path>& cache = std::nullopt) {
   if (!at.is_url()) return safetensors::SafeOpen(local_path(at, {}), options);
-  return safetensors::SafeOpen::open_remote(at.address(),
-                                            {.header_only = header_only, .on_demand = !header_only}, options);
+  return safetensors::SafeOpen::open_remote(at.address(), remote_options(header_only, cache), options);
 }
 
 /// Opens the checkpoint `at` names (an index or one file), a URL remotely as `open_file` does
 /// (its shards the objects next to the index), a path from disk.
 inline safetensors::Checkpoint open_checkpoint(const Location& at, safetensors::CheckpointOptions options,
-                                               bool header_only = false) {
+                                               bool header_only = false,
+                                               const std::optional<fs::path>& cache = std::nullopt) {
   if (!at.is_url()) return safetensors::Checkpoint(local_path(at, {}), options);
-  return safetensors::Checkpoint::open_remote(
-      at.address(), {.header_only = header_only, .on_demand = !header_only}, options);
+  return safetensors::Checkpoint::open_remote(at.address(), remote_options(header_only, cache), options);
 }
 
 /// A failed system call on `path` as a typed `Io` error.

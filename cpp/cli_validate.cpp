@@ -1,4 +1,4 @@
-// `safetensors validate [--header-only] [--lenient] [--allow-trailing-bytes] [--json] FILE|URL|INDEX...`:
+// `safetensors validate [--header-only] [--lenient] [--allow-trailing-bytes] [--cache[=DIR]] [--json] FILE|URL|INDEX...`:
 // every header rule, then every data byte readable (unless --header-only); for an index, every
 // shard against the index, each shard opened once. One OK or FAIL line per file (the error kind
 // and message), what a lenient read accepted listed under its OK line, progress on stderr when output
@@ -54,6 +54,7 @@ struct Arguments {
   bool lenient = false;
   bool allow_trailing = false;
   bool json = false;
+  std::optional<fs::path> cache;  // --cache[=DIR]: URLs fetched whole into the local cache
   std::vector<Location> paths;
 };
 
@@ -68,6 +69,11 @@ Arguments read_arguments(const std::vector<std::string>& args) {
       out.allow_trailing = true;
     } else if (a == "--json") {
       out.json = true;
+    } else if (a == "--cache") {
+      out.cache = fs::path();  // the user's cache directory
+    } else if (a.starts_with("--cache=")) {
+      out.cache = fs::path(a.substr(std::string_view("--cache=").size()));
+      if (out.cache->empty()) throw UsageError("validate --cache=DIR needs a directory");
     } else if (is_option(a)) {
       unknown_option("validate", a);
     } else {
@@ -107,7 +113,7 @@ Checked check_index(const Arguments& a, std::size_t i, Progress& progress) {
   // A URL: the index, then each shard's bytes fetched as they are read.
   safetensors::Checkpoint ckpt = open_checkpoint(
       path, {.backend = Backend::Read, .allow_trailing_bytes = a.allow_trailing, .lenient = a.lenient},
-      a.header_only);
+      a.header_only, a.cache);
   if (a.lenient) {
     out.missing = ckpt.missing();  // opens every shard
   } else {
@@ -131,8 +137,8 @@ Checked check_file(const Arguments& a, std::size_t i, Progress& progress) {
   const auto& path = a.paths[i];
   Checked out;
   // A URL: its bytes fetched as they are read (header only with --header-only).
-  SafeOpen f =
-      open_file(path, {.backend = Backend::Read, .allow_trailing_bytes = a.allow_trailing}, a.header_only);
+  SafeOpen f = open_file(path, {.backend = Backend::Read, .allow_trailing_bytes = a.allow_trailing},
+                         a.header_only, a.cache);
   if (!a.header_only) {
     read_all(f.data_size(), i, path.text(), progress,
              [&](std::size_t at, std::span<std::byte> dst) { f.read_data(at, dst); });

@@ -11,10 +11,15 @@
 
 #include "multi_rank.hpp"
 
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -105,7 +110,7 @@ TEST(Remote, ASignedUrlOpensAndItsSignatureIsNeverShown) {
   SERVE_OR_SKIP(s);
   const auto url = s.server->url("model.safetensors") + "?X-Amz-Signature=Sig0123456789hunter2";
   auto f = safetensors::SafeOpen::open_remote(url);
-  EXPECT_EQ(f.get_tensor("b").shape(), (std::vector<std::size_t>{2, 3}));
+  EXPECT_EQ(f.get_tensor("b").shape, (std::vector<std::size_t>{2, 3}));
   auto missing =
       safetensors::nothrow::open_remote(s.server->url("absent.safetensors") + "?sig=Sig0123456789hunter2");
   ASSERT_FALSE(missing);
@@ -307,6 +312,100 @@ TEST(RemoteC, OpensFilesAndCheckpointsOnDemandWithTypedErrors) {
       << (err.message ? err.message : "");
   st_error_clear(&err);
 }
+
+/// The data files a cache directory holds (`<key>.safetensors`), by path, with their inodes.
+std::vector<std::pair<fs::path, std::uintmax_t>> cached_files(const fs::path& dir) {
+  std::vector<std::pair<fs::path, std::uintmax_t>> out;
+  if (!fs::exists(dir)) return out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".safetensors") continue;
+    struct stat st {};
+    if (::stat(e.path().c_str(), &st) == 0) out.emplace_back(e.path(), st.st_ino);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A file opened whole with a cache is written into it once, and a later open of the same
+// version maps that copy (the same file, not written again), through C++ and C alike; a new
+// version of the object is fetched again into an entry of its own.
+TEST(RemoteCache, AWholeFileIsFetchedIntoTheCacheOnceAndMappedAfterOnBothFaces) {
+  SERVE_OR_SKIP(s);
+  test::TempDir cache;
+  const auto url = s.server->url("model.safetensors");
+  const auto served = test::read_bytes(s.root / "model.safetensors");
+  safetensors::RemoteOptions options{.cache = true, .cache_dir = cache.path()};
+  {
+    auto remote = safetensors::SafeOpen::open_remote(url, options);
+    EXPECT_EQ(remote.keys(), (std::vector<std::string>{"b", "w"}));
+  }
+  auto entries = cached_files(cache.path());
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(test::read_bytes(entries[0].first), served);
+  EXPECT_EQ(entries[0].first.string().find("model"), std::string::npos) << "named by a digest, not the URL";
+  {
+    auto again = safetensors::SafeOpen::open_remote(url, options);
+    auto w = again.get_tensor("w");
+    safetensors::SafeOpen local(s.root / "model.safetensors");
+    auto want = local.get_tensor("w");
+    ASSERT_EQ(w.data.size(), want.data.size());
+    EXPECT_EQ(std::memcmp(w.data.data(), want.data.data(), w.data.size()), 0);
+  }
+  EXPECT_EQ(cached_files(cache.path()), entries) << "the cached copy is mapped, not written again";
+  // Through C: the same entry.
+  st_remote_options c;
+  st_remote_options_default(&c);
+  c.flags = ST_REMOTE_CACHE;
+  c.cache_dir = cache.path().c_str();
+  st_error err = ST_ERROR_INIT;
+  st_file* file = nullptr;
+  ASSERT_EQ(st_file_open_remote(url.c_str(), &c, 0, &file, &err), ST_OK) << (err.message ? err.message : "");
+  st_file_free(file);
+  EXPECT_EQ(cached_files(cache.path()), entries);
+  // Unknown flags beside the cache's are still a careless call.
+  c.flags = ST_REMOTE_CACHE | 0x80;
+  EXPECT_EQ(st_file_open_remote(url.c_str(), &c, 0, &file, &err), ST_FAILED);
+  st_error_clear(&err);
+  // A new version of the object (another length, so another ETag): fetched into a new entry.
+  const std::array<std::uint8_t, 3> x{1, 2, 3};
+  auto longer = safetensors::serialize(
+      {{"x", safetensors::TensorView{safetensors::Dtype::U8, {3}, std::as_bytes(std::span(x))}}});
+  test::write_bytes(
+      s.root / "model.safetensors",
+      std::vector<std::uint8_t>(reinterpret_cast<const std::uint8_t*>(longer.data()),
+                                reinterpret_cast<const std::uint8_t*>(longer.data()) + longer.size()));
+  auto changed = safetensors::SafeOpen::open_remote(url, options);
+  EXPECT_EQ(changed.keys(), (std::vector<std::string>{"x"}));
+  EXPECT_EQ(cached_files(cache.path()).size(), 2u);
+}
+
+#ifdef SAFETENSORS_CLI
+// `validate --cache=DIR` fetches a URL's files whole into the cache (an index's shards too), so
+// that servers started later map them; a second run maps what is there. `--cache=` with no
+// directory is a wrong command line.
+TEST(RemoteCli, ValidateWithACacheFillsItAndMapsItAfter) {
+  SERVE_OR_SKIP(s);
+  write_checkpoint(s.root.path());
+  test::TempDir cache;
+  const auto index = s.server->url("m.safetensors.index.json");
+  const std::string flag = "--cache=" + cache.path().string();
+  auto first = test::cli({"validate", flag, index});
+  ASSERT_EQ(first.code, 0) << first.out << first.err;
+  EXPECT_TRUE(test::has(first.out, "OK   " + index + " (2 tensors")) << first.out;
+  auto entries = cached_files(cache.path());
+  ASSERT_EQ(entries.size(), 2u);
+  std::set<std::vector<std::uint8_t>> held, shards;
+  for (const auto& [path, inode] : entries) held.insert(test::read_bytes(path));
+  shards.insert(test::read_bytes(s.root / "m-1.safetensors"));
+  shards.insert(test::read_bytes(s.root / "m-2.safetensors"));
+  EXPECT_EQ(held, shards);
+  auto second = test::cli({"validate", flag, index, "--json"});
+  ASSERT_EQ(second.code, 0) << second.out << second.err;
+  EXPECT_EQ(cached_files(cache.path()), entries);
+  auto usage = test::cli({"validate", "--cache=", index});
+  EXPECT_EQ(usage.code, 2) << usage.out << usage.err;
+}
+#endif
 
 // Ranks that each open a remote checkpoint on demand and load by a plan fetch every needed data
 // byte exactly once across them: nginx's log shows the data GETs of all ranks adding up to the
