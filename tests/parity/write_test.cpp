@@ -224,17 +224,11 @@ std::vector<WriterCase> writer_cases() {
   cases.push_back({"sharded in one shard", abc, {{"format", "pt"}}, then_finish(write_all(abc)), true});
   cases.push_back({"sharded, prefix of our own", abc, {}, then_finish(write_all(abc)), true, 10, "ckpt"});
   cases.push_back({"sharded, prefix holding a slash", abc, {}, {}, true, 10, "a/b"});
+  // Both take the core's rule (`Declarations::shard_prefix`): a prefix that is not UTF-8 is
+  // `InvalidShardPath`, as every prefix that is no plain file name.
+  cases.push_back({"sharded, prefix not UTF-8", {tensor("a", D::U8, {1}, 1)}, {}, {}, true, 10, "m\xff"});
   return cases;
 }
-
-/// A case where the C++ bridge still decides a rule itself instead of taking the core's: the
-/// C API says what the core says. rust/cxx/src/writer.rs (`new_streaming_writer`) reads a
-/// shard prefix as a tensor name (`InvalidTensorName`, "tensor name ... is not valid UTF-8")
-/// where the core's rule, `Declarations::shard_prefix`, makes it `InvalidShardPath`, as for
-/// every other prefix that is no plain file name. When the bridge calls the core, this case
-/// fails: move it into `writer_cases`.
-const WriterCase prefix_not_utf8{
-    "sharded, prefix not UTF-8", {tensor("a", D::U8, {1}, 1)}, {}, {}, true, 10, "m\xff"};
 
 struct CWriter {
   st_writer* w = nullptr;
@@ -365,13 +359,16 @@ TEST(ParityWriters, FilesAndShardedCheckpointsWrittenInPiecesAgree) {
   EXPECT_GT(compared() - before, 30u);
 }
 
-TEST(ParityWriters, KnownDriftOfTheCxxBridgeIsStillThere) {
+// The one writer case whose kind is pinned beside its agreement: the C++ bridge once read a
+// shard prefix as a tensor name (InvalidTensorName) where the core says InvalidShardPath.
+TEST(ParityWriters, APrefixThatIsNotUtf8IsAnInvalidShardPathOnBothFaces) {
   test::TempDir dir;
   fs::create_directories(dir / "ckpt");
-  auto c = c_writer(dir / "ckpt", prefix_not_utf8);
-  auto cxx = cxx_writer(dir / "ckpt", prefix_not_utf8);
+  const WriterCase w{"sharded, prefix not UTF-8", {tensor("a", D::U8, {1}, 1)}, {}, {}, true, 10, "m\xff"};
+  auto c = c_writer(dir / "ckpt", w);
+  auto cxx = cxx_writer(dir / "ckpt", w);
   EXPECT_EQ(c.kind, "InvalidShardPath") << c.message;
-  EXPECT_NE(c, cxx) << "the C++ bridge now follows the core: move the case into writer_cases";
+  expect_same("writer: " + w.label, c, cxx);
 }
 
 // ---- dequantization -------------------------------------------------------------------------

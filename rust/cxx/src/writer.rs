@@ -2,13 +2,11 @@
 //! one go (`save_file`, `serialize`); `StreamingWriter`, a file or a sharded checkpoint whose
 //! tensors are declared in one call and whose bytes arrive in pieces, from any thread.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::RwLock;
 
 use safetensors_core::{
-    dtype_to_write, text_to_write, Dtype, Durability, Error, PreparedFile, ShardOptions,
-    ShardedWriter, StreamWriter, TensorSpec, TensorView, TextField, WriteOptions,
+    CheckpointWriter, Declarations, Durability, Error, PreparedFile, ShardOptions, WriteOptions,
 };
 
 use crate::status::{guard, handed_over, part, Status};
@@ -130,46 +128,31 @@ pub mod ffi {
     impl Box<StreamingWriter> {}
 }
 
-/// Tensors and metadata collected for one `serialize` or `save_file` call.
+/// Tensors and metadata collected for one `serialize` or `save_file` call, declared and checked
+/// by the core's [`Declarations`] (the rule C's writers follow too).
 ///
 /// The tensor bytes are not copied: `Writer` keeps their addresses. That is sound because the
 /// only user is the C++ wrapper in `include/safetensors/writer.hpp`, which creates a `Writer`,
 /// feeds it spans that outlive the call (keeping its own copy of any tensor a range yields as a
 /// temporary), writes, and drops it, all inside one function.
 pub struct Writer {
-    /// The file it will write, named by its errors (`None` for `serialize`).
-    target: Option<PathBuf>,
-    names: Vec<String>,
-    dtypes: Vec<Dtype>,
-    shapes: Vec<Vec<usize>>,
+    decls: Declarations,
     data: Vec<(*const u8, usize)>,
-    metadata: Option<BTreeMap<String, String>>,
     /// The layout `prepare` made, which `write_into` writes: `serialize` sizes its buffer and
     /// fills it from one layout. It borrows the tensor bytes under the same rule as `data`.
     prepared: Option<PreparedFile<'static>>,
 }
 
 pub fn new_writer(target: &[u8]) -> Box<Writer> {
+    let target = (!target.is_empty()).then(|| crate::status::native_path(target));
     Box::new(Writer {
-        target: (!target.is_empty()).then(|| crate::status::native_path(target).to_path_buf()),
-        names: Vec::new(),
-        dtypes: Vec::new(),
-        shapes: Vec::new(),
+        decls: Declarations::new(target),
         data: Vec::new(),
-        metadata: None,
         prepared: None,
     })
 }
 
 impl Writer {
-    /// `e`, naming the file being written when there is one.
-    fn named(&self, e: Error) -> Error {
-        match &self.target {
-            Some(path) => e.in_file(path),
-            None => e,
-        }
-    }
-
     pub fn add_tensor(
         &mut self,
         name: &[u8],
@@ -179,11 +162,7 @@ impl Writer {
         status: &mut Status,
     ) {
         guard(status, || {
-            let name = text_to_write(name, TextField::TensorName).map_err(|e| self.named(e))?;
-            let dtype = dtype_to_write(&name, dtype).map_err(|e| self.named(e))?;
-            self.names.push(name);
-            self.dtypes.push(dtype);
-            self.shapes.push(shape.to_vec());
+            self.decls.tensor(name, dtype, shape)?;
             self.data.push((data.as_ptr(), data.len()));
             self.prepared = None;
             Ok(())
@@ -193,23 +172,13 @@ impl Writer {
     /// Writes `__metadata__` even when no key is added (an empty object, as Python writes for
     /// `metadata={}`).
     pub fn keep_metadata(&mut self) {
-        self.metadata.get_or_insert_with(BTreeMap::new);
+        self.decls.keep_empty_metadata();
         self.prepared = None;
     }
 
     pub fn add_metadata(&mut self, key: &[u8], value: &[u8], status: &mut Status) {
         guard(status, || {
-            let key = text_to_write(key, TextField::MetadataKey).map_err(|e| self.named(e))?;
-            let value =
-                text_to_write(value, TextField::MetadataValue).map_err(|e| self.named(e))?;
-            if self.metadata.as_ref().is_some_and(|m| m.contains_key(&key)) {
-                return Err(self.named(Error::DuplicateKey {
-                    key,
-                    in_metadata: true,
-                }));
-            }
-            let map = self.metadata.get_or_insert_with(BTreeMap::new);
-            map.insert(key, value);
+            self.decls.metadata_entry(key, value)?;
             self.prepared = None;
             Ok(())
         })
@@ -218,21 +187,20 @@ impl Writer {
     /// # Safety
     /// Every span passed to `add_tensor` must still be alive.
     unsafe fn prepared_aligned(&self, alignment: usize) -> Result<PreparedFile<'_>, Error> {
-        let views = (0..self.names.len()).map(|i| {
-            let (ptr, len) = self.data[i];
-            // SAFETY: the caller guarantees the C++ spans are alive (see the type's docs); an
-            // empty span may carry a null pointer, which a slice may not.
-            let bytes = if len == 0 {
-                &[][..]
-            } else {
-                unsafe { std::slice::from_raw_parts(ptr, len) }
-            };
-            (
-                self.names[i].as_str(),
-                TensorView::new(self.dtypes[i], &self.shapes[i], bytes),
-            )
-        });
-        PreparedFile::aligned(views, self.metadata.as_ref(), alignment)
+        let data: Vec<&[u8]> = self
+            .data
+            .iter()
+            .map(|&(ptr, len)| {
+                // SAFETY: the caller guarantees the C++ spans are alive (see the type's docs);
+                // an empty span may carry a null pointer, which a slice may not.
+                if len == 0 {
+                    &[][..]
+                } else {
+                    unsafe { std::slice::from_raw_parts(ptr, len) }
+                }
+            })
+            .collect();
+        self.decls.prepare(&data, alignment)
     }
 
     /// Lays the file out (every check included) and keeps the layout for `write_into`; returns
@@ -292,71 +260,46 @@ fn durability(sync: bool) -> Durability {
     }
 }
 
-/// What a streaming writer writes: one file, or a checkpoint's shards and index.
-enum Target {
-    File(StreamWriter),
-    Sharded(ShardedWriter),
-}
-
-impl Target {
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    fn write_index(&self, index: usize, offset: u64, data: &[u8]) -> Result<(), Error> {
-        match self {
-            Target::File(w) => w.write_index(index, offset, data),
-            Target::Sharded(w) => w.write_index(index, offset, data),
-        }
-    }
-}
-
-/// A file, or a sharded checkpoint, written in pieces. Writes from several C++ threads share
-/// the lock; `finish` takes it alone, so a `finish` racing with writes waits for them. The core
-/// writer stays after `finish`: a failed one can be finished again, and after a successful one
-/// the core refuses every call.
+/// A file, or a sharded checkpoint, written in pieces: the core's [`CheckpointWriter`] (the one
+/// C's `st_writer` holds too). Writes from several C++ threads share the lock; `finish` takes it
+/// alone, so a `finish` racing with writes waits for them. The core writer stays after
+/// `finish`: a failed one can be finished again, and after a successful one the core refuses
+/// every call.
 pub struct StreamingWriter {
-    target: RwLock<Target>,
-    /// The path given, named by the error of a name that is not UTF-8.
-    path: PathBuf,
+    target: RwLock<CheckpointWriter>,
     /// What `finish` publishes, and the tensors' bytes.
     files: Vec<String>,
     total_size: u64,
 }
 
-/// `__metadata__` to write: none, or a map (empty included).
-type MetadataMap = Option<BTreeMap<String, String>>;
-
-/// The declared tensors and the metadata, checked as the core's writers check them (names and
-/// metadata UTF-8, dtypes real, no key twice; the rest is the core's).
+/// The declarations C++ gives in one call (names, keys, values and the prefix in `text`, shapes
+/// in `dims`), read into the core's [`Declarations`], which check them.
 fn declared(
+    target: &Path,
     tensors: &[TensorDecl],
     metadata: &[MetadataSpan],
     text: &[u8],
     dims: &[usize],
     empty_metadata: bool,
-) -> Result<(Vec<TensorSpec>, MetadataMap), Error> {
-    let mut specs = Vec::with_capacity(tensors.len());
+) -> Result<Declarations, Error> {
+    let mut d = Declarations::with_capacity(Some(target), tensors.len())?;
     for t in tensors {
-        let name = text_to_write(part(text, t.name_start, t.name_len)?, TextField::TensorName)?;
-        let dtype = dtype_to_write(&name, t.dtype)?;
-        let shape = part(dims, t.dims_start, t.rank)?;
-        specs.push(TensorSpec::new(name, dtype, shape));
-    }
-    let mut map = empty_metadata.then(BTreeMap::new);
-    for m in metadata {
-        let key = text_to_write(part(text, m.key_start, m.key_len)?, TextField::MetadataKey)?;
-        let value = text_to_write(
-            part(text, m.value_start, m.value_len)?,
-            TextField::MetadataValue,
+        d.tensor(
+            part(text, t.name_start, t.name_len)?,
+            t.dtype,
+            part(dims, t.dims_start, t.rank)?,
         )?;
-        let map = map.get_or_insert_with(BTreeMap::new);
-        if map.contains_key(&key) {
-            return Err(Error::DuplicateKey {
-                key,
-                in_metadata: true,
-            });
-        }
-        map.insert(key, value);
     }
-    Ok((specs, map))
+    if empty_metadata {
+        d.keep_empty_metadata();
+    }
+    for m in metadata {
+        d.metadata_entry(
+            part(text, m.key_start, m.key_len)?,
+            part(text, m.value_start, m.value_len)?,
+        )?;
+    }
+    Ok(d)
 }
 
 pub fn new_streaming_writer(
@@ -370,74 +313,55 @@ pub fn new_streaming_writer(
 ) -> *mut StreamingWriter {
     let path = crate::status::native_path(target);
     guard(status, || {
-        let (specs, metadata) = declared(tensors, metadata, text, dims, options.empty_metadata)
-            .map_err(|e| e.in_file(path))?;
+        let d = declared(path, tensors, metadata, text, dims, options.empty_metadata)?;
         let write = WriteOptions {
             durability: durability(options.sync),
             alignment: options.alignment,
         };
-        let target = if options.sharded {
-            let prefix = part(text, options.prefix_start, options.prefix_len)?;
-            let prefix =
-                text_to_write(prefix, TextField::TensorName).map_err(|e| e.in_file(path))?;
-            Target::Sharded(ShardedWriter::create(
+        let writer = if options.sharded {
+            let prefix = d.shard_prefix(part(text, options.prefix_start, options.prefix_len)?)?;
+            CheckpointWriter::sharded(
                 path,
-                &specs,
-                metadata.as_ref(),
+                &d,
                 ShardOptions {
                     max_shard_size: options.max_shard_size,
                     prefix,
                     write,
                 },
-            )?)
+            )?
         } else {
-            Target::File(StreamWriter::create(
-                path,
-                &specs,
-                metadata.as_ref(),
-                write,
-            )?)
-        };
-        let (files, total_size) = match &target {
-            Target::File(w) => (
-                vec![path.to_string_lossy().into_owned()],
-                (0..w.tensor_count()).map(|i| w.tensor_len(i)).sum(),
-            ),
-            Target::Sharded(w) => (w.files(), w.total_size()),
+            CheckpointWriter::file(path, &d, write)?
         };
         Ok(handed_over(StreamingWriter {
-            target: RwLock::new(target),
-            path: path.to_path_buf(),
-            files,
-            total_size,
+            files: writer.files(),
+            total_size: writer.total_size(),
+            target: RwLock::new(writer),
         }))
     })
 }
 
 impl StreamingWriter {
-    /// Runs `f` on the target, sharing it with other writes.
-    fn with_target<T>(&self, f: impl FnOnce(&Target) -> Result<T, Error>) -> Result<T, Error> {
+    /// Runs `f` on the writer, sharing it with other writes.
+    fn with_target<T>(
+        &self,
+        f: impl FnOnce(&CheckpointWriter) -> Result<T, Error>,
+    ) -> Result<T, Error> {
         f(&self.target.read().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Writes `data` at byte `offset` of the declared tensor at `index` (declaration order).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn write_index(&self, index: usize, offset: u64, data: &[u8]) -> Result<(), Error> {
-        self.with_target(|t| t.write_index(index, offset, data))
+        self.with_target(|w| w.write_index(index, offset, data))
     }
 
     /// The name and bytes of each declared tensor, in declaration order.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn declared(&self) -> Result<Vec<(String, u64)>, Error> {
-        self.with_target(|t| {
-            Ok(match t {
-                Target::File(w) => (0..w.tensor_count())
-                    .map(|i| (w.tensor_name(i).to_owned(), w.tensor_len(i)))
-                    .collect(),
-                Target::Sharded(w) => (0..w.tensor_count())
-                    .map(|i| (w.tensor_name(i).to_owned(), w.tensor_len(i)))
-                    .collect(),
-            })
+        self.with_target(|w| {
+            Ok((0..w.tensor_count())
+                .map(|i| (w.tensor_name(i).to_owned(), w.tensor_len(i)))
+                .collect())
         })
     }
 
@@ -449,29 +373,21 @@ impl StreamingWriter {
         whole: bool,
         status: &mut Status,
     ) {
+        // A name that is not UTF-8 was never declared: the core's rule (`lookup.rs`).
         guard(status, || {
-            // A name that is not UTF-8 was never declared.
-            let name = std::str::from_utf8(name).map_err(|_| {
-                Error::TensorNotFound {
-                    name: String::from_utf8_lossy(name).into_owned(),
-                }
-                .in_file(&self.path)
-            })?;
-            self.with_target(|t| match (t, whole) {
-                (Target::File(w), true) => w.write(name, data),
-                (Target::File(w), false) => w.write_at(name, offset, data),
-                (Target::Sharded(w), true) => w.write(name, data),
-                (Target::Sharded(w), false) => w.write_at(name, offset, data),
+            self.with_target(|w| match whole {
+                true => w.write(name, data),
+                false => w.write_at(name, offset, data),
             })
         })
     }
 
     pub fn finish(&self, status: &mut Status) {
         guard(status, || {
-            match &mut *self.target.write().unwrap_or_else(|p| p.into_inner()) {
-                Target::File(w) => w.finish(),
-                Target::Sharded(w) => w.finish(),
-            }
+            self.target
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .finish()
         })
     }
 
