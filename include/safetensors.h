@@ -1527,8 +1527,9 @@ int st_advise_file(const struct st_file *file,
 
 /**
  * Plans an upload of `requests` of `file` (NULL with 0: every tensor, in sorted-name order),
- * each placed on a multiple of `alignment` (0: 256, what CUDA allocations are aligned to).
- * Requests' `has_file` must be 0. No GPU needed. Free it with `st_upload_plan_free`.
+ * each placed on a multiple of `alignment` (0: 256, what CUDA allocations are aligned to; else
+ * a power of two). A request's `file`, when `has_file` is set, must be 0 (the one file). No GPU
+ * needed. Free it with `st_upload_plan_free`.
  */
 int st_upload_plan_file(const struct st_file *file,
                         const struct st_request *requests,
@@ -1538,8 +1539,8 @@ int st_upload_plan_file(const struct st_file *file,
                         struct st_error *err);
 
 /**
- * `st_upload_plan_file` for a checkpoint (every tensor its index lists, sorted, or the
- * requests, each from its shard; a request's `file` picks the shard). Opens the shards it
+ * `st_upload_plan_file` for a checkpoint (every tensor as `st_checkpoint_keys` lists them, or
+ * the requests, each from its shard; a request's `file` picks the shard). Opens the shards it
  * touches.
  */
 int st_upload_plan_checkpoint(const struct st_checkpoint *checkpoint,

@@ -29,7 +29,8 @@ struct UploadOptions {
   /// Threads reading the files into the staging buffers (0: half the cores, at most 8; any
   /// value at most 64).
   unsigned readers = 0;
-  /// Every tensor starts on a multiple of this many bytes of the allocation.
+  /// Every tensor starts on a multiple of this many bytes of the allocation: a power of two, or
+  /// 0 for the default, 256 (the core's one rule for uploads, C's too; else `InvalidSlice`).
   std::size_t alignment = 256;
 };
 

@@ -38,7 +38,8 @@ enum class Via {
 struct DistributedOptions {
   int device = 0;
   Via via = Via::Host;
-  /// Every tensor starts on a multiple of this many bytes of the allocation.
+  /// Every tensor starts on a multiple of this many bytes of the allocation: a power of two, or
+  /// 0 for the default, 256 (the one rule of every upload; else `InvalidSlice`).
   std::size_t alignment = 256;
 };
 
@@ -53,10 +54,9 @@ namespace detail {
 struct DeviceLoad {
   static cuda::DeviceTensors run(const LoadPlan& plan, Collective& c, const cuda::DistributedOptions& o) {
     const std::size_t rank = plan.checked_rank(c);
-    if (o.alignment == 0 || (o.alignment & (o.alignment - 1)) != 0) {
-      raise(Status(ErrorKind::InvalidSlice, "the alignment of a device load must be a power of two, not " +
-                                                std::to_string(o.alignment)));
-    }
+    // The core's rule, as for every upload: 0 is the default (256), else a power of two.
+    const std::size_t alignment =
+        attempt([&](ffi::Status& st) { return ffi::upload_alignment(o.alignment, st); }).value();
     const std::size_t device = upload::device_ordinal(o.device).value();
     // Placements in the order the rank's selections were given, each aligned.
     auto lens = plan.plan_->result_lens(rank);
@@ -67,13 +67,13 @@ struct DeviceLoad {
       const auto& sh = plan.shapes_[rank][i];
       const auto len = static_cast<std::size_t>(lens[i]);
       // Checked: a huge power-of-two alignment can push the padded offset past 2^64.
-      const std::size_t padding = (o.alignment - end % o.alignment) % o.alignment;
+      const std::size_t padding = (alignment - end % alignment) % alignment;
       if (padding > SIZE_MAX - end || len > SIZE_MAX - end - padding) {
         raise(Status(ErrorKind::ValidationOverflow,
                      "rank " + std::to_string(rank) + "'s tensor `" + sh.name + "` (" + std::to_string(len) +
                          " bytes) does not fit after " + std::to_string(end) + " bytes " +
                          (padding > SIZE_MAX - end || len <= SIZE_MAX - end
-                              ? "on a multiple of the alignment, " + std::to_string(o.alignment) +
+                              ? "on a multiple of the alignment, " + std::to_string(alignment) +
                                     " bytes: use a smaller alignment"
                               : "in one address space")));
       }

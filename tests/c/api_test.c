@@ -809,9 +809,14 @@ static void test_upload_plan(void) {
         pl.byte_size == 12 && pl.offset == 0);
   st_upload_plan_free(plan);
   OK(st_file_open(fixture, 0, &f, err));
+  /* A pin past a file's one file finds nothing there (the core's rule, as in C++). */
   r.has_file = 1;
   r.file = 1;
-  FAILS(ST_ERR_INTERNAL, st_upload_plan_file(f, &r, 1, 0, &plan, err));
+  FAILS(ST_ERR_TENSOR_NOT_FOUND, st_upload_plan_file(f, &r, 1, 0, &plan, err));
+  /* An alignment that is not a power of two is refused (0 is the default, 256). */
+  r.has_file = 0;
+  FAILS(ST_ERR_INVALID_SLICE, st_upload_plan_file(f, &r, 1, 3, &plan, err));
+  CHECK(strstr(last_message, "power of two") != NULL);
   r.has_file = 0;
   r.name.ptr = "nope";
   r.name.len = 4;

@@ -225,7 +225,13 @@ TEST_F(DeviceLayer, PlanAndCollectiveOfDifferentWorldsOrBadOptionsAreRefused) {
   LoadPlan one(test::needs_of(f, layer_wants(), 1));
   DeviceGroup solo(1);
   DeviceGroup::DeviceMember only(solo, 0);
-  EXPECT_EQ(kind_of([&] { (void)cuda::load(one, only, {.alignment = 100}); }), ErrorKind::InvalidSlice);
+  auto odd = test::thrown([&] { (void)cuda::load(one, only, {.alignment = 100}); });
+  EXPECT_EQ(odd.kind(), ErrorKind::InvalidSlice);
+  EXPECT_NE(odd.message().find("power of two"), std::string::npos) << odd.message();
+  // 0 is the default, 256: the one rule of every upload (the core's), not a refusal.
+  auto by_default = cuda::load(one, only, {.alignment = 0});
+  ASSERT_FALSE(by_default.placements().empty());
+  for (const auto& p : by_default.placements()) EXPECT_EQ(p.offset % 256, 0u) << p.name;
   EXPECT_EQ(kind_of([&] { (void)cuda::load(one, only, {.device = 7}); }), ErrorKind::Cuda);
   // A power of two so large that padding to it passes 2^64 blames the alignment, before any
   // device memory is taken.

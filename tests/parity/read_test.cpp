@@ -4,9 +4,11 @@
 // tensor's info and bytes, slices, dtype conversions, ranges of the data buffer, names that are
 // missing, reserved or not UTF-8); checkpoints strict and lenient (a stale index, a shard
 // holding an unlisted copy, a bad index, an escaping shard path, a missing shard); and every
-// file of the hostile corpus. Each comparison requires the same outcome kind, message and
+// file of the hostile corpus; upload plans of files and checkpoints (requests, shard pins,
+// alignments). Each comparison requires the same outcome kind, message and
 // bytes (parity.hpp).
 #include <gtest/gtest.h>
+#include <safetensors/cuda.hpp>
 
 #include <fstream>
 #include <map>
@@ -631,6 +633,149 @@ TEST(ParityCheckpoints, StrictAndLenientReadTheSameThroughBothApis) {
     }
   }
   EXPECT_EQ(compared() - before, 3u * 2u * 8u);
+}
+
+// ---- upload plans ----------------------------------------------------------------------------
+
+/// One request of an upload plan, in a neutral form.
+struct Ask {
+  std::string name;
+  std::vector<Ix> select{};
+  std::optional<std::size_t> shard{};
+};
+
+std::string placement_text(std::string_view name, std::string_view dtype, const std::string& shape,
+                           std::uint64_t offset, std::uint64_t size) {
+  return std::string(name) + " " + std::string(dtype) + shape + " @" + std::to_string(offset) + "+" +
+         std::to_string(size) + ";";
+}
+
+/// The plan of `asks` (nullopt: every tensor) of a C file or checkpoint, as text.
+Outcome c_upload_plan(const st_file* f, const st_checkpoint* ck, const std::optional<std::vector<Ask>>& asks,
+                      std::size_t alignment) {
+  return via_c([&](st_error* err, std::string& v) {
+    std::vector<std::vector<st_index>> indices;
+    std::vector<st_request> requests;
+    if (asks) {
+      for (const auto& a : *asks) {
+        auto& ix = indices.emplace_back();
+        for (const auto& i : a.select) ix.push_back(to_c(i));
+      }
+      for (std::size_t i = 0; i < asks->size(); ++i) {
+        const auto& a = (*asks)[i];
+        st_request r;
+        std::memset(&r, 0, sizeof r);
+        r.name.ptr = a.name.data();
+        r.name.len = a.name.size();
+        r.indices = indices[i].empty() ? nullptr : indices[i].data();
+        r.index_count = indices[i].size();
+        r.has_file = a.shard.has_value();
+        r.file = a.shard.value_or(0);
+        requests.push_back(r);
+      }
+    }
+    const st_request* list = asks ? requests.data() : nullptr;
+    // A non-NULL list of 0 requests plans nothing; an empty vector's data() may be NULL.
+    static const st_request none{};
+    if (asks && asks->empty()) list = &none;
+    st_upload_plan* plan = nullptr;
+    const int status = f ? st_upload_plan_file(f, list, requests.size(), alignment, &plan, err)
+                         : st_upload_plan_checkpoint(ck, list, requests.size(), alignment, &plan, err);
+    if (status != ST_OK) return false;
+    std::size_t count = 0;
+    std::uint64_t total = 0;
+    bool ok = st_upload_plan_describe(plan, &count, &total, err) == ST_OK;
+    v += "total " + std::to_string(total) + ":";
+    for (std::size_t i = 0; ok && i < count; ++i) {
+      st_placement pl;
+      ok = st_upload_plan_placement(plan, i, &pl, err) == ST_OK;
+      if (ok) {
+        v += placement_text(std::string_view(pl.name.ptr, pl.name.len), st_dtype_name(pl.dtype),
+                            shape_text(std::span(pl.shape, pl.rank)), pl.offset, pl.byte_size);
+      }
+    }
+    st_upload_plan_free(plan);
+    return ok;
+  });
+}
+
+template <class From>
+Outcome cxx_upload_plan(const From& from, const std::optional<std::vector<Ask>>& asks,
+                        std::size_t alignment) {
+  return via_cxx([&](std::string& v) {
+    std::vector<st::Request> requests;
+    if (asks) {
+      for (const auto& a : *asks) {
+        st::Request r{a.name};
+        for (const auto& i : a.select) r.select.push_back(to_cxx(i));
+        r.shard = a.shard;
+        requests.push_back(std::move(r));
+      }
+    }
+    auto [total, placements] = asks ? st::cuda::plan(from, requests, {.alignment = alignment})
+                                    : st::cuda::plan(from, {}, {.alignment = alignment});
+    v += "total " + std::to_string(total) + ":";
+    for (const auto& p : placements) {
+      v += placement_text(p.name, st::to_string(p.dtype), shape_text(p.shape), p.offset, p.byte_size);
+    }
+  });
+}
+
+/// The requests every source is planned with: every tensor, none, a slice, a name of no tensor,
+/// shard pins (the listed shard, the shard of an unlisted copy, one past the end).
+std::vector<std::optional<std::vector<Ask>>> upload_asks() {
+  return {
+      std::nullopt,
+      std::vector<Ask>{},
+      std::vector<Ask>{{"u8"}, {"f32", {Ix::range(0, 1)}}, {"bf16"}},
+      std::vector<Ask>{{"no such tensor"}},
+      std::vector<Ask>{{"w\xff"}},
+      std::vector<Ask>{{"f32", {}, 0}},
+      std::vector<Ask>{{"f32", {}, 1}},
+      std::vector<Ask>{{"u8", {}, 7}},
+      std::vector<Ask>{{"f32", {Ix::at(5)}}},
+  };
+}
+
+// C's upload plans are the core's UploadPlan::of, as C++'s: the same placements, the same
+// alignment rule (0: 256; else a power of two), the same resolution of names and shard pins.
+TEST(ParityUploads, PlansOfFilesAndCheckpointsAgree) {
+  const std::size_t before = compared();
+  test::TempDir dir;
+  make_checkpoints(dir.path());
+  save(dir / "single.safetensors", plain_tensors(), {{"format", "pt"}});
+  const std::vector<std::size_t> alignments = {0, 1, 3, 64, std::size_t{1} << 40};
+  const auto asks = upload_asks();
+  {
+    st::SafeOpen xf(dir / "single.safetensors");
+    st_file* cf = nullptr;
+    st_error err = ST_ERROR_INIT;
+    ASSERT_EQ(st_file_open((dir / "single.safetensors").c_str(), 0, &cf, &err), ST_OK);
+    for (std::size_t a : alignments) {
+      for (std::size_t i = 0; i < asks.size(); ++i) {
+        expect_same("file, requests " + std::to_string(i) + ", alignment " + std::to_string(a),
+                    c_upload_plan(cf, nullptr, asks[i], a), cxx_upload_plan(xf, asks[i], a));
+      }
+    }
+    st_file_free(cf);
+  }
+  for (const char* name : {"good", "stale", "unlisted"}) {
+    for (bool lenient : {false, true}) {
+      const auto path = dir / name / "model.safetensors.index.json";
+      st::Checkpoint xc(path, {.lenient = lenient});
+      CCheckpoint cc;
+      st_error err = ST_ERROR_INIT;
+      ASSERT_EQ(st_checkpoint_open(path.c_str(), lenient ? ST_OPEN_LENIENT : 0, &cc.c, &err), ST_OK);
+      for (std::size_t a : {std::size_t{0}, std::size_t{3}, std::size_t{64}}) {
+        for (std::size_t i = 0; i < asks.size(); ++i) {
+          expect_same(std::string(name) + (lenient ? " lenient" : " strict") + ", requests " +
+                          std::to_string(i) + ", alignment " + std::to_string(a),
+                      c_upload_plan(nullptr, cc.c, asks[i], a), cxx_upload_plan(xc, asks[i], a));
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared() - before, alignments.size() * asks.size() + 3u * 2u * 3u * asks.size());
 }
 
 // ---- the hostile corpus ---------------------------------------------------------------------

@@ -10,53 +10,34 @@ use std::os::raw::c_int;
 use std::sync::Arc;
 
 use safetensors_core::upload::UploadPlan;
-use safetensors_core::SafeFile;
+use safetensors_core::{Request, SafeFile, Source};
 
 use crate::args::{dims_ptr, st_str, Call};
 use crate::checkpoint::st_checkpoint;
 use crate::file::st_file;
-use crate::status::{quietly, run, st_error, Fail, Res};
-use crate::stream::st_request;
+use crate::status::{quietly, run, st_error, Res};
+use crate::stream::{resolve_requests, st_request};
 
 /// What to upload and where each tensor goes: one destination, tensors (or slices) back to
 /// back in request order, each on a multiple of the alignment. Holds its files itself.
 pub struct st_upload_plan {
     plan: UploadPlan,
+    // Read by the uploads of a CUDA build only; held either way, so that a plan keeps its
+    // files alive as every reader does.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     files: Vec<Arc<SafeFile>>,
 }
 
 impl st_upload_plan {
-    /// The plan's source number of `file`, adding it on first use.
-    fn source(&mut self, file: &Arc<SafeFile>) -> usize {
-        match self.files.iter().position(|f| Arc::ptr_eq(f, file)) {
-            Some(i) => i,
-            None => {
-                self.files.push(file.clone());
-                self.files.len() - 1
-            }
-        }
-    }
-
-    fn add(
-        &mut self,
-        c: Call,
-        file: &Arc<SafeFile>,
-        name: &str,
-        r: Option<&st_request>,
-    ) -> Res<()> {
-        let source = self.source(file);
-        // SAFETY: the caller's promise on the request's indices.
-        let indices = match r {
-            Some(r) => unsafe { c.array(r.indices, r.index_count, "requests[].indices")? },
-            None => &[],
-        };
-        if indices.is_empty() {
-            self.plan.add_tensor(source, file, name)?;
-        } else {
-            let indexers = crate::slice::indexers(c, indices)?;
-            self.plan.add_slice(source, file, name, &indexers)?;
-        }
-        Ok(())
+    /// The core's plan of `requests` of `source` (`UploadPlan::of`, as C++'s uploads make it:
+    /// the same resolution of names, shard pins and slices, the same alignment rule).
+    fn of(
+        source: Source<'_>,
+        requests: Option<&[Request]>,
+        alignment: usize,
+    ) -> Res<st_upload_plan> {
+        let (plan, files) = UploadPlan::of(source, requests, alignment)?;
+        Ok(st_upload_plan { plan, files })
     }
 
     #[cfg(feature = "cuda")]
@@ -65,38 +46,10 @@ impl st_upload_plan {
     }
 }
 
-/// The requests' names (UTF-8: a name that is not matches no tensor).
-unsafe fn request_names<'a>(
-    c: Call,
-    requests: *const st_request,
-    count: usize,
-    source: &std::path::Path,
-) -> Res<Option<Vec<(&'a str, &'a st_request)>>> {
-    if requests.is_null() && count == 0 {
-        return Ok(None);
-    }
-    // SAFETY: the caller's promise.
-    let list = unsafe { c.array(requests, count, "requests")? };
-    let mut out = Vec::with_capacity(list.len());
-    for (i, r) in list.iter().enumerate() {
-        // SAFETY: as above.
-        let name = unsafe { c.name(r.name.ptr, r.name.len, &format!("requests[{i}].name.ptr"))? };
-        let name = std::str::from_utf8(name).map_err(|_| crate::file::not_found(name, source))?;
-        out.push((name, r));
-    }
-    Ok(Some(out))
-}
-
-fn new_plan(alignment: usize) -> st_upload_plan {
-    st_upload_plan {
-        plan: UploadPlan::new(if alignment == 0 { 256 } else { alignment }),
-        files: Vec::new(),
-    }
-}
-
 /// Plans an upload of `requests` of `file` (NULL with 0: every tensor, in sorted-name order),
-/// each placed on a multiple of `alignment` (0: 256, what CUDA allocations are aligned to).
-/// Requests' `has_file` must be 0. No GPU needed. Free it with `st_upload_plan_free`.
+/// each placed on a multiple of `alignment` (0: 256, what CUDA allocations are aligned to; else
+/// a power of two). A request's `file`, when `has_file` is set, must be 0 (the one file). No GPU
+/// needed. Free it with `st_upload_plan_free`.
 #[no_mangle]
 pub unsafe extern "C" fn st_upload_plan_file(
     file: *const st_file,
@@ -110,35 +63,17 @@ pub unsafe extern "C" fn st_upload_plan_file(
     run(err, || {
         // SAFETY: the header's contract for each argument.
         let (file, out) = unsafe { (c.handle(file, "file")?, c.out(out, "out")?) };
-        let f = &file.inner;
-        let mut plan = new_plan(alignment);
         // SAFETY: as above.
-        match unsafe { request_names(c, requests, count, f.path())? } {
-            None => {
-                for name in f.header().sorted_names() {
-                    plan.add(c, f, name, None)?;
-                }
-            }
-            Some(list) => {
-                for (name, r) in list {
-                    if r.has_file != 0 && r.file != 0 {
-                        return Err(Fail::careless(format!(
-                            "st_upload_plan_file: request for `{name}` names file {} of a source \
-                             of one file",
-                            r.file
-                        )));
-                    }
-                    plan.add(c, f, name, Some(r))?;
-                }
-            }
-        }
+        let list = unsafe { resolve_requests(c, requests, count, file.inner.path())? };
+        let files = [file.inner.clone()];
+        let plan = st_upload_plan::of(Source::Files(&files), list.as_deref(), alignment)?;
         *out = Box::into_raw(Box::new(plan));
         Ok(())
     })
 }
 
-/// `st_upload_plan_file` for a checkpoint (every tensor its index lists, sorted, or the
-/// requests, each from its shard; a request's `file` picks the shard). Opens the shards it
+/// `st_upload_plan_file` for a checkpoint (every tensor as `st_checkpoint_keys` lists them, or
+/// the requests, each from its shard; a request's `file` picks the shard). Opens the shards it
 /// touches.
 #[no_mangle]
 pub unsafe extern "C" fn st_upload_plan_checkpoint(
@@ -153,27 +88,9 @@ pub unsafe extern "C" fn st_upload_plan_checkpoint(
     run(err, || {
         // SAFETY: the header's contract for each argument.
         let (ckpt, out) = unsafe { (c.handle(checkpoint, "checkpoint")?, c.out(out, "out")?) };
-        let inner = &ckpt.inner;
-        let mut plan = new_plan(alignment);
         // SAFETY: as above.
-        match unsafe { request_names(c, requests, count, inner.path())? } {
-            None => {
-                for name in inner.names() {
-                    let file = inner.shard(inner.shard_holding(name)?)?;
-                    plan.add(c, file, name, None)?;
-                }
-            }
-            Some(list) => {
-                for (name, r) in list {
-                    let shard = if r.has_file != 0 {
-                        r.file
-                    } else {
-                        inner.shard_holding(name)?
-                    };
-                    plan.add(c, inner.shard(shard)?, name, Some(r))?;
-                }
-            }
-        }
+        let list = unsafe { resolve_requests(c, requests, count, ckpt.inner.path())? };
+        let plan = st_upload_plan::of(Source::Checkpoint(&ckpt.inner), list.as_deref(), alignment)?;
         *out = Box::into_raw(Box::new(plan));
         Ok(())
     })

@@ -38,7 +38,7 @@ pub struct st_request {
 }
 
 /// The caller's requests: `None` (every tensor) for `requests` NULL with `count` 0.
-unsafe fn resolve_requests(
+pub(crate) unsafe fn resolve_requests(
     c: Call,
     requests: *const st_request,
     count: usize,

@@ -240,14 +240,17 @@ pub enum Error {
         /// What is wrong.
         problem: PieceProblem,
     },
-    /// An alignment a writer was asked for that it cannot give (not a power of two, or one
-    /// whose padding would pass the header's size limit); its kind is
-    /// [`ErrorKind::InvalidSlice`], as for a device load's alignment.
+    /// An alignment a writer or an upload was asked for that it cannot give (not a power of
+    /// two, or one whose padding would pass the header's size limit); its kind is
+    /// [`ErrorKind::InvalidSlice`].
     BadAlignment {
         /// The alignment asked for.
         alignment: u64,
         /// Why it cannot be had.
         reason: &'static str,
+        /// Whether it was asked of an upload's placements ([`crate::upload::alignment`]), not
+        /// of a file's data.
+        upload: bool,
     },
     /// An output buffer a caller handed over overlaps the bytes the call reads (see
     /// `overlap.rs`); its kind is [`ErrorKind::InvalidSlice`], the kind of every unfit output
@@ -878,7 +881,18 @@ impl fmt::Display for Error {
                 )
             }
             Error::Piece { tensor, problem } => fmt_piece(f, tensor, problem),
-            Error::BadAlignment { alignment, reason } => write!(
+            Error::BadAlignment {
+                alignment,
+                reason,
+                upload: true,
+            } => write!(
+                f,
+                "cannot place tensors on multiples of {alignment} bytes: {reason}; use a power \
+                 of two, or 0 for the default (256 bytes, what CUDA allocations are aligned to)"
+            ),
+            Error::BadAlignment {
+                alignment, reason, ..
+            } => write!(
                 f,
                 "cannot align the data to {alignment} bytes: {reason}; use a power of two such \
                  as 64 (SIMD) or 4096 (direct I/O), or 0 for the reference layout"
@@ -1056,9 +1070,14 @@ impl Clone for Error {
                 tensor: tensor.clone(),
                 problem: *problem,
             },
-            Error::BadAlignment { alignment, reason } => Error::BadAlignment {
+            Error::BadAlignment {
+                alignment,
+                reason,
+                upload,
+            } => Error::BadAlignment {
                 alignment: *alignment,
                 reason,
+                upload: *upload,
             },
             Error::OverlappingOutput {
                 call,

@@ -49,6 +49,10 @@ pub mod ffi {
             alignment: usize,
             status: &mut Status,
         ) -> *mut UploadJob;
+        /// The one rule for the alignment of an upload's placements, the core's
+        /// (`upload::alignment`): 0 is the default, 256; else a power of two (`InvalidSlice`).
+        /// Multi-rank device loads, which place tensors in C++, ask it.
+        fn upload_alignment(alignment: usize, status: &mut Status) -> usize;
         /// Bytes the destination needs.
         fn total_bytes(self: &UploadJob) -> usize;
         /// Where every tensor goes, in the order added.
@@ -227,6 +231,10 @@ pub struct UploadJob {
     // job keeps its files alive as every reader does.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     files: Vec<Arc<SafeFile>>,
+}
+
+pub fn upload_alignment(alignment: usize, status: &mut Status) -> usize {
+    guard(status, || safetensors_core::upload::alignment(alignment))
 }
 
 pub fn plan_upload(

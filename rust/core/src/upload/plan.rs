@@ -42,6 +42,34 @@ pub(super) struct Piece {
     pub(super) slice: Option<usize>,
 }
 
+/// The alignment of an upload's placements when none is asked for (0): 256 bytes, what CUDA
+/// allocations are aligned to, so that every tensor is as aligned as its allocation.
+pub const DEFAULT_ALIGNMENT: usize = 256;
+
+/// The one rule for the alignment of an upload's placements, for every binding and every
+/// upload (one device, a caller's buffer, multi-rank device loads): 0 is the default
+/// ([`DEFAULT_ALIGNMENT`]); anything else must be a power of two (`BadAlignment`, of kind
+/// `InvalidSlice`).
+///
+/// ```
+/// use safetensors_core::upload::{alignment, DEFAULT_ALIGNMENT};
+/// assert_eq!(alignment(0).unwrap(), DEFAULT_ALIGNMENT);
+/// assert_eq!(alignment(1).unwrap(), 1);
+/// assert_eq!(alignment(4096).unwrap(), 4096);
+/// assert!(alignment(3).is_err());
+/// ```
+pub fn alignment(requested: usize) -> Result<usize> {
+    match requested {
+        0 => Ok(DEFAULT_ALIGNMENT),
+        a if a.is_power_of_two() => Ok(a),
+        a => Err(Error::BadAlignment {
+            alignment: a as u64,
+            reason: "an alignment must be a power of two",
+            upload: true,
+        }),
+    }
+}
+
 /// What to upload and where each tensor goes: one destination range, tensors back to back,
 /// each starting on an `alignment` boundary.
 #[derive(Debug, Clone)]
@@ -72,7 +100,8 @@ impl UploadPlan {
     /// numbered as its sources: the same requests as prefetch and streams take, resolved by the
     /// same rule (`request.rs`), so a shard pin or a slice means the same bytes to all three.
     /// Tensors are placed in request order; every tensor, in name order (as `keys()` lists
-    /// them). Every tensor starts on a multiple of `alignment` bytes.
+    /// them). Every tensor starts on a multiple of `alignment` bytes, by the one rule of
+    /// [`alignment`] (0: the default; else a power of two).
     ///
     /// ```no_run
     /// use std::sync::Arc;
@@ -91,7 +120,7 @@ impl UploadPlan {
             Some(_) => items.sort_by_key(|it| it.request),
             None => items.sort_by(|a, b| a.name.cmp(&b.name)),
         }
-        let mut plan = UploadPlan::new(alignment);
+        let mut plan = UploadPlan::new(self::alignment(alignment)?);
         // The source's file numbers, renumbered densely in the order first used.
         let mut files: Vec<(usize, Arc<SafeFile>)> = Vec::new();
         for item in items {

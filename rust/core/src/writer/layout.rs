@@ -59,6 +59,7 @@ pub(crate) fn data_alignment(alignment: usize) -> Result<usize> {
         return Err(Error::BadAlignment {
             alignment: alignment as u64,
             reason: "an alignment must be a power of two",
+            upload: false,
         });
     }
     if alignment > MAX_ALIGNMENT {
@@ -66,6 +67,7 @@ pub(crate) fn data_alignment(alignment: usize) -> Result<usize> {
             alignment: alignment as u64,
             reason: "the largest alignment is 2^26 bytes (64 MiB), beyond which the header's \
                      padding could pass the format's 100,000,000-byte limit",
+            upload: false,
         });
     }
     Ok(alignment.max(LENGTH_PREFIX_SIZE))
@@ -185,6 +187,7 @@ pub(crate) fn lay_out(
         return Err(Error::BadAlignment {
             alignment: unit as u64,
             reason: "the header padded to it would pass the format's 100,000,000-byte limit",
+            upload: false,
         });
     }
     let mut head = Vec::with_capacity(LENGTH_PREFIX_SIZE + padded);
