@@ -1,8 +1,8 @@
-// `safetensors validate [--header-only] [--lenient] [--allow-trailing-bytes] [--cache[=DIR]] [--json] FILE|URL|INDEX...`:
-// every header rule, then every data byte readable (unless --header-only); for an index, every
-// shard against the index, each shard opened once. One OK or FAIL line per file (the error kind
-// and message), what a lenient read accepted listed under its OK line, progress on stderr when output
-// is watched (`shows_progress`); with --json one document, a line per file.
+// `safetensors validate [--header-only] [--lenient] [--allow-trailing-bytes] [--cache[=DIR]] [--json]
+// FILE|URL|INDEX...`: every header rule, then every data byte readable (unless --header-only); for an index,
+// every shard against the index, each shard opened once. One OK or FAIL line per file (the error kind and
+// message), what a lenient read accepted listed under its OK line, progress on stderr when output is watched
+// (`shows_progress`); with --json one document, a line per file.
 #include <safetensors/safetensors.hpp>
 
 #include <unistd.h>
