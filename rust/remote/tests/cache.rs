@@ -12,8 +12,8 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use common::{access_log, nginx, Scratch, Server};
-use safetensors_core::{serialize, Dtype, ErrorKind, OpenOptions, SafeFile, TensorView};
+use common::{access_log, nginx, same_as_bytes, Scratch, Server};
+use safetensors_core::{serialize, Dtype, ErrorKind, OpenOptions, TensorView};
 use safetensors_remote::{default_cache_dir, open, RemoteOptions};
 
 /// A file of `n` u32s and a small tensor, its bytes depending on `seed`.
@@ -87,19 +87,6 @@ fn cached_in(dir: &Path) -> RemoteOptions {
     }
 }
 
-fn same_tensors(remote: &SafeFile, bytes: &[u8]) {
-    let local =
-        SafeFile::from_memory("local", Box::new(bytes.to_vec()), OpenOptions::default()).unwrap();
-    for info in local.header().iter() {
-        assert_eq!(
-            remote.tensor_bytes(info.name).unwrap(),
-            local.tensor_bytes(info.name).unwrap(),
-            "{}",
-            info.name
-        );
-    }
-}
-
 /// The cache's files with this suffix.
 fn files(dir: &Path, suffix: &str) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -124,7 +111,7 @@ fn a_file_fetched_whole_is_cached_and_a_later_open_maps_it_after_one_get() {
     let cache = dir.0.join("nested/cache");
     let url = s.url("model.safetensors");
     let first = open(&url, &cached_in(&cache), OpenOptions::default()).unwrap();
-    same_tensors(&first, &bytes);
+    same_as_bytes(&first, &bytes);
     assert_eq!(first.path(), Path::new(&url));
     let (requests, sent) = s.served();
     assert!(requests > 2, "{requests}");
@@ -137,7 +124,7 @@ fn a_file_fetched_whole_is_cached_and_a_later_open_maps_it_after_one_get() {
     // Again: one GET of the first 4 KiB (the version check), then the cached copy, mapped.
     let again = open(&url, &cached_in(&cache), OpenOptions::default()).unwrap();
     assert!(again.is_in_memory());
-    same_tensors(&again, &bytes);
+    same_as_bytes(&again, &bytes);
     let (requests_after, sent_after) = s.served();
     assert_eq!(requests_after, requests + 1);
     assert_eq!(sent_after - sent, 4096);
@@ -148,7 +135,7 @@ fn a_file_fetched_whole_is_cached_and_a_later_open_maps_it_after_one_get() {
     };
     let f = open(&url, &lazy, OpenOptions::default()).unwrap();
     assert!(f.is_in_memory());
-    same_tensors(&f, &bytes);
+    same_as_bytes(&f, &bytes);
     assert_eq!(s.served().0, requests + 2);
 }
 
@@ -175,7 +162,7 @@ fn on_demand_and_header_only_opens_write_nothing_into_the_cache() {
     };
     let f = open(&url, &lazy, OpenOptions::default()).unwrap();
     assert!(!f.is_in_memory());
-    same_tensors(&f, &bytes);
+    same_as_bytes(&f, &bytes);
     assert_eq!(files(&dir.0, ".safetensors"), Vec::<PathBuf>::new());
 }
 
@@ -187,7 +174,7 @@ fn a_new_version_is_fetched_again() {
     };
     let dir = Scratch::new("cache-version-dir");
     let url = s.url("model.safetensors");
-    same_tensors(
+    same_as_bytes(
         &open(&url, &cached_in(&dir.0), OpenOptions::default()).unwrap(),
         &old,
     );
@@ -204,7 +191,7 @@ fn a_new_version_is_fetched_again() {
         .set_modified(when)
         .unwrap();
     let (_, before) = s.served();
-    same_tensors(
+    same_as_bytes(
         &open(&url, &cached_in(&dir.0), OpenOptions::default()).unwrap(),
         &new,
     );
@@ -255,7 +242,7 @@ fn a_corrupt_or_truncated_entry_is_fetched_again_never_trusted() {
         spoil(&data);
         let (_, before) = s.served();
         let f = open(&url, &cached_in(&dir.0), OpenOptions::default()).unwrap();
-        same_tensors(&f, &bytes);
+        same_as_bytes(&f, &bytes);
         assert_eq!(
             s.served().1 - before,
             bytes.len() as u64,
@@ -305,7 +292,7 @@ fn the_cache_keeps_within_its_bound_least_recently_used_first() {
         cache_limit: 1000,
         ..cached_in(&dir.0)
     };
-    same_tensors(
+    same_as_bytes(
         &open(&s.url("b.safetensors"), &tiny, OpenOptions::default()).unwrap(),
         &b,
     );
@@ -321,7 +308,7 @@ fn names_hold_no_query_and_signed_urls_of_one_object_share_its_entry() {
     let dir = Scratch::new("cache-names-dir");
     for signature in ["Signature0123456789abc", "Signature9876543210xyz"] {
         let url = format!("{}?X-Amz-Signature={signature}", s.url("model.safetensors"));
-        same_tensors(
+        same_as_bytes(
             &open(&url, &cached_in(&dir.0), OpenOptions::default()).unwrap(),
             &bytes,
         );
@@ -383,7 +370,7 @@ fn an_open_waiting_for_another_fetch_ends_at_its_deadline() {
     assert!(start.elapsed() < Duration::from_secs(5));
     assert!(e.to_string().contains("still fetching"), "{e}");
     drop(held);
-    same_tensors(
+    same_as_bytes(
         &open(&url, &options, OpenOptions::default()).unwrap(),
         &bytes,
     );
@@ -417,7 +404,7 @@ fn cache_child() {
         return;
     };
     let f = open(&url, &cached_in(Path::new(&dir)), OpenOptions::default()).unwrap();
-    same_tensors(&f, &sample(500_000, 13));
+    same_as_bytes(&f, &sample(500_000, 13));
 }
 
 #[test]

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{access_log, nginx, proxy, proxy_with, Scratch, Server};
+use common::{access_log, nginx, proxy, proxy_with, same_tensors, Scratch, Server};
 use safetensors_core::{serialize, Dtype, ErrorKind, OpenOptions, SafeFile, TensorView};
 use safetensors_remote::{open, open_header, RemoteOptions};
 
@@ -65,19 +65,6 @@ fn serve(tag: &str, bytes: &[u8]) -> Option<Served> {
 
 fn url(port: u16, name: &str) -> String {
     format!("http://127.0.0.1:{port}/{name}")
-}
-
-fn same_tensors(remote: &SafeFile, local: &SafeFile) {
-    assert_eq!(remote.header().len(), local.header().len());
-    assert_eq!(remote.header().metadata(), local.header().metadata());
-    for info in local.header().iter() {
-        assert_eq!(
-            remote.tensor_bytes(info.name).unwrap(),
-            local.tensor_bytes(info.name).unwrap(),
-            "{}",
-            info.name
-        );
-    }
 }
 
 #[test]

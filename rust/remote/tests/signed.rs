@@ -11,10 +11,8 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{nginx, proxy, proxy_with, Scratch, Server};
-use safetensors_core::{
-    serialize, CheckpointOptions, Dtype, ErrorKind, OpenOptions, SafeFile, TensorView,
-};
+use common::{nginx, proxy, proxy_with, same_as_bytes, Scratch, Server};
+use safetensors_core::{serialize, CheckpointOptions, Dtype, ErrorKind, OpenOptions, TensorView};
 use safetensors_remote::{open, open_checkpoint, RemoteOptions};
 
 /// The signature the signing proxy accepts: long enough to be cut out by value too.
@@ -89,18 +87,6 @@ fn logged_paths(log: &Path) -> Vec<String> {
         .collect()
 }
 
-fn same_tensors(remote: &SafeFile, bytes: Vec<u8>) {
-    let local = SafeFile::from_memory("local", Box::new(bytes), OpenOptions::default()).unwrap();
-    for info in local.header().iter() {
-        assert_eq!(
-            remote.tensor_bytes(info.name).unwrap(),
-            local.tensor_bytes(info.name).unwrap(),
-            "{}",
-            info.name
-        );
-    }
-}
-
 #[test]
 fn a_signed_url_sends_its_query_with_every_request_of_its_object() {
     let Some(s) = serve("signed-every") else {
@@ -130,7 +116,7 @@ fn a_signed_url_sends_its_query_with_every_request_of_its_object() {
             f.path(),
             Path::new(&format!("http://127.0.0.1:{}/model.safetensors", p.port))
         );
-        same_tensors(&f, sample(100_000));
+        same_as_bytes(&f, &sample(100_000));
     }
     let paths = logged_paths(&log);
     // The header in two GETs, 400 KB in parts of 64 KiB, twice over: many requests, each signed.
@@ -160,7 +146,7 @@ fn a_redirect_to_a_signed_url_is_followed() {
         hub.port
     );
     let f = open(&url, &impatient(), OpenOptions::default()).unwrap();
-    same_tensors(&f, sample(100_000));
+    same_as_bytes(&f, &sample(100_000));
     assert!(
         !logged_paths(&log).is_empty(),
         "the redirect was not followed"

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use safetensors_core::{OpenOptions, SafeFile};
+
 /// A scratch directory removed on drop.
 pub struct Scratch(pub PathBuf);
 
@@ -292,4 +294,25 @@ pub fn sockets() -> usize {
                 .count()
         })
         .unwrap_or(0)
+}
+
+/// `remote` holds what `local` holds: the same tensors, bytes and metadata.
+pub fn same_tensors(remote: &SafeFile, local: &SafeFile) {
+    assert_eq!(remote.header().len(), local.header().len());
+    assert_eq!(remote.header().metadata(), local.header().metadata());
+    for info in local.header().iter() {
+        assert_eq!(
+            remote.tensor_bytes(info.name).unwrap(),
+            local.tensor_bytes(info.name).unwrap(),
+            "{}",
+            info.name
+        );
+    }
+}
+
+/// `remote` holds what the file `bytes` holds.
+pub fn same_as_bytes(remote: &SafeFile, bytes: &[u8]) {
+    let local =
+        SafeFile::from_memory("local", Box::new(bytes.to_vec()), OpenOptions::default()).unwrap();
+    same_tensors(remote, &local);
 }
