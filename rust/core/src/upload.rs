@@ -44,7 +44,7 @@ use std::sync::{Condvar, Mutex};
 
 use crate::error::Result;
 use crate::file::SafeFile;
-use schedule::RunShape;
+use landing::RunShape;
 
 /// Where an upload goes: staging buffers the readers fill, and asynchronous copies out of them
 /// into the destination (the CUDA path: pinned memory, events, a stream and a device pointer).

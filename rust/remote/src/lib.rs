@@ -36,6 +36,7 @@
 mod cache;
 mod error;
 mod fetch;
+mod get;
 mod location;
 mod on_demand;
 mod options;

@@ -15,7 +15,7 @@ use safetensors_core::{fallible, Error, RangeSource, Result};
 use tokio::sync::Semaphore;
 
 use crate::error::remote;
-use crate::fetch::{parts, Getter, Pin};
+use crate::get::{parts, Getter, Pin};
 use crate::options::RemoteOptions;
 use crate::runtime;
 

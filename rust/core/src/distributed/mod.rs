@@ -2,11 +2,13 @@
 //! once across ranks. Pure computation over offsets; the collective that moves the bytes lives in
 //! the C++ layer (`include/safetensors/distributed.hpp`).
 
+mod need;
 mod plan;
 mod segments;
 mod tp;
 
-pub use plan::{LoadPlan, Need, Part, Piece, Pieces, Step, MERGE_GAP, SMALL_SEGMENT};
+pub use need::{Need, Part, Piece, Step, MERGE_GAP, SMALL_SEGMENT};
+pub use plan::{LoadPlan, Pieces};
 pub use tp::{
     qkv_indexers, qkv_part_rows, qkv_rows, shard_indexers, shard_range, Gqa, QkvPart, QkvRows,
     Split,

@@ -8,8 +8,8 @@
 //! How: the runs every rank needs of a file are swept in offset order (generated lazily from each
 //! selection's slice plan, never listed) and cut at every run boundary into segments, each needed
 //! by a set of ranks. Segments are merged as they are produced: neighbours needed by the same
-//! ranks less than [`MERGE_GAP`] apart, together with the bytes between them; and a segment
-//! shorter than [`SMALL_SEGMENT`] with a neighbour as close, whose ranks then all receive both. A
+//! ranks less than [`MERGE_GAP`](super::MERGE_GAP) apart, together with the bytes between them; and a segment
+//! shorter than [`SMALL_SEGMENT`](super::SMALL_SEGMENT) with a neighbour as close, whose ranks then all receive both. A
 //! segment one rank needs is read by that rank (shards stay local); a shared one is read by the
 //! needing rank with the fewest bytes assigned so far, largest segments first, which balances the
 //! reads by bytes. Steps longer than `max_step` are cut so that a rank never stages more than
@@ -19,98 +19,12 @@
 //! 16 MiB tensor is one step, however many one-byte runs it has. What a rank copies out of a step
 //! is found again from the slice plans when it copies ([`LoadPlan::scatter`]), not stored.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::fallible;
-use crate::slice::{Placed, SlicePlan};
+use crate::slice::Placed;
 
+use super::need::{invalid, Need, Part, Piece, Step};
 use super::segments::{assign, segments};
-
-/// Bytes between two segments needed by the same ranks that are read (and broadcast) with them
-/// rather than skipped: a page, which the kernel reads whole anyway, costs less than a second
-/// read and a second broadcast.
-pub const MERGE_GAP: u64 = 4096;
-
-/// A segment shorter than this joins a neighbour less than [`MERGE_GAP`] away even when other
-/// ranks need the neighbour (every rank of either then receives both). Selections that
-/// interleave ranks byte by byte (rank 0 the even elements, rank 1 the odd ones) would otherwise
-/// cost one read, one broadcast and one step record per element; runs of this size and more,
-/// such as column shards of any real matrix, stay separate and local.
-pub const SMALL_SEGMENT: u64 = 256;
-
-/// One request of one rank: a selection of a tensor.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Need {
-    /// Which file (an index the caller gives each distinct file).
-    pub file: usize,
-    /// The tensor's first byte in the file's data buffer.
-    pub begin: u64,
-    /// The selection, in result order.
-    pub slice: SlicePlan,
-}
-
-impl Need {
-    /// The whole tensor's `[begin, end)` in the data buffer: what a naive load would read.
-    pub fn tensor(&self) -> (u64, u64) {
-        let len = self.slice.tensor_byte_len() as u64;
-        (self.begin, self.begin.saturating_add(len))
-    }
-
-    /// Bytes of the result.
-    pub fn len(&self) -> u64 {
-        self.slice.byte_len() as u64
-    }
-
-    /// Whether the selection is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// One read, done by `reader`, then broadcast when `shared`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Step {
-    /// The file.
-    pub file: usize,
-    /// First byte in the file's data buffer.
-    pub offset: u64,
-    /// Bytes.
-    pub len: u64,
-    /// The rank that reads it.
-    pub reader: usize,
-    /// The ranks that need it, sorted.
-    pub needed_by: Vec<usize>,
-}
-
-impl Step {
-    /// Whether ranks other than the reader need the bytes (so they must be broadcast).
-    pub fn shared(&self) -> bool {
-        self.needed_by.iter().any(|&r| r != self.reader)
-    }
-}
-
-/// A request of a rank that may have bytes in a step: the rank copies them out with
-/// [`LoadPlan::scatter`] (or [`LoadPlan::pieces`]) once the step is read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Part {
-    /// The step.
-    pub step: usize,
-    /// The rank's request (index into its list of needs).
-    pub request: usize,
-}
-
-/// Bytes a rank copies out of a step into one of its results.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Piece {
-    /// Offset inside the step.
-    pub step_offset: u64,
-    /// Offset inside the request's result.
-    pub out_offset: u64,
-    /// Bytes.
-    pub len: u64,
-    /// Where the pieces after this one start: pass it to [`LoadPlan::pieces`] to go on from
-    /// there.
-    pub next: u64,
-}
 
 /// The whole plan: the same steps for every rank, and what each rank asked for.
 #[derive(Debug, Clone)]
@@ -119,15 +33,6 @@ pub struct LoadPlan {
     needs: Vec<Vec<Need>>,
     result_lens: Vec<Vec<u64>>,
     naive: u64,
-}
-
-/// A caller error (no world, a rank, request or step that does not exist, runs past the end of
-/// the address space).
-pub(super) fn invalid(reason: String) -> Error {
-    Error::InvalidSlice {
-        tensor: String::new(),
-        reason,
-    }
 }
 
 impl LoadPlan {
@@ -277,7 +182,7 @@ impl LoadPlan {
     }
 
     /// Bytes read across all ranks: the union of every rank's needs, each byte once, with the
-    /// gaps merged into reads (see [`MERGE_GAP`]).
+    /// gaps merged into reads (see [`MERGE_GAP`](super::MERGE_GAP)).
     pub fn bytes_read(&self) -> u64 {
         self.steps.iter().map(|s| s.len).sum()
     }

@@ -5,7 +5,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use super::plan::{invalid, Need, Step, MERGE_GAP, SMALL_SEGMENT};
+use super::need::{invalid, Need, Step, MERGE_GAP, SMALL_SEGMENT};
 use crate::error::Result;
 use crate::fallible;
 use crate::slice::Runs;

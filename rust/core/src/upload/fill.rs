@@ -3,9 +3,17 @@
 //! targets, the same range described as runs of the files' bytes ([`DirectSpan`]).
 
 use super::plan::Piece;
-use super::schedule::Job;
 use crate::error::{Error, Result};
 use crate::file::SafeFile;
+use crate::slice::SlicePlan;
+
+/// What a run's readers copy from and where to: the files, the plan's pieces (sorted by
+/// destination) and its slice plans.
+pub(super) struct Sources<'a> {
+    pub(super) files: &'a [&'a SafeFile],
+    pub(super) pieces: &'a [Piece],
+    pub(super) slices: &'a [SlicePlan],
+}
 
 /// The next `[from, to)` of the destination bytes `rest` starts at `*at`: the gap before it
 /// zeroed, `rest` and `*at` moved past it.
@@ -38,7 +46,7 @@ pub(crate) fn carve<'a>(
 /// round of concurrent ranged GETs, runs closer than a part coalesced) rather than one round
 /// trip per tensor or slice run. Reads of one file that overlap (a tensor requested twice) are
 /// made one by one.
-fn fill_in_batches(buf: &mut [u8], start: u64, len: usize, job: &Job<'_>) -> Result<()> {
+fn fill_in_batches(buf: &mut [u8], start: u64, len: usize, job: &Sources<'_>) -> Result<()> {
     let end = start + len as u64;
     let mut rest: &mut [u8] = &mut buf[..len];
     let mut at = start;
@@ -116,7 +124,7 @@ pub(crate) fn read_grouped(
 
 /// Fills `buf[..len]` with destination bytes `[start, start + len)`: source bytes where a piece
 /// covers them, zeros elsewhere.
-pub(super) fn fill(buf: &mut [u8], start: u64, len: usize, job: &Job<'_>) -> Result<()> {
+pub(super) fn fill(buf: &mut [u8], start: u64, len: usize, job: &Sources<'_>) -> Result<()> {
     if job.files.iter().any(|f| f.reads_in_batches()) {
         return fill_in_batches(buf, start, len, job);
     }
@@ -180,7 +188,7 @@ pub struct DirectRun<'a> {
 
 /// The span `[start, start + len)` of `job` as runs, or `None` when a piece in it is a slice (its
 /// many small runs are better staged) or its file reads in batches (remote).
-pub(super) fn direct_span<'a>(job: &Job<'a>, start: u64, len: u64) -> Option<DirectSpan<'a>> {
+pub(super) fn direct_span<'a>(job: &Sources<'a>, start: u64, len: u64) -> Option<DirectSpan<'a>> {
     let end = start + len;
     let pieces: &[Piece] = job.pieces;
     let first = pieces.partition_point(|p| p.dst + p.len <= start);

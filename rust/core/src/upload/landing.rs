@@ -24,10 +24,24 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::{Condvar, Mutex};
 
-use super::schedule::RunShape;
 use super::{lock, Placement, Ring, UploadPlan, UploadStats, UploadTarget};
 use crate::error::{Error, Result};
 use crate::file::SafeFile;
+
+/// How one run cuts and places its chunks, and whom it tells (see [`super::landing`]).
+pub(super) struct RunShape<'a> {
+    /// Bytes per chunk.
+    pub(super) chunk: u64,
+    /// In a scratch ring of this many bytes (a multiple of `chunk`), destination offset `o`
+    /// lands at `o % lap`.
+    pub(super) lap: Option<u64>,
+    pub(super) progress: Option<&'a dyn Progress>,
+    /// The run waits for its copies before returning: zero-copy spans may be offered.
+    pub(super) direct: bool,
+    /// An error of the calling thread's part is the run's error, before any reader's (a
+    /// reader's then only says that the run stopped).
+    pub(super) main_error_first: bool,
+}
 
 /// A target that can mark how far its copies have been submitted, for streaming delivery.
 pub trait LandingTarget: UploadTarget {

@@ -23,35 +23,17 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::fill::{direct_span, fill};
-use super::landing::Progress;
-use super::plan::Piece;
+use super::fill::{direct_span, fill, Sources};
+use super::landing::{Progress, RunShape};
 use super::trace::{Moment, Recorder};
 use super::{lock, Ring, SlotState, UploadPlan, UploadStats, UploadTarget};
 use crate::error::{Error, Result};
 use crate::file::SafeFile;
-use crate::slice::SlicePlan;
-
-/// How one run cuts and places its chunks, and whom it tells (see [`super::landing`]).
-pub(super) struct RunShape<'a> {
-    /// Bytes per chunk.
-    pub(super) chunk: u64,
-    /// In a scratch ring of this many bytes (a multiple of `chunk`), destination offset `o`
-    /// lands at `o % lap`.
-    pub(super) lap: Option<u64>,
-    pub(super) progress: Option<&'a dyn Progress>,
-    /// The run waits for its copies before returning: zero-copy spans may be offered.
-    pub(super) direct: bool,
-    /// An error of the calling thread's part is the run's error, before any reader's (a
-    /// reader's then only says that the run stopped).
-    pub(super) main_error_first: bool,
-}
 
 /// One run's shared state.
 pub(super) struct Job<'a> {
-    pub(super) files: &'a [&'a SafeFile],
-    pub(super) pieces: &'a [Piece],
-    pub(super) slices: &'a [SlicePlan],
+    /// What the readers copy from, and where to.
+    pub(super) src: Sources<'a>,
     total: u64,
     chunk: u64,
     lap: Option<u64>,
@@ -161,9 +143,11 @@ impl<S: Send> Ring<S> {
             && chunks > 0
             && target.takes_direct();
         let job = Job {
-            files,
-            pieces: &pieces,
-            slices: &plan.slices,
+            src: Sources {
+                files,
+                pieces: &pieces,
+                slices: &plan.slices,
+            },
             total: plan.total,
             chunk,
             lap: shape.lap,
@@ -357,7 +341,7 @@ impl<S: Send> Ring<S> {
         }
         let start = first as u64 * job.chunk;
         let stop = (end as u64 * job.chunk).min(job.total);
-        let taken = match direct_span(job, start, stop - start) {
+        let taken = match direct_span(&job.src, start, stop - start) {
             Some(span) => target.copy_direct(&span)?,
             None => false,
         };
@@ -459,7 +443,7 @@ impl<S: Send> Ring<S> {
         // C++ program's ThreadSanitizer, which cannot see it (`crate::tsan`).
         crate::tsan::acquire(state);
         let began = Instant::now();
-        let filled = fill(buf, start + from, len, job);
+        let filled = fill(buf, start + from, len, &job.src);
         crate::tsan::release(state);
         filled?;
         if self.pipeline.min_fill_ns_per_mib > 0 {

@@ -2,6 +2,8 @@
 //! balanced reads, the step bound, and what each rank copies out.
 
 use super::*;
+use crate::distributed::MERGE_GAP;
+use crate::slice::SlicePlan;
 use crate::{Dtype, Indexer, TensorInfo};
 
 /// A selection `idx` of a U8 tensor of `shape` whose first byte is `begin` of `file`.
