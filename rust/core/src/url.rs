@@ -33,16 +33,25 @@ pub fn url_scheme(s: &str) -> Option<&'static str> {
 /// `#` unencoded, and then no parser can tell where the authority ends, so the rule never
 /// relies on one. Where the part cut off holds such a character (a password with `/`, or an
 /// `@` in the path), the cut shows as `<redacted>@`, so that the name never seems to be another
-/// URL's.
+/// URL's. When a `?` or `#` comes before that `@`, nothing tells a password holding `?` from a
+/// query holding `@` (a signed URL's credential, `X-Goog-Credential=svc@project...`): either
+/// way what follows may be a secret, so only the scheme shows, as `scheme://<redacted>`.
 ///
 /// ```
 /// let shown = safetensors_core::redact_url("https://u:secret@host:8443/m.safetensors?sig=x");
 /// assert_eq!(shown, "https://host:8443/m.safetensors");
 /// let shown = safetensors_core::redact_url("s3://KEY:se/cr?et@bucket/m.safetensors");
-/// assert_eq!(shown, "s3://<redacted>@bucket/m.safetensors");
+/// assert_eq!(shown, "s3://<redacted>");
+/// let shown = safetensors_core::redact_url("https://h/m?a=x@y&X-Amz-Signature=abc");
+/// assert_eq!(shown, "https://<redacted>");
 /// ```
 pub fn redact_url(url: &str) -> String {
     let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    if let (Some(end), Some(at)) = (rest.find(['?', '#']), rest.rfind('@')) {
+        if end < at {
+            return format!("{scheme}://<redacted>");
+        }
+    }
     let (cut, rest) = match rest.rfind('@') {
         Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
         None => (None, rest),
@@ -133,12 +142,23 @@ mod tests {
             ("s3://bucket/a/b", "s3://bucket/a/b"),
             ("http://a@b@host", "http://host"),
             ("https://host?token=hunter2", "https://host"),
-            // A password holding `/`, `?` or `#`: no parser finds the authority's end.
+            // A password holding `/`: no parser finds the authority's end.
             (
-                "s3://AKID:wJal/rXU?tn#FE@bucket/k.safetensors",
+                "s3://AKID:wJal/rXU@bucket/k.safetensors",
                 "s3://<redacted>@bucket/k.safetensors",
             ),
             ("https://tok/en@host/m", "https://<redacted>@host/m"),
+            // A `?` or `#` before the last `@`: a password holding it, or a query holding an
+            // `@`; either way only the scheme shows.
+            (
+                "s3://AKID:wJal/rXU?tn#FE@bucket/k.safetensors",
+                "s3://<redacted>",
+            ),
+            (
+                "https://h/m?a=x@y&X-Amz-Signature=abc",
+                "https://<redacted>",
+            ),
+            ("https://h/m#x@y", "https://<redacted>"),
             ("https://u:p@host/m?q=1#f", "https://host/m"),
         ] {
             assert_eq!(redact_url(url), shown);
@@ -149,6 +169,9 @@ mod tests {
             "https://u:hunter2?x@h/m",
             "https://u:hunter2#x@h/m",
             "s3://u:hunter2@b/m?sig=hunter2",
+            "https://h/m?a=x@y&X-Amz-Signature=hunter2",
+            "https://h/m?X-Goog-Credential=svc@proj&X-Goog-Signature=hunter2",
+            "https://u:p@h/m?c=a@b&sig=hunter2",
         ] {
             assert!(!redact_url(url).contains("hunter2"), "{url}");
         }

@@ -139,6 +139,9 @@ pub(crate) fn locate(url: &str, options: &RemoteOptions) -> Result<Location> {
             Arc::new(builder.build().map_err(|e| store_error(&name, "open", e))?)
         }
         Scheme::Http => {
+            if let Some(query) = object_query(&parsed) {
+                identity.push_str(&query);
+            }
             let base = &parsed[..url::Position::BeforePath];
             let signed = match parsed.query() {
                 Some(_) => Some(Signed {
@@ -170,6 +173,68 @@ pub(crate) fn locate(url: &str, options: &RemoteOptions) -> Result<Location> {
         store,
         path,
     })
+}
+
+/// What of a URL's query names the object rather than signs the request, for the cache's
+/// identity of the object (`Location::identity`): a server may choose the object by its query
+/// (`/download?model=a`), so two URLs differing there are two objects; the parameters of a
+/// signature (S3's `X-Amz-*`, GCS's `X-Goog-*`, Azure's SAS `sv`/`se`/`sp`/`sig`/..., a CDN's
+/// `Signature`/`Expires`/`Key-Pair-Id`/`Policy`/`token`) change with every signing and are left
+/// out, so that a URL signed again finds the same entry. The rest is kept as a SHA-256 digest
+/// (`?query-sha256=<hex>`), so that the cache's files never hold a query's values; `None` when
+/// nothing of the query is left.
+fn object_query(parsed: &Url) -> Option<String> {
+    const SIGNING: &[&str] = &[
+        "sig",
+        "se",
+        "sp",
+        "sv",
+        "sr",
+        "st",
+        "spr",
+        "si",
+        "ss",
+        "srt",
+        "sdd",
+        "skoid",
+        "sktid",
+        "skt",
+        "ske",
+        "sks",
+        "skv",
+        "saoid",
+        "suoid",
+        "scid",
+        "signature",
+        "expires",
+        "key-pair-id",
+        "policy",
+        "token",
+        "hdnts",
+        "hmac",
+        "verify",
+        "x-expires",
+    ];
+    parsed.query()?;
+    let kept: Vec<(String, String)> = parsed
+        .query_pairs()
+        .filter(|(k, _)| {
+            let k = k.to_ascii_lowercase();
+            !(k.starts_with("x-amz-") || k.starts_with("x-goog-") || SIGNING.contains(&k.as_str()))
+        })
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    if kept.is_empty() {
+        return None;
+    }
+    let mut text = String::new();
+    for (k, v) in &kept {
+        text.push_str(&format!("{}={}&", k.len(), k));
+        text.push_str(&format!("{}={}&", v.len(), v));
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    Some(format!("?query-sha256={hex}"))
 }
 
 /// The path object_store's HTTP store requests `path` by under `base` (its `path_url`: the
@@ -276,6 +341,30 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    #[test]
+    fn the_identity_keeps_what_names_the_object_and_drops_signatures() {
+        let o = RemoteOptions::default();
+        let id = |url: &str| locate(url, &o).expect("accepted").identity;
+        let plain = id("https://h/m.safetensors");
+        assert_eq!(plain, "https://h/m.safetensors");
+        // Signed again, the same object.
+        assert_eq!(
+            id("https://h/m.safetensors?X-Amz-Signature=a&X-Amz-Date=1"),
+            plain
+        );
+        assert_eq!(id("https://h/m.safetensors?sv=1&se=2&sp=r&sig=abc"), plain);
+        assert_eq!(
+            id("https://h/m.safetensors?Expires=9&Signature=z&Key-Pair-Id=k"),
+            plain
+        );
+        // A query choosing the object: another object, and its values never in the identity.
+        let a = id("https://h/download?model=alpha&X-Amz-Signature=1");
+        let b = id("https://h/download?model=beta&X-Amz-Signature=2");
+        assert_ne!(a, b);
+        assert_eq!(a, id("https://h/download?model=alpha&X-Amz-Signature=3"));
+        assert!(!a.contains("alpha") && a.starts_with("https://h/download?query-sha256="));
     }
 
     #[test]

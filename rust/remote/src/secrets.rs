@@ -187,7 +187,7 @@ mod tests {
             assert!(!text.contains(secret), "{secret} in {text}");
         }
         assert!(
-            text.contains("https://<redacted>@host:9/k?<redacted> done"),
+            text.contains("https://<redacted>?<redacted> done"),
             "{text}"
         );
     }

@@ -345,6 +345,48 @@ fn a_cache_that_cannot_be_used_is_an_io_error_naming_it() {
     );
 }
 
+// A directory others can write into could hold an entry planted for the object (its key is a
+// digest of the URL and the public version): refused, and so is an entry that is no regular
+// file (a FIFO would hang the open).
+#[test]
+fn a_cache_others_can_write_is_refused_and_odd_entries_are_never_trusted() {
+    use std::os::unix::fs::PermissionsExt;
+    let bytes = sample(1000, 14);
+    let Some(s) = serve("cache-open", &[("model.safetensors", &bytes)]) else {
+        return;
+    };
+    let url = s.url("model.safetensors");
+    let dir = Scratch::new("cache-open-dir");
+    let shared = dir.0.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let e = open(&url, &cached_in(&shared), OpenOptions::default())
+        .err()
+        .expect("refused");
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    assert!(e.to_string().contains("others can write"), "{e}");
+    // A private cache whose entry's files were replaced by a FIFO and a symbolic link: the
+    // open neither hangs nor trusts them, and fetches the object again.
+    let private = dir.0.join("private");
+    std::fs::create_dir(&private).unwrap();
+    let first = open(&url, &cached_in(&private), OpenOptions::default()).unwrap();
+    same_as_bytes(&first, &bytes);
+    drop(first);
+    let meta = files(&private, ".meta").pop().expect("a meta file");
+    let data = files(&private, ".safetensors").pop().expect("a data file");
+    std::fs::remove_file(&meta).unwrap();
+    let fifo = std::ffi::CString::new(meta.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let again = open(&url, &cached_in(&private), OpenOptions::default()).unwrap();
+    same_as_bytes(&again, &bytes);
+    drop(again);
+    std::fs::remove_file(&data).unwrap();
+    std::os::unix::fs::symlink(dir.0.join("elsewhere"), &data).unwrap();
+    let third = open(&url, &cached_in(&private), OpenOptions::default()).unwrap();
+    same_as_bytes(&third, &bytes);
+}
+
 #[test]
 fn an_open_waiting_for_another_fetch_ends_at_its_deadline() {
     let bytes = sample(1000, 12);

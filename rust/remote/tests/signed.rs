@@ -229,6 +229,14 @@ fn no_failure_of_a_signed_url_shows_its_signature() {
     // No such object.
     let u = signed(nginx_port, "absent.safetensors");
     failed("404", open(&u, &whole, OpenOptions::default()).err());
+    // A query holding an `@` before the signature (a credential naming an account, as
+    // `X-Goog-Credential=svc@project` does): nothing may be mistaken for user information.
+    let u =
+        format!("http://127.0.0.1:{nginx_port}/absent.safetensors?cred=svc@project&{SIGNATURE}");
+    failed(
+        "404, an @ in the query",
+        open(&u, &whole, OpenOptions::default()).err(),
+    );
     let u = signed(nginx_port, "absent.safetensors.index.json");
     failed(
         "404 of an index",

@@ -92,7 +92,7 @@ pub(crate) fn cached(names: &Names, object: &Object, version: &str) -> Option<Mm
     let recorded = text.strip_prefix(&described(object.identity(), version, object.len()))?;
     let file = open_no_follow(&names.data).ok()?;
     let meta = file.metadata().ok()?;
-    if !meta.is_file() || meta.len() != object.len() || recorded != written(&meta) {
+    if !ours(&meta) || meta.len() != object.len() || recorded != written(&meta) {
         return None;
     }
     // SAFETY: a file of the cache, which this library only ever replaces by renaming (never
@@ -183,19 +183,39 @@ pub(crate) fn touch(names: &Names) {
     let Ok(path) = std::ffi::CString::new(names.meta.as_os_str().as_bytes()) else {
         return;
     };
-    // SAFETY: a NUL-terminated path; a null `times` sets both times to now.
-    unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), std::ptr::null(), 0) };
+    // SAFETY: a NUL-terminated path; a null `times` sets both times to now; a symbolic link
+    // is not followed (it would touch another file).
+    unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            std::ptr::null(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
 }
 
+/// Opens an entry's file for reading: never through a symbolic link, and without waiting on
+/// something that is no regular file (a FIFO would block the open).
 fn open_no_follow(path: &Path) -> io::Result<File> {
     OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
+}
+
+/// Whether an entry's file is a regular file of this user's (the directory is private, see
+/// `cache::private`; this holds even when another user made a file in it before).
+fn ours(meta: &std::fs::Metadata) -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    meta.is_file() && meta.uid() == unsafe { libc::geteuid() }
 }
 
 fn read_small(path: &Path) -> Option<String> {
     let file = open_no_follow(path).ok()?;
+    if !ours(&file.metadata().ok()?) {
+        return None;
+    }
     let mut text = String::new();
     file.take(MAX_META).read_to_string(&mut text).ok()?;
     Some(text)

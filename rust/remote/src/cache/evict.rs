@@ -45,15 +45,18 @@ pub(crate) fn evict(dir: &Path, limit: u64, keep: &str) {
         // key with a lock file and nothing else is a leftover too (a failed fetch's).
         match suffix {
             "meta" => f.used = meta.modified().ok(),
-            "safetensors" => f.bytes += meta.len(),
+            "safetensors" => f.bytes = f.bytes.saturating_add(meta.len()),
             _ if suffix.ends_with(".tmp") => {
                 f.leftover = true;
-                f.bytes += meta.len();
+                f.bytes = f.bytes.saturating_add(meta.len());
             }
             _ => {}
         }
     }
-    let mut total: u64 = found.values().map(|f| f.bytes).sum();
+    // Sizes of files on disk, which another process may make sparse and huge: never wraps.
+    let mut total: u64 = found
+        .values()
+        .fold(0u64, |sum, f| sum.saturating_add(f.bytes));
     let mut order: Vec<(&String, &Found)> = found.iter().collect();
     // Entries without a meta file first (they are leftovers or half-removed), then by use.
     order.sort_by_key(|(_, f)| f.used);

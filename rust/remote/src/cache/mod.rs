@@ -81,6 +81,8 @@ pub(crate) fn open(object: Object, options: OpenOptions) -> Result<Opened> {
     if remote.on_demand {
         return Ok(Opened::Uncached(object));
     }
+    // Room for the new entry first, so that a cache as large as its disk still takes it.
+    evict::evict(&dir, limit.saturating_sub(object.len()), &names.key);
     let map = entry::fill(&names, &object, &version)
         .map_err(|e| cache_error(&object, &dir, "cannot write the file into it", e))??;
     drop(held);
@@ -114,7 +116,34 @@ fn directory(object: &Object, dir: &Path) -> Result<PathBuf> {
         .mode(0o700)
         .create(&dir)
         .map_err(|e| cache_error(object, &dir, "cannot make it", e))?;
+    private(&dir).map_err(|e| cache_error(object, &dir, "cannot be used", e))?;
     Ok(dir)
+}
+
+/// Whether `dir` (a symbolic link followed: a cache on another disk is fine) is a directory of
+/// this user's that nobody else can write into: anyone who can could plant an entry the
+/// cache would map as the object (its key is a digest of the URL and the public version).
+fn private(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(dir)?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let why = if !meta.is_dir() {
+        "it is not a directory".to_owned()
+    } else if meta.uid() != me {
+        format!("it belongs to another user (uid {})", meta.uid())
+    } else if meta.mode() & 0o022 != 0 {
+        format!("others can write into it (mode {:o})", meta.mode() & 0o7777)
+    } else {
+        return Ok(());
+    };
+    Err(io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!(
+            "{why}; a cache must be a directory of your own that only you can write (one that \
+             is missing is made so)"
+        ),
+    ))
 }
 
 /// A failure of the cache directory itself: an `Io` error naming the URL and the directory.
