@@ -38,6 +38,8 @@ first N requests (default 0) pass untouched; from then on every GET gets FAULT:
     redirect-to  302 to --to URL with the request's path
     echo403   403 with every request header echoed in the body, as servers that quote the
               request they refuse do (credentials must never reach a message from there)
+    endless403  403 whose body never ends (chunks of text until the client hangs up): a
+              refusal's body must be read only so far
     signed    a GET or HEAD whose query string lacks --query TEXT gets 403 with the request
               (its query included) echoed, as a store checking a pre-signed URL refuses; one
               that holds it is forwarded as is. Applies from the first request.
@@ -136,6 +138,17 @@ class Handler(BaseHTTPRequestHandler):
             fault = "cut" if n == AFTER else "range" if retry else "none"
         if fault == "echo403":
             return self.refuse()
+        if fault == "endless403":
+            self.send_response_only(403)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            chunk = b"access denied, and more text " * 512
+            try:
+                while True:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            except (BrokenPipeError, ConnectionResetError):
+                return
         if fault == "redirect-to":
             return self.send(302, [("Location", TO + self.path)], b"")
         weak = FAULT in ("weak", "weak-etag")

@@ -296,6 +296,17 @@ impl HttpService for Transport {
                     ServerStatus::read(answer).await,
                 ));
             }
+            if status.is_client_error() {
+                // A refusal's body is read into its error whole by the store: at most
+                // `STATUS_TEXT` bytes of it are kept, so that a hostile server cannot fill
+                // memory with an endless 403.
+                let (parts, body) = answer.into_parts();
+                let text = bounded_text(body).await;
+                return Ok(HttpResponse::from_parts(
+                    parts,
+                    HttpResponseBody::from(text),
+                ));
+            }
             let (parts, body) = answer.into_parts();
             let body = HttpResponseBody::new(Slotted { body, _slot: slot });
             return Ok(HttpResponse::from_parts(parts, body));
@@ -420,19 +431,26 @@ pub(crate) struct ServerStatus {
 impl ServerStatus {
     async fn read(answer: HttpResponse) -> ServerStatus {
         let status = answer.status();
-        let mut text = Vec::new();
-        let mut body = answer.into_body().bytes_stream();
-        while let Some(Ok(chunk)) = body.next().await {
-            text.extend_from_slice(&chunk[..chunk.len().min(STATUS_TEXT - text.len())]);
-            if text.len() >= STATUS_TEXT {
-                break;
-            }
-        }
+        let text = bounded_text(answer.into_body()).await;
         ServerStatus {
             status,
             text: String::from_utf8_lossy(&text).into_owned(),
         }
     }
+}
+
+/// The first `STATUS_TEXT` bytes of an answer's body (what arrived of them when it breaks off);
+/// the rest is never read.
+async fn bounded_text(body: HttpResponseBody) -> Vec<u8> {
+    let mut text = Vec::new();
+    let mut body = body.bytes_stream();
+    while let Some(Ok(chunk)) = body.next().await {
+        text.extend_from_slice(&chunk[..chunk.len().min(STATUS_TEXT - text.len())]);
+        if text.len() >= STATUS_TEXT {
+            break;
+        }
+    }
+    text
 }
 
 impl fmt::Display for ServerStatus {

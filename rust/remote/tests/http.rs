@@ -310,6 +310,21 @@ fn an_html_error_page_is_refused() {
     assert!(text.contains("not 206"), "{text}");
 }
 
+// A refusal whose body never ends: read only so far (1 KiB), so the error is the refusal's,
+// at once, not a timeout after memory filled with it.
+#[test]
+fn a_refusal_with_an_endless_body_is_an_error_at_once() {
+    let options = RemoteOptions {
+        request_timeout: Duration::from_secs(30),
+        ..impatient()
+    };
+    let Some(text) = fault("endless403", 0, options) else {
+        return;
+    };
+    assert!(text.contains("403"), "{text}");
+    assert!(!text.contains("timed out") && text.len() < 2000, "{text}");
+}
+
 #[test]
 fn a_changed_etag_midway_is_refused() {
     let Some(text) = fault("etag", 1, impatient()) else {
