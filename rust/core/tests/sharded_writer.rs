@@ -260,7 +260,7 @@ fn contents(path: &Path) -> BTreeMap<String, Vec<u8>> {
         .iter()
         .map(|n| {
             let (file, _) = ckpt.locate(n).unwrap();
-            (n.clone(), file.tensor_bytes(n).unwrap().to_vec())
+            (n.to_owned(), file.tensor_bytes(n).unwrap().to_vec())
         })
         .collect()
 }

@@ -160,7 +160,7 @@ impl Checkpoint {
     }
 
     pub fn name_at(&self, i: usize) -> &str {
-        self.inner.names().get(i).map_or("", String::as_str)
+        self.inner.names().get(i).unwrap_or("")
     }
 
     pub fn position(&self, name: Bytes) -> isize {

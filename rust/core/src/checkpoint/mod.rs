@@ -27,6 +27,7 @@
 //! exist is still `ShardMissing` at open: that is a broken download, not a quirk.
 
 mod index;
+mod name_list;
 mod paths;
 
 use std::collections::BTreeMap;
@@ -40,6 +41,7 @@ use crate::header::names::NameIndex;
 use crate::header::TensorInfo;
 use index::parse_index;
 pub use index::MAX_INDEX_SIZE;
+pub use name_list::NameList;
 use paths::{check_shard_file, confined, index_dir, is_index_path};
 
 /// Options for [`Checkpoint::open_with`]. The default is strict.
@@ -138,7 +140,7 @@ pub enum Found {
 pub struct Checkpoint {
     path: PathBuf,
     /// Tensor names, sorted, with the shard each one is in.
-    names: Vec<String>,
+    names: NameList,
     shard_of: Vec<u32>,
     /// Name → sorted position.
     lookup: NameIndex,
@@ -203,12 +205,7 @@ impl Checkpoint {
     /// checkpoint's. `options` says what its shards were opened with.
     pub fn of_file(file: SafeFile, options: CheckpointOptions) -> Checkpoint {
         let path = file.path().to_path_buf();
-        let names: Vec<String> = file
-            .header()
-            .sorted_names()
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
+        let names: NameList = file.header().sorted_names().into_iter().collect();
         let shard = Shard::new(
             path.file_name()
                 .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
@@ -237,7 +234,7 @@ impl Checkpoint {
     /// open yet.
     fn assemble(
         path: PathBuf,
-        names: Vec<String>,
+        names: NameList,
         shard_of: Vec<u32>,
         shards: Vec<Shard>,
         metadata: Option<BTreeMap<String, String>>,
@@ -245,8 +242,7 @@ impl Checkpoint {
         opener: Option<Box<dyn ShardOpener>>,
     ) -> Checkpoint {
         // Distinct names (checked by the caller), so the build never reports a repeat.
-        let lookup =
-            NameIndex::build(names.len(), |i| names[i as usize].as_str()).unwrap_or_default();
+        let lookup = NameIndex::build(names.len(), |i| &names[i as usize]).unwrap_or_default();
         // The positions grouped by shard, ascending within each (a counting sort).
         let mut starts = vec![0u32; shards.len() + 1];
         for &s in &shard_of {
@@ -314,7 +310,7 @@ impl Checkpoint {
                 None => {
                     missing.get_or_insert_with(|| Error::ShardMissing {
                         shard: self.shards[id].name.clone(),
-                        tensor: Some(name.clone()),
+                        tensor: Some(name.to_owned()),
                     });
                     UNKNOWN
                 }
@@ -470,10 +466,11 @@ impl Checkpoint {
                 });
             }
         }
-        let names = order
-            .iter()
-            .map(|&i| weight_map[i as usize].0.to_string())
-            .collect();
+        let bytes = weight_map.iter().map(|(n, _)| n.len()).sum();
+        let mut names = NameList::with_capacity(order.len(), bytes);
+        for &i in &order {
+            names.push(&weight_map[i as usize].0);
+        }
         let shard_of = order.iter().map(|&i| ids[i as usize]).collect();
         Ok(Checkpoint::assemble(
             path.to_path_buf(),
@@ -502,7 +499,7 @@ impl Checkpoint {
     }
 
     /// Tensor names, sorted byte-wise.
-    pub fn names(&self) -> &[String] {
+    pub fn names(&self) -> &NameList {
         &self.names
     }
 
@@ -758,7 +755,7 @@ impl Checkpoint {
             self.shard(i)?;
             for &pos in self.members_of(i) {
                 if self.entry[pos as usize].load(Ordering::Relaxed) == ABSENT {
-                    out.push((self.names[pos as usize].clone(), i));
+                    out.push((self.names[pos as usize].to_owned(), i));
                 }
             }
         }

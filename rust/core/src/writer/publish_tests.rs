@@ -97,7 +97,7 @@ fn read(path: &Path) -> Option<Contents> {
     let mut out = Contents::new();
     for name in ckpt.names() {
         let (file, _) = ckpt.locate(name).ok()?;
-        out.insert(name.clone(), file.tensor_bytes(name).ok()?.to_vec());
+        out.insert(name.to_owned(), file.tensor_bytes(name).ok()?.to_vec());
     }
     Some(out)
 }
