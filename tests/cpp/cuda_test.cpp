@@ -106,15 +106,19 @@ TEST(CudaPlan, UploadsTakeTheSameRequestsAsStreamsShardPinsIncluded) {
 TEST(CudaPlan, AnAbsurdAlignmentIsBlamedNotTheShape) {
   test::TempDir dir;
   SafeOpen f(make_file(dir));
-  // SIZE_MAX puts the second tensor at 2^64 - 1; 2^63 the third at 2^64. Either overflows the
-  // layout, and the message used to blame the tensor's shape ("validation overflow ... shape").
-  for (std::size_t alignment : {SIZE_MAX, std::size_t{1} << 63}) {
-    auto st = safetensors::nothrow::cuda::plan(f, {}, {.alignment = alignment}).status();
-    EXPECT_EQ(st.kind(), ErrorKind::ValidationOverflow) << st.message();
-    EXPECT_NE(st.message().find("the alignment, " + std::to_string(alignment) + " bytes"), std::string::npos)
-        << st.message();
-    EXPECT_EQ(st.message().find("shape"), std::string::npos) << st.message();
-  }
+  // 2^63 puts the third tensor at 2^64: the layout overflows, and the message used to blame the
+  // tensor's shape ("validation overflow ... shape").
+  const std::size_t huge = std::size_t{1} << 63;
+  auto st = safetensors::nothrow::cuda::plan(f, {}, {.alignment = huge}).status();
+  EXPECT_EQ(st.kind(), ErrorKind::ValidationOverflow) << st.message();
+  EXPECT_NE(st.message().find("the alignment, " + std::to_string(huge) + " bytes"), std::string::npos)
+      << st.message();
+  EXPECT_EQ(st.message().find("shape"), std::string::npos) << st.message();
+  // SIZE_MAX is no power of two: refused by the one alignment rule of uploads, before any layout.
+  auto odd = safetensors::nothrow::cuda::plan(f, {}, {.alignment = SIZE_MAX}).status();
+  EXPECT_EQ(odd.kind(), ErrorKind::InvalidSlice) << odd.message();
+  EXPECT_NE(odd.message().find("power of two"), std::string::npos) << odd.message();
+  EXPECT_EQ(odd.message().find("shape"), std::string::npos) << odd.message();
 }
 
 TEST(Cuda, CopyToHostRefusesADestinationOverlappingTheSource) {
