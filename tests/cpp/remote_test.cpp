@@ -133,6 +133,25 @@ TEST(RemoteUrl, AUrlThatIsNotUtf8IsRefused) {
 
 // The build is what CMake configured: with SAFETENSORS_REMOTE=OFF a URL is an Io error that
 // says so (and names the URL without its credentials), never an attempt to open a local path.
+// The C++ defaults are written in the header (a struct's initializers); the C defaults come
+// from the remote crate (`st_remote_options_default`). Held equal here, so that the header
+// cannot drift from the crate's rule.
+TEST(RemoteUrl, TheCxxDefaultsAreTheRemoteCratesDefaults) {
+  const safetensors::RemoteOptions cxx;
+  st_remote_options c;
+  st_remote_options_default(&c);
+  EXPECT_EQ(cxx.concurrency, c.concurrency);
+  EXPECT_EQ(cxx.part_size, c.part_size);
+  EXPECT_EQ(cxx.first_read, c.first_read);
+  EXPECT_EQ(static_cast<std::uint64_t>(cxx.request_timeout.count()), c.request_timeout_ms);
+  EXPECT_EQ(static_cast<std::uint64_t>(cxx.connect_timeout.count()), c.connect_timeout_ms);
+  EXPECT_EQ(cxx.max_retries, c.max_retries);
+  EXPECT_EQ(static_cast<std::uint64_t>(cxx.deadline.count()), c.deadline_ms);
+  EXPECT_EQ(cxx.cache_limit, c.cache_limit);
+  EXPECT_FALSE(cxx.header_only || cxx.on_demand || cxx.cache);
+  EXPECT_EQ(c.flags, 0u);
+}
+
 TEST(RemoteUrl, TheBuildOpensRemoteFilesExactlyWhenConfiguredTo) {
   EXPECT_EQ(safetensors::remote_built(), static_cast<bool>(SAFETENSORS_TEST_REMOTE));
   if (safetensors::remote_built()) return;
