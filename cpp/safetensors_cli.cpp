@@ -43,9 +43,9 @@ constexpr Command kCommands[] = {
     {"validate", validate_command,
      R"(  safetensors validate [--header-only] [--lenient] [--allow-trailing-bytes] [--cache[=DIR]] [--json] FILE|URL|INDEX...
       Checks each file: every header rule, then every data byte readable (unless
-      --header-only); for an index, every shard against the index. A URL is read as checked,
-      or with --cache fetched whole into the cache of remote files (DIR, else
-      ~/.cache/safetensors) that later opens map. One OK or error line per file.
+      --header-only); for an index, every shard against the index. A URL (s3://, http(s)://)
+      is read as checked, or with --cache fetched whole into the cache of remote files (DIR,
+      else ~/.cache/safetensors) that later opens map. One OK or error line per file.
       --lenient reads an index as an allow-list (tensors its shards lack are listed, not fatal;
       copies in other shards ignored); --allow-trailing-bytes accepts bytes after the last
       tensor and reports how many.

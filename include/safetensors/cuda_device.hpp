@@ -227,14 +227,14 @@ class Uploader {
   }
 
   /// Uploads into `dst` (device memory of `capacity` bytes on this device, aligned to
-  /// `options.alignment`) with copies on the caller's `stream`, a `cudaStream_t`/`CUstream` of
-  /// this device's primary context. 0 is the legacy default stream; the per-thread default
-  /// stream (`cudaStreamPerThread`) and streams capturing a graph are refused, as are a stream
-  /// or destination of another device (`Error` with kind `Cuda`). Returns once every copy is
-  /// enqueued; completion is visible on `stream`. The staging ring is reused only once its
-  /// copies are done, so the next upload, `synchronize()` or the destructor waits for them. On
-  /// an error, copies already enqueued still complete on `stream`: synchronise it before
-  /// freeing `dst`.
+  /// `options.alignment`, 256 for 0) with copies on the caller's `stream`, a
+  /// `cudaStream_t`/`CUstream` of this device's primary context. 0 is the legacy default
+  /// stream; the per-thread default stream (`cudaStreamPerThread`) and streams capturing a
+  /// graph are refused, as are a stream or destination of another device (`Error` with kind
+  /// `Cuda`). Returns once every copy is enqueued; completion is visible on `stream`. The
+  /// staging ring is reused only once its copies are done, so the next upload, `synchronize()`
+  /// or the destructor waits for them. On an error, copies already enqueued still complete on
+  /// `stream`: synchronise it before freeing `dst`.
   template <Readable From>
   std::vector<Placement> load_into(const From& from, Requests requests, void* dst, std::size_t capacity,
                                    std::uintptr_t stream) {

@@ -66,7 +66,9 @@ mod view;
 mod writer;
 
 pub use byte_len::tensor_byte_len;
-pub use checkpoint::{Checkpoint, CheckpointOptions, Found, NameList, ShardOpener, MAX_INDEX_SIZE};
+pub use checkpoint::{
+    Checkpoint, CheckpointOptions, Found, NameIter, NameList, ShardOpener, MAX_INDEX_SIZE,
+};
 pub use direct::{AlignedBuf, DIRECT_ALIGN};
 pub use dtype::{Dtype, UnknownDtype};
 pub use error::{Error, ErrorKind, HeaderContents, PieceProblem, Result, TextField};

@@ -118,8 +118,8 @@ pub mod ffi {
         /// the writer is as it was (unless the error says it cannot finish), to be finished
         /// again.
         fn finish(self: &StreamingWriter, status: &mut Status);
-        /// The files `finish` publishes (shards, then the index), relative to the target's
-        /// directory for a sharded checkpoint.
+        /// The files `finish` publishes, by name, relative to the target's directory: the
+        /// file's name, or the shards then the index (C++ joins them to the path given).
         fn files(self: &StreamingWriter) -> Vec<String>;
         /// The bytes of every tensor together.
         fn total_size(self: &StreamingWriter) -> u64;

@@ -41,7 +41,7 @@ use crate::header::names::NameIndex;
 use crate::header::TensorInfo;
 use index::parse_index;
 pub use index::MAX_INDEX_SIZE;
-pub use name_list::NameList;
+pub use name_list::{NameIter, NameList};
 use paths::{check_shard_file, confined, index_dir, is_index_path};
 
 /// Options for [`Checkpoint::open_with`]. The default is strict.

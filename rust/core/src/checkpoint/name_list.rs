@@ -58,8 +58,11 @@ impl NameList {
     }
 
     /// The names in order.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = &str> + DoubleEndedIterator + '_ {
-        (0..self.len()).map(|i| &self[i])
+    pub fn iter(&self) -> NameIter<'_> {
+        NameIter {
+            list: self,
+            at: 0..self.len(),
+        }
     }
 
     /// The names as owned strings.
@@ -92,12 +95,39 @@ impl<'a> FromIterator<&'a str> for NameList {
 
 impl<'a> IntoIterator for &'a NameList {
     type Item = &'a str;
-    type IntoIter = Box<dyn Iterator<Item = &'a str> + 'a>;
+    type IntoIter = NameIter<'a>;
 
-    fn into_iter(self) -> Self::IntoIter {
-        Box::new(self.iter())
+    fn into_iter(self) -> NameIter<'a> {
+        self.iter()
     }
 }
+
+/// The names of a [`NameList`], in order ([`NameList::iter`]).
+#[derive(Clone, Debug)]
+pub struct NameIter<'a> {
+    list: &'a NameList,
+    at: std::ops::Range<usize>,
+}
+
+impl<'a> Iterator for NameIter<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        self.at.next().map(|i| &self.list[i])
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.at.size_hint()
+    }
+}
+
+impl DoubleEndedIterator for NameIter<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        self.at.next_back().map(|i| &self.list[i])
+    }
+}
+
+impl ExactSizeIterator for NameIter<'_> {}
 
 impl fmt::Debug for NameList {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -84,8 +84,11 @@ pub struct UploadPlan {
 // Alignments, requests and slices come from callers: the layout's arithmetic is checked.
 #[deny(clippy::arithmetic_side_effects)]
 impl UploadPlan {
-    /// An empty plan; every tensor will start on a multiple of `alignment` (at least 1; CUDA
-    /// allocations are 256-byte aligned, so 256 keeps every tensor as aligned as its base).
+    /// An empty plan; every tensor will start on a multiple of `alignment`, taken as given
+    /// (at least 1): the unchecked constructor, for a caller that chose its alignment. Plans
+    /// made for a user's option go through [`alignment`] first (0: the default, 256, what CUDA
+    /// allocations are aligned to; else a power of two), as [`UploadPlan::of`] and both
+    /// bindings do: `UploadPlan::new(upload::alignment(asked)?)`.
     pub fn new(alignment: usize) -> UploadPlan {
         UploadPlan {
             alignment: alignment.max(1) as u64,
@@ -115,12 +118,14 @@ impl UploadPlan {
         requests: Option<&[Request]>,
         alignment: usize,
     ) -> Result<(UploadPlan, Vec<Arc<SafeFile>>)> {
+        // The alignment first: a bad one is refused before any shard is opened.
+        let alignment = self::alignment(alignment)?;
         let mut items = resolve(source, requests)?;
         match requests {
             Some(_) => items.sort_by_key(|it| it.request),
             None => items.sort_by(|a, b| a.name.cmp(&b.name)),
         }
-        let mut plan = UploadPlan::new(self::alignment(alignment)?);
+        let mut plan = UploadPlan::new(alignment);
         // The source's file numbers, renumbered densely in the order first used.
         let mut files: Vec<(usize, Arc<SafeFile>)> = Vec::new();
         for item in items {
