@@ -10,7 +10,8 @@
 //!
 //! Where hand-overs are too many to announce (the remote runtime: tokio's workers and its HTTP
 //! client pass buffers, tasks and connections among themselves), the runtime's threads ask the
-//! sanitizer to ignore them instead ([`ignore_this_thread`], `__tsan_ignore_thread_begin`).
+//! sanitizer to ignore them instead ([`ignore_this_thread`], `__tsan_ignore_thread_begin`), until
+//! they end ([`stop_ignoring_this_thread`]).
 
 use std::ffi::c_void;
 use std::sync::OnceLock;
@@ -52,18 +53,32 @@ pub fn acquire<T>(token: &T) {
 /// client), which hand memory between one another and to the caller through atomics the
 /// sanitizer never sees, so that a sanitized program would be told of hundreds of races that
 /// are not. The caller's own accesses are still checked. Nothing without the sanitizer.
+///
+/// A thread that calls this must call [`stop_ignoring_this_thread`] before it ends: the
+/// sanitizer stops the program when a thread ends with its accesses still ignored.
 pub fn ignore_this_thread() {
     static BEGIN: OnceLock<Option<Annotate0>> = OnceLock::new();
-    let begin = BEGIN.get_or_init(|| {
+    call0(&BEGIN, c"__tsan_ignore_thread_begin");
+}
+
+/// Ends what [`ignore_this_thread`] began, on the same thread, just before it ends.
+pub fn stop_ignoring_this_thread() {
+    static END: OnceLock<Option<Annotate0>> = OnceLock::new();
+    call0(&END, c"__tsan_ignore_thread_end");
+}
+
+/// Calls the sanitizer's argument-less annotation `name`, looked up once, where it exists.
+fn call0(found: &OnceLock<Option<Annotate0>>, name: &std::ffi::CStr) {
+    let f = found.get_or_init(|| {
         // SAFETY: as in `hooks`: a found symbol is the sanitizer's `void f(void)`.
         unsafe {
-            let f = libc::dlsym(libc::RTLD_DEFAULT, c"__tsan_ignore_thread_begin".as_ptr());
+            let f = libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr());
             (!f.is_null()).then(|| std::mem::transmute::<*mut c_void, Annotate0>(f))
         }
     });
-    if let Some(begin) = begin {
+    if let Some(f) = f {
         // SAFETY: the sanitizer's annotation for the calling thread, which takes no argument.
-        unsafe { begin() }
+        unsafe { f() }
     }
 }
 
@@ -83,6 +98,7 @@ mod tests {
         assert!(super::hooks().is_none());
         let token = 5u32;
         super::ignore_this_thread();
+        super::stop_ignoring_this_thread();
         super::acquire(&token);
         super::release(&token);
     }

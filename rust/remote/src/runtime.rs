@@ -29,8 +29,10 @@ fn build() -> std::result::Result<Runtime, String> {
         .worker_threads(WORKERS)
         .thread_name("safetensors-remote")
         // Uninstrumented threads that hand memory around through atomics: a
-        // ThreadSanitizer build of the caller ignores what they do (see `tsan`).
+        // ThreadSanitizer build of the caller ignores what they do (see `tsan`), up to their
+        // end (a blocking thread idle for a while ends; so do all when a runtime is dropped).
         .on_thread_start(safetensors_core::tsan::ignore_this_thread)
+        .on_thread_stop(safetensors_core::tsan::stop_ignoring_this_thread)
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the remote-read runtime: {e}"));

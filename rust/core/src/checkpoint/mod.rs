@@ -643,34 +643,13 @@ impl Checkpoint {
             .copied()
             .filter(|&i| i < self.shards.len() && !self.shard_is_open(i))
             .collect();
+        // Each shard on a thread of its own as the threads come free; joined one by one, so
+        // that a ThreadSanitizer build of the caller sees the headers the helpers parsed handed
+        // to it (see `on_tasks`). The first failure in task order: the lowest-numbered shard.
         let threads = parallelism().min(pending.len());
-        if threads <= 1 {
-            return pending.iter().try_for_each(|&i| self.shard(i).map(|_| ()));
-        }
-        let next = AtomicUsize::new(0);
-        let failed: Mutex<Option<(usize, Error)>> = Mutex::new(None);
-        std::thread::scope(|scope| {
-            for _ in 0..threads {
-                scope.spawn(|| loop {
-                    let k = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(&i) = pending.get(k) else {
-                        break;
-                    };
-                    if let Err(e) = self.shard(i) {
-                        let mut first = failed.lock().unwrap_or_else(|p| p.into_inner());
-                        if first.as_ref().is_none_or(|(j, _)| i < *j) {
-                            *first = Some((i, e));
-                        }
-                    }
-                });
-            }
-        });
-        // The scope joined every thread: what they opened is visible here (and, through the
-        // join, to a ThreadSanitizer build of the caller).
-        match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            Some((_, e)) => Err(e),
-            None => Ok(()),
-        }
+        crate::file::parallel::on_tasks(pending.len(), threads, |k| {
+            self.shard(pending[k]).map(|_| ())
+        })
     }
 
     /// Opens the shards from `first` on that a reader walking them in order will reach next:
