@@ -600,9 +600,11 @@ struct Link {
 };
 
 TEST(CudaUploadLink, StripedReadersKeepASlowLinkBusyFromItsFirstCopyToItsLast) {
-  // The emulated link at 0.1 GB/s, far slower than the readers and the emulator's own checks
-  // (even under a sanitizer on two busy cores): once the first copy starts, the link never
-  // waits for a chunk until the last one is done.
+  // The emulated link at 0.02 GB/s (~100 ms a 2 MiB chunk, with five chunks filled ahead), far
+  // slower than the readers and the emulator's own checks even under a sanitizer on two cores
+  // that other work keeps busy (at 0.1 GB/s a ThreadSanitizer run beside a benchmark once saw
+  // 89% busy): once the first copy starts, the link never waits for a chunk until the last one
+  // is done.
   Driver drv;
   if (!test::gpu_or_skip()) return;
   if (!drv.emulated()) GTEST_SKIP() << "needs the emulated driver's link";
@@ -612,7 +614,7 @@ TEST(CudaUploadLink, StripedReadersKeepASlowLinkBusyFromItsFirstCopyToItsLast) {
   ScopedEnv stripe("SAFETENSORS_UPLOAD_STRIPE", "512K");
   cuda::Uploader up(0, {.staging_slots = 6, .slot_bytes = 2u << 20, .readers = 4});
   EXPECT_TRUE(same_as_file(f, up.load(f)));  // reader threads started, pages warm
-  link.set_h2d(0.1);
+  link.set_h2d(0.02);
   drv.get<void (*)(unsigned)>("fakecuda_set_latency_us")(0);
   link.reset();
   auto t = up.load(f);
