@@ -3,9 +3,11 @@
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use safetensors_core::{Error, Indexer, OpenOptions, SafeFile, TensorInfo, DIRECT_ALIGN};
+use safetensors_core::{
+    Error, Indexer, MetadataList, OpenOptions, SafeFile, SortedNames, TensorInfo, DIRECT_ALIGN,
+};
 
 use crate::status::{guard, lent, lent_mut, Bytes, BytesMut, Fallback, Sizes, Status};
 use crate::status::{handed_over, native_path};
@@ -244,15 +246,13 @@ impl Fallback for TensorMeta {
     }
 }
 
-/// A metadata map as the sorted pairs C++ walks by index (out of range: "").
-pub struct Metadata(Vec<(String, String)>);
+/// A metadata map as the sorted pairs C++ walks by index (out of range: ""): the core's
+/// listing of it, in the core's order.
+pub struct Metadata(MetadataList);
 
 impl Metadata {
     pub(crate) fn new(map: Option<&BTreeMap<String, String>>) -> Metadata {
-        Metadata(
-            map.map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-                .unwrap_or_default(),
-        )
+        Metadata(MetadataList::of(map))
     }
     pub fn len(&self) -> usize {
         self.0.len()
@@ -273,7 +273,7 @@ impl Metadata {
 pub struct File {
     inner: Arc<SafeFile>,
     metadata: Metadata,
-    sorted: OnceLock<Vec<u32>>,
+    sorted: SortedNames,
 }
 
 /// A planned slice of one tensor.
@@ -316,7 +316,7 @@ impl File {
         File {
             inner,
             metadata,
-            sorted: OnceLock::new(),
+            sorted: SortedNames::new(),
         }
     }
 }
@@ -496,13 +496,11 @@ impl File {
     }
 
     pub fn sorted_names(&self, first: usize, out: NamesMut) {
-        // The cached order is published by a `OnceLock` inside this (uninstrumented) library.
-        // Handing C++ the names, which were written before the file was shared, in room of its
-        // own, rather than the cached slice, keeps ThreadSanitizer builds of C++ engines free
-        // of false reports.
-        let order = self
-            .sorted
-            .get_or_init(|| self.inner.header().sorted_positions());
+        // The core's name order, sorted once and published inside this (uninstrumented)
+        // library. Handing C++ the names, which were written before the file was shared, in
+        // room of its own, rather than the cached slice, keeps ThreadSanitizer builds of C++
+        // engines free of false reports.
+        let order = self.sorted.order(self.inner.header());
         // SAFETY: C++ lends the room for this call (`NamesMut`).
         let room = unsafe { lent_mut(out.data, out.len) };
         for (slot, &i) in room.iter_mut().zip(order.iter().skip(first)) {
