@@ -16,8 +16,9 @@ use crate::format::{LENGTH_PREFIX_SIZE, MAX_HEADER_SIZE, MAX_RANK, METADATA_KEY}
 /// A specialized `Result` for this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Everything that can go wrong reading, writing or slicing a safetensors file.
-#[derive(Debug)]
+/// Everything that can go wrong reading, writing or slicing a safetensors file. A clone is the
+/// same kind and the same message (see [`IoSource`]).
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Error {
     /// The input is shorter than the 8-byte header length prefix.
@@ -128,7 +129,7 @@ pub enum Error {
         /// What we were doing, e.g. "open" or "read".
         op: &'static str,
         /// The underlying error.
-        source: io::Error,
+        source: IoSource,
     },
     /// A sharded-checkpoint index (`*.safetensors.index.json`) is malformed.
     InvalidIndex {
@@ -557,7 +558,7 @@ impl Error {
         Error::Io {
             path: path.to_path_buf(),
             op,
-            source,
+            source: IoSource(source),
         }
     }
 }
@@ -915,190 +916,6 @@ impl fmt::Display for Error {
     }
 }
 
-/// A copy of an error, for state machines that report the same error to every later call
-/// (streams, prefetches, plans): the same kind and the same message. An `io::Error` is not
-/// `Clone`; its copy keeps the OS error code, or else the kind and the text.
-impl Clone for Error {
-    fn clone(&self) -> Self {
-        match self {
-            Error::HeaderTooSmall { len } => Error::HeaderTooSmall { len: *len },
-            Error::HeaderTooLarge {
-                header_len,
-                lfs_pointer,
-                writing,
-            } => Error::HeaderTooLarge {
-                header_len: *header_len,
-                lfs_pointer: *lfs_pointer,
-                writing: *writing,
-            },
-            Error::InvalidHeaderLength { header_len, len } => Error::InvalidHeaderLength {
-                header_len: *header_len,
-                len: *len,
-            },
-            Error::InvalidHeader { valid_up_to } => Error::InvalidHeader {
-                valid_up_to: *valid_up_to,
-            },
-            Error::InvalidHeaderDeserialization { message } => {
-                Error::InvalidHeaderDeserialization {
-                    message: message.clone(),
-                }
-            }
-            Error::InvalidOffset {
-                tensor,
-                data_offsets,
-                expected_begin,
-            } => Error::InvalidOffset {
-                tensor: tensor.clone(),
-                data_offsets: *data_offsets,
-                expected_begin: *expected_begin,
-            },
-            Error::ValidationOverflow { tensor, shape } => Error::ValidationOverflow {
-                tensor: tensor.clone(),
-                shape: shape.clone(),
-            },
-            Error::MisalignedSlice { tensor, reason } => Error::MisalignedSlice {
-                tensor: tensor.clone(),
-                reason: reason.clone(),
-            },
-            Error::TensorInvalidInfo {
-                tensor,
-                expected,
-                actual,
-            } => Error::TensorInvalidInfo {
-                tensor: tensor.clone(),
-                expected: *expected,
-                actual: *actual,
-            },
-            Error::RankTooLarge { tensor } => Error::RankTooLarge {
-                tensor: tensor.clone(),
-            },
-            Error::MetadataIncompleteBuffer { expected, actual } => {
-                Error::MetadataIncompleteBuffer {
-                    expected: *expected,
-                    actual: *actual,
-                }
-            }
-            Error::TensorNotFound { name } => Error::TensorNotFound { name: name.clone() },
-            Error::DuplicateKey { key, in_metadata } => Error::DuplicateKey {
-                key: key.clone(),
-                in_metadata: *in_metadata,
-            },
-            Error::InvalidTensorName { name } => Error::InvalidTensorName { name: name.clone() },
-            Error::InvalidSlice { tensor, reason } => Error::InvalidSlice {
-                tensor: tensor.clone(),
-                reason: reason.clone(),
-            },
-            Error::Io { path, op, source } => Error::Io {
-                path: path.clone(),
-                op,
-                source: clone_io(source),
-            },
-            Error::InvalidIndex { reason } => Error::InvalidIndex {
-                reason: reason.clone(),
-            },
-            Error::ShardMissing { shard, tensor } => Error::ShardMissing {
-                shard: shard.clone(),
-                tensor: tensor.clone(),
-            },
-            Error::ShardMismatch {
-                tensor,
-                found_in,
-                claimed_by,
-            } => Error::ShardMismatch {
-                tensor: tensor.clone(),
-                found_in: found_in.clone(),
-                claimed_by: claimed_by.clone(),
-            },
-            Error::InvalidShardPath { shard } => Error::InvalidShardPath {
-                shard: shard.clone(),
-            },
-            Error::Cuda { message } => Error::Cuda {
-                message: message.clone(),
-            },
-            Error::Conversion { from, to, reason } => Error::Conversion {
-                from: *from,
-                to: *to,
-                reason: reason.clone(),
-            },
-            Error::NotUtf8 {
-                field,
-                lossy,
-                offset,
-                byte,
-            } => Error::NotUtf8 {
-                field: *field,
-                lossy: lossy.clone(),
-                offset: *offset,
-                byte: *byte,
-            },
-            Error::InvalidDtypeValue { value, tensor } => Error::InvalidDtypeValue {
-                value: *value,
-                tensor: tensor.clone(),
-            },
-            Error::WrongBufferLength {
-                buffer,
-                expected,
-                actual,
-            } => Error::WrongBufferLength {
-                buffer,
-                expected: *expected,
-                actual: *actual,
-            },
-            Error::LayoutOverflow {
-                tensor,
-                placed,
-                len,
-                alignment,
-            } => Error::LayoutOverflow {
-                tensor: tensor.clone(),
-                placed: *placed,
-                len: *len,
-                alignment: *alignment,
-            },
-            Error::BudgetExceeded {
-                tensor,
-                held,
-                bound,
-                next,
-            } => Error::BudgetExceeded {
-                tensor: tensor.clone(),
-                held: *held,
-                bound: *bound,
-                next: *next,
-            },
-            Error::Piece { tensor, problem } => Error::Piece {
-                tensor: tensor.clone(),
-                problem: *problem,
-            },
-            Error::BadAlignment {
-                alignment,
-                reason,
-                upload,
-            } => Error::BadAlignment {
-                alignment: *alignment,
-                reason,
-                upload: *upload,
-            },
-            Error::OverlappingOutput {
-                call,
-                dst_len,
-                src_len,
-            } => Error::OverlappingOutput {
-                call: call.clone(),
-                dst_len: *dst_len,
-                src_len: *src_len,
-            },
-            Error::Internal { message } => Error::Internal {
-                message: message.clone(),
-            },
-            Error::InFile { path, source } => Error::InFile {
-                path: path.clone(),
-                source: source.clone(),
-            },
-        }
-    }
-}
-
 /// The message of an [`Error::Piece`].
 fn fmt_piece(f: &mut fmt::Formatter<'_>, tensor: &str, problem: &PieceProblem) -> fmt::Result {
     match *problem {
@@ -1152,17 +969,50 @@ fn fmt_piece(f: &mut fmt::Formatter<'_>, tensor: &str, problem: &PieceProblem) -
     }
 }
 
-fn clone_io(e: &io::Error) -> io::Error {
-    match e.raw_os_error() {
-        Some(code) => io::Error::from_raw_os_error(code),
-        None => io::Error::new(e.kind(), e.to_string()),
+/// The operating system's error inside an [`Error::Io`]: an `io::Error` (reached through
+/// `Deref`: `source.kind()`, `source.raw_os_error()`) that can be copied, so that [`Error`] is
+/// `Clone` for state machines that report the same error to every later call (streams,
+/// prefetches, plans). A copy keeps the OS error code, or else the kind and the text.
+pub struct IoSource(pub io::Error);
+
+impl Clone for IoSource {
+    fn clone(&self) -> Self {
+        IoSource(match self.0.raw_os_error() {
+            Some(code) => io::Error::from_raw_os_error(code),
+            None => io::Error::new(self.0.kind(), self.0.to_string()),
+        })
+    }
+}
+
+impl std::ops::Deref for IoSource {
+    type Target = io::Error;
+    fn deref(&self) -> &io::Error {
+        &self.0
+    }
+}
+
+impl From<io::Error> for IoSource {
+    fn from(e: io::Error) -> Self {
+        IoSource(e)
+    }
+}
+
+impl fmt::Debug for IoSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Display for IoSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
     }
 }
 
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::Io { source, .. } => Some(source),
+            Error::Io { source, .. } => Some(&source.0),
             Error::InFile { source, .. } => Some(source.as_ref()),
             _ => None,
         }

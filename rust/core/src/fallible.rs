@@ -21,7 +21,8 @@ pub fn out_of_memory(what: &str, bytes: u64) -> Error {
         source: io::Error::new(
             io::ErrorKind::OutOfMemory,
             format!("cannot allocate {bytes} bytes for {what} (out of memory)"),
-        ),
+        )
+        .into(),
     }
 }
 

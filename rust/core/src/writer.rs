@@ -182,7 +182,7 @@ pub(crate) fn noted(e: Error, note: &str) -> Error {
         Error::Io { path, op, source } => Error::Io {
             path,
             op,
-            source: io::Error::new(source.kind(), format!("{source}; {note}")),
+            source: io::Error::new(source.kind(), format!("{source}; {note}")).into(),
         },
         Error::InFile { path, source } => Error::InFile {
             path,

@@ -560,7 +560,7 @@ fn a_failed_delivery_stops_the_upload_and_waits_for_every_copy_and_release() {
                             return Err(Error::Io {
                                 path: "callback".into(),
                                 op: "consume",
-                                source: std::io::Error::other("stop here"),
+                                source: std::io::Error::other("stop here").into(),
                             });
                         }
                         let i = l.tensors.end - 1;

@@ -41,7 +41,7 @@ pub(super) fn read(path: &Path, index_name: &str) -> Result<OldIndex> {
     let text = read_regular(&real, "a checkpoint index", MAX_INDEX_SIZE).map_err(|e| {
         // Named as the user named it.
         match e {
-            Error::Io { op, source, .. } => Error::io(path, op, source),
+            Error::Io { op, source, .. } => Error::io(path, op, source.0),
             other => other,
         }
     })?;
