@@ -95,7 +95,7 @@ fn a_load_plan_of_a_strided_selection_is_one_step() {
     let need = Need {
         file: 0,
         begin: 0,
-        slice: f.plan_slice("t", &every_other()).unwrap(),
+        slice: f.plan_slice("t", &every_other()).unwrap().into(),
     };
     let mut out = vec![0u8; LEN / 2];
     let (plan, peak) = peak_during(|| {

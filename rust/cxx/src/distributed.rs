@@ -266,7 +266,7 @@ impl DistPlanBuilder {
             list.push(Need {
                 file: id,
                 begin: meta.begin as u64,
-                slice: plan.core().clone(),
+                slice: plan.shared(),
             });
             Ok(())
         })

@@ -278,7 +278,8 @@ pub struct File {
 
 /// A planned slice of one tensor.
 pub struct SlicePlan {
-    plan: safetensors_core::SlicePlan,
+    /// Shared with the multi-rank plans it is handed to (see `Need::slice`).
+    plan: Arc<safetensors_core::SlicePlan>,
     index: usize,
     begin: usize,
 }
@@ -558,7 +559,7 @@ impl File {
             let plan = safetensors_core::SlicePlan::new(&info, &indexers)
                 .map_err(|e| e.in_file(self.inner.path()))?;
             Ok(handed_over(SlicePlan {
-                plan,
+                plan: Arc::new(plan),
                 index,
                 begin: info.data_offsets.0,
             }))
@@ -717,9 +718,9 @@ impl SlicePlan {
             .map_or(0, |(lo, _)| (self.begin + lo) as u64)
     }
 
-    /// The core's plan.
-    pub(crate) fn core(&self) -> &safetensors_core::SlicePlan {
-        &self.plan
+    /// The core's plan, shared: for a multi-rank plan that keeps it.
+    pub(crate) fn shared(&self) -> Arc<safetensors_core::SlicePlan> {
+        Arc::clone(&self.plan)
     }
 
     /// Whether the slice is at most one contiguous run (so a view into the mapping can serve it).

@@ -17,7 +17,7 @@ fn need(file: usize, begin: u64, shape: &[usize], idx: &[Indexer]) -> Need {
     Need {
         file,
         begin,
-        slice: SlicePlan::new(&info, idx).unwrap(),
+        slice: SlicePlan::new(&info, idx).unwrap().into(),
     }
 }
 
