@@ -123,22 +123,28 @@ class LoadPlan {
     auto builder = ffi::new_dist_plan_builder(needs.size());
     shapes_.resize(needs.size());
     for (std::size_t r = 0; r < needs.size(); ++r) {
+      shapes_[r].reserve(needs[r].size());
       for (const auto& sel : needs[r]) {
         const auto* plan = detail::Access<Selection>::plan(sel).value();
         const auto& src = detail::Access<Selection>::open_file(sel);
         detail::attempt([&](ffi::Status& st) {
           builder->add_need(r, *src.file, *plan, st);
         }).throw_if_error();
-        shapes_[r].push_back({sel.name(), sel.dtype(), sel.shape()});
+        // The name is shared, not copied: a plan over many ranks holds one entry per tensor per rank.
+        shapes_[r].push_back({detail::Access<Selection>::shared_name(sel), sel.dtype(), sel.shape()});
       }
     }
     max_step_bytes_ = options.max_step_bytes;
     plan_ = detail::share(detail::adopt(detail::attempt([&](ffi::Status& st) {
                             return builder->build_plan(options.max_step_bytes, st);
                           })).value());
-    owners_.reserve(needs.size());
+    // One hold per run of selections from the same file (selections come file by file in
+    // practice), not one per selection.
     for (const auto& rank_needs : needs) {
-      for (const auto& sel : rank_needs) owners_.push_back(detail::Access<Selection>::open_file(sel).owner);
+      for (const auto& sel : rank_needs) {
+        const auto& owner = detail::Access<Selection>::open_file(sel).owner;
+        if (owners_.empty() || owners_.back() != owner) owners_.push_back(owner);
+      }
     }
   }
   explicit LoadPlan(const std::vector<std::vector<Selection>>& needs, LoadOptions options = {})
@@ -244,7 +250,7 @@ class LoadPlan {
   }
 
   struct Shape {
-    std::string name;
+    std::shared_ptr<const std::string> name;  // shared with the selection it came from
     Dtype dtype;
     std::vector<std::size_t> shape;
   };

@@ -70,15 +70,16 @@ struct DeviceLoad {
       const std::size_t padding = (alignment - end % alignment) % alignment;
       if (padding > SIZE_MAX - end || len > SIZE_MAX - end - padding) {
         raise(Status(ErrorKind::ValidationOverflow,
-                     "rank " + std::to_string(rank) + "'s tensor `" + sh.name + "` (" + std::to_string(len) +
-                         " bytes) does not fit after " + std::to_string(end) + " bytes " +
+                     "rank " + std::to_string(rank) + "'s tensor `" + detail::shared_name(sh.name) + "` (" +
+                         std::to_string(len) + " bytes) does not fit after " + std::to_string(end) +
+                         " bytes " +
                          (padding > SIZE_MAX - end || len <= SIZE_MAX - end
                               ? "on a multiple of the alignment, " + std::to_string(alignment) +
                                     " bytes: use a smaller alignment"
                               : "in one address space")));
       }
       const std::size_t offset = end + padding;
-      placements.push_back({sh.name, sh.dtype, sh.shape, offset, len});
+      placements.push_back({detail::shared_name(sh.name), sh.dtype, sh.shape, offset, len});
       end = offset + len;
     }
     auto stage =

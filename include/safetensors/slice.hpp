@@ -156,6 +156,12 @@ inline Expected<std::vector<ffi::SliceIndex>> raw_indices(std::span<const Index>
   }
   return raw;
 }
+
+/// A name held by a slice and its selections together; "" for a moved-from one.
+inline const std::string& shared_name(const std::shared_ptr<const std::string>& name) {
+  static const std::string none;
+  return name ? *name : none;
+}
 }  // namespace detail
 
 /// A contiguous byte run of a selection, relative to the start of the file's data buffer
@@ -172,7 +178,7 @@ class Selection {
   [[nodiscard]] Dtype dtype() const { return dtype_; }
   [[nodiscard]] const std::vector<std::size_t>& shape() const { return shape_; }
   /// The tensor this selects from.
-  [[nodiscard]] const std::string& name() const { return name_; }
+  [[nodiscard]] const std::string& name() const { return detail::shared_name(name_); }
   /// Bytes in the result.
   [[nodiscard]] std::size_t byte_size() const { return plan().byte_len(); }
 
@@ -225,7 +231,8 @@ class Selection {
   friend struct detail::Access<Selection>;
   friend class LoadPlan;  // reads the file and plan a selection came from
 
-  Selection(detail::OpenFile src, std::string name, Dtype dtype, ::rust::Box<ffi::SlicePlan> plan)
+  Selection(detail::OpenFile src, std::shared_ptr<const std::string> name, Dtype dtype,
+            ::rust::Box<ffi::SlicePlan> plan)
       : src_(std::move(src)), name_(std::move(name)), dtype_(dtype), plan_(detail::share(std::move(plan))) {
     auto s = plan_->shape();
     shape_.assign(s.data, s.data + s.len);
@@ -238,7 +245,9 @@ class Selection {
   }
 
   detail::OpenFile src_;
-  std::string name_;
+  /// Shared with the slice and every other selection of it: a plan over many ranks makes one
+  /// selection of each tensor per rank.
+  std::shared_ptr<const std::string> name_;
   Dtype dtype_;
   std::vector<std::size_t> shape_;
   std::shared_ptr<const ffi::SlicePlan> plan_;
@@ -247,10 +256,13 @@ class Selection {
 namespace detail {
 template <>
 struct Access<Selection> {
-  static Selection make(OpenFile src, std::string name, Dtype dtype, ::rust::Box<ffi::SlicePlan> plan) {
+  static Selection make(OpenFile src, std::shared_ptr<const std::string> name, Dtype dtype,
+                        ::rust::Box<ffi::SlicePlan> plan) {
     return Selection(std::move(src), std::move(name), dtype, std::move(plan));
   }
   static const OpenFile& open_file(const Selection& s) { return s.src_; }
+  /// The name as the selection shares it (null for a moved-from one).
+  static const std::shared_ptr<const std::string>& shared_name(const Selection& s) { return s.name_; }
   /// The plan, or `Internal` for a moved-from Selection.
   static Expected<const ffi::SlicePlan*> plan(const Selection& s) {
     if (!s.plan_) return moved_from("Selection");
@@ -267,7 +279,7 @@ struct Access<Selection> {
 ///   cols.read_into(my_buffer);   // or: TensorView v = cols.read();
 class Slice {
  public:
-  [[nodiscard]] const std::string& name() const { return name_; }
+  [[nodiscard]] const std::string& name() const { return detail::shared_name(name_); }
   [[nodiscard]] Dtype dtype() const { return dtype_; }
   [[nodiscard]] const std::vector<std::size_t>& shape() const { return shape_; }
 
@@ -289,13 +301,13 @@ class Slice {
   friend struct detail::Access<Slice>;
   Slice(detail::OpenFile src, std::string_view name, const ffi::TensorMeta& m)
       : src_(std::move(src)),
-        name_(name),
+        name_(std::make_shared<const std::string>(name)),
         index_(m.index),
         dtype_(static_cast<Dtype>(m.dtype)),
         shape_(src_.shape_of(m)) {}
 
   detail::OpenFile src_;
-  std::string name_;
+  std::shared_ptr<const std::string> name_;  // shared with its selections
   std::size_t index_ = 0;
   Dtype dtype_{};
   std::vector<std::size_t> shape_;
@@ -315,7 +327,8 @@ struct Access<Slice> {
     if (!s.src_.owner) return moved_from("Slice");
     for (std::size_t k = 0; k < indices.size(); ++k) {
       if (!Access<Index>::fits(indices[k])) {
-        return Status(ErrorKind::InvalidSlice, "index " + std::to_string(k) + " of the slice of `" + s.name_ +
+        return Status(ErrorKind::InvalidSlice, "index " + std::to_string(k) + " of the slice of `" +
+                                                   s.name() +
                                                    "` does not fit in a signed 64-bit integer (above 2^63 - "
                                                    "1, for example SIZE_MAX); its shape is " +
                                                    shape_text(s.shape_));
