@@ -131,7 +131,8 @@ class LoadPlan {
           builder->add_need(r, *src.file, *plan, st);
         }).throw_if_error();
         // The name is shared, not copied: a plan over many ranks holds one entry per tensor per rank.
-        shapes_[r].push_back({detail::Access<Selection>::shared_name(sel), sel.dtype(), sel.shape()});
+        shapes_[r].push_back({detail::Access<Selection>::shared_name(sel), sel.dtype(),
+                              detail::Access<Selection>::shared_plan(sel)});
       }
     }
     max_step_bytes_ = options.max_step_bytes;
@@ -229,7 +230,7 @@ class LoadPlan {
     for (std::size_t i = 0; i < lens.size(); ++i) {
       const auto& sh = shapes_[rank][i];
       std::span<const std::byte> data{buffers[i].get(), static_cast<std::size_t>(lens[i])};
-      out.push_back(TensorView{sh.dtype, sh.shape, data, std::move(buffers[i])});
+      out.push_back(TensorView{sh.dtype, sh.shape(), data, std::move(buffers[i])});
     }
     return out;
   }
@@ -249,10 +250,16 @@ class LoadPlan {
     return rank;
   }
 
+  /// What a request gives back, shared with the selection it came from (not copied: a plan
+  /// over many ranks holds one per tensor per rank).
   struct Shape {
-    std::shared_ptr<const std::string> name;  // shared with the selection it came from
+    std::shared_ptr<const std::string> name;
     Dtype dtype;
-    std::vector<std::size_t> shape;
+    std::shared_ptr<const ffi::SlicePlan> plan;  // its shape is the result's
+    [[nodiscard]] std::vector<std::size_t> shape() const {
+      const auto s = plan->shape();
+      return {s.data, s.data + s.len};
+    }
   };
   std::shared_ptr<const ffi::DistPlan> plan_;
   std::size_t max_step_bytes_ = 0;

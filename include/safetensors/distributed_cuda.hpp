@@ -79,7 +79,7 @@ struct DeviceLoad {
                               : "in one address space")));
       }
       const std::size_t offset = end + padding;
-      placements.push_back({detail::shared_name(sh.name), sh.dtype, sh.shape, offset, len});
+      placements.push_back({detail::shared_name(sh.name), sh.dtype, sh.shape(), offset, len});
       end = offset + len;
     }
     auto stage =

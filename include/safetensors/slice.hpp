@@ -263,6 +263,8 @@ struct Access<Selection> {
   static const OpenFile& open_file(const Selection& s) { return s.src_; }
   /// The name as the selection shares it (null for a moved-from one).
   static const std::shared_ptr<const std::string>& shared_name(const Selection& s) { return s.name_; }
+  /// The plan as the selection shares it (null for a moved-from one).
+  static const std::shared_ptr<const ffi::SlicePlan>& shared_plan(const Selection& s) { return s.plan_; }
   /// The plan, or `Internal` for a moved-from Selection.
   static Expected<const ffi::SlicePlan*> plan(const Selection& s) {
     if (!s.plan_) return moved_from("Selection");
@@ -337,7 +339,17 @@ struct Access<Slice> {
     auto raw = raw_indices(indices);
     if (!raw) return raw.status();
     const ffi::SliceIndices r{raw->data(), raw->size()};
-    auto plan = adopt(attempt([&](ffi::Status& st) { return s.src_.file->plan_slice(s.index_, r, st); }));
+    return select_by(s, [&](const ffi::File& f, std::size_t index, ffi::Status& st) {
+      return f.plan_slice(index, r, st);
+    });
+  }
+
+  /// The selection whose plan `plan_of(file, tensor index, status)` makes (a raw plan the
+  /// caller adopts; null on failure): how the tensor-parallel rules select in one bridge call.
+  template <class PlanOf>
+  static Expected<Selection> select_by(const Slice& s, PlanOf&& plan_of) {
+    if (!s.src_.owner) return moved_from("Slice");
+    auto plan = adopt(attempt([&](ffi::Status& st) { return plan_of(*s.src_.file, s.index_, st); }));
     if (!plan) return plan.status();
     return Access<Selection>::make(s.src_, s.name_, s.dtype_, std::move(*plan));
   }

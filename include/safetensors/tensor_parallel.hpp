@@ -44,21 +44,9 @@ struct QkvSelection {
 
 namespace detail {
 inline Selection tp_select(const Slice& s, const ffi::TpRule& rule) {
-  ::rust::Slice<const std::size_t> shape{s.shape().data(), s.shape().size()};
-  auto raw = attempt([&](ffi::Status& st) {
-               return ffi::tp_indices(slice_bytes(s.name()), shape, rule, st);
-             }).value();
-  std::vector<Index> idx;
-  idx.reserve(raw.size());
-  for (const auto& r : raw) {
-    if (r.kind == ffi::SliceKind::Select) {
-      idx.emplace_back(r.start);
-    } else {
-      idx.push_back(Index::range(r.has_start ? std::optional<std::int64_t>(r.start) : std::nullopt,
-                                 r.has_stop ? std::optional<std::int64_t>(r.stop) : std::nullopt, r.step));
-    }
-  }
-  return s.select(std::span<const Index>(idx.data(), idx.size()));
+  return Access<Slice>::select_by(s, [&](const ffi::File& f, std::size_t index,
+                                         ffi::Status& st) { return ffi::plan_tp(f, index, rule, st); })
+      .value();
 }
 inline ffi::TpRule tp_rule(ffi::TpKind kind, std::size_t rank, std::size_t world) {
   return ffi::TpRule{kind, 0, rank, world, false, 0, 0, 0, ffi::Projection::Q, false};

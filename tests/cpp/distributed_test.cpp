@@ -244,6 +244,13 @@ TEST_F(Layer, IndivisibleSharesAreTypedErrors) {
     EXPECT_EQ(e.kind(), ErrorKind::InvalidSlice);
     EXPECT_NE(std::string(e.what()).find("col.weight"), std::string::npos) << e.what();
   }
+  // A moved-from slice is `Internal` under every rule, as `select` says, before any rule runs.
+  auto s = f.get_slice("col.weight");
+  auto kept = std::move(s);
+  // NOLINTNEXTLINE(bugprone-use-after-move)
+  EXPECT_EQ(kind_of([&] { (void)column_parallel(s, 0, 2); }), ErrorKind::Internal);
+  EXPECT_EQ(kind_of([&] { (void)qkv_shard(s, gqa, 0, 2); }), ErrorKind::Internal);
+  EXPECT_EQ(column_parallel(kept, 0, 2).shape(), (std::vector<std::size_t>{4, 6}));
 }
 
 TEST_F(Layer, HeadGeometriesWhoseRowsOverflowAreRefusedAtEveryWorld) {

@@ -9,10 +9,10 @@ use safetensors_core::distributed::{
 };
 use safetensors_core::{fallible, read_many, Error, Indexer, SafeFile};
 
-use crate::file::{slice_index, File, SlicePlan};
+use crate::file::{File, SlicePlan};
 use crate::status::handed_over;
 use crate::status::{guard, Status};
-use ffi::{DistPart, DistPiece, DistStep, Projection, SliceIndex, TpKind, TpRule};
+use ffi::{DistPart, DistPiece, DistStep, Projection, TpKind, TpRule};
 
 #[cxx::bridge(namespace = "safetensors::ffi")]
 pub mod ffi {
@@ -20,7 +20,6 @@ pub mod ffi {
         include!("safetensors/ffi/src/status.rs.h");
         include!("safetensors/ffi/src/file.rs.h");
         type Status = crate::status::ffi::Status;
-        type SliceIndex = crate::file::ffi::SliceIndex;
         type File = crate::file::File;
         type SlicePlan = crate::file::SlicePlan;
     }
@@ -90,13 +89,10 @@ pub mod ffi {
     }
 
     extern "Rust" {
-        /// The selection a tensor-parallel rule gives a tensor `name` of `shape`.
-        fn tp_indices(
-            name: &[u8],
-            shape: &[usize],
-            rule: &TpRule,
-            status: &mut Status,
-        ) -> Vec<SliceIndex>;
+        /// The plan of the selection a tensor-parallel rule gives the tensor at `index` of
+        /// `file`: the rule's indices and the slice plan in one call. Null on failure.
+        fn plan_tp(file: &File, index: usize, rule: &TpRule, status: &mut Status)
+            -> *mut SlicePlan;
 
         /// Every rank's selections, before planning.
         type DistPlanBuilder;
@@ -170,32 +166,30 @@ pub mod ffi {
     }
 
     impl Box<DistPlan> {}
-    // The tensor-parallel rules return selections as vectors of `SliceIndex`: their glue is
-    // generated here rather than in the file bridge, whose header the reading headers include.
-    impl Vec<SliceIndex> {}
 }
 
-/// The selection `rule` gives a tensor named `name` of `shape`.
-pub fn tp_indices(
-    name: &[u8],
-    shape: &[usize],
-    rule: &TpRule,
-    status: &mut Status,
-) -> Vec<SliceIndex> {
+/// The slice plan of the selection `rule` gives the tensor at `index` of `file`: the core's
+/// rule and the core's plan, with no indices crossing to C++ and back.
+pub fn plan_tp(file: &File, index: usize, rule: &TpRule, status: &mut Status) -> *mut SlicePlan {
     guard(status, || {
-        let name = String::from_utf8_lossy(name);
-        let split = if rule.uneven {
-            Split::Uneven
-        } else {
-            Split::Even
-        };
-        let indexers = match rule.kind {
-            TpKind::Split => shard_indexers(&name, shape, rule.dim, rule.rank, rule.world, split)?,
-            TpKind::Attention => rule_qkv_indexers(&name, shape, rule)?,
-            TpKind { repr } => return Err(unknown("rule kind", repr)),
-        };
-        Ok(indexers.into_iter().map(slice_index).collect())
+        let info = file.tensor_at(index)?;
+        let indexers = tp_indexers(info.name, info.shape, rule)?;
+        file.plan_of(index, &info, &indexers)
     })
+}
+
+/// The indices a tensor-parallel rule gives a tensor `name` of `shape`.
+fn tp_indexers(name: &str, shape: &[usize], rule: &TpRule) -> Result<Vec<Indexer>, Error> {
+    let split = if rule.uneven {
+        Split::Uneven
+    } else {
+        Split::Even
+    };
+    match rule.kind {
+        TpKind::Split => shard_indexers(name, shape, rule.dim, rule.rank, rule.world, split),
+        TpKind::Attention => rule_qkv_indexers(name, shape, rule),
+        TpKind { repr } => Err(unknown("rule kind", repr)),
+    }
 }
 
 /// The attention rule of `rule`.
@@ -451,7 +445,6 @@ mod tests {
     use safetensors_core::ErrorKind;
 
     use super::*;
-    use crate::status::outcome;
 
     fn rule(kind: TpKind, projection: Projection) -> TpRule {
         TpRule {
@@ -473,21 +466,13 @@ mod tests {
     #[test]
     fn rule_codes_that_name_none_are_errors_not_guesses() {
         let shape = [8usize, 3];
-        let err =
-            outcome(|s| tp_indices(b"w", &shape, &rule(TpKind { repr: 5 }, Projection::Q), s))
-                .unwrap_err();
-        assert_eq!(err.kind, ErrorKind::InvalidSlice as u8, "{}", err.message);
-        assert!(err.message.contains("rule kind value 5"), "{}", err.message);
+        let err = tp_indexers("w", &shape, &rule(TpKind { repr: 5 }, Projection::Q)).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidSlice, "{err}");
+        assert!(err.to_string().contains("rule kind value 5"), "{err}");
         let attention = TpKind::Attention;
-        let err =
-            outcome(|s| tp_indices(b"w", &shape, &rule(attention, Projection { repr: 3 }), s))
-                .unwrap_err();
-        assert!(
-            err.message.contains("projection value 3"),
-            "{}",
-            err.message
-        );
-        let split = outcome(|s| tp_indices(b"w", &shape, &rule(TpKind::Split, Projection::Q), s));
+        let err = tp_indexers("w", &shape, &rule(attention, Projection { repr: 3 })).unwrap_err();
+        assert!(err.to_string().contains("projection value 3"), "{err}");
+        let split = tp_indexers("w", &shape, &rule(TpKind::Split, Projection::Q));
         assert_eq!(split.unwrap().len(), shape.len());
     }
 }

@@ -556,14 +556,24 @@ impl File {
         guard(status, || {
             let info = self.tensor_at(index)?;
             let indexers = self::indexers(indexers)?;
-            let plan = safetensors_core::SlicePlan::new(&info, &indexers)
-                .map_err(|e| e.in_file(self.inner.path()))?;
-            Ok(handed_over(SlicePlan {
-                plan: Arc::new(plan),
-                index,
-                begin: info.data_offsets.0,
-            }))
+            self.plan_of(index, &info, &indexers)
         })
+    }
+
+    /// The plan of `indexers` over the tensor `info` at `index`, handed over to C++.
+    pub(crate) fn plan_of(
+        &self,
+        index: usize,
+        info: &TensorInfo<'_>,
+        indexers: &[Indexer],
+    ) -> Result<*mut SlicePlan, Error> {
+        let plan = safetensors_core::SlicePlan::new(info, indexers)
+            .map_err(|e| e.in_file(self.inner.path()))?;
+        Ok(handed_over(SlicePlan {
+            plan: Arc::new(plan),
+            index,
+            begin: info.data_offsets.0,
+        }))
     }
 
     pub fn read_slice(&self, plan: &SlicePlan, mut dst: BytesMut, status: &mut Status) {
@@ -575,7 +585,7 @@ impl File {
         })
     }
 
-    fn tensor_at(&self, index: usize) -> Result<TensorInfo<'_>, Error> {
+    pub(crate) fn tensor_at(&self, index: usize) -> Result<TensorInfo<'_>, Error> {
         self.inner
             .header()
             .at(index)
@@ -640,28 +650,6 @@ pub(crate) fn indexer(i: &SliceIndex) -> Result<Indexer, Error> {
 /// The core's indexers of a request.
 pub(crate) fn indexers(indices: &[SliceIndex]) -> Result<Vec<Indexer>, Error> {
     indices.iter().map(indexer).collect()
-}
-
-/// An indexer as C++ takes it back (the tensor-parallel rules' selections).
-pub(crate) fn slice_index(i: Indexer) -> SliceIndex {
-    match i {
-        Indexer::Select(p) => SliceIndex {
-            kind: SliceKind::Select,
-            start: p,
-            stop: 0,
-            step: 1,
-            has_start: true,
-            has_stop: false,
-        },
-        Indexer::Range { start, stop, step } => SliceIndex {
-            kind: SliceKind::Range,
-            start: start.unwrap_or(0),
-            stop: stop.unwrap_or(0),
-            step,
-            has_start: start.is_some(),
-            has_stop: stop.is_some(),
-        },
-    }
 }
 
 impl SlicePlan {
