@@ -3,7 +3,6 @@
 
 #include "safetensors/abi.hpp"
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -215,25 +214,12 @@ class Checkpoint {
  private:
   friend struct detail::Access<Checkpoint>;
 
-  // The Rust side already opens each shard once, under its own lock. That lock lives in code
-  // the user's ThreadSanitizer build does not instrument, so the order between one thread
-  // opening a shard and another reading it would be invisible there and reported as a race.
-  // Each shard is therefore published again here, through a C++ atomic (one acquire load per
-  // lookup) and a per-shard lock for the first open: an atomic flag taken with an acquire
-  // exchange, waited on with C++20's `atomic::wait` and given back with a release store, which
-  // orders the opener's work before every later taker as a mutex would, without `<mutex>` (and
-  // the `<chrono>` it brings) in every translation unit that includes this header.
-  // (One array of both, not two arrays: one `std::unique_ptr` instantiation fewer for every
-  // translation unit that includes this header.)
+  // The Rust side opens each shard once, under its own lock, and announces the hand-over of an
+  // opened shard to a ThreadSanitizer build of this program itself (`safetensors_core::tsan`):
+  // nothing here needs to publish shards again.
   struct Handle {
-    struct Shard {
-      std::atomic<const ffi::File*> file{nullptr};
-      std::atomic<bool> opening{false};
-    };
-    explicit Handle(::rust::Box<ffi::Checkpoint> c)
-        : ckpt(std::move(c)), shards(std::make_unique<Shard[]>(ckpt->shard_count())) {}
+    explicit Handle(::rust::Box<ffi::Checkpoint> c) : ckpt(std::move(c)) {}
     ::rust::Box<ffi::Checkpoint> ckpt;
-    std::unique_ptr<Shard[]> shards;
   };
 
   explicit Checkpoint(std::shared_ptr<const Handle> state) : state_(std::move(state)) {}
@@ -293,29 +279,18 @@ struct Access<Checkpoint> {
     std::size_t entry;
   };
 
-  /// The open shard holding `name` and the tensor's entry in it: the shard is opened (once)
-  /// and published through C++ atomics so that ThreadSanitizer sees the ordering (the Rust core
-  /// is not instrumented). Once the shard is open this is one plain call (a hash probe in the
-  /// core) and one atomic load; the first lookup of a shard's tensor opens it and asks again.
+  /// The open shard holding `name` and the tensor's entry in it, the shard opened (once) on
+  /// first use. Once the shard is open this is one call: a hash probe in the core and a load.
   /// In lenient mode a listed tensor its shard lacks is `ShardMissing` here.
   static Expected<Placed> place(const Checkpoint& ckpt, std::string_view name) {
     if (!ckpt.state_) return moved_from("Checkpoint");
     const auto& h = *ckpt.state_;
     const ffi::Checkpoint& c = *h.ckpt;
     for (int tries = 0; tries < 2; ++tries) {
-      if (const std::int64_t at = c.find(bytes(name)); at >= 0) {
-        const auto shard = static_cast<std::size_t>(at >> 32);
-        const auto entry = static_cast<std::size_t>(at & 0xffffffff);
-        const ffi::File* file = h.shards[shard].file.load(std::memory_order_acquire);
-        if (file == nullptr) {
-          auto opened = open_shard(h, shard);
-          if (!opened) return opened.status();
-          file = *opened;
-        }
-        return Placed{file, entry};
-      }
+      std::size_t entry = 0;
+      if (const ffi::File* file = c.find_open(bytes(name), entry)) return Placed{file, entry};
       // Not listed, not open yet, or (lenient) missing from its shard: the core says which,
-      // with the error that names the file, and the shard is opened through `open_shard`.
+      // with the error that names the file, and the shard is opened.
       auto shard = attempt([&](ffi::Status& st) { return c.shard_of(bytes(name), st); });
       if (!shard) return shard.status();
       if (auto opened = open_shard(h, *shard); !opened) return opened.status();
@@ -349,14 +324,14 @@ struct Access<Checkpoint> {
                       {m.begin, m.end}};
   }
 
-  /// Shard `shard` as a source, opened through `open_shard`; `ShardMissing` past the last one.
+  /// Shard `shard` as a source, opened on first use; `ShardMissing` past the last one.
   static Expected<OpenFile> shard_source(const Checkpoint& ckpt, std::size_t index) {
     auto f = shard(ckpt, index);
     if (!f) return f.status();
     return OpenFile::of(**f, ckpt.state_);
   }
 
-  /// Shard `shard`, opened through `open_shard`; `ShardMissing` past the last one.
+  /// Shard `shard`, opened on first use; `ShardMissing` past the last one.
   static Expected<const ffi::File*> shard(const Checkpoint& ckpt, std::size_t shard) {
     if (!ckpt.state_) return moved_from("Checkpoint");
     std::size_t count = ckpt.state_->ckpt->shard_count();
@@ -367,44 +342,16 @@ struct Access<Checkpoint> {
     return open_shard(*ckpt.state_, shard);
   }
 
-  /// Opens every shard through `open_shard`, before asking the Rust side a question about all
-  /// of them (`missing`, `trailing_bytes`), so that ThreadSanitizer sees those opens ordered
-  /// too.
+  /// Opens every shard, several at once (the core's `open_all_shards`), before a question about
+  /// all of them (`missing`, `trailing_bytes`).
   static Status open_every_shard(const Checkpoint& ckpt) {
     if (!ckpt.state_) return moved_from("Checkpoint");
-    // Opened by the core, several at once; then each published here.
-    if (auto opened = attempt([&](ffi::Status& st) { ckpt.state_->ckpt->open_all_shards(st); });
-        !opened.ok()) {
-      return opened;
-    }
-    for (std::size_t i = 0; i < ckpt.state_->ckpt->shard_count(); ++i) {
-      if (auto opened = open_shard(*ckpt.state_, i); !opened) return opened.status();
-    }
-    return {};
+    return attempt([&](ffi::Status& st) { ckpt.state_->ckpt->open_all_shards(st); });
   }
 
-  /// Shard `shard`, opened once and published through the handle's atomics.
+  /// Shard `shard`, opened on first use (once: the core's lock).
   static Expected<const ffi::File*> open_shard(const Checkpoint::Handle& h, std::size_t shard) {
-    auto& slot = h.shards[shard].file;
-    const ffi::File* file = slot.load(std::memory_order_acquire);
-    if (file != nullptr) return file;
-    auto& opening = h.shards[shard].opening;
-    while (opening.exchange(true, std::memory_order_acquire)) opening.wait(true, std::memory_order_relaxed);
-    struct Unlock {  // given back on every path out, and the waiters woken
-      std::atomic<bool>& flag;
-      ~Unlock() {
-        flag.store(false, std::memory_order_release);
-        flag.notify_all();
-      }
-    } unlock{opening};
-    file = slot.load(std::memory_order_relaxed);
-    if (file == nullptr) {
-      auto opened = attempt([&](ffi::Status& st) { return h.ckpt->shard_file(shard, st); });
-      if (!opened) return opened.status();
-      file = *opened;
-      slot.store(file, std::memory_order_release);
-    }
-    return file;
+    return attempt([&](ffi::Status& st) { return h.ckpt->shard_file(shard, st); });
   }
 };
 

@@ -108,18 +108,12 @@ inline Expected<::rust::Box<ffi::Source>> bridge_source(const SafeOpen& file, co
   return ffi::source_of_file(*(*f)->file);
 }
 
-/// The bridge's source for a checkpoint, with the shards `requests` touches (from the index
-/// alone) opened first through the C++ side's own publication (see `Access<Checkpoint>`), so that
-/// ThreadSanitizer sees those opens ordered too. A shard that fails to open is left to the call
-/// that needs it, which reports the error of the first request it cannot serve.
-inline Expected<::rust::Box<ffi::Source>> bridge_source(const Checkpoint& ckpt,
-                                                        const ffi::RequestList& requests) {
+/// The bridge's source for a checkpoint: the core opens the shards the requests touch as it
+/// reads them (and announces each opened shard's hand-over to a ThreadSanitizer build itself).
+inline Expected<::rust::Box<ffi::Source>> bridge_source(const Checkpoint& ckpt, const ffi::RequestList&) {
   auto c = Access<Checkpoint>::checkpoint(ckpt);
   if (!c) return c.status();
-  auto source = ffi::source_of_checkpoint(**c);
-  auto shards = source->files_for(requests);
-  for (std::size_t k = 0; k < shards.size(); ++k) (void)Access<Checkpoint>::shard(ckpt, shards.data()[k]);
-  return source;
+  return ffi::source_of_checkpoint(**c);
 }
 
 /// What `requests` of `from` reads, as the bridge takes it: the one door every reading

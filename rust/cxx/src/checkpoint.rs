@@ -3,7 +3,7 @@
 use std::os::unix::ffi::OsStrExt;
 use std::sync::{Arc, OnceLock};
 
-use safetensors_core::{CheckpointOptions, Error};
+use safetensors_core::{tsan, CheckpointOptions, Error};
 
 use crate::file::{backend, populate, File, Metadata};
 use crate::status::{guard, Bytes, Sizes, Status};
@@ -54,11 +54,11 @@ pub mod ffi {
         fn position(self: &Checkpoint, name: Bytes) -> isize;
         /// The shard holding `name`, or `TensorNotFound`.
         fn shard_of(self: &Checkpoint, name: Bytes, status: &mut Status) -> usize;
-        /// Where `name` is, when its shard is open and holds it: `(shard << 32) | entry` (the
-        /// tensor's position in the shard's offset order). -1 when the index does not list it,
-        /// -2 when its shard is not open yet or lacks it (ask `shard_holding` for the error).
-        /// No status, no lock: the lookup of every tensor once its shard is open.
-        fn find(self: &Checkpoint, name: Bytes) -> i64;
+        /// The open shard holding `name`, with the tensor's position in the shard's offset
+        /// order in `entry`; null (and `entry` untouched) when the index does not list it, its
+        /// shard is not open yet or (lenient) lacks it: `shard_of` and `shard_holding` say
+        /// which. No status, no lock: the lookup of every tensor once its shard is open.
+        fn find_open(self: &Checkpoint, name: Bytes, entry: &mut usize) -> *const File;
         /// The entries of shard `shard` (open) that the index assigns to it, ascending; empty
         /// for a shard not open yet. They live as long as the checkpoint.
         fn shard_entries(self: &Checkpoint, shard: usize) -> Sizes;
@@ -184,15 +184,20 @@ impl Checkpoint {
         })
     }
 
-    pub fn find(&self, name: Bytes) -> i64 {
+    pub fn find_open(&self, name: Bytes, entry: &mut usize) -> *const File {
         // SAFETY: C++ lends the name for this call (`detail::bytes`).
         let name = unsafe { name.get() };
-        match self.inner.find(name) {
-            Some(safetensors_core::Found::At { shard, entry }) => {
-                ((shard as i64) << 32) | entry as i64
+        let Some(safetensors_core::Found::At { shard, entry: at }) = self.inner.find(name) else {
+            return std::ptr::null();
+        };
+        // Null when the core opened the shard (several at once) but no caller has asked for it
+        // here yet: the caller asks `shard_file`, which makes its wrapper.
+        match self.opened(shard) {
+            Some(file) => {
+                *entry = at;
+                file
             }
-            Some(_) => -2,
-            None => -1,
+            None => std::ptr::null(),
         }
     }
 
@@ -223,9 +228,34 @@ impl Checkpoint {
 
     /// Shard `shard`, opened on first use (and checked against the index), as the bridge wraps
     /// it.
+    ///
+    /// The core announces its own hand-over of an opened shard to a ThreadSanitizer build of
+    /// the caller (`safetensors_core::tsan`); the wrapper made here (its metadata list, which
+    /// C++ reads in place) is announced the same way: the thread that publishes it releases
+    /// the slot, every thread that gets it acquires it, the one that made it included.
     pub(crate) fn shard(&self, shard: usize) -> Result<&File, Error> {
-        let file = self.inner.shard(shard)?;
-        Ok(self.files[shard].get_or_init(|| File::wrap(file.clone())))
+        let slot = self.files.get(shard).ok_or_else(|| Error::InvalidIndex {
+            reason: format!("no shard {shard}; the index names {}", self.files.len()),
+        })?;
+        if let Some(file) = self.opened(shard) {
+            return Ok(file);
+        }
+        let made = File::wrap(self.inner.shard(shard)?.clone());
+        tsan::release(slot);
+        let file = slot.get_or_init(|| made);
+        tsan::acquire(slot);
+        Ok(file)
+    }
+
+    /// The bridge wrapper of shard `shard` when made, announced to a sanitized caller (see
+    /// `shard`).
+    fn opened(&self, shard: usize) -> Option<&File> {
+        let slot = self.files.get(shard)?;
+        let file = slot.get();
+        if file.is_some() {
+            tsan::acquire(slot);
+        }
+        file
     }
 
     /// [`Checkpoint::shard_of`], then the shard opened and (lenient mode) checked to hold it.

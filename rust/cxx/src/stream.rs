@@ -63,10 +63,6 @@ pub mod ffi {
         fn source_of_file(file: &File) -> Box<Source>;
         /// A checkpoint's shards, numbered as the checkpoint numbers them.
         fn source_of_checkpoint(ckpt: &Checkpoint) -> Box<Source>;
-        /// The files `requests` touches, by number, from the index alone (every file for every
-        /// tensor): C++ opens a checkpoint's shards first, through its own synchronisation (see
-        /// checkpoint.hpp). A file: `[0]`.
-        fn files_for(self: &Source, requests: &RequestList) -> Vec<usize>;
 
         /// What a prefetch, advice, stream or upload reads: every tensor, or requests.
         #[derive(ExternType)]
@@ -209,30 +205,6 @@ impl Source {
                 .filter(|&i| c.shard_is_open(i))
                 .try_for_each(|i| f(c.shard(i)?)),
         }
-    }
-
-    pub fn files_for(&self, requests: &RequestList) -> Vec<usize> {
-        let ckpt = match &self.from {
-            From::File(_) => return vec![0],
-            From::Checkpoint(c) => c,
-        };
-        let count = ckpt.shard_count();
-        if requests.all {
-            return (0..count).collect();
-        }
-        let mut shards: Vec<usize> = requests
-            .wanted
-            .iter()
-            .flat_map(|w| {
-                let listed = std::str::from_utf8(&w.name)
-                    .ok()
-                    .and_then(|n| ckpt.shard_of(n).ok());
-                listed.into_iter().chain(w.file.filter(|&f| f < count))
-            })
-            .collect();
-        shards.sort_unstable();
-        shards.dedup();
-        shards
     }
 }
 

@@ -100,6 +100,28 @@ impl Shard {
             opening: Mutex::new(()),
         }
     }
+
+    /// The file, once open. Every way out of the core to an open shard goes through here or
+    /// [`Shard::publish`]: the thread that opened it (a caller's, or a helper of
+    /// [`Checkpoint::open_shards`]) announced its work to a sanitized program just before
+    /// publishing it, and this announces the hand-over to the thread that gets it, so that a
+    /// ThreadSanitizer build of the caller sees the header, names and entries it reads ordered
+    /// after their making (the core's `OnceLock` and lock are invisible to it; `crate::tsan`).
+    /// Bindings need no synchronisation of their own for it.
+    fn opened(&self) -> Option<&Arc<SafeFile>> {
+        let file = self.file.get();
+        if file.is_some() {
+            crate::tsan::acquire(&self.file);
+        }
+        file
+    }
+
+    /// Publishes the file and its entries, once, under `opening`.
+    fn publish(&self, file: Arc<SafeFile>, entries: Vec<usize>) -> &Arc<SafeFile> {
+        let _ = self.entries.set(entries);
+        crate::tsan::release(&self.file);
+        self.file.get_or_init(|| file)
+    }
 }
 
 /// `Checkpoint::entry` before the tensor's shard is open.
@@ -224,8 +246,7 @@ impl Checkpoint {
         );
         // The file's own names: none is missing, none is another shard's.
         let entries = ckpt.place_entries(0, &file).unwrap_or_default();
-        let _ = ckpt.shards[0].entries.set(entries);
-        let _ = ckpt.shards[0].file.set(Arc::new(file));
+        ckpt.shards[0].publish(Arc::new(file), entries);
         ckpt.opens.store(1, Ordering::Relaxed);
         ckpt
     }
@@ -545,7 +566,7 @@ impl Checkpoint {
             // The entry is filled before the shard is published: make sure it is.
             UNKNOWN => Found::Unopened { shard },
             ABSENT => Found::Missing { shard },
-            entry if self.shards[shard].file.get().is_some() => Found::At {
+            entry if self.shards[shard].opened().is_some() => Found::At {
                 shard,
                 entry: entry as usize,
             },
@@ -556,7 +577,7 @@ impl Checkpoint {
     /// The entries of shard `i` (positions in its offset order) that the index assigns to it
     /// and it holds, ascending: what iterating over the checkpoint reads from it. Opens it.
     pub fn shard_entries(&self, i: usize) -> Result<&[usize]> {
-        self.shard(i)?;
+        self.shard(i)?; // acquired there
         Ok(self.shards[i].entries.get().map_or(&[], Vec::as_slice))
     }
 
@@ -585,7 +606,7 @@ impl Checkpoint {
 
     /// Whether shard `i` has been opened.
     pub fn shard_is_open(&self, i: usize) -> bool {
-        self.shards.get(i).is_some_and(|s| s.file.get().is_some())
+        self.shards.get(i).is_some_and(|s| s.opened().is_some())
     }
 
     /// How many shard files have been opened so far (each is opened at most once).
@@ -598,11 +619,11 @@ impl Checkpoint {
         let shard = self.shards.get(i).ok_or_else(|| Error::InvalidIndex {
             reason: format!("no shard {i}; the index names {}", self.shards.len()),
         })?;
-        if let Some(file) = shard.file.get() {
+        if let Some(file) = shard.opened() {
             return Ok(file);
         }
         let _guard = shard.opening.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(file) = shard.file.get() {
+        if let Some(file) = shard.opened() {
             return Ok(file);
         }
         let opened = match &self.opener {
@@ -627,9 +648,8 @@ impl Checkpoint {
         let entries = self
             .place_entries(i, &file)
             .map_err(|e| e.in_file(&self.path))?;
-        let _ = shard.entries.set(entries);
         self.opens.fetch_add(1, Ordering::Relaxed);
-        Ok(shard.file.get_or_init(|| Arc::new(file)))
+        Ok(shard.publish(Arc::new(file), entries))
     }
 
     /// Opens every shard of `shards` not open yet, several at once (up to the machine's cores,
@@ -672,12 +692,9 @@ impl Checkpoint {
     /// The file holding `name` and the tensor's description.
     pub fn locate(&self, name: &str) -> Result<(&SafeFile, TensorInfo<'_>)> {
         let (shard, entry) = self.place(name)?;
-        let file = self.shards[shard]
-            .file
-            .get()
-            .ok_or_else(|| Error::Internal {
-                message: format!("shard {shard} was placed but is not open"),
-            })?;
+        let file = self.shards[shard].opened().ok_or_else(|| Error::Internal {
+            message: format!("shard {shard} was placed but is not open"),
+        })?;
         let info = file.header().at(entry).ok_or_else(|| Error::Internal {
             message: format!("entry {entry} of shard {shard} is past its last"),
         })?;
