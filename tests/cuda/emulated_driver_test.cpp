@@ -573,13 +573,18 @@ LinkStats link_stats(int device, int direction) {
 }
 
 TEST_F(EmulatedDriver, CopiesOfEveryStreamOfADeviceTakeTurnsOnItsLinkOnTheClock) {
-  // 1 GB/s and no latency: a copy of n bytes holds the link exactly n ns. Both copies are
-  // enqueued at once, so the second waits for the link (33 ms) rather than for its stream: the
-  // schedule is the clock's, whatever the host's speed.
+  // 1/64 GB/s (a power of two, so the division is exact) and no latency: a copy of n bytes
+  // holds the link exactly 64 n ns (134 ms). Both copies are enqueued one after the other, so
+  // the second waits for the link rather than for its stream: the schedule is the clock's,
+  // whatever the host's speed. The link must be slow against enqueueing a copy (which reads
+  // its pinned source once for the driver's checksum): with a fast link (1 GB/s, 32 MiB) the
+  // second copy's enqueue under a sanitizer on a busy machine came after the first had ended.
   fakecuda_set_latency_us(0);
-  fakecuda_set_link_gbps(FAKECUDA_H2D, 1.0);
+  constexpr double gbps = 1.0 / 64;
+  fakecuda_set_link_gbps(FAKECUDA_H2D, gbps);
   fakecuda_link_reset();
-  constexpr std::size_t n = 32 << 20;
+  constexpr std::size_t n = 2 << 20;
+  constexpr auto link_ns = static_cast<unsigned long long>(n / gbps);
   Resources a(n, CU_STREAM_NON_BLOCKING, 1), b(n, CU_STREAM_NON_BLOCKING, 2);
   void* back = nullptr;
   CU_OK(cuMemHostAlloc(&back, 4096, 0));
@@ -594,9 +599,11 @@ TEST_F(EmulatedDriver, CopiesOfEveryStreamOfADeviceTakeTurnsOnItsLinkOnTheClock)
   const auto took = std::chrono::steady_clock::now() - t0;
   LinkStats h2d = link_stats(0, FAKECUDA_H2D);
   EXPECT_EQ(h2d.copies, 2u);
-  EXPECT_EQ(h2d.busy, 2 * n) << "n bytes at 1 GB/s hold the link n ns";
+  EXPECT_EQ(link_ns, 64ull * n);
+  EXPECT_EQ(h2d.busy, 2 * link_ns) << "n bytes at 1/64 GB/s hold the link 64 n ns";
   EXPECT_EQ(h2d.last - h2d.first, h2d.busy) << "the second copy started the moment the first ended";
-  EXPECT_GE(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count(), static_cast<long long>(2 * n))
+  EXPECT_GE(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count(),
+            static_cast<long long>(2 * link_ns))
       << "the copies were done only once the link had carried them";
   LinkStats d2h = link_stats(0, FAKECUDA_D2H);
   EXPECT_EQ(d2h.copies, 0u) << "the other direction's link has no bandwidth set: not modelled";
