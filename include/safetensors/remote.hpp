@@ -62,7 +62,7 @@ struct RemoteOptions {
   /// `~/.cache/safetensors`).
   std::filesystem::path cache_dir{};
   /// Bytes the cache may hold: the least recently used files are removed past it; a file larger
-  /// is not cached.
+  /// is not cached. 0 means the default (128 GiB), as in C's `st_remote_options`.
   std::uint64_t cache_limit = std::uint64_t{128} << 30;
 };
 

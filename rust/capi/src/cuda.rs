@@ -22,9 +22,7 @@ use crate::stream::{resolve_requests, st_request};
 /// back in request order, each on a multiple of the alignment. Holds its files itself.
 pub struct st_upload_plan {
     plan: UploadPlan,
-    // Read by the uploads of a CUDA build only; held either way, so that a plan keeps its
-    // files alive as every reader does.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    // Held so that a plan keeps its files alive as every reader does.
     files: Vec<Arc<SafeFile>>,
 }
 
@@ -40,7 +38,6 @@ impl st_upload_plan {
         Ok(st_upload_plan { plan, files })
     }
 
-    #[cfg(feature = "cuda")]
     fn file_refs(&self) -> Vec<&SafeFile> {
         self.files.iter().map(|f| f.as_ref()).collect()
     }
@@ -178,7 +175,7 @@ pub unsafe extern "C" fn st_upload_plan_placement(
 /// Whether this library was built with CUDA support (a driver is still needed at run time).
 #[no_mangle]
 pub extern "C" fn st_cuda_built() -> bool {
-    cfg!(feature = "cuda")
+    safetensors_cuda::BUILT
 }
 
 /// Refuses a `dst` that overlaps `src` numerically (a copy onto itself), as C++'s
@@ -191,15 +188,12 @@ fn copy_overlap(c: Call, src: *const c_void, dst: *mut c_void, len: usize) -> Re
 /// Safe to share between threads (uploads through it take turns). Free it with
 /// `st_uploader_free`.
 pub struct st_uploader {
-    #[cfg(feature = "cuda")]
     inner: safetensors_cuda::Uploader,
-    /// Never made in a build without CUDA.
-    #[cfg(not(feature = "cuda"))]
-    _never: (),
 }
 
-#[cfg(feature = "cuda")]
-mod enabled {
+/// The calls into `rust/cuda`, the same in every build: without CUDA that crate answers each
+/// with `Error::Cuda` saying so.
+mod device {
     use super::*;
 
     pub(super) fn device_count() -> Res<usize> {
@@ -212,13 +206,8 @@ mod enabled {
         slot_bytes: usize,
         readers: usize,
     ) -> Res<st_uploader> {
-        let d = safetensors_core::upload::RingOptions::default();
-        let pick = |v: usize, default: usize| if v == 0 { default } else { v };
-        let options = safetensors_core::upload::RingOptions {
-            slots: pick(slots, d.slots),
-            slot_bytes: pick(slot_bytes, d.slot_bytes),
-            readers: pick(readers, d.readers),
-        };
+        let options =
+            safetensors_core::upload::RingOptions::with_counts(slots, slot_bytes, readers);
         Ok(st_uploader {
             inner: safetensors_cuda::Uploader::new(device, options)?,
         })
@@ -262,55 +251,6 @@ mod enabled {
     }
 }
 
-#[cfg(not(feature = "cuda"))]
-mod enabled {
-    use super::*;
-    use safetensors_core::Error;
-
-    fn unavailable<T>() -> Res<T> {
-        Err(Error::Cuda {
-            message: "this build of the safetensors library has no CUDA support (configure with \
-                      -DSAFETENSORS_CUDA=ON)"
-                .into(),
-        }
-        .into())
-    }
-
-    pub(super) fn device_count() -> Res<usize> {
-        unavailable()
-    }
-    pub(super) fn new_uploader(_: usize, _: usize, _: usize, _: usize) -> Res<st_uploader> {
-        unavailable()
-    }
-    pub(super) fn load(_: usize, _: &st_upload_plan) -> Res<u64> {
-        unavailable()
-    }
-    pub(super) fn uploader_load(_: &st_uploader, _: &st_upload_plan) -> Res<u64> {
-        unavailable()
-    }
-    pub(super) fn load_into(
-        _: &st_uploader,
-        _: &st_upload_plan,
-        _: u64,
-        _: usize,
-        _: u64,
-    ) -> Res<()> {
-        unavailable()
-    }
-    pub(super) fn synchronize(_: &st_uploader) -> Res<()> {
-        unavailable()
-    }
-    pub(super) fn free(_: usize, _: u64) -> Res<()> {
-        unavailable()
-    }
-    pub(super) fn download(_: usize, _: u64, _: &mut [u8]) -> Res<()> {
-        unavailable()
-    }
-    pub(super) fn release_staging(_: usize) -> Res<usize> {
-        unavailable()
-    }
-}
-
 /// The number of CUDA devices into `*count`. Errors: `ST_ERR_CUDA` without a driver (saying
 /// so), or in a build without CUDA.
 #[no_mangle]
@@ -319,7 +259,7 @@ pub unsafe extern "C" fn st_cuda_device_count(count: *mut usize, err: *mut st_er
     run(err, || {
         // SAFETY: the header's contract for each argument.
         let out = unsafe { c.out(count, "count")? };
-        *out = enabled::device_count()?;
+        *out = device::device_count()?;
         Ok(())
     })
 }
@@ -340,7 +280,7 @@ pub unsafe extern "C" fn st_cuda_load(
     run(err, || {
         // SAFETY: the header's contract for each argument.
         let (plan, out) = unsafe { (c.handle(plan, "plan")?, c.out(device_ptr, "device_ptr")?) };
-        *out = enabled::load(device, plan)? as usize as *mut c_void;
+        *out = device::load(device, plan)? as usize as *mut c_void;
         Ok(())
     })
 }
@@ -357,7 +297,7 @@ pub unsafe extern "C" fn st_cuda_release_staging(
 ) -> c_int {
     let c = Call("st_cuda_release_staging");
     run(err, || {
-        let n = enabled::release_staging(device)?;
+        let n = device::release_staging(device)?;
         if !released.is_null() {
             // SAFETY: the header's contract: NULL or a writable size_t.
             unsafe { *c.out(released, "released")? = n };
@@ -382,7 +322,7 @@ pub unsafe extern "C" fn st_uploader_new(
     run(err, || {
         // SAFETY: the header's contract for each argument.
         let out = unsafe { c.out(out, "out")? };
-        *out = Box::into_raw(Box::new(enabled::new_uploader(
+        *out = Box::into_raw(Box::new(device::new_uploader(
             device, slots, slot_bytes, readers,
         )?));
         Ok(())
@@ -417,7 +357,7 @@ pub unsafe extern "C" fn st_uploader_load(
                 c.out(device_ptr, "device_ptr")?,
             )
         };
-        *out = enabled::uploader_load(u, plan)? as usize as *mut c_void;
+        *out = device::uploader_load(u, plan)? as usize as *mut c_void;
         Ok(())
     })
 }
@@ -442,7 +382,7 @@ pub unsafe extern "C" fn st_uploader_load_into(
     run(err, || {
         // SAFETY: the header's contract for each argument.
         let (u, plan) = unsafe { (c.handle(uploader, "uploader")?, c.handle(plan, "plan")?) };
-        enabled::load_into(u, plan, dst as usize as u64, capacity, stream as u64)
+        device::load_into(u, plan, dst as usize as u64, capacity, stream as u64)
     })
 }
 
@@ -456,7 +396,7 @@ pub unsafe extern "C" fn st_uploader_synchronize(
     run(err, || {
         // SAFETY: the header's contract for each argument.
         let u = unsafe { c.handle(uploader, "uploader")? };
-        enabled::synchronize(u)
+        device::synchronize(u)
     })
 }
 
@@ -467,7 +407,7 @@ pub unsafe extern "C" fn st_cuda_free(
     device_ptr: *mut c_void,
     err: *mut st_error,
 ) -> c_int {
-    run(err, || enabled::free(device, device_ptr as usize as u64))
+    run(err, || device::free(device, device_ptr as usize as u64))
 }
 
 /// Copies `len` bytes of device memory at `src` on `device` to host memory `dst` (waits for
@@ -485,6 +425,46 @@ pub unsafe extern "C" fn st_cuda_copy_to_host(
         copy_overlap(c, src, dst, len)?;
         // SAFETY: the header's contract: `len` writable host bytes at `dst`.
         let dst = unsafe { c.bytes_mut(dst, len, "dst")? };
-        enabled::download(device, src as usize as u64, dst)
+        device::download(device, src as usize as u64, dst)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::{st_error_clear, ST_ERR_CUDA, ST_FAILED};
+
+    /// The one answer of a build without CUDA comes from `rust/cuda` (run with the feature off
+    /// by the `cargo_test_not_built` test); a build with it asks the driver, whose absence or
+    /// answer is never that one.
+    #[test]
+    fn a_build_without_cuda_says_so_from_the_cuda_crate() {
+        let mut err = st_error {
+            kind: -1,
+            message: std::ptr::null_mut(),
+            message_len: 0,
+        };
+        let mut count = usize::MAX;
+        // SAFETY: valid out-pointers.
+        let rc = unsafe { st_cuda_device_count(&mut count, &mut err) };
+        assert_eq!(st_cuda_built(), safetensors_cuda::BUILT);
+        if safetensors_cuda::BUILT && rc == 0 {
+            assert_ne!(count, usize::MAX);
+            return;
+        }
+        assert_eq!(rc, ST_FAILED);
+        assert_eq!(err.kind, ST_ERR_CUDA);
+        // SAFETY: the message the library wrote, `message_len` bytes.
+        let text = unsafe {
+            std::slice::from_raw_parts(err.message.cast::<u8>(), err.message_len).to_vec()
+        };
+        let text = String::from_utf8_lossy(&text);
+        assert_eq!(
+            text.contains("no CUDA support"),
+            !safetensors_cuda::BUILT,
+            "{text}"
+        );
+        // SAFETY: the error the call filled.
+        unsafe { st_error_clear(&mut err) };
+    }
 }

@@ -1,13 +1,14 @@
 //! Remote files and checkpoints: `s3://bucket/key` on any S3-compatible store and `http://` or
 //! `https://` URLs, as C++'s `SafeOpen::open_remote` and `Checkpoint::open_remote` open them
 //! (docs/remote.md). In a build without remote support (`-DSAFETENSORS_REMOTE=OFF`) every open
-//! is `ST_ERR_IO` saying so; `st_remote_built` tells.
+//! is `ST_ERR_IO` saying so (the remote crate's answer); `st_remote_built` tells.
 
 use std::ffi::c_char;
 use std::os::raw::c_int;
 use std::path::Path;
 
-use safetensors_core::{CheckpointOptions, Error, OpenOptions};
+use safetensors_core::{CheckpointOptions, OpenOptions};
+use safetensors_remote::{MillisOptions, RemoteOptions};
 
 use crate::args::Call;
 use crate::checkpoint::st_checkpoint;
@@ -68,19 +69,9 @@ pub unsafe extern "C" fn st_remote_options_default(options: *mut st_remote_optio
     }
 }
 
-/// The defaults of every field but the deadline and the flags.
-struct Defaults {
-    concurrency: usize,
-    part_size: usize,
-    first_read: usize,
-    request_timeout_ms: u64,
-    connect_timeout_ms: u64,
-    max_retries: usize,
-    cache_limit: u64,
-}
-
+/// The remote crate's defaults, so that C, C++ and Rust never disagree.
 fn defaults() -> st_remote_options {
-    let d = imp::defaults();
+    let d = MillisOptions::from(&RemoteOptions::default());
     st_remote_options {
         concurrency: d.concurrency,
         part_size: d.part_size,
@@ -88,7 +79,7 @@ fn defaults() -> st_remote_options {
         request_timeout_ms: d.request_timeout_ms,
         connect_timeout_ms: d.connect_timeout_ms,
         max_retries: d.max_retries,
-        deadline_ms: 0,
+        deadline_ms: d.deadline_ms,
         flags: 0,
         cache_dir: std::ptr::null(),
         cache_limit: d.cache_limit,
@@ -98,7 +89,7 @@ fn defaults() -> st_remote_options {
 /// Whether this build opens remote files (configured with `SAFETENSORS_REMOTE`, the default).
 #[no_mangle]
 pub extern "C" fn st_remote_built() -> bool {
-    cfg!(feature = "remote")
+    safetensors_remote::BUILT
 }
 
 /// Whether `s` names a remote file rather than a local path: it starts with `s3://`, `http://`
@@ -156,7 +147,8 @@ pub unsafe extern "C" fn st_file_open_remote(
             allow_trailing_bytes: flags & ST_OPEN_ALLOW_TRAILING_BYTES != 0,
             ..OpenOptions::default()
         };
-        let file = imp::open(url, &remote, open)?;
+        // SAFETY: the options the caller passed to this call.
+        let file = safetensors_remote::open(url_text(url)?, &unsafe { to_remote(&remote) }, open)?;
         *out = Box::into_raw(Box::new(st_file::new(file)));
         Ok(())
     })
@@ -189,142 +181,54 @@ pub unsafe extern "C" fn st_checkpoint_open_remote(
             allow_trailing_bytes: flags & ST_OPEN_ALLOW_TRAILING_BYTES != 0,
             ..CheckpointOptions::default()
         };
-        let inner = imp::open_checkpoint(url, &remote, options)?;
+        // SAFETY: the options the caller passed to this call.
+        let remote = unsafe { to_remote(&remote) };
+        let inner = safetensors_remote::open_checkpoint(url_text(url)?, &remote, options)?;
         *out = Box::into_raw(Box::new(st_checkpoint::new(inner)));
         Ok(())
     })
 }
 
-#[cfg(feature = "remote")]
-mod imp {
-    use std::path::Path;
+/// The URL as text: URLs are UTF-8 (one that is not is refused as an invalid URL, shown
+/// lossily), never read lossily as another object's.
+fn url_text(url: &Path) -> Res<&str> {
+    use std::os::unix::ffi::OsStrExt;
+    Ok(safetensors_core::url_text(url.as_os_str().as_bytes())?)
+}
 
-    use safetensors_core::{Checkpoint, CheckpointOptions, OpenOptions, Result, SafeFile};
-    use safetensors_remote::{MillisOptions, RemoteOptions};
-
-    use super::{
-        st_remote_options, Defaults, ST_REMOTE_CACHE, ST_REMOTE_HEADER_ONLY, ST_REMOTE_ON_DEMAND,
+/// `o` as the remote crate takes it (one conversion, `MillisOptions`, for C and C++).
+///
+/// SAFETY: `o.cache_dir` is NULL or the caller's NUL-terminated path, lent for the call.
+unsafe fn to_remote(o: &st_remote_options) -> RemoteOptions {
+    let millis = MillisOptions {
+        concurrency: o.concurrency,
+        part_size: o.part_size,
+        first_read: o.first_read,
+        request_timeout_ms: o.request_timeout_ms,
+        connect_timeout_ms: o.connect_timeout_ms,
+        max_retries: o.max_retries,
+        deadline_ms: o.deadline_ms,
+        header_only: o.flags & ST_REMOTE_HEADER_ONLY != 0,
+        on_demand: o.flags & ST_REMOTE_ON_DEMAND != 0,
+        cache_limit: o.cache_limit,
     };
-
-    /// The remote crate's defaults, so that C and Rust never disagree.
-    pub(super) fn defaults() -> Defaults {
-        let d = MillisOptions::from(&RemoteOptions::default());
-        Defaults {
-            concurrency: d.concurrency,
-            part_size: d.part_size,
-            first_read: d.first_read,
-            request_timeout_ms: d.request_timeout_ms,
-            connect_timeout_ms: d.connect_timeout_ms,
-            max_retries: d.max_retries,
-            cache_limit: safetensors_remote::DEFAULT_CACHE_LIMIT,
+    // NULL (or empty) is the user's cache directory: an empty path, to the remote crate.
+    let cache = (o.flags & ST_REMOTE_CACHE != 0).then(|| match o.cache_dir.is_null() {
+        true => std::path::PathBuf::new(),
+        // SAFETY: the caller's NUL-terminated path (see above).
+        false => {
+            use std::os::unix::ffi::OsStrExt;
+            let bytes = unsafe { std::ffi::CStr::from_ptr(o.cache_dir) }.to_bytes();
+            std::ffi::OsStr::from_bytes(bytes).into()
         }
-    }
-
-    /// The URL as text: URLs are UTF-8 (one that is not is refused as an invalid URL, shown
-    /// lossily), never read lossily as another object's.
-    fn url_text(url: &Path) -> Result<&str> {
-        use std::os::unix::ffi::OsStrExt;
-        safetensors_core::url_text(url.as_os_str().as_bytes())
-    }
-
-    /// SAFETY: `o.cache_dir` is NULL or the caller's NUL-terminated path, lent for the call.
-    unsafe fn options(o: &st_remote_options) -> RemoteOptions {
-        let millis = MillisOptions {
-            concurrency: o.concurrency,
-            part_size: o.part_size,
-            first_read: o.first_read,
-            request_timeout_ms: o.request_timeout_ms,
-            connect_timeout_ms: o.connect_timeout_ms,
-            max_retries: o.max_retries,
-            deadline_ms: o.deadline_ms,
-            header_only: o.flags & ST_REMOTE_HEADER_ONLY != 0,
-            on_demand: o.flags & ST_REMOTE_ON_DEMAND != 0,
-        };
-        // NULL (or empty) is the user's cache directory: an empty path, to the remote crate.
-        let cache = (o.flags & ST_REMOTE_CACHE != 0).then(|| match o.cache_dir.is_null() {
-            true => std::path::PathBuf::new(),
-            // SAFETY: the caller's NUL-terminated path (see above).
-            false => {
-                use std::os::unix::ffi::OsStrExt;
-                let bytes = unsafe { std::ffi::CStr::from_ptr(o.cache_dir) }.to_bytes();
-                std::ffi::OsStr::from_bytes(bytes).into()
-            }
-        });
-        RemoteOptions {
-            cache,
-            cache_limit: match o.cache_limit {
-                0 => safetensors_remote::DEFAULT_CACHE_LIMIT,
-                n => n,
-            },
-            ..millis.into()
-        }
-    }
-
-    pub(super) fn open(url: &Path, o: &st_remote_options, open: OpenOptions) -> Result<SafeFile> {
-        // SAFETY: the options the caller passed to this call.
-        safetensors_remote::open(url_text(url)?, &unsafe { options(o) }, open)
-    }
-
-    pub(super) fn open_checkpoint(
-        url: &Path,
-        o: &st_remote_options,
-        options_: CheckpointOptions,
-    ) -> Result<Checkpoint> {
-        // SAFETY: the options the caller passed to this call.
-        safetensors_remote::open_checkpoint(url_text(url)?, &unsafe { options(o) }, options_)
+    });
+    RemoteOptions {
+        cache,
+        ..millis.into()
     }
 }
 
-#[cfg(not(feature = "remote"))]
-mod imp {
-    use std::path::Path;
-
-    use safetensors_core::{Checkpoint, CheckpointOptions, OpenOptions, Result, SafeFile};
-
-    use super::{not_built, st_remote_options, Defaults};
-
-    /// The defaults C++'s `RemoteOptions` documents, for a build that cannot use them.
-    pub(super) fn defaults() -> Defaults {
-        Defaults {
-            concurrency: 16,
-            part_size: 8 << 20,
-            first_read: 1 << 20,
-            request_timeout_ms: 30_000,
-            connect_timeout_ms: 5_000,
-            max_retries: 3,
-            cache_limit: 128 << 30,
-        }
-    }
-
-    pub(super) fn open(url: &Path, _: &st_remote_options, _: OpenOptions) -> Result<SafeFile> {
-        Err(not_built(url))
-    }
-
-    pub(super) fn open_checkpoint(
-        url: &Path,
-        _: &st_remote_options,
-        _: CheckpointOptions,
-    ) -> Result<Checkpoint> {
-        Err(not_built(url))
-    }
-}
-
-/// Opening `url` in a build without remote support.
-#[cfg_attr(feature = "remote", allow(dead_code))]
-fn not_built(url: &Path) -> Error {
-    let shown = safetensors_core::redact_url(&url.to_string_lossy());
-    Error::io(
-        Path::new(&shown),
-        "open",
-        std::io::Error::new(
-            std::io::ErrorKind::Unsupported,
-            "this build of the safetensors library cannot open remote files (configure with \
-             -DSAFETENSORS_REMOTE=ON)",
-        ),
-    )
-}
-
-#[cfg(all(test, feature = "remote"))]
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::status::ST_ERR_IO;
@@ -377,5 +281,40 @@ mod tests {
             // SAFETY: the error the call filled.
             unsafe { crate::status::st_error_clear(&mut err) };
         }
+    }
+
+    /// The one answer of a build without remote files comes from the remote crate (run with
+    /// the feature off by the `cargo_test_not_built` test); a build with them tries the server.
+    #[test]
+    fn a_build_without_remote_files_says_so_and_one_with_them_tries() {
+        let url = b"http://127.0.0.1:1/m.safetensors?X-Amz-Signature=hidden\0";
+        let mut err = st_error {
+            kind: -1,
+            message: std::ptr::null_mut(),
+            message_len: 0,
+        };
+        let mut out = std::ptr::null_mut();
+        // SAFETY: a NUL-terminated URL, NULL options (the defaults), valid out-pointers.
+        let rc = unsafe {
+            st_file_open_remote(url.as_ptr().cast(), std::ptr::null(), 0, &mut out, &mut err)
+        };
+        assert_eq!(rc, crate::status::ST_FAILED);
+        assert!(out.is_null());
+        assert_eq!(err.kind, ST_ERR_IO);
+        // SAFETY: the message the library wrote, `message_len` bytes.
+        let text = unsafe {
+            std::slice::from_raw_parts(err.message.cast::<u8>(), err.message_len).to_vec()
+        };
+        let text = String::from_utf8_lossy(&text);
+        assert_eq!(
+            text.contains("cannot open remote files"),
+            !safetensors_remote::BUILT,
+            "{text}"
+        );
+        assert_eq!(st_remote_built(), safetensors_remote::BUILT);
+        assert!(text.contains("http://127.0.0.1:1/m.safetensors"), "{text}");
+        assert!(!text.contains("hidden"), "{text}");
+        // SAFETY: the error the call filled.
+        unsafe { crate::status::st_error_clear(&mut err) };
     }
 }

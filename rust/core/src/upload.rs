@@ -127,6 +127,20 @@ pub const MAX_SLOTS: usize = 1024;
 /// The most reader threads a ring starts (larger counts are clamped), for the same reason.
 pub const MAX_READERS: usize = 64;
 
+impl RingOptions {
+    /// The options as both bindings take them: each count 0 for its default (larger counts
+    /// are clamped where the ring is made, [`MAX_SLOTS`], [`MAX_READERS`]).
+    pub fn with_counts(slots: usize, slot_bytes: usize, readers: usize) -> RingOptions {
+        let d = RingOptions::default();
+        let pick = |v: usize, default: usize| if v == 0 { default } else { v };
+        RingOptions {
+            slots: pick(slots, d.slots),
+            slot_bytes: pick(slot_bytes, d.slot_bytes),
+            readers: pick(readers, d.readers),
+        }
+    }
+}
+
 impl Default for RingOptions {
     /// See the type's documentation for the arithmetic.
     fn default() -> Self {

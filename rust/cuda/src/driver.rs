@@ -37,9 +37,23 @@ pub(crate) fn call<T>(
     }
 }
 
+/// Whether this build uploads to GPUs (the `driver` feature; CMake's `SAFETENSORS_CUDA`). A
+/// build without it never loads the driver library: every entry point reaches [`driver`]
+/// first (through [`device_count`] or [`Gpu::open`]) and gets [`NOT_BUILT`].
+pub const BUILT: bool = cfg!(feature = "driver");
+
+/// What every CUDA entry point of a build without CUDA answers (an `Error::Cuda`).
+pub const NOT_BUILT: &str =
+    "this build of the safetensors library has no CUDA support (configure with -DSAFETENSORS_CUDA=ON)";
+
 /// Loads the driver library and initialises it, once. The library is probed first because
-/// `cudarc` panics when it is missing.
+/// `cudarc` panics when it is missing. In a build without CUDA: [`NOT_BUILT`], nothing loaded.
 fn driver() -> Result<()> {
+    if !BUILT {
+        return Err(Error::Cuda {
+            message: NOT_BUILT.into(),
+        });
+    }
     static INIT: std::sync::OnceLock<std::result::Result<(), String>> = std::sync::OnceLock::new();
     INIT.get_or_init(|| {
         // SAFETY: only tries to dlopen the library.

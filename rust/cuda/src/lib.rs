@@ -45,7 +45,7 @@ mod stage;
 mod trace;
 mod uploader;
 
-pub use driver::{device_count, Current, Gpu};
+pub use driver::{device_count, Current, Gpu, BUILT, NOT_BUILT};
 pub use landing::{Delivery, LandedTensor};
 pub use memory::{free, DeviceBuffer};
 pub use numa::Node;

@@ -1,8 +1,9 @@
 //! Uploads to the GPU (bridge and glue): `UploadJob` is what an upload reads, planned from the
 //! same requests as prefetch and streams; `Uploader` runs it; streaming uploads hand each tensor
-//! to a C++ function as it lands. Saves go the other way: device memory into a writer. The driver side is `cuda/enabled.rs`; without the `cuda`
-//! feature `cuda/disabled.rs` gives every entry point a `Cuda` error saying so, so the C++ API
-//! is the same in every build.
+//! to a C++ function as it lands. Saves go the other way: device memory into a writer. The driver
+//! side is `cuda/device.rs`, over `rust/cuda` in every build: without the `cuda` feature that
+//! crate answers every entry point with a `Cuda` error saying so, so the C++ API is the same in
+//! every build.
 
 use std::sync::Arc;
 
@@ -227,9 +228,7 @@ pub mod ffi {
 /// An upload's plan and the files it reads.
 pub struct UploadJob {
     plan: UploadPlan,
-    // Read by the uploads of a CUDA build only (`cuda/enabled.rs`); held either way, so that a
-    // job keeps its files alive as every reader does.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    // Held so that a job keeps its files alive as every reader does.
     files: Vec<Arc<SafeFile>>,
 }
 
@@ -270,17 +269,12 @@ impl UploadJob {
             .collect()
     }
 
-    #[cfg(feature = "cuda")]
     pub(crate) fn file_refs(&self) -> Vec<&SafeFile> {
         self.files.iter().map(|f| f.as_ref()).collect()
     }
 }
 
-#[cfg(feature = "cuda")]
-#[path = "cuda/enabled.rs"]
-mod enabled;
-#[cfg(not(feature = "cuda"))]
-#[path = "cuda/disabled.rs"]
-mod enabled;
+#[path = "cuda/device.rs"]
+mod device;
 
-pub use enabled::*;
+pub use device::*;

@@ -1,11 +1,16 @@
 //! `open_remote`: a remote safetensors file (`s3://`, `http://`, `https://`) as a `File` in
-//! memory, filled by concurrent ranged GETs (see `rust/remote` and docs/remote.md). With the
-//! `remote` feature the work is `remote/enabled.rs`; without it `remote/disabled.rs` gives
-//! every entry point an `Io` error saying so, so the C++ API is the same in every build.
+//! memory, filled by concurrent ranged GETs (see `rust/remote` and docs/remote.md). The remote
+//! crate is called the same way in every build: without its transport (the `remote` feature
+//! off) it answers every open with an `Io` error saying so, so the C++ API is the same in every
+//! build.
+
+use std::sync::Arc;
+
+use safetensors_core::OpenOptions;
 
 use crate::checkpoint::Checkpoint;
 use crate::file::File;
-use crate::status::{Bytes, Status};
+use crate::status::{guard, handed_over, Bytes, Status};
 use ffi::RemoteOptions;
 
 #[cxx::bridge(namespace = "safetensors::ffi")]
@@ -83,34 +88,70 @@ pub fn redact_url(url: Bytes) -> String {
     safetensors_core::redact_url(&String::from_utf8_lossy(unsafe { url.get() }))
 }
 
-#[cfg(feature = "remote")]
-#[path = "remote/enabled.rs"]
-mod imp;
-#[cfg(not(feature = "remote"))]
-#[path = "remote/disabled.rs"]
-mod imp;
+/// Whether this build opens remote files (the remote crate's answer).
+pub fn remote_built() -> bool {
+    safetensors_remote::BUILT
+}
 
-pub use imp::remote_built;
+/// `o` as the remote crate takes it (one conversion, `MillisOptions`, for C and C++).
+fn options(o: &RemoteOptions) -> safetensors_remote::RemoteOptions {
+    let millis = safetensors_remote::MillisOptions {
+        concurrency: o.concurrency,
+        part_size: o.part_size,
+        first_read: o.first_read,
+        request_timeout_ms: o.request_timeout_ms,
+        connect_timeout_ms: o.connect_timeout_ms,
+        max_retries: o.max_retries,
+        deadline_ms: o.deadline_ms,
+        header_only: o.header_only,
+        on_demand: o.on_demand,
+        cache_limit: o.cache_limit,
+    };
+    let cache = o.cache.then(|| {
+        use std::os::unix::ffi::OsStrExt;
+        // SAFETY: C++ lends the path's bytes for this call (`detail::bytes`).
+        std::path::PathBuf::from(std::ffi::OsStr::from_bytes(unsafe { o.cache_dir.get() }))
+    });
+    safetensors_remote::RemoteOptions {
+        cache,
+        ..millis.into()
+    }
+}
 
 pub fn open_remote(
     url: Bytes,
-    options: &RemoteOptions,
+    remote: &RemoteOptions,
     allow_trailing_bytes: bool,
     status: &mut Status,
 ) -> *mut File {
-    // SAFETY: C++ lends the URL's bytes for this call (`detail::bytes`).
-    let url = unsafe { url.get() };
-    imp::open_remote(url, options, allow_trailing_bytes, status)
+    guard(status, || {
+        // SAFETY: C++ lends the URL's bytes for this call (`detail::bytes`).
+        let url = safetensors_core::url_text(unsafe { url.get() })?;
+        let open = OpenOptions {
+            allow_trailing_bytes,
+            ..OpenOptions::default()
+        };
+        let file = safetensors_remote::open(url, &options(remote), open)?;
+        Ok(handed_over(File::wrap(Arc::new(file))))
+    })
 }
 
 pub fn open_remote_checkpoint(
     url: Bytes,
-    options: &RemoteOptions,
+    remote: &RemoteOptions,
     lenient: bool,
     allow_trailing_bytes: bool,
     status: &mut Status,
 ) -> *mut Checkpoint {
-    // SAFETY: C++ lends the URL's bytes for this call (`detail::bytes`).
-    let url = unsafe { url.get() };
-    imp::open_remote_checkpoint(url, options, lenient, allow_trailing_bytes, status)
+    guard(status, || {
+        // SAFETY: C++ lends the URL's bytes for this call (`detail::bytes`).
+        let url = safetensors_core::url_text(unsafe { url.get() })?;
+        let checkpoint = safetensors_core::CheckpointOptions {
+            lenient,
+            allow_trailing_bytes,
+            ..Default::default()
+        };
+        let ckpt = safetensors_remote::open_checkpoint(url, &options(remote), checkpoint)?;
+        Ok(handed_over(Checkpoint::wrap(ckpt)))
+    })
 }

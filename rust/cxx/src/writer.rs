@@ -350,13 +350,11 @@ impl StreamingWriter {
     }
 
     /// Writes `data` at byte `offset` of the declared tensor at `index` (declaration order).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn write_index(&self, index: usize, offset: u64, data: &[u8]) -> Result<(), Error> {
         self.with_target(|w| w.write_index(index, offset, data))
     }
 
     /// The name and bytes of each declared tensor, in declaration order.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn declared(&self) -> Result<Vec<(String, u64)>, Error> {
         self.with_target(|w| {
             Ok((0..w.tensor_count())

@@ -31,30 +31,57 @@
 //! let bytes = file.tensor_bytes("wte.weight")?;
 //! # Ok::<(), safetensors_core::Error>(())
 //! ```
+//!
+//! Without the `store` feature (a build configured with `-DSAFETENSORS_REMOTE=OFF`) the crate
+//! has the same entry points, the options included, and every open is an `Io` error naming
+//! the URL and saying that this build cannot open remote files ([`BUILT`] is false): the
+//! bindings call it the same way in every build.
 #![deny(missing_docs)]
 
+#[cfg(feature = "store")]
 mod cache;
+#[cfg(feature = "store")]
 mod error;
+#[cfg(feature = "store")]
 mod fetch;
+#[cfg(feature = "store")]
 mod get;
+#[cfg(feature = "store")]
 mod location;
+#[cfg(not(feature = "store"))]
+mod not_built;
+#[cfg(feature = "store")]
 mod on_demand;
 mod options;
+#[cfg(feature = "store")]
 mod process;
+#[cfg(feature = "store")]
 mod profile;
+#[cfg(feature = "store")]
 pub mod runtime;
+#[cfg(feature = "store")]
 mod secrets;
+#[cfg(feature = "store")]
 mod transport;
 
+#[cfg(feature = "store")]
 use safetensors_core::{
     Checkpoint, CheckpointOptions, OpenOptions, Result, SafeFile, ShardOpener, MAX_INDEX_SIZE,
 };
 
+#[cfg(feature = "store")]
 pub use cache::default_cache_dir;
+#[cfg(feature = "store")]
 pub use fetch::Object;
+#[cfg(not(feature = "store"))]
+pub use not_built::{open, open_checkpoint};
 pub use options::{MillisOptions, RemoteOptions, DEFAULT_CACHE_LIMIT, MIN_PART_SIZE};
 pub use safetensors_core::is_url;
 
+/// Whether this build opens remote files (the `store` feature; CMake's `SAFETENSORS_REMOTE`).
+pub const BUILT: bool = cfg!(feature = "store");
+
+#[cfg(feature = "store")]
 /// Opens the object at `url` (`s3://`, `http://` or `https://`) as a file in memory: the header
 /// first, validated, then the whole object with concurrent ranged GETs (or, with
 /// [`RemoteOptions::header_only`], nothing more: see [`SafeFile::header_only`]; with
@@ -79,12 +106,14 @@ pub fn open(url: &str, remote: &RemoteOptions, options: OpenOptions) -> Result<S
     SafeFile::from_memory(name, Box::new(bytes), options)
 }
 
+#[cfg(feature = "store")]
 /// The header only: one or two ranged GETs, the header validated as for a local file, no data
 /// fetched. For tools that only describe a file (`safetensors inspect`).
 pub fn open_header(url: &str, remote: &RemoteOptions, options: OpenOptions) -> Result<Object> {
     Object::open(url, remote, options.allow_trailing_bytes)
 }
 
+#[cfg(feature = "store")]
 /// Opens a checkpoint at `url`: an index (a URL whose path ends in `.json`, in any case) whose
 /// shards are objects next to it, or a single remote file as a checkpoint of one shard. The
 /// index is fetched whole (at most [`MAX_INDEX_SIZE`] bytes) and checked as a local one is;
@@ -122,6 +151,7 @@ pub fn open_checkpoint(
     )
 }
 
+#[cfg(feature = "store")]
 /// Whether a URL names an index: its path (before any query) ends in `.json`, in any case.
 fn names_index(url: &str) -> bool {
     let path = url.split(['?', '#']).next().unwrap_or("");
@@ -129,6 +159,7 @@ fn names_index(url: &str) -> bool {
     last.len() >= 5 && last[last.len() - 5..].eq_ignore_ascii_case(b".json")
 }
 
+#[cfg(feature = "store")]
 /// The shards of a remote checkpoint, opened with the checkpoint's remote options. A shard is
 /// another object than the index: an index opened by a signed URL lends its query (a
 /// signature good for the index alone) to no shard, so shards are requested without one.
@@ -138,6 +169,7 @@ struct RemoteShards {
     signed_index: bool,
 }
 
+#[cfg(feature = "store")]
 impl ShardOpener for RemoteShards {
     fn open_shard(&self, location: &str, options: OpenOptions) -> Result<SafeFile> {
         open(location, &self.remote, options)

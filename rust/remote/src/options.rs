@@ -77,6 +77,7 @@ impl Default for RemoteOptions {
     }
 }
 
+#[cfg(feature = "store")]
 impl RemoteOptions {
     /// The options with every count at least 1, parts of at least [`MIN_PART_SIZE`], and a
     /// first read that holds the length prefix.
@@ -91,8 +92,9 @@ impl RemoteOptions {
 }
 
 /// [`RemoteOptions`] as the C and C++ bindings carry them: durations in whole milliseconds, and
-/// a deadline of 0 for none. Both bindings convert through this one type, so that they read
-/// the same fields the same way (all but the cache's, which they set on the result).
+/// a deadline of 0 for none, a cache limit of 0 for the default. Both bindings convert through
+/// this one type, so that they read the same fields the same way (all but the cache's
+/// directory, which they set on the result).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MillisOptions {
     /// [`RemoteOptions::concurrency`].
@@ -113,6 +115,8 @@ pub struct MillisOptions {
     pub header_only: bool,
     /// [`RemoteOptions::on_demand`].
     pub on_demand: bool,
+    /// [`RemoteOptions::cache_limit`]; 0 for the default ([`DEFAULT_CACHE_LIMIT`]).
+    pub cache_limit: u64,
 }
 
 impl From<MillisOptions> for RemoteOptions {
@@ -127,6 +131,10 @@ impl From<MillisOptions> for RemoteOptions {
             deadline: (o.deadline_ms != 0).then(|| Duration::from_millis(o.deadline_ms)),
             header_only: o.header_only,
             on_demand: o.on_demand,
+            cache_limit: match o.cache_limit {
+                0 => DEFAULT_CACHE_LIMIT,
+                n => n,
+            },
             ..RemoteOptions::default()
         }
     }
@@ -134,7 +142,8 @@ impl From<MillisOptions> for RemoteOptions {
 
 impl From<&RemoteOptions> for MillisOptions {
     /// Durations rounded down to whole milliseconds (saturating); a deadline shorter than one
-    /// millisecond becomes one, since 0 means none.
+    /// millisecond becomes one, since 0 means none; likewise a cache limit of 0 (nothing
+    /// cached) becomes 1 byte, since 0 means the default.
     fn from(o: &RemoteOptions) -> Self {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         MillisOptions {
@@ -147,6 +156,7 @@ impl From<&RemoteOptions> for MillisOptions {
             deadline_ms: o.deadline.map_or(0, |d| ms(d).max(1)),
             header_only: o.header_only,
             on_demand: o.on_demand,
+            cache_limit: o.cache_limit.max(1),
         }
     }
 }
@@ -180,8 +190,21 @@ mod tests {
         assert_eq!(MillisOptions::from(&tiny).deadline_ms, 1);
         let huge = RemoteOptions {
             deadline: Some(Duration::MAX),
-            ..d
+            ..d.clone()
         };
         assert_eq!(MillisOptions::from(&huge).deadline_ms, u64::MAX);
+        // A cache limit of 0 is the default to the bindings; Rust's 0 (cache nothing) crosses
+        // as 1 byte, which caches nothing either.
+        assert_eq!(m.cache_limit, DEFAULT_CACHE_LIMIT);
+        let zero = MillisOptions {
+            cache_limit: 0,
+            ..m
+        };
+        assert_eq!(RemoteOptions::from(zero).cache_limit, DEFAULT_CACHE_LIMIT);
+        let none = RemoteOptions {
+            cache_limit: 0,
+            ..d
+        };
+        assert_eq!(MillisOptions::from(&none).cache_limit, 1);
     }
 }

@@ -1,4 +1,5 @@
-//! The CUDA side of the bridge's uploads: `safetensors_cuda` behind the bridge's types.
+//! The CUDA side of the bridge's uploads: `safetensors_cuda` behind the bridge's types, in
+//! every build (a build without CUDA gets that crate's "not built" answer from each call).
 
 use safetensors_core::upload::RingOptions;
 use safetensors_core::Error;
@@ -11,19 +12,6 @@ use crate::status::handed_over;
 use crate::status::{guard, Status};
 use crate::writer::StreamingWriter;
 
-fn ring_options(slots: usize, slot_bytes: usize, readers: usize) -> RingOptions {
-    let d = RingOptions::default();
-    RingOptions {
-        slots: if slots == 0 { d.slots } else { slots },
-        slot_bytes: if slot_bytes == 0 {
-            d.slot_bytes
-        } else {
-            slot_bytes
-        },
-        readers: if readers == 0 { d.readers } else { readers },
-    }
-}
-
 pub struct Uploader(safetensors_cuda::Uploader);
 
 pub fn new_uploader(
@@ -34,8 +22,11 @@ pub fn new_uploader(
     status: &mut Status,
 ) -> *mut Uploader {
     guard(status, || {
-        safetensors_cuda::Uploader::new(device, ring_options(slots, slot_bytes, readers))
-            .map(|u| handed_over(Uploader(u)))
+        safetensors_cuda::Uploader::new(
+            device,
+            RingOptions::with_counts(slots, slot_bytes, readers),
+        )
+        .map(|u| handed_over(Uploader(u)))
     })
 }
 
@@ -185,7 +176,7 @@ pub fn cuda_shared_upload(device: usize, job: &UploadJob, status: &mut Status) -
 }
 
 pub fn cuda_built() -> bool {
-    true
+    safetensors_cuda::BUILT
 }
 
 pub fn cuda_device_count(status: &mut Status) -> usize {
