@@ -22,26 +22,6 @@
 #include "safetensors/safe_open.hpp"
 #include "safetensors/tensor.hpp"
 
-// ThreadSanitizer cannot see the Rust core's locks (it is not instrumented), so a stream tells it
-// about each change to its queue of read tensors from inside the core, under the lock that
-// orders them: both the reader thread (queueing) and the consumer (taking) call
-// `safetensors_detail_tsan_handoff` just before and just after, which acquires and releases one
-// token, as the lock would. Programs built without it pass nothing and call nothing.
-#if defined(__SANITIZE_THREAD__)
-#define SAFETENSORS_DETAIL_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define SAFETENSORS_DETAIL_TSAN 1
-#endif
-#endif
-#if defined(SAFETENSORS_DETAIL_TSAN)
-#include <sanitizer/tsan_interface.h>
-extern "C" inline void safetensors_detail_tsan_handoff(void* token) {
-  __tsan_acquire(token);
-  __tsan_release(token);
-}
-#endif
-
 namespace safetensors {
 inline namespace SAFETENSORS_ABI {
 
@@ -210,10 +190,9 @@ class TensorStream {
  private:
   friend struct detail::Access<TensorStream>;
 
-  // What the core's reader thread refers to (the ThreadSanitizer token) must not move with the
-  // TensorStream, and must outlive the bridge stream, which joins that thread: declared first.
+  // The bridge stream (whose reader thread announces each hand-over of a read tensor to a
+  // ThreadSanitizer build of this program from inside the core, `safetensors_core::tsan`).
   struct State {
-    char handoff = 0;
     std::optional<::rust::Box<ffi::TensorStream>> stream;
   };
 
@@ -240,29 +219,11 @@ template <>
 struct Access<TensorStream> {
   using State = TensorStream::State;
 
-  /// How both sides announce hand-overs (ThreadSanitizer builds only), as the bridge takes it:
-  /// the giving and the taking function's addresses and their argument.
-  struct Announce {
-    std::uintptr_t give = 0, take = 0, token = 0;
-  };
-  static Announce announce(State& s) {
-#if defined(SAFETENSORS_DETAIL_TSAN)
-    const auto handoff = reinterpret_cast<std::uintptr_t>(&safetensors_detail_tsan_handoff);
-    return {handoff, handoff, reinterpret_cast<std::uintptr_t>(&s.handoff)};
-#else
-    (void)s;
-    return {};
-#endif
-  }
-
   template <class Open>
   static Expected<TensorStream> open(StreamOptions o, Open&& open) {
     auto state = std::make_unique<State>();
-    const Announce a = announce(*state);
-    auto made = adopt(attempt([&](ffi::Status& st) {
-      return open(o.max_inflight_bytes, o.wait_for_release, static_cast<std::size_t>(a.give),
-                  static_cast<std::size_t>(a.take), static_cast<std::size_t>(a.token), st);
-    }));
+    auto made =
+        adopt(attempt([&](ffi::Status& st) { return open(o.max_inflight_bytes, o.wait_for_release, st); }));
     if (!made) return made.status();
     state->stream.emplace(std::move(*made));
     return TensorStream(std::move(state), o);

@@ -82,7 +82,7 @@ pub use overlap::{refuse_overlap, AddressRange};
 pub use prefetch::{advise, Advice, Plan, Prefetch, PrefetchOptions, MAX_REQUEST_BYTES};
 pub use request::{Request, Source};
 pub use slice::{Indexer, Placed, Runs, SlicePlan};
-pub use stream::{HandOver, StreamOptions, StreamTensor, TensorStream};
+pub use stream::{StreamOptions, StreamTensor, TensorStream};
 pub use url::{is_url, push_url_segment, redact_url, url_scheme, url_text};
 pub use view::{SafeTensors, TensorView};
 pub use writer::{

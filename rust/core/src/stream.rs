@@ -54,22 +54,6 @@ impl Default for StreamOptions {
     }
 }
 
-/// Which side of a hand-over [`TensorStream::open_with_handoff`]'s callback is told of: it is
-/// called under the stream's lock just before and just after each change to the queue of read
-/// tensors, so that a tool told "acquire, then release" each time sees every change ordered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HandOver {
-    /// On the reader thread, around queueing a tensor (or the error that ends the stream),
-    /// after everything in it was allocated and written.
-    Given,
-    /// On the consumer's thread, around taking tensors out of the queue (by `next`, or to free
-    /// them when the stream is dropped).
-    Taken,
-}
-
-/// What [`TensorStream::open_with_handoff`] calls at each hand-over.
-type Handoff = Box<dyn Fn(HandOver) + Send + Sync>;
-
 /// What the reader thread and the consumer share.
 struct Shared {
     state: Mutex<State>,
@@ -77,7 +61,6 @@ struct Shared {
     /// cancellation.
     changed: Condvar,
     bound: u64,
-    handoff: Option<Handoff>,
 }
 
 #[derive(Default)]
@@ -129,11 +112,15 @@ impl Shared {
         true
     }
 
-    /// Tells the hand-over callback, if any, of a change to the queue (called under the lock).
-    fn announce(&self, side: HandOver) {
-        if let Some(announce) = &self.handoff {
-            announce(side);
-        }
+    /// Announces a change to the queue of read tensors to a ThreadSanitizer build of the
+    /// program (`crate::tsan`; nothing elsewhere), called under the lock just before and just
+    /// after the change, on both sides: the reader thread queueing a tensor (once everything in
+    /// it was allocated and written) and the consumer taking tensors out (`next`, or dropping
+    /// the stream). The sanitizer cannot see this crate's lock, so without this a sanitized
+    /// program reading a delivered tensor would be told it races the reader's writes.
+    fn announce(&self) {
+        crate::tsan::acquire(&self.state);
+        crate::tsan::release(&self.state);
     }
 
     /// Takes `len` bytes of the budget if they fit now (never waits).
@@ -164,9 +151,9 @@ impl Shared {
             return Some(item);
         }
         // Under the lock, so that `next` cannot take the item before the hand-over is announced.
-        self.announce(HandOver::Given);
+        self.announce();
         s.ready.push_back(item);
-        self.announce(HandOver::Given);
+        self.announce();
         self.changed.notify_all();
         None
     }
@@ -371,38 +358,19 @@ impl TensorStream {
         requests: Option<&[Request]>,
         options: StreamOptions,
     ) -> Result<TensorStream> {
-        TensorStream::start(source, requests, options, None)
-    }
-
-    /// [`TensorStream::open`], calling `handoff(HandOver::Given)` on the reader thread just
-    /// before and just after it queues a tensor (or the error that ends the stream), once
-    /// everything in it was allocated and written, and `handoff(HandOver::Taken)` on the
-    /// consumer's thread just before and just after tensors leave the queue (`next`, or
-    /// dropping the stream), all under the lock that orders them. For callers whose tools cannot see this crate's synchronisation: the C++
-    /// bridge passes ThreadSanitizer's release and acquire, since this crate is not
-    /// instrumented and its locks are invisible to it. `handoff` must not block or call back
-    /// into the stream.
-    pub fn open_with_handoff(
-        source: Source<'_>,
-        requests: Option<&[Request]>,
-        options: StreamOptions,
-        handoff: impl Fn(HandOver) + Send + Sync + 'static,
-    ) -> Result<TensorStream> {
-        TensorStream::start(source, requests, options, Some(Box::new(handoff)))
+        TensorStream::start(source, requests, options)
     }
 
     fn start(
         source: Source<'_>,
         requests: Option<&[Request]>,
         options: StreamOptions,
-        handoff: Option<Handoff>,
     ) -> Result<TensorStream> {
         let items: Arc<[Item]> = resolve(source, requests)?.into();
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
             bound: options.max_inflight_bytes,
-            handoff,
         });
         let (s, its) = (shared.clone(), items.clone());
         let reader = std::thread::Builder::new()
@@ -484,9 +452,9 @@ impl TensorStream {
         // Dropped outside the lock: each one takes it to release its bytes.
         let ready = {
             let mut s = self.shared.lock();
-            self.shared.announce(HandOver::Taken);
+            self.shared.announce();
             let ready = std::mem::take(&mut s.ready);
-            self.shared.announce(HandOver::Taken);
+            self.shared.announce();
             ready
         };
         drop(ready);
@@ -506,9 +474,9 @@ impl Iterator for TensorStream {
         let mut s = self.shared.lock();
         let out = loop {
             if !s.ready.is_empty() {
-                self.shared.announce(HandOver::Taken);
+                self.shared.announce();
                 let item = s.ready.pop_front();
-                self.shared.announce(HandOver::Taken);
+                self.shared.announce();
                 break item;
             }
             if s.done {

@@ -12,8 +12,8 @@ use std::sync::{mpsc, Arc};
 use common::scratch_dir;
 use common::sharded::{write_sharded, Spec};
 use safetensors_core::{
-    serialize_to_file, Backend, Checkpoint, Dtype, Error, ErrorKind, HandOver, Indexer, Request,
-    SafeFile, Source, StreamOptions, TensorStream, TensorView,
+    serialize_to_file, Backend, Checkpoint, Dtype, Error, ErrorKind, Indexer, Request, SafeFile,
+    Source, StreamOptions, TensorStream, TensorView,
 };
 
 const LENS: [usize; 7] = [1000, 70_000, 4096, 300_000, 12, 50_000, 65_536];
@@ -476,48 +476,6 @@ fn a_shard_that_shrinks_mid_stream_ends_it_with_io_naming_the_shard() {
         assert_eq!(stream.inflight_bytes(), 0, "everything is freed");
         three_shards(&dir);
     }
-}
-
-#[test]
-fn open_with_handoff_announces_every_hand_over_on_the_reader_thread() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let dir = scratch_dir("open_with_handoff");
-    let path = dir.join("s.safetensors");
-    write_sample(&path);
-    let files = [Arc::new(SafeFile::open(&path, Backend::Read).unwrap())];
-    let announced = Arc::new(AtomicUsize::new(0));
-    let taken_said = Arc::new(AtomicUsize::new(0));
-    let caller = std::thread::current().id();
-    let (count, takes) = (announced.clone(), taken_said.clone());
-    let handoff = move |h: HandOver| match h {
-        HandOver::Given => {
-            assert_ne!(std::thread::current().id(), caller, "on the reader thread");
-            count.fetch_add(1, Ordering::SeqCst);
-        }
-        HandOver::Taken => {
-            assert_eq!(
-                std::thread::current().id(),
-                caller,
-                "on the consumer's thread"
-            );
-            takes.fetch_add(1, Ordering::SeqCst);
-        }
-    };
-    let options = StreamOptions {
-        max_inflight_bytes: 1,
-        ..StreamOptions::default()
-    };
-    let stream =
-        TensorStream::open_with_handoff(Source::Files(&files), None, options, handoff).unwrap();
-    let mut taken = 0;
-    for t in stream {
-        t.unwrap();
-        taken += 1;
-        // Announced (before and after queueing) before `next` could return it; taken likewise.
-        assert!(announced.load(Ordering::SeqCst) >= 2 * taken);
-        assert_eq!(taken_said.load(Ordering::SeqCst), 2 * taken);
-    }
-    assert_eq!(announced.load(Ordering::SeqCst), 2 * LENS.len());
 }
 
 #[test]

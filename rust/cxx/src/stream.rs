@@ -2,13 +2,12 @@
 //! shards), what to read (a `RequestList`, the same for prefetch, streams and uploads), prefetch
 //! and advice, and host streams of tensors delivered in file order.
 
-use std::ffi::c_void;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
 
 use safetensors_core::{
-    Error, HandOver, Indexer, Plan, Prefetch, PrefetchOptions, Request, SafeFile, StreamOptions,
+    Error, Indexer, Plan, Prefetch, PrefetchOptions, Request, SafeFile, StreamOptions,
 };
 
 use crate::checkpoint::Checkpoint;
@@ -99,20 +98,13 @@ pub mod ffi {
 
         /// Tensors delivered in file order with bounded buffers.
         type TensorStream;
-        /// Streams `requests` of `source`. `announce` and `receive`, when not 0, are addresses
-        /// of C functions `void(void*)` called with `token` under the stream's lock: the first
-        /// by the reader thread just before and after it queues each tensor, the second by the
-        /// consumer just before and after it takes queued tensors (the C++ header passes a
-        /// ThreadSanitizer acquire-and-release for both). Null on failure.
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn stream(
+        /// Streams `requests` of `source` (the core announces each hand-over of a read tensor
+        /// to a ThreadSanitizer build of the program itself). Null on failure.
+        fn stream(
             source: &Source,
             requests: &RequestList,
             max_inflight_bytes: u64,
             wait_for_release: bool,
-            announce: usize,
-            receive: usize,
-            token: usize,
             status: &mut Status,
         ) -> *mut TensorStream;
         /// The next tensor; null at the end (status ok) or on the error that ends the stream.
@@ -351,31 +343,12 @@ pub struct StreamTensor {
     inner: safetensors_core::StreamTensor,
 }
 
-/// Calls C functions `void(void*)` given by address, with a token: what C++ asks each side of a
-/// hand-over to do (the reader thread on giving, the consumer on taking).
-struct Announce {
-    give: extern "C" fn(*mut c_void),
-    take: extern "C" fn(*mut c_void),
-    token: usize,
-}
-
-/// Streams `requests` of `source`, with the hand-over announced when C++ asks for it.
-///
-/// # Safety
-/// `announce` and `receive` are both 0, or both the address of a C function `void(void*)`,
-/// callable from any thread for as long as the stream lives, and `token` is what they expect.
-/// The C++ header passes, for both, a function that acquires and releases a ThreadSanitizer
-/// token (only in programs built with it), and the address of that token, which outlives the
-/// stream.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn stream(
+/// Streams `requests` of `source`.
+pub fn stream(
     source: &Source,
     requests: &RequestList,
     max_inflight_bytes: u64,
     wait_for_release: bool,
-    announce: usize,
-    receive: usize,
-    token: usize,
     status: &mut Status,
 ) -> *mut TensorStream {
     guard(status, || {
@@ -385,25 +358,7 @@ pub unsafe fn stream(
         };
         let requests = requests.core(source.path())?;
         let requests = requests.as_deref();
-        let inner = if announce == 0 || receive == 0 {
-            source.with(|s| safetensors_core::TensorStream::open(s, requests, options))?
-        } else {
-            // SAFETY: the caller passes the addresses of such functions (see above).
-            let a = unsafe {
-                Announce {
-                    give: std::mem::transmute::<usize, extern "C" fn(*mut c_void)>(announce),
-                    take: std::mem::transmute::<usize, extern "C" fn(*mut c_void)>(receive),
-                    token,
-                }
-            };
-            let handoff = move |h: HandOver| match h {
-                HandOver::Given => (a.give)(a.token as *mut c_void),
-                HandOver::Taken => (a.take)(a.token as *mut c_void),
-            };
-            source.with(|s| {
-                safetensors_core::TensorStream::open_with_handoff(s, requests, options, handoff)
-            })?
-        };
+        let inner = source.with(|s| safetensors_core::TensorStream::open(s, requests, options))?;
         Ok(handed_over(TensorStream { inner }))
     })
 }
@@ -570,11 +525,8 @@ mod tests {
     fn a_stream_delivers_and_then_ends() {
         let (dir, file) = sample("stream_ends");
         let all = adopt(outcome(|s| new_request_list(true, &[], &[], &[], s)).unwrap());
-        // SAFETY: no announcement.
-        let mut stream = adopt(
-            outcome(|s| unsafe { stream(&source_of_file(&file), &all, 1, false, 0, 0, 0, s) })
-                .unwrap(),
-        );
+        let mut stream =
+            adopt(outcome(|s| stream(&source_of_file(&file), &all, 1, false, s)).unwrap());
         let t = adopt(outcome(|s| stream.next_tensor(s)).unwrap());
         assert_eq!(
             (t.name(), t.data().len(), t.shape()),
