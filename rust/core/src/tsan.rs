@@ -14,7 +14,7 @@
 //! they end ([`stop_ignoring_this_thread`]).
 
 use std::ffi::c_void;
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 type Annotate = unsafe extern "C" fn(*mut c_void);
 type Annotate0 = unsafe extern "C" fn();
@@ -90,6 +90,48 @@ pub fn release<T>(token: &T) {
     }
 }
 
+/// `m` locked and the lock announced ([`acquire`] once taken, [`release`] as the guard drops),
+/// for a lock of the core's that guards memory several threads write (a streaming writer's
+/// piece lists, which grow on whichever thread writes). A poisoned lock is taken all the same:
+/// no code of the core panics while holding one.
+pub fn lock<T>(m: &Mutex<T>) -> Locked<'_, T> {
+    let guard = m.lock().unwrap_or_else(|p| p.into_inner());
+    acquire(m);
+    Locked {
+        guard,
+        token: std::ptr::from_ref(m).cast(),
+    }
+}
+
+/// A lock taken with [`lock`]: released to the sanitizer just before the lock itself.
+pub struct Locked<'a, T> {
+    guard: MutexGuard<'a, T>,
+    token: *const u8,
+}
+
+impl<T> Drop for Locked<'_, T> {
+    fn drop(&mut self) {
+        // SAFETY of the token: only its address is used, as the sanitizer's token.
+        if let Some((_, release)) = hooks() {
+            // SAFETY: the sanitizer's annotation takes any address as a synchronisation token.
+            unsafe { release(self.token.cast_mut().cast()) }
+        }
+    }
+}
+
+impl<T> std::ops::Deref for Locked<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.guard
+    }
+}
+
+impl<T> std::ops::DerefMut for Locked<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.guard
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -101,5 +143,8 @@ mod tests {
         super::stop_ignoring_this_thread();
         super::acquire(&token);
         super::release(&token);
+        let m = std::sync::Mutex::new(1);
+        *super::lock(&m) += 1;
+        assert_eq!(*super::lock(&m), 2);
     }
 }

@@ -254,17 +254,12 @@ impl StreamWriter {
                 self.slots.len()
             ),
         })?;
-        slot.pieces
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        crate::tsan::lock(&slot.pieces)
             .reserve(offset, bytes.len() as u64, slot.len)
             .map_err(|problem| self.piece_error(slot, problem))?;
         if let Err(e) = self.staged.file().write_all_at(bytes, slot.at + offset) {
             let e = Error::io(&self.path, "write", e);
-            self.failed
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get_or_insert_with(|| e.clone());
+            crate::tsan::lock(&self.failed).get_or_insert_with(|| e.clone());
             return Err(e);
         }
         Ok(())
@@ -283,7 +278,7 @@ impl StreamWriter {
         if self.published {
             return Err(published(&self.path));
         }
-        match &*self.failed.lock().unwrap_or_else(|p| p.into_inner()) {
+        match &*crate::tsan::lock(&self.failed) {
             Some(e) => Err(e.clone()),
             None => Ok(()),
         }
@@ -291,9 +286,7 @@ impl StreamWriter {
 
     /// Records `e` as the writer's failure, reported by every later call.
     pub(crate) fn fail(&self, e: Error) -> Error {
-        self.failed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        crate::tsan::lock(&self.failed)
             .get_or_insert_with(|| e)
             .clone()
     }
@@ -304,7 +297,7 @@ impl StreamWriter {
         self.check_open()?;
         for &i in &self.file_order {
             let slot = &self.slots[i];
-            let pieces = slot.pieces.lock().unwrap_or_else(|p| p.into_inner());
+            let pieces = crate::tsan::lock(&slot.pieces);
             if let Some(problem) = pieces.missing(slot.len) {
                 return Err(self.piece_error(slot, problem));
             }
