@@ -3,6 +3,7 @@
 
 #include "safetensors/abi.hpp"
 
+#include <atomic>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -162,6 +163,18 @@ inline const std::string& shared_name(const std::shared_ptr<const std::string>& 
   static const std::string none;
   return name ? *name : none;
 }
+
+/// What a slice and its copies share: the tensor's name (shared on with every selection) and
+/// the whole tensor's selection plan, made on the first `select({})` and shared by every later
+/// one, since a tensor-parallel plan selects each replicated tensor whole once per rank. The
+/// first thread to finish making it keeps it (`whole_state`: 0 none, 1 being kept, 2 kept);
+/// a thread that finds it being kept uses the plan it made itself. Nothing waits.
+struct SliceShared {
+  explicit SliceShared(std::string_view n) : name(n) {}
+  std::string name;
+  mutable std::atomic<int> whole_state{0};
+  mutable std::shared_ptr<const ffi::SlicePlan> whole;
+};
 }  // namespace detail
 
 /// A contiguous byte run of a selection, relative to the start of the file's data buffer
@@ -232,8 +245,8 @@ class Selection {
   friend class LoadPlan;  // reads the file and plan a selection came from
 
   Selection(detail::OpenFile src, std::shared_ptr<const std::string> name, Dtype dtype,
-            ::rust::Box<ffi::SlicePlan> plan)
-      : src_(std::move(src)), name_(std::move(name)), dtype_(dtype), plan_(detail::share(std::move(plan))) {
+            std::shared_ptr<const ffi::SlicePlan> plan)
+      : src_(std::move(src)), name_(std::move(name)), dtype_(dtype), plan_(std::move(plan)) {
     auto s = plan_->shape();
     shape_.assign(s.data, s.data + s.len);
   }
@@ -258,6 +271,11 @@ template <>
 struct Access<Selection> {
   static Selection make(OpenFile src, std::shared_ptr<const std::string> name, Dtype dtype,
                         ::rust::Box<ffi::SlicePlan> plan) {
+    return Selection(std::move(src), std::move(name), dtype, share(std::move(plan)));
+  }
+  /// A selection sharing a plan another selection holds too.
+  static Selection make(OpenFile src, std::shared_ptr<const std::string> name, Dtype dtype,
+                        std::shared_ptr<const ffi::SlicePlan> plan) {
     return Selection(std::move(src), std::move(name), dtype, std::move(plan));
   }
   static const OpenFile& open_file(const Selection& s) { return s.src_; }
@@ -281,7 +299,10 @@ struct Access<Selection> {
 ///   cols.read_into(my_buffer);   // or: TensorView v = cols.read();
 class Slice {
  public:
-  [[nodiscard]] const std::string& name() const { return detail::shared_name(name_); }
+  [[nodiscard]] const std::string& name() const {
+    static const std::string none;
+    return shared_ ? shared_->name : none;
+  }
   [[nodiscard]] Dtype dtype() const { return dtype_; }
   [[nodiscard]] const std::vector<std::size_t>& shape() const { return shape_; }
 
@@ -303,13 +324,13 @@ class Slice {
   friend struct detail::Access<Slice>;
   Slice(detail::OpenFile src, std::string_view name, const ffi::TensorMeta& m)
       : src_(std::move(src)),
-        name_(std::make_shared<const std::string>(name)),
+        shared_(std::make_shared<const detail::SliceShared>(name)),
         index_(m.index),
         dtype_(static_cast<Dtype>(m.dtype)),
         shape_(src_.shape_of(m)) {}
 
   detail::OpenFile src_;
-  std::shared_ptr<const std::string> name_;  // shared with its selections
+  std::shared_ptr<const detail::SliceShared> shared_;  // its name shared with its selections
   std::size_t index_ = 0;
   Dtype dtype_{};
   std::vector<std::size_t> shape_;
@@ -336,12 +357,37 @@ struct Access<Slice> {
                                                    shape_text(s.shape_));
       }
     }
+    if (indices.empty()) return whole(s);
     auto raw = raw_indices(indices);
     if (!raw) return raw.status();
     const ffi::SliceIndices r{raw->data(), raw->size()};
     return select_by(s, [&](const ffi::File& f, std::size_t index, ffi::Status& st) {
       return f.plan_slice(index, r, st);
     });
+  }
+
+  /// The whole tensor's selection, its plan made once per slice (see `SliceShared`).
+  static Expected<Selection> whole(const Slice& s) {
+    if (!s.src_.owner) return moved_from("Slice");
+    const SliceShared& sh = *s.shared_;
+    if (sh.whole_state.load(std::memory_order_acquire) == 2)
+      return Access<Selection>::make(s.src_, name_of(s), s.dtype_, sh.whole);
+    auto plan = adopt(attempt([&](ffi::Status& st) {
+      return s.src_.file->plan_slice(s.index_, ffi::SliceIndices{nullptr, 0}, st);
+    }));
+    if (!plan) return plan.status();
+    std::shared_ptr<const ffi::SlicePlan> made = share(std::move(*plan));
+    int none = 0;
+    if (sh.whole_state.compare_exchange_strong(none, 1, std::memory_order_acq_rel)) {
+      sh.whole = made;
+      sh.whole_state.store(2, std::memory_order_release);
+    }
+    return Access<Selection>::make(s.src_, name_of(s), s.dtype_, std::move(made));
+  }
+
+  /// The slice's name as its selections share it.
+  static std::shared_ptr<const std::string> name_of(const Slice& s) {
+    return std::shared_ptr<const std::string>(s.shared_, &s.shared_->name);
   }
 
   /// The selection whose plan `plan_of(file, tensor index, status)` makes (a raw plan the
@@ -351,7 +397,7 @@ struct Access<Slice> {
     if (!s.src_.owner) return moved_from("Slice");
     auto plan = adopt(attempt([&](ffi::Status& st) { return plan_of(*s.src_.file, s.index_, st); }));
     if (!plan) return plan.status();
-    return Access<Selection>::make(s.src_, s.name_, s.dtype_, std::move(*plan));
+    return Access<Selection>::make(s.src_, name_of(s), s.dtype_, std::move(*plan));
   }
 };
 }  // namespace detail

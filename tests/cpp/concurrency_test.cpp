@@ -129,6 +129,46 @@ TEST_P(Concurrency, SixteenThreadsOpenShardsOnFirstUse) {
   EXPECT_EQ(ckpt.shards_opened(), 4u);
 }
 
+TEST_P(Concurrency, SixteenThreadsSelectOneSliceWhole) {
+  // The whole tensor's plan is made on a slice's first `select({})` and shared by every later
+  // one, across copies of the slice too: threads racing to make it each get a correct
+  // selection, and every selection made after one was kept shares that one.
+  test::TempDir dir;
+  auto data = make_data(8);
+  safetensors::save_file(dir / "m.safetensors", views_of(data, 0, data.size()));
+  safetensors::SafeOpen f(dir / "m.safetensors", {GetParam()});
+  const auto slice = f.get_slice("t5");
+  const auto copy = slice;
+  std::atomic<std::size_t> bad{0};
+  std::barrier start(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      start.arrive_and_wait();
+      for (int round = 0; round < 8; ++round) {
+        auto sel = (t % 2 ? copy : slice).select({});
+        bad += sel.shape() != slice.shape();
+        std::vector<std::byte> out(sel.byte_size());
+        sel.read_into(out);
+        for (std::size_t j = 0; j < out.size(); ++j)
+          bad += static_cast<std::uint8_t>(out[j]) != expected(5, j);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(bad.load(), 0u);
+  const auto a = slice.select({});
+  const auto b = copy.select({});
+  EXPECT_EQ(safetensors::detail::Access<safetensors::Selection>::shared_plan(a),
+            safetensors::detail::Access<safetensors::Selection>::shared_plan(b))
+      << "one plan for every whole selection of the slice and its copies";
+  EXPECT_NE(safetensors::detail::Access<safetensors::Selection>::shared_plan(a),
+            safetensors::detail::Access<safetensors::Selection>::shared_plan(
+                slice.select({Index::all(), Index::all()})))
+      << "a selection with indices has a plan of its own";
+  EXPECT_EQ(a.byte_size(), data[5].size());
+}
+
 TEST_P(Concurrency, SixteenThreadsUploadToTheGpu) {
   if (!safetensors::cuda::available()) {
     std::cout << "GPU part skipped: " << safetensors::cuda::why_unavailable() << "\n";

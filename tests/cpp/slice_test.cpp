@@ -216,6 +216,9 @@ TEST_F(SliceRules, MovedFromSlicesAndSelectionsThrowInsteadOfCrashing) {
   auto s = SafeOpen(path_).get_slice("m");
   auto moved = std::move(s);
   EXPECT_EQ(kind_of([&] { (void)s.select({0}); }), ErrorKind::Internal);  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(kind_of([&] { (void)s.select({}); }), ErrorKind::Internal);   // the whole tensor too
+  EXPECT_EQ(s.name(), "");
+  EXPECT_EQ(moved.name(), "m");
   auto sel = moved.select({0});
   auto other = std::move(sel);
   EXPECT_EQ(kind_of([&] { (void)sel.byte_size(); }), ErrorKind::Internal);  // NOLINT(bugprone-use-after-move)

@@ -52,6 +52,40 @@ impl Indexer {
     }
 }
 
+/// Indexed axes whose planning state [`SlicePlan::new`] keeps on the stack.
+const INLINE_AXES: usize = 8;
+
+/// Dimensions of a result shape a plan holds without an allocation of its own.
+const INLINE_RANK: usize = 4;
+
+/// A plan's result shape: inline up to [`INLINE_RANK`] dimensions (nearly every tensor, so a
+/// tensor-parallel plan's hundreds of thousands of selections allocate no shapes), else on the
+/// heap.
+#[derive(Debug, Clone)]
+enum Dims {
+    Inline(u8, [usize; INLINE_RANK]),
+    Heap(Vec<usize>),
+}
+
+impl std::ops::Deref for Dims {
+    type Target = [usize];
+
+    fn deref(&self) -> &[usize] {
+        match self {
+            Dims::Inline(rank, d) => &d[..usize::from(*rank)],
+            Dims::Heap(v) => v,
+        }
+    }
+}
+
+impl PartialEq for Dims {
+    fn eq(&self, other: &Dims) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Dims {}
+
 /// One dimension after resolving its indexer.
 #[derive(Debug, Clone, Copy)]
 struct Resolved {
@@ -71,7 +105,7 @@ struct Walk {
 /// The bytes a slice selects from one tensor, in row-major order of the result.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlicePlan {
-    shape: Vec<usize>,
+    shape: Dims,
     dtype: Dtype,
     tensor_len: usize,
     base: usize,
@@ -111,18 +145,46 @@ impl SlicePlan {
             )));
         }
         let k = indexers.len();
-        let mut dims = Vec::with_capacity(k);
+        // Per-axis state on the stack for the few axes nearly every selection indexes (a
+        // tensor-parallel plan makes hundreds of thousands of plans), on the heap past that.
+        let unset = Resolved {
+            start: 0,
+            count: 0,
+            step: 1,
+            keep: false,
+        };
+        let (mut dims_inline, mut dims_heap) = ([unset; INLINE_AXES], Vec::new());
+        let dims: &mut [Resolved] = if k <= INLINE_AXES {
+            &mut dims_inline[..k]
+        } else {
+            dims_heap.resize(k, unset);
+            &mut dims_heap
+        };
         for (axis, (&indexer, &size)) in indexers.iter().zip(shape).enumerate() {
-            dims.push(
-                resolve(indexer, size).map_err(|r| invalid(format!("dimension {axis}: {r}")))?,
-            );
+            dims[axis] =
+                resolve(indexer, size).map_err(|r| invalid(format!("dimension {axis}: {r}")))?;
         }
-        let mut new_shape = Vec::new();
-        new_shape
-            .try_reserve_exact(shape.len())
-            .map_err(|_| invalid(format!("no memory for a result of rank {}", shape.len())))?;
-        new_shape.extend(dims.iter().filter(|d| d.keep).map(|d| d.count));
-        new_shape.extend_from_slice(&shape[k..]);
+        let dims: &[Resolved] = dims;
+        let kept = dims.iter().filter(|d| d.keep).map(|d| d.count);
+        let rest = shape[k..].iter().copied();
+        let rank = dims
+            .iter()
+            .filter(|d| d.keep)
+            .count()
+            .saturating_add(shape.len().saturating_sub(k));
+        let new_shape = if rank <= INLINE_RANK {
+            let mut d = [0usize; INLINE_RANK];
+            for (to, from) in d.iter_mut().zip(kept.chain(rest)) {
+                *to = from;
+            }
+            Dims::Inline(rank as u8, d)
+        } else {
+            let mut v = Vec::new();
+            v.try_reserve_exact(rank)
+                .map_err(|_| invalid(format!("no memory for a result of rank {rank}")))?;
+            v.extend(kept.chain(rest));
+            Dims::Heap(v)
+        };
         let bits = info.dtype.bits();
         // The tensor itself must be one that can exist; every dtype has at least 4 bits, so it
         // has no elements exactly when it has no bytes.
@@ -151,7 +213,13 @@ impl SlicePlan {
             ),
         };
         let inner = checked_numel(&shape[k..]).ok_or_else(wrapped)?;
-        let mut strides = vec![0usize; k];
+        let (mut strides_inline, mut strides_heap) = ([0usize; INLINE_AXES], Vec::new());
+        let strides: &mut [usize] = if k <= INLINE_AXES {
+            &mut strides_inline[..k]
+        } else {
+            strides_heap.resize(k, 0);
+            &mut strides_heap
+        };
         let mut suffix = inner;
         for axis in (0..k).rev() {
             strides[axis] = suffix;
@@ -254,6 +322,12 @@ impl SlicePlan {
         let mut runs = self.runs();
         runs.next();
         runs.next().is_none()
+    }
+
+    /// Pieces of the selection (runs before merging those that touch): 1 when it is one run,
+    /// `[extent]`.
+    pub fn run_count(&self) -> usize {
+        self.runs
     }
 
     /// Bytes of the tensor this plan slices.

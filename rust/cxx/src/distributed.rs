@@ -222,6 +222,9 @@ pub struct DistPlanBuilder {
     /// Each file's number in `files`, by its address: a plan of every tensor of a checkpoint of
     /// 163 shards adds 700,000 selections, and a search of `files` for each was most of it.
     ids: std::collections::HashMap<usize, usize>,
+    /// The last file added and its number: selections come file by file in practice, so most
+    /// additions need no lookup at all.
+    last: Option<(usize, usize)>,
     needs: Vec<Vec<Need>>,
 }
 
@@ -229,6 +232,7 @@ pub fn new_dist_plan_builder(world: usize) -> Box<DistPlanBuilder> {
     Box::new(DistPlanBuilder {
         files: Vec::new(),
         ids: std::collections::HashMap::new(),
+        last: None,
         needs: (0..world).map(|_| Vec::new()).collect(),
     })
 }
@@ -245,23 +249,23 @@ impl DistPlanBuilder {
                     reason: format!("rank {rank} is not in a world of {world} ranks"),
                 });
             };
-            let shared = file.shared();
-            let files = &mut self.files;
-            let id = *self
-                .ids
-                .entry(Arc::as_ptr(&shared) as usize)
-                .or_insert_with(|| {
-                    files.push(shared);
-                    files.len() - 1
-                });
+            let key = std::ptr::from_ref(file.core()) as usize;
+            let id = match self.last {
+                Some((last, id)) if last == key => id,
+                _ => {
+                    let files = &mut self.files;
+                    let id = *self.ids.entry(key).or_insert_with(|| {
+                        files.push(file.shared());
+                        files.len() - 1
+                    });
+                    self.last = Some((key, id));
+                    id
+                }
+            };
             let meta = file.meta_at(plan.tensor_index());
             // The selection itself, not its runs: a strided selection has as many runs as
             // elements, and the plan walks them lazily.
-            list.push(Need {
-                file: id,
-                begin: meta.begin as u64,
-                slice: plan.shared(),
-            });
+            list.push(Need::new(id, meta.begin as u64, plan.shared()));
             Ok(())
         })
     }

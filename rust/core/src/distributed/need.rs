@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::error::Error;
-use crate::slice::SlicePlan;
+use crate::slice::{Runs, SlicePlan};
 
 /// Bytes between two segments needed by the same ranks that are read (and broadcast) with them
 /// rather than skipped: a page, which the kernel reads whole anyway, costs less than a second
@@ -20,6 +20,12 @@ pub const MERGE_GAP: u64 = 4096;
 pub const SMALL_SEGMENT: u64 = 256;
 
 /// One request of one rank: a selection of a tensor.
+///
+/// What the plan's passes read of the selection (its bytes, its tensor's, its extent, and its
+/// run when it has one) is copied in when the need is made: a tensor-parallel plan of a
+/// 90k-tensor checkpoint holds hundreds of thousands of needs, each selection's plan elsewhere
+/// on the heap, and reaching into each of them again in every pass was most of the plan's
+/// time (one cache miss per need per pass).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Need {
     /// Which file (an index the caller gives each distinct file).
@@ -27,26 +33,95 @@ pub struct Need {
     /// The tensor's first byte in the file's data buffer.
     pub begin: u64,
     /// The selection, in result order; shared, so that handing a caller's selection to a plan
-    /// copies no shape or walk (a tensor-parallel plan of a 90k-tensor checkpoint takes
-    /// hundreds of thousands).
-    pub slice: Arc<SlicePlan>,
+    /// copies no shape or walk.
+    slice: Arc<SlicePlan>,
+    len: u64,
+    tensor_len: u64,
+    /// `[lo, hi)` of the tensor's bytes the selection touches (meaningful when `touches`).
+    lo: u64,
+    hi: u64,
+    touches: bool,
+    /// The selection is the one run `[lo, hi)`.
+    one_run: bool,
 }
 
 impl Need {
+    /// Selection `slice` of the tensor whose first byte is at `begin` of file `file`'s data
+    /// buffer.
+    pub fn new(file: usize, begin: u64, slice: Arc<SlicePlan>) -> Need {
+        let extent = slice.extent();
+        let (lo, hi) = extent.map_or((0, 0), |(lo, hi)| (lo as u64, hi as u64));
+        Need {
+            file,
+            begin,
+            len: slice.byte_len() as u64,
+            tensor_len: slice.tensor_byte_len() as u64,
+            lo,
+            hi,
+            touches: extent.is_some(),
+            one_run: slice.run_count() == 1,
+            slice,
+        }
+    }
+
+    /// The selection.
+    pub fn slice(&self) -> &Arc<SlicePlan> {
+        &self.slice
+    }
+
     /// The whole tensor's `[begin, end)` in the data buffer: what a naive load would read.
     pub fn tensor(&self) -> (u64, u64) {
-        let len = self.slice.tensor_byte_len() as u64;
-        (self.begin, self.begin.saturating_add(len))
+        (self.begin, self.begin.saturating_add(self.tensor_len))
+    }
+
+    /// The tensor bytes the selection touches, first to last, relative to the tensor's first
+    /// byte ([`SlicePlan::extent`]); `None` when it selects nothing.
+    pub fn extent(&self) -> Option<(u64, u64)> {
+        self.touches.then_some((self.lo, self.hi))
+    }
+
+    /// The selection's one run `(offset, len)` relative to the tensor's first byte, when it is
+    /// one run.
+    pub(super) fn one_run(&self) -> Option<(usize, usize)> {
+        self.one_run
+            .then(|| (self.lo as usize, (self.hi - self.lo) as usize))
+    }
+
+    /// The selection's `(offset, len)` byte runs relative to the tensor's first byte
+    /// ([`SlicePlan::runs`]), without reaching into the selection's plan when it is one run.
+    pub(super) fn runs(&self) -> NeedRuns<'_> {
+        if self.one_run {
+            NeedRuns::One(Some((self.lo as usize, (self.hi - self.lo) as usize)))
+        } else {
+            NeedRuns::Walked(self.slice.runs())
+        }
     }
 
     /// Bytes of the result.
     pub fn len(&self) -> u64 {
-        self.slice.byte_len() as u64
+        self.len
     }
 
     /// Whether the selection is empty.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// A need's runs: its one run, or its selection's runs walked.
+pub(super) enum NeedRuns<'a> {
+    One(Option<(usize, usize)>),
+    Walked(Runs<'a>),
+}
+
+impl Iterator for NeedRuns<'_> {
+    type Item = (usize, usize);
+
+    fn next(&mut self) -> Option<(usize, usize)> {
+        match self {
+            NeedRuns::One(run) => run.take(),
+            NeedRuns::Walked(runs) => runs.next(),
+        }
     }
 }
 

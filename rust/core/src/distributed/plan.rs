@@ -83,11 +83,11 @@ impl LoadPlan {
         let what = "a rank's share of a load plan";
         let mut out = Vec::new();
         for (request, need) in self.needs.get(rank).into_iter().flatten().enumerate() {
-            let Some((lo, hi)) = need.slice.extent() else {
+            let Some((lo, hi)) = need.extent() else {
                 continue;
             };
-            let lo = need.begin.saturating_add(lo as u64);
-            let hi = need.begin.saturating_add(hi as u64);
+            let lo = need.begin.saturating_add(lo);
+            let hi = need.begin.saturating_add(hi);
             let first = self
                 .steps
                 .partition_point(|s| (s.file, s.offset + s.len) <= (need.file, lo));
@@ -113,7 +113,11 @@ impl LoadPlan {
             (Some(need), Some(s)) if need.file == s.file => {
                 let lo = s.offset.saturating_sub(need.begin) as usize;
                 let hi = (s.offset + s.len).saturating_sub(need.begin) as usize;
-                Some(need.slice.runs_in_tensor(lo, hi).starting_at(from as usize))
+                Some(
+                    need.slice()
+                        .runs_in_tensor(lo, hi)
+                        .starting_at(from as usize),
+                )
             }
             _ => None,
         };

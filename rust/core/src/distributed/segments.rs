@@ -5,10 +5,9 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use super::need::{invalid, Need, Step, MERGE_GAP, SMALL_SEGMENT};
+use super::need::{invalid, Need, NeedRuns, Step, MERGE_GAP, SMALL_SEGMENT};
 use crate::error::Result;
 use crate::fallible;
-use crate::slice::Runs;
 
 /// A run of a file needed by a set of ranks (a sorted list).
 pub(super) struct Segment {
@@ -19,8 +18,11 @@ pub(super) struct Segment {
 }
 
 /// One need being swept: its runs, lazily, and whether the sweep is inside its current run.
+/// A need of one run has both its events queued up front (`queued`); others have one event at
+/// a time in the heap.
 struct Cursor<'a> {
-    runs: Runs<'a>,
+    runs: NeedRuns<'a>,
+    queued: bool,
     begin: u64,
     rank: usize,
     end: u64,
@@ -61,24 +63,49 @@ pub(super) fn segments(needs: &[Vec<Need>]) -> Result<Vec<Segment>> {
         let mut heap = BinaryHeap::new();
         heap.try_reserve(file_needs.len())
             .map_err(|_| fallible::out_of_memory(what, (file_needs.len() * 16) as u64))?;
+        // Needs of one run (nearly all: a row or column shard, a whole tensor) have their start
+        // and end queued here, sorted once, instead of passing through the heap: the sweep
+        // takes events in (position, cursor) order from both, the order the heap alone gave.
+        let mut queued: Vec<(u64, usize)> =
+            fallible::with_capacity(file_needs.len().saturating_mul(2), what)?;
         for &(_, rank, i) in file_needs {
             let need = &needs[rank][i];
             let mut c = Cursor {
-                runs: need.slice.runs(),
+                runs: need.runs(),
+                queued: need.one_run().is_some(),
                 begin: need.begin,
                 rank,
                 end: 0,
                 inside: false,
             };
             if let Some(start) = c.next_run()? {
-                heap.push(Reverse((start, cursors.len())));
+                if c.queued {
+                    queued.push((start, cursors.len()));
+                    queued.push((c.end, cursors.len()));
+                } else {
+                    heap.push(Reverse((start, cursors.len())));
+                }
             }
             cursors.push(c);
         }
-        // Each cursor has one event in the heap at a time (its run's start, then its end), so
-        // the heap never grows past the capacity reserved above.
+        queued.sort_unstable();
+        let mut queued = queued.into_iter().peekable();
+        // Each heap cursor has one event in the heap at a time (its run's start, then its end),
+        // so the heap never grows past the capacity reserved above.
         let mut at: Option<u64> = None;
-        while let Some(Reverse((pos, k))) = heap.pop() {
+        loop {
+            let from_queue = match (queued.peek(), heap.peek()) {
+                (Some(&q), Some(&Reverse(h))) => q < h,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => break,
+            };
+            let (pos, k) = if from_queue {
+                queued.next()
+            } else {
+                heap.pop().map(|Reverse(h)| h)
+            }
+            .ok_or_else(|| invalid("the sweep lost an event".into()))?;
             if let Some(prev) = at.filter(|&p| p < pos) {
                 if !active.is_empty() {
                     merged.push(file, prev, pos, &active)?;
@@ -105,7 +132,9 @@ pub(super) fn segments(needs: &[Vec<Need>]) -> Result<Vec<Segment>> {
                         active.insert(j, c.rank);
                     }
                 }
-                heap.push(Reverse((c.end, k)));
+                if !c.queued {
+                    heap.push(Reverse((c.end, k)));
+                }
             }
         }
     }

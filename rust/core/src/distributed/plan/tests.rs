@@ -14,11 +14,7 @@ fn need(file: usize, begin: u64, shape: &[usize], idx: &[Indexer]) -> Need {
         shape,
         data_offsets: (0, shape.iter().product()),
     };
-    Need {
-        file,
-        begin,
-        slice: SlicePlan::new(&info, idx).unwrap().into(),
-    }
+    Need::new(file, begin, SlicePlan::new(&info, idx).unwrap().into())
 }
 
 fn bytes(file: usize, begin: u64, len: usize) -> Need {
@@ -43,7 +39,7 @@ fn simulate(needs: &[Vec<Need>], data: &[Vec<u8>], max_step: u64) -> LoadPlan {
     let mut needed: Vec<Vec<Vec<usize>>> = data.iter().map(|d| vec![Vec::new(); d.len()]).collect();
     for (rank, rank_needs) in needs.iter().enumerate() {
         for n in rank_needs {
-            for (o, l) in n.slice.runs() {
+            for (o, l) in n.slice().runs() {
                 let at = n.begin as usize + o;
                 for ranks in &mut needed[n.file][at..at + l] {
                     ranks.push(rank);
@@ -121,7 +117,7 @@ fn simulate(needs: &[Vec<Need>], data: &[Vec<u8>], max_step: u64) -> LoadPlan {
         for (i, n) in rank_needs.iter().enumerate() {
             let (b, e) = n.tensor();
             let mut want = vec![0; n.len() as usize];
-            n.slice
+            n.slice()
                 .gather(&data[n.file][b as usize..e as usize], &mut want)
                 .unwrap();
             assert_eq!(scattered[i], want, "rank {rank} request {i}");
