@@ -354,7 +354,9 @@ impl Prefetch {
     /// same outcome: a prefetch that failed never reports success later.
     pub fn wait(&self) -> Result<()> {
         self.join();
-        let slot = self.shared.error.lock().unwrap_or_else(|p| p.into_inner());
+        // Announced to a sanitized program's ThreadSanitizer (`tsan::lock`): the error was made on
+        // a reader thread and is cloned here, on whichever thread waits.
+        let slot = crate::tsan::lock(&self.shared.error);
         match slot.as_ref() {
             Some(e) => Err(e.clone()),
             None => Ok(()),
@@ -363,7 +365,9 @@ impl Prefetch {
 
     /// Joins every reader thread (a second caller waits for the first to finish joining).
     fn join(&self) {
-        let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        // Announced as the error's lock is: a second waiter that finds the threads joined by the
+        // first sees what the readers did through this lock, not through its own join.
+        let mut threads = crate::tsan::lock(&self.threads);
         for t in threads.drain(..) {
             let _ = t.join();
         }
@@ -450,9 +454,7 @@ fn open_planned(s: &Shared, i: usize) -> Result<File> {
 
 fn record(s: &Shared, e: Error) {
     s.cancel.store(true, Ordering::Relaxed);
-    if let Ok(mut slot) = s.error.lock() {
-        slot.get_or_insert(e);
-    }
+    crate::tsan::lock(&s.error).get_or_insert(e);
 }
 
 /// Access-pattern hints for the mapped backend (`madvise`).
