@@ -34,64 +34,15 @@ struct LoadOptions {
   /// The longest single read (and broadcast); a rank stages at most this much at a time (a
   /// device load, two such buffers: one filling while the other's copies run). Consecutive
   /// steps that a rank reads for itself alone are read together, on several threads, up to
-  /// this many bytes and at most 64 MiB.
+  /// this many bytes and at most 64 MiB (the core's walk, `rust/core/src/distributed/walk.rs`).
   std::size_t max_step_bytes = std::size_t{64} << 20;
 };
 
 namespace detail {
 
-/// A turn of a rank's walk over a plan's steps: one shared step (every rank takes part in its
-/// broadcast, in step order), or consecutive steps this rank reads for itself alone, together at
-/// most the plan's `max_step_bytes` and 64 MiB (or one larger step), read at once on several
-/// threads (a rank's share of many tensors is many small steps).
-struct StepBatch {
-  std::vector<std::size_t> steps;
-  std::size_t len = 0;
-  bool shared = false;
-  bool reads = false;  ///< this rank reads them
-  std::size_t reader = 0;
-};
-
-/// The walk: `next` fills `b` with the next turn; false once every step is passed. Steps the
-/// rank has no part in (read by another rank for itself) are passed over.
-class StepBatches {
- public:
-  StepBatches(const ffi::DistPlan& plan, std::size_t rank, std::size_t max_bytes)
-      : plan_(plan), rank_(rank), max_(std::min(max_bytes, kMaxBatch)), steps_(plan.step_count()) {}
-
-  /// However large the steps may be: a batch is staging memory (pinned, on a device load).
-  static constexpr std::size_t kMaxBatch = std::size_t{64} << 20;
-
-  bool next(StepBatch& b) {
-    b.steps.clear();
-    b.len = 0;
-    for (; at_ < steps_; ++at_) {
-      const auto s = plan_.step(at_);
-      const bool reads = s.reader == rank_;
-      if (!reads && !s.shared) continue;
-      const auto len = static_cast<std::size_t>(s.len);
-      if (!b.steps.empty() && (s.shared || len > max_ - std::min(max_, b.len))) break;
-      b.steps.push_back(at_);
-      b.len += len;
-      b.shared = s.shared;
-      b.reads = reads;
-      b.reader = s.reader;
-      if (s.shared) {
-        ++at_;
-        break;
-      }
-    }
-    return !b.steps.empty();
-  }
-
- private:
-  const ffi::DistPlan& plan_;
-  std::size_t rank_, max_, steps_, at_ = 0;
-};
-
-/// `steps` as the bridge takes them.
-inline ::rust::Slice<const std::size_t> step_list(const std::vector<std::size_t>& steps) {
-  return {steps.data(), steps.size()};
+/// The steps of a turn of a rank's walk, as the bridge takes them.
+inline ::rust::Slice<const std::size_t> turn_steps(const ffi::DistWalk& walk, const ffi::DistTurn& t) {
+  return {walk.steps.data() + t.first, t.count};
 }
 
 }  // namespace detail
@@ -192,28 +143,29 @@ class LoadPlan {
     std::size_t next_part = 0;
     std::shared_ptr<std::byte[]> staging;
     std::size_t staging_len = 0;
-    detail::StepBatches walk(*plan_, rank, max_step_bytes_);
-    detail::StepBatch b;
-    while (walk.next(b)) {
-      if (b.len > staging_len) {
-        staging = detail::allocate_bytes(b.len, "a shared read").value();
-        staging_len = b.len;
+    // The core's walk: turns of this rank's own reads (bounded), each shared step alone.
+    const auto walk =
+        detail::attempt([&](ffi::Status& st) { return plan_->walk(rank, max_step_bytes_, st); }).value();
+    for (const auto& t : walk.turns) {
+      const auto len = static_cast<std::size_t>(t.len);
+      if (len > staging_len) {
+        staging = detail::allocate_bytes(len, "a shared read").value();
+        staging_len = len;
       }
-      std::span<std::byte> buf{staging.get(), b.len};
-      if (b.reads) {
+      std::span<std::byte> buf{staging.get(), len};
+      const auto steps = detail::turn_steps(walk, t);
+      if (t.reads) {
         ::rust::Slice<std::uint8_t> dst{reinterpret_cast<std::uint8_t*>(buf.data()), buf.size()};
-        detail::attempt([&](ffi::Status& st) {
-          plan_->read_steps(detail::step_list(b.steps), dst, st);
-        }).throw_if_error();
+        detail::attempt([&](ffi::Status& st) { plan_->read_steps(steps, dst, st); }).throw_if_error();
       }
-      if (b.shared) c.broadcast(buf, b.reader);
+      if (t.shared) c.broadcast(buf, t.reader);
       // The core copies each request's bytes out of its step, walking its selection: a
       // strided selection is one step here, not one per element.
       std::size_t base = 0;
-      for (const std::size_t i : b.steps) {
-        const auto len = static_cast<std::size_t>(plan_->step(i).len);
+      for (const std::size_t i : steps) {
+        const auto step_len = static_cast<std::size_t>(plan_->step(i).len);
         const ::rust::Slice<const std::uint8_t> from{reinterpret_cast<const std::uint8_t*>(buf.data() + base),
-                                                     len};
+                                                     step_len};
         for (; next_part < parts.size() && parts.data()[next_part].step == i; ++next_part) {
           const auto& p = parts.data()[next_part];
           ::rust::Slice<std::uint8_t> to{reinterpret_cast<std::uint8_t*>(buffers[p.request].get()),
@@ -222,7 +174,7 @@ class LoadPlan {
             plan_->scatter(rank, i, p.request, from, to, st);
           }).throw_if_error();
         }
-        base += len;
+        base += step_len;
       }
     }
     std::vector<TensorView> out;
@@ -238,15 +190,10 @@ class LoadPlan {
  private:
   friend struct detail::DeviceLoad;
 
-  /// The collective's rank, once its size is checked against the plan's world.
+  /// The collective's rank, once the core has checked its size against the plan's world.
   [[nodiscard]] std::size_t checked_rank(const Collective& c) const {
     const std::size_t rank = c.rank();
-    if (c.size() != world() || rank >= world()) {
-      detail::raise(Status(ErrorKind::InvalidSlice, "the load plan is for " + std::to_string(world()) +
-                                                        " ranks but the collective has " +
-                                                        std::to_string(c.size()) + " (this is rank " +
-                                                        std::to_string(rank) + ")"));
-    }
+    detail::attempt([&](ffi::Status& st) { plan_->check_collective(rank, c.size(), st); }).throw_if_error();
     return rank;
   }
 

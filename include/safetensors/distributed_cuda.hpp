@@ -54,53 +54,40 @@ namespace detail {
 struct DeviceLoad {
   static cuda::DeviceTensors run(const LoadPlan& plan, Collective& c, const cuda::DistributedOptions& o) {
     const std::size_t rank = plan.checked_rank(c);
-    // The core's rule, as for every upload: 0 is the default (256), else a power of two.
-    const std::size_t alignment =
-        attempt([&](ffi::Status& st) { return ffi::upload_alignment(o.alignment, st); }).value();
+    // The core's layout, by the rule of every upload: the alignment 0 is the default (256),
+    // else a power of two; each result on a multiple of it, in request order, 2^64 checked.
+    const auto layout =
+        attempt([&](ffi::Status& st) { return plan.plan_->layout(rank, o.alignment, st); }).value();
     const std::size_t device = upload::device_ordinal(o.device).value();
-    // Placements in the order the rank's selections were given, each aligned.
-    auto lens = plan.plan_->result_lens(rank);
+    const auto& shapes = plan.shapes_[rank];
+    const auto lens = plan.plan_->result_lens(rank);
     std::vector<cuda::Placement> placements;
-    placements.reserve(lens.size());
-    std::size_t end = 0;
-    for (std::size_t i = 0; i < lens.size(); ++i) {
-      const auto& sh = plan.shapes_[rank][i];
-      const auto len = static_cast<std::size_t>(lens[i]);
-      // Checked: a huge power-of-two alignment can push the padded offset past 2^64.
-      const std::size_t padding = (alignment - end % alignment) % alignment;
-      if (padding > SIZE_MAX - end || len > SIZE_MAX - end - padding) {
-        raise(Status(ErrorKind::ValidationOverflow,
-                     "rank " + std::to_string(rank) + "'s tensor `" + detail::shared_name(sh.name) + "` (" +
-                         std::to_string(len) + " bytes) does not fit after " + std::to_string(end) +
-                         " bytes " +
-                         (padding > SIZE_MAX - end || len <= SIZE_MAX - end
-                              ? "on a multiple of the alignment, " + std::to_string(alignment) +
-                                    " bytes: use a smaller alignment"
-                              : "in one address space")));
-      }
-      const std::size_t offset = end + padding;
-      placements.push_back({detail::shared_name(sh.name), sh.dtype, sh.shape(), offset, len});
-      end = offset + len;
+    placements.reserve(shapes.size());
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      const auto& sh = shapes[i];
+      placements.push_back({detail::shared_name(sh.name), sh.dtype, sh.shape(),
+                            static_cast<std::size_t>(layout.offsets[i]), static_cast<std::size_t>(lens[i])});
     }
+    const auto end = static_cast<std::size_t>(layout.total);
     auto stage =
         adopt(attempt([&](ffi::Status& st) { return ffi::new_device_stage(device, end, st); })).value();
     auto* stream = reinterpret_cast<void*>(static_cast<std::uintptr_t>(stage->stream()));
     const auto parts = attempt([&](ffi::Status& st) { return plan.plan_->parts(rank, st); }).value();
     std::size_t next_part = 0;
-    StepBatches walk(*plan.plan_, rank, plan.max_step_bytes_);
-    StepBatch b;
-    while (walk.next(b)) {
+    const auto walk =
+        attempt([&](ffi::Status& st) { return plan.plan_->walk(rank, plan.max_step_bytes_, st); }).value();
+    for (const auto& b : walk.turns) {
+      const auto steps = turn_steps(walk, b);
+      const auto len = static_cast<std::size_t>(b.len);
       // Shared bytes travel on the device only when asked; steps this rank alone needs never
       // leave it.
       const bool on_device = b.shared && o.via == cuda::Via::Device;
       if (b.reads || !on_device) {
         // The next of the two staging buffers, once the copies out of it are done: the copies
         // of the turn before run on while this one reads.
-        auto host = attempt([&](ffi::Status& st) { return stage->host(b.len, st); }).value();
+        auto host = attempt([&](ffi::Status& st) { return stage->host(len, st); }).value();
         if (b.reads) {
-          attempt([&](ffi::Status& st) {
-            plan.plan_->read_steps(step_list(b.steps), host, st);
-          }).throw_if_error();
+          attempt([&](ffi::Status& st) { plan.plan_->read_steps(steps, host, st); }).throw_if_error();
         }
         if (b.shared && !on_device) {
           c.broadcast({reinterpret_cast<std::byte*>(host.data()), host.size()}, b.reader);
@@ -108,13 +95,13 @@ struct DeviceLoad {
       }
       if (on_device) {  // one shared step
         const std::uint64_t scratch =
-            attempt([&](ffi::Status& st) { return stage->scratch(b.len, st); }).value();
-        if (b.reads) attempt([&](ffi::Status& st) { stage->host_to_scratch(b.len, st); }).throw_if_error();
-        c.broadcast_device(reinterpret_cast<void*>(static_cast<std::uintptr_t>(scratch)), b.len, b.reader,
+            attempt([&](ffi::Status& st) { return stage->scratch(len, st); }).value();
+        if (b.reads) attempt([&](ffi::Status& st) { stage->host_to_scratch(len, st); }).throw_if_error();
+        c.broadcast_device(reinterpret_cast<void*>(static_cast<std::uintptr_t>(scratch)), len, b.reader,
                            stream);
       }
       std::size_t base = 0;  // where step i starts in the staging buffer
-      for (const std::size_t i : b.steps) {
+      for (const std::size_t i : steps) {
         for (; next_part < parts.size() && parts.data()[next_part].step == i; ++next_part) {
           const auto& part = parts.data()[next_part];
           // The pieces come in bounded batches, each going on where the last one stopped.

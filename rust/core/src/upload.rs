@@ -34,7 +34,7 @@ mod schedule;
 pub mod trace;
 
 pub use fill::{DirectRun, DirectSpan};
-pub use plan::{alignment, Placement, UploadPlan, DEFAULT_ALIGNMENT};
+pub use plan::{alignment, place, Placement, UploadPlan, DEFAULT_ALIGNMENT};
 pub use readers::on_reader_thread;
 pub use trace::{ChunkTimes, DeviceCopy, Timeline, TraceSummary};
 

@@ -92,7 +92,7 @@ fn an_upload_plan_of_a_strided_selection_is_one_piece() {
 fn a_load_plan_of_a_strided_selection_is_one_step() {
     let _turn = measuring();
     let f = wide_file("proportional_load");
-    let need = Need::new(0, 0, f.plan_slice("t", &every_other()).unwrap().into());
+    let need = Need::new(0, 0, 0, f.plan_slice("t", &every_other()).unwrap().into());
     let mut out = vec![0u8; LEN / 2];
     let (plan, peak) = peak_during(|| {
         let plan = LoadPlan::new(vec![vec![need]], 64 << 20).unwrap();

@@ -11,8 +11,10 @@ use safetensors_core::{fallible, read_many, Error, Indexer, SafeFile};
 
 use crate::file::{File, SlicePlan};
 use crate::status::handed_over;
-use crate::status::{guard, Status};
-use ffi::{DistPart, DistPiece, DistStep, Projection, TpKind, TpRule};
+use crate::status::{guard, Fallback, Status};
+use ffi::{
+    DistLayout, DistPart, DistPiece, DistStep, DistTurn, DistWalk, Projection, TpKind, TpRule,
+};
 
 #[cxx::bridge(namespace = "safetensors::ffi")]
 pub mod ffi {
@@ -88,6 +90,33 @@ pub mod ffi {
         next: u64,
     }
 
+    /// A turn of a rank's walk over a plan's steps (the core's `Turn`): `count` steps of the
+    /// walk's list from `first` on, `len` bytes together; one shared step broadcast from
+    /// `reader`, or steps this rank reads for itself (`reads`).
+    #[derive(Debug, Clone, Copy)]
+    struct DistTurn {
+        first: usize,
+        count: usize,
+        len: u64,
+        shared: bool,
+        reads: bool,
+        reader: usize,
+    }
+
+    /// A rank's walk: the steps it takes part in, in order, and its turns over them.
+    #[derive(Debug, Default)]
+    struct DistWalk {
+        steps: Vec<usize>,
+        turns: Vec<DistTurn>,
+    }
+
+    /// Where each of a rank's results goes in one device allocation of `total` bytes.
+    #[derive(Debug, Default)]
+    struct DistLayout {
+        offsets: Vec<u64>,
+        total: u64,
+    }
+
     extern "Rust" {
         /// The plan of the selection a tensor-parallel rule gives the tensor at `index` of
         /// `file`: the rule's indices and the slice plan in one call. Null on failure.
@@ -117,6 +146,17 @@ pub mod ffi {
         type DistPlan;
         /// Number of ranks.
         fn world(self: &DistPlan) -> usize;
+        /// `InvalidSlice` unless a collective of `size` ranks, this being `rank`, runs the plan.
+        fn check_collective(self: &DistPlan, rank: usize, size: usize, status: &mut Status);
+        /// Rank `rank`'s walk: turns of its own reads at most `max_bytes` (and 64 MiB) each.
+        fn walk(self: &DistPlan, rank: usize, max_bytes: u64, status: &mut Status) -> DistWalk;
+        /// Rank `rank`'s results laid out on `alignment` (0 for the default; a power of two).
+        fn layout(
+            self: &DistPlan,
+            rank: usize,
+            alignment: usize,
+            status: &mut Status,
+        ) -> DistLayout;
         /// Number of steps.
         fn step_count(self: &DistPlan) -> usize;
         /// Step `i` (all zero out of range).
@@ -166,6 +206,18 @@ pub mod ffi {
     }
 
     impl Box<DistPlan> {}
+}
+
+impl Fallback for DistWalk {
+    fn fallback() -> Self {
+        DistWalk::default()
+    }
+}
+
+impl Fallback for DistLayout {
+    fn fallback() -> Self {
+        DistLayout::default()
+    }
 }
 
 /// The slice plan of the selection `rule` gives the tensor at `index` of `file`: the core's
@@ -265,7 +317,12 @@ impl DistPlanBuilder {
             let meta = file.meta_at(plan.tensor_index());
             // The selection itself, not its runs: a strided selection has as many runs as
             // elements, and the plan walks them lazily.
-            list.push(Need::new(id, meta.begin as u64, plan.shared()));
+            list.push(Need::new(
+                id,
+                plan.tensor_index(),
+                meta.begin as u64,
+                plan.shared(),
+            ));
             Ok(())
         })
     }
@@ -303,6 +360,44 @@ pub struct DistPlan {
 impl DistPlan {
     pub fn world(&self) -> usize {
         self.plan.world()
+    }
+    pub fn check_collective(&self, rank: usize, size: usize, status: &mut Status) {
+        guard(status, || self.plan.check_collective(rank, size))
+    }
+    pub fn walk(&self, rank: usize, max_bytes: u64, status: &mut Status) -> DistWalk {
+        guard(status, || {
+            let walk = self.plan.walk(rank, max_bytes)?;
+            let what = "a rank's walk over a load plan";
+            let mut turns = fallible::with_capacity(walk.turns.len(), what)?;
+            turns.extend(walk.turns.iter().map(|t| DistTurn {
+                first: t.first,
+                count: t.count,
+                len: t.len,
+                shared: t.shared,
+                reads: t.reads,
+                reader: t.reader,
+            }));
+            Ok(DistWalk {
+                steps: walk.steps,
+                turns,
+            })
+        })
+    }
+    pub fn layout(&self, rank: usize, alignment: usize, status: &mut Status) -> DistLayout {
+        guard(status, || {
+            let name = |n: &Need| {
+                self.files
+                    .get(n.file)
+                    .and_then(|f| f.header().name_at(n.tensor))
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let layout = self.plan.layout(rank, alignment, name)?;
+            Ok(DistLayout {
+                offsets: layout.offsets,
+                total: layout.total,
+            })
+        })
     }
     pub fn step_count(&self) -> usize {
         self.plan.steps().len()

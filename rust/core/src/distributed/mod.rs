@@ -1,11 +1,13 @@
 //! Multi-rank loading: the tensor-parallel shard rules and the plan that reads every needed byte
-//! once across ranks. Pure computation over offsets; the collective that moves the bytes lives in
-//! the C++ layer (`include/safetensors/distributed.hpp`).
+//! once across ranks. Pure computation over offsets, down to a rank's walk over the steps and its
+//! results' device layout (`walk.rs`); the bindings only move the bytes and call the collective
+//! (`include/safetensors/distributed.hpp`, `distributed_cuda.hpp`).
 
 mod need;
 mod plan;
 mod segments;
 mod tp;
+mod walk;
 
 pub use need::{Need, Part, Piece, Step, MERGE_GAP, SMALL_SEGMENT};
 pub use plan::{LoadPlan, Pieces};
@@ -13,3 +15,4 @@ pub use tp::{
     qkv_indexers, qkv_part_rows, qkv_rows, shard_indexers, shard_range, Gqa, QkvPart, QkvRows,
     Split,
 };
+pub use walk::{Layout, Turn, Walk, MAX_TURN_BYTES};

@@ -30,6 +30,9 @@ pub const SMALL_SEGMENT: u64 = 256;
 pub struct Need {
     /// Which file (an index the caller gives each distinct file).
     pub file: usize,
+    /// Which tensor of that file (its index in the file's header order): how the plan names the
+    /// request in an error.
+    pub tensor: usize,
     /// The tensor's first byte in the file's data buffer.
     pub begin: u64,
     /// The selection, in result order; shared, so that handing a caller's selection to a plan
@@ -46,13 +49,14 @@ pub struct Need {
 }
 
 impl Need {
-    /// Selection `slice` of the tensor whose first byte is at `begin` of file `file`'s data
-    /// buffer.
-    pub fn new(file: usize, begin: u64, slice: Arc<SlicePlan>) -> Need {
+    /// Selection `slice` of tensor `tensor` of file `file`, whose first byte is at `begin` of
+    /// the file's data buffer.
+    pub fn new(file: usize, tensor: usize, begin: u64, slice: Arc<SlicePlan>) -> Need {
         let extent = slice.extent();
         let (lo, hi) = extent.map_or((0, 0), |(lo, hi)| (lo as u64, hi as u64));
         Need {
             file,
+            tensor,
             begin,
             len: slice.byte_len() as u64,
             tensor_len: slice.tensor_byte_len() as u64,

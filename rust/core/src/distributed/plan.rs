@@ -71,6 +71,11 @@ impl LoadPlan {
         self.needs.len()
     }
 
+    /// What `rank` asked for, in request order (empty for a rank outside the world).
+    pub fn needs(&self, rank: usize) -> &[Need] {
+        self.needs.get(rank).map_or(&[], Vec::as_slice)
+    }
+
     /// The steps, in the order every rank runs them.
     pub fn steps(&self) -> &[Step] {
         &self.steps

@@ -70,6 +70,15 @@ pub fn alignment(requested: usize) -> Result<usize> {
     }
 }
 
+/// Where a tensor of `len` bytes goes after `placed` bytes of placements: `(offset, end)`,
+/// `offset` the next multiple of `alignment` (at least 1), or `None` when either passes 2^64
+/// (then [`Error::LayoutOverflow`], which tells the two apart). The one layout rule of every
+/// upload: one device's plans and a rank's share of a multi-rank device load.
+pub fn place(placed: u64, len: u64, alignment: u64) -> Option<(u64, u64)> {
+    let offset = placed.checked_next_multiple_of(alignment.max(1))?;
+    Some((offset, offset.checked_add(len)?))
+}
+
 /// What to upload and where each tensor goes: one destination range, tensors back to back,
 /// each starting on an `alignment` boundary.
 #[derive(Debug, Clone)]
@@ -222,11 +231,7 @@ impl UploadPlan {
             len,
             alignment: self.alignment,
         };
-        let offset = self
-            .total
-            .checked_next_multiple_of(self.alignment)
-            .ok_or_else(overflow)?;
-        let total = offset.checked_add(len).ok_or_else(overflow)?;
+        let (offset, total) = place(self.total, len, self.alignment).ok_or_else(overflow)?;
         self.total = total;
         self.placements.push(Placement {
             name: name.to_owned(),

@@ -14,7 +14,7 @@ fn need(file: usize, begin: u64, shape: &[usize], idx: &[Indexer]) -> Need {
         shape,
         data_offsets: (0, shape.iter().product()),
     };
-    Need::new(file, begin, SlicePlan::new(&info, idx).unwrap().into())
+    Need::new(file, 0, begin, SlicePlan::new(&info, idx).unwrap().into())
 }
 
 fn bytes(file: usize, begin: u64, len: usize) -> Need {
