@@ -42,7 +42,9 @@ pub(crate) unsafe fn free_box<T>(p: *mut T) {
 pub(crate) fn static_c_str(name: &'static str) -> *const c_char {
     static NAMES: Mutex<Option<HashMap<&'static str, &'static CStr>>> = Mutex::new(None);
     let interned = catch(|| {
-        let mut names = NAMES.lock().unwrap_or_else(|p| p.into_inner());
+        // Announced as a hand-over (`tsan::lock`): a name made on one thread is read by the
+        // caller's code on every other.
+        let mut names = safetensors_core::tsan::lock(&NAMES);
         let names = names.get_or_insert_with(HashMap::new);
         names
             .entry(name)

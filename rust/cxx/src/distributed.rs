@@ -349,11 +349,10 @@ pub struct DistPlan {
     plan: LoadPlan,
     files: Vec<Arc<SafeFile>>,
     read: AtomicU64,
-    /// The steps read through this object, one list per reading rank. One list per rank, not
-    /// one for all: ranks that share a plan object run on threads of their own, and a list they
-    /// all grew would be reallocated by one thread after another under this (uninstrumented)
-    /// lock, which a C++ ThreadSanitizer build reports as a race between the threads' `malloc`
-    /// and `realloc`. A rank's list is grown only by the thread that reads its steps.
+    /// The steps read through this object, one list per reading rank (ranks that share a plan
+    /// object run on threads of their own: one list each keeps them from waiting on each other).
+    /// Every lock of a list is announced to a C++ ThreadSanitizer build (`tsan::lock`): a list
+    /// is grown by its rank's thread and copied by whichever thread asks for `reads_here`.
     log: Vec<Mutex<Vec<DistStep>>>,
 }
 
@@ -504,8 +503,9 @@ impl DistPlan {
             for &i in steps {
                 let s = self.step(i);
                 self.read.fetch_add(s.len, Ordering::Relaxed);
-                if let Some(Ok(mut log)) = self.log.get(s.reader).map(|l| l.lock()) {
-                    log.push(s);
+                if let Some(log) = self.log.get(s.reader) {
+                    // Announced (`tsan::lock`): `reads_here` copies the list on another thread.
+                    safetensors_core::tsan::lock(log).push(s);
                 }
             }
             Ok(())
@@ -518,7 +518,7 @@ impl DistPlan {
     pub fn reads_here(&self) -> Vec<DistStep> {
         self.log
             .iter()
-            .filter_map(|l| l.lock().ok().map(|l| l.clone()))
+            .map(|l| safetensors_core::tsan::lock(l).clone())
             .flatten()
             .collect()
     }
