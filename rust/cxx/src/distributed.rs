@@ -518,8 +518,7 @@ impl DistPlan {
     pub fn reads_here(&self) -> Vec<DistStep> {
         self.log
             .iter()
-            .map(|l| safetensors_core::tsan::lock(l).clone())
-            .flatten()
+            .flat_map(|l| safetensors_core::tsan::lock(l).clone())
             .collect()
     }
     pub fn planned_bytes_read_by(&self, rank: usize) -> u64 {
