@@ -3,17 +3,16 @@
 //!
 //! Every source of bytes is validated the same way: [`parse_allowing`] over the header bytes
 //! and the length of the whole input (the mapping's, the file's, or the buffer's).
+//!
+//! Here: [`SafeFile`] and its reads. Beside it: the options (`options.rs`), the mapping's
+//! lifecycle (`mapping.rs`), header reads (`head.rs`), many reads at once (`many.rs`).
 
 use std::borrow::Cow;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
-
-use memmap2::{Mmap, MmapOptions};
 
 use crate::direct::{DirectFile, DirectOp, DIRECT_ALIGN};
 use crate::error::{Error, Result};
@@ -23,61 +22,6 @@ pub(crate) use crate::open::{open_regular, read_regular, zeroed};
 use crate::open::{reopen, Identity};
 use crate::slice::{Indexer, SlicePlan};
 use crate::view::{view_of, TensorView};
-
-/// How a [`SafeFile`] reaches tensor bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[repr(u8)]
-pub enum Backend {
-    /// Map the file read-only; views point into the mapping (zero copy). The default.
-    #[default]
-    Mmap = 0,
-    /// Read the header at open, then read tensor bytes with `pread` when asked. For network
-    /// filesystems, unified-memory machines, and files another process may truncate.
-    Read = 1,
-    /// Like `Read`, but with `O_DIRECT` (bypassing the page cache) into aligned buffers, for
-    /// cold loads at the disk's speed; falls back to `pread` where the filesystem refuses
-    /// `O_DIRECT` ([`SafeFile::direct_fallback`] says why). See `direct.rs`. A file holds two
-    /// descriptors for its life; a checkpoint shard holds none between reads.
-    Direct = 2,
-}
-
-/// When a mapped file's pages are read in and mapped into the process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[repr(u8)]
-pub enum Populate {
-    /// On first touch, page by page (the kernel's page faults). The default. A file opened
-    /// on its own is also mapped only at the first access of tensor bytes, so that an open
-    /// that reads only the header maps nothing (see `LazyMap` in `file.rs`).
-    #[default]
-    Lazy = 0,
-    /// At open (`MAP_POPULATE`): the open returns once every page of the file is read and
-    /// mapped, so that no later access faults.
-    AtOpen = 1,
-    /// After the open, by a thread of its own (`MADV_POPULATE_READ`, 64 MiB at a time; on
-    /// kernels before 5.14, `MADV_WILLNEED`), while the program goes on. It stops when the
-    /// file is closed; a failure (a file truncated meanwhile) ends it quietly, and the access
-    /// that meets the missing pages reports it as without populating.
-    Background = 2,
-}
-
-/// Options for [`SafeFile::open_with`] and [`SafeFile::from_memory`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct OpenOptions {
-    /// How tensor bytes are reached (ignored for bytes in memory).
-    pub backend: Backend,
-    /// Accept bytes after the last tensor (some tools append them; ComfyUI #15599). Off by
-    /// default: they are `MetadataIncompleteBuffer`, since they usually mean a file that was
-    /// written wrongly. When on, the count is kept and reported by
-    /// [`SafeFile::trailing_bytes`], never silently dropped; every other check still runs.
-    pub allow_trailing_bytes: bool,
-    /// When the mapping's pages are brought in. Only the mapped backend maps anything: the
-    /// read and direct backends and bytes in memory ignore it.
-    pub populate: Populate,
-    /// Ask for transparent huge pages on the mapping (`MADV_HUGEPAGE`): fewer page faults and
-    /// TLB misses where the kernel and the filesystem back file mappings with huge pages, no
-    /// effect elsewhere (the advice is never an error). Ignored as `populate` is.
-    pub huge_pages: bool,
-}
 
 /// Where the bytes of a file that is neither on a local disk nor in memory come from, for
 /// [`SafeFile::from_source`]: a remote object fetched on demand. Offsets are the file's own
@@ -115,96 +59,6 @@ enum Storage {
     HeaderOnly,
     /// Bytes fetched from a [`RangeSource`] when read ([`SafeFile::from_source`]).
     Ranged(Box<dyn RangeSource>),
-}
-
-/// The mapped backend's mapping. A file opened on its own (`SafeFile::open`) with lazy
-/// population and a header read by `pread` is mapped at the first access of tensor bytes, not
-/// at open: an open that only reads the header (keys, shapes, metadata, slice plans) then pays
-/// no `mmap` and `munmap`, which were ~8 µs of a ~48 µs open of gpt2 (548 MB) with every
-/// tensor's shape. Until then the file stays open (one descriptor, as the read backend keeps
-/// one), so that what is mapped is the very file whose header was validated even if its path
-/// is replaced or removed meanwhile; the descriptor is closed once the file is mapped, and a
-/// process with many descriptors in use maps at open instead (`descriptors_to_spare`). A
-/// mapping shorter than the header's data (the file was truncated since the open) is an `Io`
-/// error, never a view past its end. Populated opens, headers parsed in the mapping and
-/// checkpoint shards (which hold no descriptor between reads) map at open, as before.
-struct LazyMap {
-    map: OnceLock<Mapping>,
-    /// The file, until it is mapped.
-    file: Mutex<Option<File>>,
-    huge_pages: bool,
-}
-
-/// A mapped file's memory: memmap2's when mapped at open (shared with a background population
-/// thread, which holds it weakly: see `populate_in_background`), or the system call's when the
-/// mapping was deferred (see `file/raw_map.rs` for why).
-enum Mapping {
-    AtOpen(Arc<Mmap>),
-    Deferred(raw_map::RawMap),
-}
-
-impl std::ops::Deref for Mapping {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        match self {
-            Mapping::AtOpen(map) => map,
-            Mapping::Deferred(map) => map,
-        }
-    }
-}
-
-impl LazyMap {
-    fn mapped(map: Arc<Mmap>) -> LazyMap {
-        LazyMap {
-            map: OnceLock::from(Mapping::AtOpen(map)),
-            file: Mutex::new(None),
-            huge_pages: false,
-        }
-    }
-
-    fn deferred(file: File, huge_pages: bool) -> LazyMap {
-        LazyMap {
-            map: OnceLock::new(),
-            file: Mutex::new(Some(file)),
-            huge_pages,
-        }
-    }
-
-    /// The mapping, made now if it was deferred; `need` is the file length the header was
-    /// validated against (the end of its data).
-    fn get(&self, path: &Path, need: u64) -> Result<&[u8]> {
-        if let Some(map) = self.map.get() {
-            return Ok(map);
-        }
-        // Every deferred mapping is made under this lock, so two threads' first accesses map
-        // the file once.
-        let mut file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(map) = self.map.get() {
-            return Ok(map);
-        }
-        let f = file.as_ref().ok_or_else(|| Error::Internal {
-            message: format!("{} has neither a mapping nor its file", path.display()),
-        })?;
-        let map =
-            raw_map::RawMap::map(f, self.huge_pages).map_err(|e| Error::io(path, "mmap", e))?;
-        if (map.len() as u64) < need {
-            return Err(Error::io(
-                path,
-                "mmap",
-                io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!(
-                        "the file became shorter since it was opened ({} bytes, its header \
-                         describes {need}); was it truncated meanwhile?",
-                        map.len()
-                    ),
-                ),
-            ));
-        }
-        *file = None;
-        Ok(self.map.get_or_init(|| Mapping::Deferred(map)))
-    }
 }
 
 /// How the read backend reaches the file.
@@ -259,17 +113,6 @@ pub struct SafeFile {
     bytes_read: AtomicU64,
     trailing: u64,
 }
-
-/// How much of the file is read first: four pages, which hold the length prefix and most
-/// headers whole (gpt2's 14 KB, a 100-tensor shard's). The rest of the header, when there is
-/// more, is read exactly. One `pread` instead of two saved ~1 µs of a ~50 µs open; copying
-/// the extra bytes of a small header costs far less.
-const FIRST_READ: usize = 16 * 1024;
-
-/// Largest header the mapped backend copies out with `pread` rather than parsing it in the
-/// mapping: reading is cheaper than faulting in the mapping's first pages (measured ~10 µs of a
-/// ~70 µs open), until the copy itself costs more.
-const HEADER_COPY_LIMIT: usize = 256 * 1024;
 
 impl SafeFile {
     /// Opens and validates `path`. Errors name the file.
@@ -549,7 +392,7 @@ impl SafeFile {
     /// (see [`Populate::Lazy`]).
     pub fn is_mapped_now(&self) -> bool {
         match &self.storage {
-            Storage::Mapped(lazy) => lazy.map.get().is_some(),
+            Storage::Mapped(lazy) => lazy.is_mapped(),
             Storage::Memory(_) => true,
             _ => false,
         }
@@ -923,283 +766,19 @@ impl SafeFile {
     }
 }
 
-/// Whether a file opened as descriptor `fd` may stay open until its first access of tensor
-/// bytes (see `LazyMap`). Descriptors are numbered lowest first, so `fd` counts those in use:
-/// only while it is below a quarter of the process's limit (`RLIMIT_NOFILE`) and below
-/// [`DEFERRED_FD_CEILING`]. A program that holds many files open, mapped, never runs out of
-/// descriptors because of the deferral, nor sees its own descriptors numbered past what
-/// `select()` takes (1024) because of it: past that point files are mapped at open and hold
-/// none, as before.
-fn descriptors_to_spare(fd: std::os::fd::RawFd) -> bool {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes the struct we pass.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return false;
-    }
-    may_defer(fd, limit.rlim_cur)
-}
-
-/// The highest descriptor number a deferred mapping may hold.
-const DEFERRED_FD_CEILING: u64 = 256;
-
-/// `fd < min(limit / 4, DEFERRED_FD_CEILING)` (`RLIM_INFINITY` is the largest value).
-fn may_defer(fd: std::os::fd::RawFd, limit: libc::rlim_t) -> bool {
-    u64::try_from(fd).is_ok_and(|fd| fd < (limit / 4).min(DEFERRED_FD_CEILING))
-}
-
-/// The mapped backend's open when the file is mapped at once: map first, then validate
-/// against the mapping's own length. The file may change size between any two measurements,
-/// and only the mapping's length bounds what a view may touch; a header checked against an
-/// earlier `fstat` could describe bytes past the end of the mapping.
-fn map_and_parse(
-    file: &File,
-    path: &Path,
-    options: OpenOptions,
-) -> Result<((Header, u64), Storage)> {
-    #[cfg(test)]
-    tests::before_map(path);
-    let map = map_file(file, path, options)?;
-    let len = map.len() as u64;
-    if len < LENGTH_PREFIX_SIZE as u64 {
-        return Err(Error::HeaderTooSmall { len });
-    }
-    // Small headers are read with pread and parsed from that copy; larger ones are parsed
-    // straight from the mapping (see HEADER_COPY_LIMIT). Either way every check is against
-    // `len`, the mapping's length.
-    let mut head = read_head(file, path, len)?;
-    let header = match read_header_len(&head, len) {
-        Ok(n) if LENGTH_PREFIX_SIZE + n <= HEADER_COPY_LIMIT => {
-            read_rest(file, path, &mut head, LENGTH_PREFIX_SIZE + n)?;
-            parse_allowing(&head, len, options.allow_trailing_bytes)?
-        }
-        _ => parse_allowing(&map, len, options.allow_trailing_bytes)?,
-    };
-    if options.populate == Populate::Background {
-        populate_in_background(&map, path)?;
-    }
-    Ok((header, Storage::Mapped(LazyMap::mapped(map))))
-}
-
-/// Maps `file` read-only as `options` ask: populated at open, with huge pages advised.
-fn map_file(file: &File, path: &Path, options: OpenOptions) -> Result<Arc<Mmap>> {
-    let mut how = MmapOptions::new();
-    if options.populate == Populate::AtOpen {
-        how.populate();
-    }
-    // SAFETY: the mapping is read-only. Another process truncating the file while it is
-    // mapped makes later accesses fault; that is documented, and the read backend exists for
-    // files that may change.
-    let map = unsafe { how.map(file) }.map_err(|e| Error::io(path, "mmap", e))?;
-    if options.huge_pages && !map.is_empty() {
-        // Advice only: a kernel without transparent huge pages refuses it (EINVAL), and the
-        // mapping works the same either way.
-        // SAFETY: the whole of this live mapping; the advice does not change its contents.
-        unsafe {
-            libc::madvise(
-                map.as_ptr() as *mut libc::c_void,
-                map.len(),
-                libc::MADV_HUGEPAGE,
-            )
-        };
-    }
-    Ok(Arc::new(map))
-}
-
-/// Bytes the background population asks the kernel for at a time: small enough that closing
-/// the file waits at most for one such step, large enough that the calls cost nothing.
-const POPULATE_STEP: usize = 64 << 20;
-
-/// Starts a thread that populates `map` step by step, holding it only during each step, so
-/// that the file closes (and unmaps) when its owners let go, whatever the thread is doing.
-fn populate_in_background(map: &Arc<Mmap>, path: &Path) -> Result<()> {
-    let weak: Weak<Mmap> = Arc::downgrade(map);
-    let len = map.len();
-    std::thread::Builder::new()
-        .name("st-populate".into())
-        .spawn(move || {
-            let mut advice = libc::MADV_POPULATE_READ;
-            let mut at = 0usize;
-            while at < len {
-                let Some(map) = weak.upgrade() else {
-                    return;
-                };
-                let n = (len - at).min(POPULATE_STEP);
-                // SAFETY: `[at, at + n)` lies inside the live mapping `map` holds; neither
-                // piece of advice changes its contents.
-                let rc =
-                    unsafe { libc::madvise(map.as_ptr().add(at) as *mut libc::c_void, n, advice) };
-                if rc != 0 {
-                    let e = io::Error::last_os_error();
-                    match e.raw_os_error() {
-                        Some(libc::EINTR) => continue,
-                        // Before Linux 5.14: read the pages in ahead, without mapping them.
-                        Some(libc::EINVAL) if advice == libc::MADV_POPULATE_READ => {
-                            advice = libc::MADV_WILLNEED;
-                            continue;
-                        }
-                        // A file truncated meanwhile (EFAULT), no memory: the accesses that
-                        // follow meet the same condition and report it.
-                        _ => return,
-                    }
-                }
-                at += n;
-            }
-        })
-        .map(drop)
-        .map_err(|e| Error::io(path, "start a populate thread", e))
-}
-
-/// The first block of the file ([`FIRST_READ`] bytes, fewer when the file is shorter).
-fn read_head(file: &File, path: &Path, len: u64) -> Result<Vec<u8>> {
-    let first = len.min(FIRST_READ as u64) as usize;
-    let mut head = vec![0u8; first];
-    file.read_exact_at(&mut head, 0)
-        .map_err(|e| header_read_failed(path, e))?;
-    Ok(head)
-}
-
-/// An error of reading the header of `path`: running out of file there means it shrank after
-/// its length was measured (std's own text, "failed to fill whole buffer", says nothing).
-fn header_read_failed(path: &Path, e: io::Error) -> Error {
-    let e = if e.kind() == io::ErrorKind::UnexpectedEof {
-        io::Error::new(
-            e.kind(),
-            "the file became shorter while its header was read; was it truncated or replaced \
-             meanwhile?",
-        )
-    } else {
-        e
-    };
-    Error::io(path, "read", e)
-}
-
-/// Extends `head` (the file's first bytes) to `needed` bytes.
-fn read_rest(file: &File, path: &Path, head: &mut Vec<u8>, needed: usize) -> Result<()> {
-    let have = head.len();
-    if needed > have {
-        head.resize(needed, 0);
-        file.read_exact_at(&mut head[have..], have as u64)
-            .map_err(|e| header_read_failed(path, e))?;
-    }
-    Ok(())
-}
-
-/// Reads and validates the header with positioned reads: first a small block, then, only once
-/// the length prefix has passed its checks (so a hostile length allocates nothing), the rest.
-fn read_header(file: &File, path: &Path, len: u64, allow_trailing: bool) -> Result<(Header, u64)> {
-    #[cfg(test)]
-    tests::before_map(path);
-    let mut head = read_head(file, path, len)?;
-    let header_len = read_header_len(&head, len)?;
-    read_rest(file, path, &mut head, LENGTH_PREFIX_SIZE + header_len)?;
-    parse_allowing(&head, len, allow_trailing)
-}
-
-/// Parses and validates the header in `head` (at least its first `8 + N` bytes) of an input of
-/// `len` bytes, returning it with the count of bytes after the last tensor. Bytes left over are
-/// `MetadataIncompleteBuffer` unless `allow_trailing`: that check is the format's last, so
-/// every other one has passed when it fails, and the header is then validated again against
-/// the length it describes (the reparse costs only the files that need it).
-pub(crate) fn parse_allowing(head: &[u8], len: u64, allow_trailing: bool) -> Result<(Header, u64)> {
-    match Header::parse_prefix(head, len) {
-        Ok(header) => Ok((header, 0)),
-        Err(Error::MetadataIncompleteBuffer { expected, actual })
-            if allow_trailing && actual > expected =>
-        {
-            let header = Header::parse_prefix(head, expected)?;
-            Ok((header, actual - expected))
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// Several reads, each `(file, offset, dst)` as [`SafeFile::read_data`] of that file, made on
-/// several threads at once: each read of a mapped, in-memory or held-open file is cut into
-/// pieces of 1 MiB that the threads take in turn, so that many reads too small to be split on
-/// their own (a multi-rank load's steps: one per tensor a rank takes rows of) share the cores as
-/// one large read does. Reads of a remote file go to its source in one batch per file (fetched
-/// concurrently there); reads of a file that opens a descriptor per read, or of the direct
-/// backend, are made one by one (each splits a large read itself). Every range is checked
-/// before anything is read; the first error met is returned, and what the buffers hold is then
-/// unspecified. Reads of a remote file whose ranges overlap are refused (`InvalidSlice`, as its
-/// batched read refuses them, before anything is fetched); the callers' steps never overlap.
-pub fn read_many(reads: &mut [(&SafeFile, u64, &mut [u8])]) -> Result<()> {
-    for (file, offset, dst) in reads.iter() {
-        offset
-            .checked_add(dst.len() as u64)
-            .filter(|&end| end <= file.header.data_len() as u64)
-            .ok_or_else(|| file.outside(*offset, dst.len()))?;
-    }
-    let in_pieces = |f: &SafeFile| {
-        matches!(
-            f.storage,
-            Storage::Mapped(_) | Storage::Memory(_) | Storage::Reader(Reader::Held(_))
-        )
-    };
-    // A remote file's reads, in one batch per file.
-    let mut done = vec![false; reads.len()];
-    for i in 0..reads.len() {
-        if done[i] || !reads[i].0.reads_in_batches() {
-            continue;
-        }
-        let file: &SafeFile = reads[i].0;
-        let mut batch: Vec<(u64, &mut [u8])> = Vec::new();
-        for (j, (f, offset, dst)) in reads.iter_mut().enumerate().skip(i) {
-            if std::ptr::eq(*f, file) {
-                done[j] = true;
-                batch.push((*offset, &mut **dst));
-            }
-        }
-        file.read_batch(&mut batch)?;
-    }
-    // Reads made one by one.
-    for (i, (file, offset, dst)) in reads.iter_mut().enumerate() {
-        if !done[i] && !in_pieces(file) {
-            done[i] = true;
-            file.read_data(*offset, dst)?;
-        }
-    }
-    // The rest, in pieces on several threads.
-    let total: usize = reads
-        .iter()
-        .zip(&done)
-        .filter(|(_, &d)| !d)
-        .map(|((_, _, dst), _)| dst.len())
-        .sum();
-    let threads = parallel::threads_for(total);
-    if threads <= 1 {
-        // One thread: each read whole, not in pieces (one system call, not one per MiB).
-        return reads
-            .iter_mut()
-            .zip(&done)
-            .filter(|(_, &d)| !d)
-            .try_for_each(|((file, offset, dst), _)| file.read_data(*offset, dst));
-    }
-    let mut pieces: Vec<(&SafeFile, u64, Mutex<&mut [u8]>)> = Vec::new();
-    crate::fallible::reserve(
-        &mut pieces,
-        total / parallel::MANY_PIECE + 2 * reads.len(),
-        "a batch of reads",
-    )?;
-    for ((file, offset, dst), _) in reads.iter_mut().zip(&done).filter(|(_, &d)| !d) {
-        let mut at = *offset;
-        for piece in parallel::split(dst, parallel::MANY_PIECE) {
-            let len = piece.len() as u64;
-            pieces.push((*file, at, Mutex::new(piece)));
-            at += len;
-        }
-    }
-    parallel::on_tasks(pieces.len(), threads, |i| {
-        let (file, offset, piece) = &pieces[i];
-        let mut piece = piece.lock().unwrap_or_else(PoisonError::into_inner);
-        file.read_data(*offset, &mut piece)
-    })
-}
-
+mod head;
+mod many;
+mod mapping;
+mod options;
 pub(crate) mod parallel;
 mod raw_map;
+
+pub(crate) use head::parse_allowing;
+use head::{read_head, read_header, read_rest, HEADER_COPY_LIMIT};
+pub use many::read_many;
+#[cfg(test)]
+use mapping::may_defer;
+use mapping::{descriptors_to_spare, map_and_parse, LazyMap};
+pub use options::{Backend, OpenOptions, Populate};
 #[cfg(test)]
 mod tests;
