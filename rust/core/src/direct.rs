@@ -337,7 +337,7 @@ fn pread_some(file: &File, dst: &mut [u8], pos: u64) -> io::Result<usize> {
 /// # Ok::<(), std::io::Error>(())
 /// ```
 ///
-/// Buffers of [`MAPPED_MIN`] bytes or more are anonymous mappings, 2 MiB aligned and advised to
+/// Buffers of `MAPPED_MIN` bytes or more are anonymous mappings, 2 MiB aligned and advised to
 /// use transparent huge pages: the kernel hands out zeroed pages when they are first written (by
 /// the disk, for a direct read), where the allocator's aligned zeroed memory would first write
 /// every byte itself; and huge pages take 512 times fewer faults (measured on cold streams: the

@@ -17,7 +17,7 @@ use crate::format::{LENGTH_PREFIX_SIZE, MAX_HEADER_SIZE, MAX_RANK, METADATA_KEY}
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong reading, writing or slicing a safetensors file. A clone is the
-/// same kind and the same message (see [`IoSource`]).
+/// same kind and the same message (see `IoSource`).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Error {

@@ -14,13 +14,12 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::direct::{DirectFile, DirectOp, DIRECT_ALIGN};
+use crate::direct::{DirectFile, DirectOp};
 use crate::error::{Error, Result};
 use crate::format::LENGTH_PREFIX_SIZE;
 use crate::header::{read_header_len, Header, TensorInfo};
 pub(crate) use crate::open::{open_regular, read_regular, zeroed};
 use crate::open::{reopen, Identity};
-use crate::slice::{Indexer, SlicePlan};
 use crate::view::{view_of, TensorView};
 
 /// Where the bytes of a file that is neither on a local disk nor in memory come from, for
@@ -531,234 +530,6 @@ impl SafeFile {
         Error::io(&self.path, "read", e)
     }
 
-    /// The [`DIRECT_ALIGN`]-aligned span of the file around data bytes `[offset, offset + len)`:
-    /// its file offset, its length, and where those bytes start in it. It may begin inside the
-    /// header and end past the end of the file.
-    fn aligned_span(&self, offset: u64, len: usize) -> Result<(u64, usize, usize)> {
-        let outside = || self.outside(offset, len);
-        offset
-            .checked_add(len as u64)
-            .filter(|&end| end <= self.header.data_len() as u64)
-            .ok_or_else(outside)?;
-        let align = DIRECT_ALIGN as u64;
-        let first = (self.header.data_start() as u64)
-            .checked_add(offset)
-            .ok_or_else(outside)?;
-        let start = first - first % align;
-        let end = first
-            .checked_add(len as u64)
-            .and_then(|last| last.checked_next_multiple_of(align))
-            .ok_or_else(outside)?;
-        let span = usize::try_from(end - start).map_err(|_| outside())?;
-        Ok((start, span, (first - start) as usize))
-    }
-
-    /// Bytes a destination of [`SafeFile::read_data_aligned`] needs for data bytes
-    /// `[offset, offset + len)`: the aligned span around them (at most `len` plus two blocks).
-    pub fn aligned_len(&self, offset: u64, len: usize) -> Result<usize> {
-        self.aligned_span(offset, len).map(|(_, span, _)| span)
-    }
-
-    /// Reads data bytes `[offset, offset + len)` into `dst` and returns where they start in it:
-    /// they are `dst[head..head + len]`. `dst` should be aligned to [`DIRECT_ALIGN`] (an
-    /// [`crate::AlignedBuf`]) and must be at least [`SafeFile::aligned_len`] long.
-    ///
-    /// With the direct backend the whole aligned span around the bytes is read with `O_DIRECT`
-    /// straight into `dst`, with no bounce buffer: `dst` then also holds the file's neighbouring
-    /// bytes (the header's end, other tensors) up to where the file ends. With the other
-    /// backends, after a fallback to `pread`, or when `dst` is not aligned, only the requested
-    /// bytes are read, to the same place: `head` never depends on the backend, so neither does a
-    /// caller's layout, and the rest of `dst` is left as it was.
-    ///
-    /// ```no_run
-    /// use safetensors_core::{AlignedBuf, Backend, SafeFile};
-    /// let f = SafeFile::open("model.safetensors", Backend::Direct)?;
-    /// let (begin, end) = f.info("wte.weight")?.data_offsets;
-    /// let mut buf = AlignedBuf::new(f.aligned_len(begin as u64, end - begin)?)
-    ///     .map_err(|e| safetensors_core::Error::io(f.path(), "allocate", e))?;
-    /// let head = f.read_data_aligned(begin as u64, end - begin, buf.as_mut_slice())?;
-    /// let bytes = &buf.as_slice()[head..head + (end - begin)];
-    /// # Ok::<(), safetensors_core::Error>(())
-    /// ```
-    ///
-    /// Errors: `dst` too short is [`Error::WrongBufferLength`]; a range outside the data
-    /// buffer, and a file shorter than its header says (it shrank), are `Io`, never other bytes.
-    pub fn read_data_aligned(&self, offset: u64, len: usize, dst: &mut [u8]) -> Result<usize> {
-        let (start, span, head) = self.aligned_span(offset, len)?;
-        if dst.len() < span {
-            return Err(Error::WrongBufferLength {
-                buffer: "the aligned destination",
-                expected: span as u64,
-                actual: dst.len() as u64,
-            }
-            .in_file(&self.path));
-        }
-        let want = head..head + len;
-        if let Storage::Direct(d) = &self.storage {
-            if len > 0 && (dst.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN) {
-                let op = d.op().map_err(|e| Error::io(&self.path, "open", e))?;
-                let got = op
-                    .read_span(&mut dst[..span], start)
-                    .map_err(|e| self.read_failed(e))?;
-                if let Some(got) = got {
-                    // Short: the file ends inside the span (its last block), or the filesystem
-                    // stopped early. `pread` finishes, and tells a shrunk file by its end.
-                    if got < want.end {
-                        let from = got.max(head);
-                        op.finish(&mut dst[from..want.end], start + from as u64)
-                            .map_err(|e| self.read_failed(e))?;
-                    }
-                    self.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
-                    return Ok(head);
-                }
-            }
-        }
-        self.read_data(offset, &mut dst[want])?;
-        Ok(head)
-    }
-
-    /// Plans a slice of tensor `name` (see [`SlicePlan`]).
-    pub fn plan_slice(&self, name: &str, indexers: &[Indexer]) -> Result<SlicePlan> {
-        let info = self.info(name)?;
-        SlicePlan::new(&info, indexers).map_err(|e| e.in_file(&self.path))
-    }
-
-    /// Copies the bytes a slice plan selects from tensor `name` into `dst`, which must be
-    /// exactly [`SlicePlan::byte_len`] long. Only the selected bytes are read.
-    pub fn read_slice(&self, name: &str, plan: &SlicePlan, dst: &mut [u8]) -> Result<()> {
-        let info = self.info(name)?;
-        self.read_slice_of(&info, plan, dst)
-    }
-
-    /// [`SafeFile::read_slice`] for a tensor already looked up.
-    pub fn read_slice_of(
-        &self,
-        info: &TensorInfo<'_>,
-        plan: &SlicePlan,
-        dst: &mut [u8],
-    ) -> Result<()> {
-        plan.check_fits(info, dst.len())
-            .map_err(|e| e.in_file(&self.path))?;
-        self.read_runs(info.data_offsets.0 as u64, plan, dst)
-    }
-
-    /// The runs of `plan`, a slice of the tensor whose bytes start at data offset `base`, packed
-    /// into `dst` (exactly [`SlicePlan::byte_len`] bytes, checked by the caller).
-    pub(crate) fn read_runs(&self, base: u64, plan: &SlicePlan, dst: &mut [u8]) -> Result<()> {
-        // One descriptor for the whole slice, however many runs it has.
-        let handle = self.handle()?;
-        if let Some(Handle::Ranged(source)) = &handle {
-            // All the runs in one call, so that a remote source coalesces and fetches them
-            // concurrently rather than one round trip each.
-            return self.read_runs_ranged(*source, base, plan, dst);
-        }
-        let mut at = 0usize;
-        for (offset, len) in plan.runs() {
-            let out = at
-                .checked_add(len)
-                .and_then(|end| dst.get_mut(at..end))
-                .ok_or_else(|| self.outside(base + offset as u64, len))?;
-            self.read_with(handle.as_ref(), base + offset as u64, out)?;
-            at += len;
-        }
-        Ok(())
-    }
-
-    /// [`SafeFile::read_runs`] from a ranged source: the runs in calls of at most
-    /// [`RANGED_RUNS`] each (one call for all but the most scattered slices).
-    fn read_runs_ranged(
-        &self,
-        source: &dyn RangeSource,
-        base: u64,
-        plan: &SlicePlan,
-        dst: &mut [u8],
-    ) -> Result<()> {
-        let data_start = self.header.data_start() as u64;
-        let mut runs: Vec<(u64, &mut [u8])> = Vec::new();
-        let mut rest = dst;
-        let mut total = 0u64;
-        for (offset, len) in plan.runs() {
-            let at = base + offset as u64;
-            at.checked_add(len as u64)
-                .filter(|&end| end <= self.header.data_len() as u64)
-                .ok_or_else(|| self.outside(at, len))?;
-            if len > rest.len() {
-                return Err(self.outside(at, len));
-            }
-            let (mine, tail) = std::mem::take(&mut rest).split_at_mut(len);
-            rest = tail;
-            if len > 0 {
-                if runs.len() == RANGED_RUNS {
-                    source.read_runs(&mut runs)?;
-                    runs.clear();
-                }
-                crate::fallible::push(&mut runs, (data_start + at, mine), "a slice's runs")?;
-            }
-            total += len as u64;
-        }
-        source.read_runs(&mut runs)?;
-        self.bytes_read.fetch_add(total, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Whether each read of this file is a round trip to a remote source ([`SafeFile::from_source`]):
-    /// readers that have several reads to make hand them over together ([`SafeFile::read_batch`]),
-    /// so that they are fetched concurrently.
-    pub fn reads_in_batches(&self) -> bool {
-        matches!(self.storage, Storage::Ranged(_))
-    }
-
-    /// Several reads of the data buffer at once: each `(offset, dst)` gets the data bytes
-    /// `[offset, offset + dst.len())`. The runs must not overlap (`InvalidSlice`, before
-    /// anything is read). A ranged source gets them in one call (coalesced and fetched
-    /// concurrently); other files read them one by one. On an error the offsets are as given
-    /// and what the buffers hold is unspecified.
-    pub fn read_batch(&self, runs: &mut [(u64, &mut [u8])]) -> Result<()> {
-        let handle = self.handle()?;
-        let Some(Handle::Ranged(source)) = &handle else {
-            for (offset, dst) in runs.iter_mut() {
-                self.read_with(handle.as_ref(), *offset, dst)?;
-            }
-            return Ok(());
-        };
-        let data_start = self.header.data_start() as u64;
-        let mut total = 0u64;
-        let mut spans: Vec<(u64, u64)> = Vec::new();
-        crate::fallible::reserve(&mut spans, runs.len(), "a batch of reads")?;
-        for (offset, dst) in runs.iter() {
-            let end = offset
-                .checked_add(dst.len() as u64)
-                .filter(|&end| end <= self.header.data_len() as u64)
-                .ok_or_else(|| self.outside(*offset, dst.len()))?;
-            if !dst.is_empty() {
-                spans.push((*offset, end));
-            }
-        }
-        spans.sort_unstable();
-        if let Some(w) = spans.windows(2).find(|w| w[1].0 < w[0].1) {
-            return Err(Error::InvalidSlice {
-                tensor: String::new(),
-                reason: format!(
-                    "a batch of reads asks for bytes [{}, {}) and [{}, {}), which overlap; \
-                     read them separately",
-                    w[0].0, w[0].1, w[1].0, w[1].1
-                ),
-            }
-            .in_file(&self.path));
-        }
-        for (offset, dst) in runs.iter_mut() {
-            *offset += data_start;
-            total += dst.len() as u64;
-        }
-        let read = source.read_runs(runs);
-        for (offset, _) in runs.iter_mut() {
-            *offset -= data_start;
-        }
-        read?;
-        self.bytes_read.fetch_add(total, Ordering::Relaxed);
-        Ok(())
-    }
-
     /// Data bytes fetched by the read backend so far (0 for the mapped backend, whose reads the
     /// kernel does on demand).
     pub fn bytes_read(&self) -> u64 {
@@ -766,12 +537,14 @@ impl SafeFile {
     }
 }
 
+mod aligned;
 mod head;
 mod many;
 mod mapping;
 mod options;
 pub(crate) mod parallel;
 mod raw_map;
+mod runs;
 
 pub(crate) use head::parse_allowing;
 use head::{read_head, read_header, read_rest, HEADER_COPY_LIMIT};

@@ -6,15 +6,18 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use safetensors_core::{
-    Error, Indexer, MetadataList, OpenOptions, SafeFile, SortedNames, TensorInfo, DIRECT_ALIGN,
+    Error, Indexer, MetadataList, OpenOptions, SafeFile, SortedNames, TensorInfo,
 };
 
 use crate::status::{guard, lent, lent_mut, Bytes, BytesMut, Fallback, Sizes, Status};
 use crate::status::{handed_over, native_path};
-use ffi::{
-    Backend, ByteRun, ByteRunsMut, NamesMut, Populate, SliceIndex, SliceIndices, SliceKind,
-    TensorMeta,
-};
+mod direct;
+mod slice_plan;
+
+pub use direct::direct_align;
+pub(crate) use slice_plan::indexers;
+
+use ffi::{Backend, NamesMut, Populate, SliceIndices, TensorMeta};
 
 #[cxx::bridge(namespace = "safetensors::ffi")]
 pub mod ffi {
@@ -595,134 +598,12 @@ impl File {
     }
 }
 
-// ---- cold reads: which backend, whether O_DIRECT fell back, aligned reads ----------------
-
-impl File {
-    pub fn backend(&self) -> Backend {
-        match self.core().backend() {
-            safetensors_core::Backend::Mmap => Backend::Mmap,
-            safetensors_core::Backend::Read => Backend::Read,
-            safetensors_core::Backend::Direct => Backend::Direct,
-        }
-    }
-
-    pub fn direct_fallback(&self) -> &str {
-        self.core().direct_fallback().unwrap_or("")
-    }
-
-    pub fn aligned_len(&self, offset: u64, len: usize, status: &mut Status) -> usize {
-        guard(status, || self.core().aligned_len(offset, len))
-    }
-
-    pub fn read_data_aligned(
-        &self,
-        offset: u64,
-        len: usize,
-        mut dst: BytesMut,
-        status: &mut Status,
-    ) -> usize {
-        // SAFETY: C++ lends `dst` for this call (a buffer of its own, `aligned_bytes`).
-        let dst = unsafe { dst.get() };
-        guard(status, || self.core().read_data_aligned(offset, len, dst))
-    }
-}
-
-pub fn direct_align() -> usize {
-    DIRECT_ALIGN
-}
-
-/// The core's indexer; a kind that names none is `InvalidSlice`.
-pub(crate) fn indexer(i: &SliceIndex) -> Result<Indexer, Error> {
-    match i.kind {
-        SliceKind::Select => Ok(Indexer::Select(i.start)),
-        SliceKind::Range => Ok(Indexer::Range {
-            start: i.has_start.then_some(i.start),
-            stop: i.has_stop.then_some(i.stop),
-            step: i.step,
-        }),
-        SliceKind { repr } => Err(Error::InvalidSlice {
-            tensor: String::new(),
-            reason: format!("slice index kind {repr} is not Select (0) or Range (1)"),
-        }),
-    }
-}
-
-/// The core's indexers of a request.
-pub(crate) fn indexers(indices: &[SliceIndex]) -> Result<Vec<Indexer>, Error> {
-    indices.iter().map(indexer).collect()
-}
-
-impl SlicePlan {
-    /// Position in file order of the tensor this plan slices.
-    pub(crate) fn tensor_index(&self) -> usize {
-        self.index
-    }
-
-    pub fn shape(&self) -> Sizes {
-        Sizes::of(self.plan.shape())
-    }
-
-    pub fn byte_len(&self) -> usize {
-        self.plan.byte_len()
-    }
-
-    pub fn run_count(&self, status: &mut Status) -> usize {
-        guard(status, || Ok(self.plan.runs().count()))
-    }
-
-    /// The runs relative to the start of the data buffer, into the room C++ made for exactly
-    /// `run_count()` of them (as many as elements for a strided selection, so C++ allocates
-    /// them fallibly).
-    pub fn write_runs(&self, out: ByteRunsMut, status: &mut Status) {
-        // SAFETY: C++ lends `out` for this call.
-        let out = unsafe { lent_mut(out.data, out.len) };
-        guard(status, || {
-            let room = out.len();
-            let mismatch = || Error::Internal {
-                message: format!(
-                    "room for {room} byte runs, but the selection has {}",
-                    self.plan.runs().count()
-                ),
-            };
-            let mut runs = self.plan.runs();
-            for slot in out.iter_mut() {
-                let (offset, len) = runs.next().ok_or_else(mismatch)?;
-                *slot = ByteRun {
-                    offset: (self.begin + offset) as u64,
-                    length: len as u64,
-                };
-            }
-            match runs.next() {
-                Some(_) => Err(mismatch()),
-                None => Ok(()),
-            }
-        })
-    }
-
-    /// The first run's offset, relative to the data buffer (0 for an empty selection).
-    pub fn first_offset(&self) -> u64 {
-        self.plan
-            .extent()
-            .map_or(0, |(lo, _)| (self.begin + lo) as u64)
-    }
-
-    /// The core's plan, shared: for a multi-rank plan that keeps it.
-    pub(crate) fn shared(&self) -> Arc<safetensors_core::SlicePlan> {
-        Arc::clone(&self.plan)
-    }
-
-    /// Whether the slice is at most one contiguous run (so a view into the mapping can serve it).
-    pub fn contiguous(&self) -> bool {
-        let mut runs = self.plan.runs();
-        runs.next();
-        runs.next().is_none()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use safetensors_core::ErrorKind;
 
+    use super::ffi::{SliceIndex, SliceKind};
+    use super::slice_plan::indexer;
     use super::*;
     use crate::status::outcome;
 

@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+#[cfg(doc)]
+use super::plan::LoadPlan;
 use crate::error::Error;
 use crate::slice::{Runs, SlicePlan};
 
