@@ -554,4 +554,6 @@ use mapping::may_defer;
 use mapping::{descriptors_to_spare, map_and_parse, LazyMap};
 pub use options::{Backend, OpenOptions, Populate};
 #[cfg(test)]
+mod ranged_tests;
+#[cfg(test)]
 mod tests;
