@@ -4,8 +4,6 @@
 
 use std::sync::Arc;
 
-#[cfg(doc)]
-use super::plan::LoadPlan;
 use crate::error::Error;
 use crate::slice::{Runs, SlicePlan};
 
@@ -154,7 +152,7 @@ impl Step {
 }
 
 /// A request of a rank that may have bytes in a step: the rank copies them out with
-/// [`LoadPlan::scatter`] (or [`LoadPlan::pieces`]) once the step is read.
+/// [`LoadPlan::scatter`](crate::distributed::LoadPlan::scatter) (or [`LoadPlan::pieces`](crate::distributed::LoadPlan::pieces)) once the step is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Part {
     /// The step.
@@ -172,7 +170,7 @@ pub struct Piece {
     pub out_offset: u64,
     /// Bytes.
     pub len: u64,
-    /// Where the pieces after this one start: pass it to [`LoadPlan::pieces`] to go on from
+    /// Where the pieces after this one start: pass it to [`LoadPlan::pieces`](crate::distributed::LoadPlan::pieces) to go on from
     /// there.
     pub next: u64,
 }
