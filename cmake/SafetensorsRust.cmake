@@ -1,4 +1,4 @@
-# Builds the Rust staticlib (rust/cxx) and provides:
+# Builds the Rust staticlib (rust/ffi: rust/cxx's C++ bridge and rust/capi's C API) and provides:
 #   safetensors_rust                    INTERFACE target linking it, with its system libraries
 #   SAFETENSORS_GENERATED_INCLUDE_DIR   where the generated bridge headers and cxx.h land
 #   SAFETENSORS_BRIDGE_HEADERS          those headers (safetensors/ffi/src/<area>.rs.h, one per
@@ -112,18 +112,18 @@ if(_st_use_corrosion)
   _st_list_bridge_headers()
   corrosion_import_crate(
     MANIFEST_PATH "${PROJECT_SOURCE_DIR}/Cargo.toml"
-    CRATES safetensors-cxx
+    CRATES safetensors-ffi
     CRATE_TYPES staticlib
     PROFILE ${_st_profile}
     FEATURES ${_st_features}
     LOCKED)
-  corrosion_set_env_vars(safetensors_cxx ${SAFETENSORS_CARGO_ENV})
+  corrosion_set_env_vars(safetensors_ffi ${SAFETENSORS_CARGO_ENV})
   # The cargo Corrosion found, for everything else that runs cargo (the tests' `cargo test`).
   set(SAFETENSORS_CARGO "${Rust_CARGO_CACHED}")
   safetensors_check_cargo("${SAFETENSORS_CARGO}")
-  set(SAFETENSORS_RUST_STATICLIB "$<TARGET_PROPERTY:safetensors_cxx-static,IMPORTED_LOCATION>")
+  set(SAFETENSORS_RUST_STATICLIB "$<TARGET_PROPERTY:safetensors_ffi-static,IMPORTED_LOCATION>")
   add_library(safetensors_rust INTERFACE)
-  target_link_libraries(safetensors_rust INTERFACE safetensors_cxx ${_st_system_libs})
+  target_link_libraries(safetensors_rust INTERFACE safetensors_ffi ${_st_system_libs})
 else()
   find_program(SAFETENSORS_CARGO cargo HINTS "$ENV{CARGO_HOME}/bin" "$ENV{HOME}/.cargo/bin")
   if(NOT SAFETENSORS_CARGO)
@@ -148,7 +148,7 @@ else()
   _st_list_bridge_headers()
   list(TRANSFORM SAFETENSORS_CARGO_ENV REPLACE "^SAFETENSORS_CXX_INCLUDE_DIR=.*$"
                                                "SAFETENSORS_CXX_INCLUDE_DIR=${SAFETENSORS_GENERATED_INCLUDE_DIR}")
-  set(SAFETENSORS_RUST_STATICLIB "${_st_out_dir}/${_st_profile_dir}/libsafetensors_cxx.a")
+  set(SAFETENSORS_RUST_STATICLIB "${_st_out_dir}/${_st_profile_dir}/libsafetensors_ffi.a")
   set(_st_feature_args "")
   if(_st_features)
     set(_st_feature_args --features ${SAFETENSORS_CARGO_FEATURES})
@@ -164,7 +164,7 @@ else()
   # Always runs: cargo decides what is stale. The byproducts let Ninja know who makes them.
   add_custom_target(
     safetensors_cargo_build ALL
-    COMMAND ${SAFETENSORS_CARGO_BUILD} -p safetensors-cxx ${_st_feature_args}
+    COMMAND ${SAFETENSORS_CARGO_BUILD} -p safetensors-ffi ${_st_feature_args}
     BYPRODUCTS "${SAFETENSORS_RUST_STATICLIB}" ${SAFETENSORS_BRIDGE_HEADERS}
     WORKING_DIRECTORY "${PROJECT_SOURCE_DIR}"
     USES_TERMINAL

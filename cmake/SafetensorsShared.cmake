@@ -27,7 +27,7 @@ target_link_libraries(safetensors_shared PRIVATE Threads::Threads ${CMAKE_DL_LIB
 if(TARGET safetensors_cargo_build)
   add_dependencies(safetensors_shared safetensors_cargo_build)
 else()
-  add_dependencies(safetensors_shared cargo-build_safetensors_cxx)  # Corrosion's build target
+  add_dependencies(safetensors_shared cargo-build_safetensors_ffi)  # Corrosion's build target
 endif()
 # Usable on its own (`safetensors::safetensors_shared` of an installed package): the headers and
 # C++20 come with it, as with safetensors::safetensors.

@@ -42,14 +42,14 @@ execute_process(
   COMMAND ${CMAKE_COMMAND} -E env ${env} "SAFETENSORS_CXX_INCLUDE_DIR=${WORK}/include" "CARGO_HOME=${home}"
           CARGO_NET_OFFLINE=true "${CARGO}" build --locked --lib
           --profile "${PROFILE}" --target-dir "${WORK}/target" --manifest-path "${SOURCE_DIR}/Cargo.toml" -p
-          safetensors-cxx ${feature_args}
+          safetensors-ffi ${feature_args}
   RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_VARIABLE out)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "the offline build from vendored crates failed:\n${out}${err}")
 endif()
 # With no registry cache and no network, every crate came from the vendored directory.
-file(GLOB_RECURSE archive "${WORK}/target/*/libsafetensors_cxx.a")
+file(GLOB_RECURSE archive "${WORK}/target/*/libsafetensors_ffi.a")
 if(NOT archive)
-  message(FATAL_ERROR "the offline build made no libsafetensors_cxx.a under ${WORK}/target:\n${err}")
+  message(FATAL_ERROR "the offline build made no libsafetensors_ffi.a under ${WORK}/target:\n${err}")
 endif()
 message(STATUS "built offline from ${vendor}: ${archive}")

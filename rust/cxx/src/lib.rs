@@ -50,8 +50,3 @@ pub mod status;
 pub mod stream;
 mod version;
 pub mod writer;
-
-// The C API (include/safetensors.h) lives in the same archive as these bridges, so that a program
-// using both links one copy of the core and of Rust's standard library. Naming the crate links
-// it in; its `#[no_mangle]` functions are then part of this staticlib.
-use safetensors_capi as _;
