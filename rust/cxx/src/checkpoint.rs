@@ -175,12 +175,9 @@ impl Checkpoint {
     pub fn shard_of(&self, name: Bytes, status: &mut Status) -> usize {
         // SAFETY: C++ lends the name for this call (`detail::bytes`).
         let name = unsafe { name.get() };
-        guard(status, || match std::str::from_utf8(name) {
-            Ok(name) => self.inner.shard_of(name),
-            Err(_) => Err(Error::TensorNotFound {
-                name: String::from_utf8_lossy(name).into_owned(),
-            }
-            .in_file(self.inner.path())),
+        guard(status, || {
+            self.inner
+                .shard_of(safetensors_core::name_to_find(name, self.inner.path())?)
         })
     }
 
@@ -262,12 +259,9 @@ impl Checkpoint {
     pub fn shard_holding(&self, name: Bytes, status: &mut Status) -> usize {
         // SAFETY: C++ lends the name for this call (`detail::bytes`).
         let name = unsafe { name.get() };
-        guard(status, || match std::str::from_utf8(name) {
-            Ok(name) => self.inner.shard_holding(name),
-            Err(_) => Err(Error::TensorNotFound {
-                name: String::from_utf8_lossy(name).into_owned(),
-            }
-            .in_file(self.inner.path())),
+        guard(status, || {
+            self.inner
+                .shard_holding(safetensors_core::name_to_find(name, self.inner.path())?)
         })
     }
 

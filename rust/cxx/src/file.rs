@@ -451,12 +451,8 @@ impl File {
         // SAFETY: C++ lends the name for this call (`detail::bytes`).
         let name = unsafe { name.get() };
         guard(status, || {
-            let index = usize::try_from(self.index_of(name)).map_err(|_| {
-                Error::TensorNotFound {
-                    name: String::from_utf8_lossy(name).into_owned(),
-                }
-                .in_file(self.inner.path())
-            })?;
+            let index = usize::try_from(self.index_of(name))
+                .map_err(|_| safetensors_core::tensor_not_found(name, self.inner.path()))?;
             Ok(self.meta_at(index))
         })
     }

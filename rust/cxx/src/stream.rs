@@ -253,12 +253,7 @@ impl RequestList {
             .wanted
             .iter()
             .map(|w| {
-                let name = std::str::from_utf8(&w.name).map_err(|_| {
-                    Error::TensorNotFound {
-                        name: String::from_utf8_lossy(&w.name).into_owned(),
-                    }
-                    .in_file(at)
-                })?;
+                let name = safetensors_core::name_to_find(&w.name, at)?;
                 Ok(Request {
                     name: name.to_owned(),
                     file: w.file,
