@@ -448,6 +448,20 @@ TEST_F(ParityFiles, OutputsOverlappingWhatACallReadsAreRefusedAlike) {
   });
   EXPECT_EQ(c.kind, "InvalidSlice");
   expect_same("a conversion in place", unnamed(c), unnamed(cxx));
+  // A buffer one byte short or long, or empty: one rule (the core's), one message, every way.
+  for (std::size_t len : {t.byte_size - 1, t.byte_size + 1, std::size_t{0}}) {
+    std::vector<std::byte> dst(len, std::byte{0x5A});
+    c = via_c([&](st_error* e, std::string&) {
+      return st_file_read(cf.f, ST_LITERAL("f32"), dst.data(), dst.size(), e) == ST_OK;
+    });
+    cxx = via_cxx([&](std::string&) { st::nothrow::get_tensor_into(xf, "f32", dst).throw_if_error(); });
+    EXPECT_EQ(c.kind, "InvalidSlice") << len;
+    EXPECT_NE(c.message.find("pass exactly " + std::to_string(t.byte_size) + " bytes"), std::string::npos)
+        << c.message;
+    expect_same("a read into " + std::to_string(len) + " bytes", c, cxx);
+    EXPECT_TRUE(std::ranges::all_of(dst, [](std::byte b) { return b == std::byte{0x5A}; }))
+        << "nothing written";
+  }
   st_error_clear(&err);
 }
 

@@ -30,18 +30,14 @@ inline Expected<std::size_t> byte_length(std::string_view name, Dtype dtype,
 }
 
 /// Why `bytes` bytes cannot be the data of tensor `what` of `dtype` and `shape`, if so: the
-/// core's tensor byte-length rule (`ValidationOverflow`, `MisalignedSlice`, `TypeMismatch` as
-/// `byte_length` says), and `TensorInvalidInfo` when the bytes are not that many. Every entry
-/// point that takes a caller's view checks it so first, before its shape sizes anything.
+/// core's `check_data_len`, the tensor byte-length rule (`ValidationOverflow`, `MisalignedSlice`,
+/// `TypeMismatch` as `byte_length` says), and `TensorInvalidInfo` when the bytes are not that many. Every
+/// entry point that takes a caller's view checks it so first, before its shape sizes anything.
 inline Status check_extent(std::string_view what, Dtype dtype, const std::vector<std::size_t>& shape,
                            std::size_t bytes) {
-  auto want = byte_length(what, dtype, shape);
-  if (!want) return want.status();
-  if (*want == bytes) return {};
-  return Status(ErrorKind::TensorInvalidInfo, std::string(what) + " holds " + std::to_string(bytes) +
-                                                  " bytes but its dtype and shape (" +
-                                                  std::string(to_string(dtype)) + " " + shape_text(shape) +
-                                                  ") make " + std::to_string(*want));
+  return attempt([&](ffi::Status& st) {
+    ffi::check_data_len(detail::bytes(what), static_cast<std::uint8_t>(dtype), sizes(shape), bytes, st);
+  });
 }
 
 }  // namespace detail

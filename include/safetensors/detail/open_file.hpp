@@ -198,23 +198,13 @@ struct OpenFile {
     return NamedTensor{std::move(name), std::move(*v)};
   }
 
-  /// Copies tensor `name` into `dst`, which holds exactly its bytes (else `InvalidSlice`, the
-  /// kind of every unfit output buffer) and lies outside the file's memory.
+  /// Copies tensor `name` into `dst`, which holds exactly its bytes (else `InvalidSlice`: the
+  /// core's `TensorInfo::check_destination`) and lies outside the file's memory.
   [[nodiscard]] Status get_tensor_into(std::string_view name, std::span<std::byte> dst) const {
     auto m = find(name);
     if (!m) return m.status();
-    const std::size_t len = m->end - m->begin;
-    if (dst.size() != len) {
-      return Status(ErrorKind::InvalidSlice,
-                    "get_tensor_into: the destination holds " + std::to_string(dst.size()) +
-                        " bytes but tensor `" + std::string(name) + "` (" +
-                        std::string(to_string(static_cast<Dtype>(m->dtype))) + " " +
-                        shape_text(shape_of(*m)) + ") has " + std::to_string(len) + "; pass exactly " +
-                        std::to_string(len) + " bytes (info(name).byte_size())");
-    }
     if (auto st = refuse_overlap_with("get_tensor_into", dst); !st.ok()) return st;
-    if (len == 0) return {};
-    return read_data(m->begin, dst);
+    return attempt([&](ffi::Status& st) { file->read_tensor_at(m->index, bytes_mut(dst), st); });
   }
 
  private:

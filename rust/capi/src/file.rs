@@ -397,17 +397,11 @@ pub(crate) unsafe fn read_tensor(
     dst: *mut c_void,
     dst_len: usize,
 ) -> Res<()> {
-    if dst_len != info.byte_len() {
-        return Err(Error::WrongBufferLength {
-            buffer: "the destination",
-            expected: info.byte_len() as u64,
-            actual: dst_len as u64,
-        }
-        .in_file(file.path())
-        .into());
-    }
+    // The length first: a NULL `dst` of the wrong length is told its length, not its NULL.
+    info.check_destination(dst_len)?;
     // SAFETY: the caller's promise.
-    unsafe { read_into(c, file, info.data_offsets.0 as u64, dst, dst_len) }
+    let dst = unsafe { c.output(&[AddressRange::of_file(file)?], dst, dst_len)? };
+    Ok(file.read_tensor(info, dst)?)
 }
 
 /// Copies `len` bytes of the data buffer, from `offset` on, into `dst` (with any backend: byte

@@ -61,12 +61,7 @@ pub(crate) fn check_tensor_byte_len(
 /// that no number of bytes could satisfy is never reported as a mismatch with an expected size
 /// that does not exist; then `TensorInvalidInfo`. The rule for a caller's bytes (a conversion's
 /// source), which may have any rank.
-pub(crate) fn check_data_len(
-    tensor: &str,
-    dtype: Dtype,
-    shape: &[usize],
-    actual: usize,
-) -> Result<()> {
+pub fn check_data_len(tensor: &str, dtype: Dtype, shape: &[usize], actual: usize) -> Result<()> {
     let expected = tensor_byte_len(tensor, dtype, shape)?;
     if actual != expected {
         return Err(Error::TensorInvalidInfo {

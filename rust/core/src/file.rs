@@ -486,6 +486,13 @@ impl SafeFile {
         }
     }
 
+    /// Copies all of tensor `info` (of this file) into `dst`, which holds exactly its bytes
+    /// ([`TensorInfo::check_destination`]: `InvalidSlice` otherwise, before anything is read).
+    pub fn read_tensor(&self, info: &TensorInfo<'_>, dst: &mut [u8]) -> Result<()> {
+        info.check_destination(dst.len())?;
+        self.read_data(info.data_offsets.0 as u64, dst)
+    }
+
     /// Copies `dst.len()` bytes of the data buffer, starting at `offset`, into `dst`.
     pub fn read_data(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         let handle = self.handle()?;

@@ -65,7 +65,7 @@ mod url;
 mod view;
 mod writer;
 
-pub use byte_len::tensor_byte_len;
+pub use byte_len::{check_data_len, tensor_byte_len};
 pub use checkpoint::{
     Checkpoint, CheckpointOptions, Found, NameIter, NameList, ShardOpener, MAX_INDEX_SIZE,
 };

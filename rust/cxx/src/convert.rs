@@ -35,6 +35,8 @@ pub mod ffi {
         fn converted_len(from: u8, shape: Sizes, src: Bytes, to: u8, status: &mut Status) -> usize;
         /// Bytes a tensor `name` of `dtype` and `shape` takes (the tensor byte-length rule).
         fn tensor_byte_len(name: Bytes, dtype: u8, shape: Sizes, status: &mut Status) -> usize;
+        /// Whether `actual` bytes are the data of a tensor `name` of `dtype` and `shape`.
+        fn check_data_len(name: Bytes, dtype: u8, shape: Sizes, actual: usize, status: &mut Status);
         /// Bytes `dequantize_fp8_blocks` writes for these inputs, after every check it makes
         /// of them.
         #[allow(clippy::too_many_arguments)]
@@ -139,6 +141,15 @@ pub fn converted_len(from: u8, shape: Sizes, src: Bytes, to: u8, status: &mut St
 
 /// The tensor byte-length rule for C++ (conversion outputs, DLPack exports): `name` is for
 /// messages; a dtype value outside the enumeration is `TypeMismatch`.
+pub fn check_data_len(name: Bytes, dtype: u8, shape: Sizes, actual: usize, status: &mut Status) {
+    // SAFETY: C++ lends both spans for this call.
+    let (name, shape) = unsafe { (name.get(), shape.get()) };
+    guard(status, || {
+        let dtype = convert::dtype_to_convert(dtype)?;
+        safetensors_core::check_data_len(&String::from_utf8_lossy(name), dtype, shape, actual)
+    })
+}
+
 pub fn tensor_byte_len(name: Bytes, dtype: u8, shape: Sizes, status: &mut Status) -> usize {
     // SAFETY: C++ lends both spans for this call.
     let (name, shape) = unsafe { (name.get(), shape.get()) };

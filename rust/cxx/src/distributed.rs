@@ -2,12 +2,12 @@
 //! `safetensors_core::distributed`, as C++ (`include/safetensors/distributed.hpp`) sees them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use safetensors_core::distributed::{
-    qkv_indexers, shard_indexers, Gqa, LoadPlan, Need, QkvPart, Split,
+    qkv_indexers, shard_indexers, FilePlan, Gqa, Need, Needs, QkvPart, Split,
 };
-use safetensors_core::{fallible, read_many, Error, Indexer, SafeFile};
+use safetensors_core::{fallible, Error, Indexer};
 
 use crate::file::{File, SlicePlan};
 use crate::status::handed_over;
@@ -268,75 +268,29 @@ fn unknown(what: &str, repr: u8) -> Error {
     }
 }
 
-/// Every rank's selections, collected before planning.
-pub struct DistPlanBuilder {
-    files: Vec<Arc<SafeFile>>,
-    /// Each file's number in `files`, by its address: a plan of every tensor of a checkpoint of
-    /// 163 shards adds 700,000 selections, and a search of `files` for each was most of it.
-    ids: std::collections::HashMap<usize, usize>,
-    /// The last file added and its number: selections come file by file in practice, so most
-    /// additions need no lookup at all.
-    last: Option<(usize, usize)>,
-    needs: Vec<Vec<Need>>,
-}
+/// Every rank's selections, collected before planning (the core's `Needs`).
+pub struct DistPlanBuilder(Needs);
 
 pub fn new_dist_plan_builder(world: usize) -> Box<DistPlanBuilder> {
-    Box::new(DistPlanBuilder {
-        files: Vec::new(),
-        ids: std::collections::HashMap::new(),
-        last: None,
-        needs: (0..world).map(|_| Vec::new()).collect(),
-    })
+    Box::new(DistPlanBuilder(Needs::new(world)))
 }
 
 impl DistPlanBuilder {
-    /// Adds a selection `plan` of a tensor of `file` to what `rank` needs. Files are told apart
-    /// by identity: selections from one open file or checkpoint share reads.
+    /// Adds a selection `plan` of a tensor of `file` to what `rank` needs.
     pub fn add_need(&mut self, rank: usize, file: &File, plan: &SlicePlan, status: &mut Status) {
         guard(status, || {
-            let world = self.needs.len();
-            let Some(list) = self.needs.get_mut(rank) else {
-                return Err(Error::InvalidSlice {
-                    tensor: String::new(),
-                    reason: format!("rank {rank} is not in a world of {world} ranks"),
-                });
-            };
-            let key = std::ptr::from_ref(file.core()) as usize;
-            let id = match self.last {
-                Some((last, id)) if last == key => id,
-                _ => {
-                    let files = &mut self.files;
-                    let id = *self.ids.entry(key).or_insert_with(|| {
-                        files.push(file.shared());
-                        files.len() - 1
-                    });
-                    self.last = Some((key, id));
-                    id
-                }
-            };
-            let meta = file.meta_at(plan.tensor_index());
-            // The selection itself, not its runs: a strided selection has as many runs as
-            // elements, and the plan walks them lazily.
-            list.push(Need::new(
-                id,
-                plan.tensor_index(),
-                meta.begin as u64,
-                plan.shared(),
-            ));
-            Ok(())
+            self.0
+                .add(rank, &file.shared(), plan.tensor_index(), plan.shared())
         })
     }
 
     /// Plans the selections added so far (they move into the plan).
     pub fn build_plan(&mut self, max_step: u64, status: &mut Status) -> *mut DistPlan {
         guard(status, || {
-            let world = self.needs.len();
-            let needs =
-                std::mem::replace(&mut self.needs, (0..world).map(|_| Vec::new()).collect());
-            let plan = LoadPlan::new(needs, max_step)?;
+            let plan = self.0.build(max_step)?;
+            let world = plan.plan.world();
             Ok(handed_over(DistPlan {
                 plan,
-                files: self.files.clone(),
                 read: AtomicU64::new(0),
                 log: (0..world).map(|_| Mutex::new(Vec::new())).collect(),
             }))
@@ -346,8 +300,7 @@ impl DistPlanBuilder {
 
 /// A built plan plus the files it reads and what this process has read through it.
 pub struct DistPlan {
-    plan: LoadPlan,
-    files: Vec<Arc<SafeFile>>,
+    plan: FilePlan,
     read: AtomicU64,
     /// The steps read through this object, one list per reading rank (ranks that share a plan
     /// object run on threads of their own: one list each keeps them from waiting on each other).
@@ -358,14 +311,14 @@ pub struct DistPlan {
 
 impl DistPlan {
     pub fn world(&self) -> usize {
-        self.plan.world()
+        self.plan.plan.world()
     }
     pub fn check_collective(&self, rank: usize, size: usize, status: &mut Status) {
-        guard(status, || self.plan.check_collective(rank, size))
+        guard(status, || self.plan.plan.check_collective(rank, size))
     }
     pub fn walk(&self, rank: usize, max_bytes: u64, status: &mut Status) -> DistWalk {
         guard(status, || {
-            let walk = self.plan.walk(rank, max_bytes)?;
+            let walk = self.plan.plan.walk(rank, max_bytes)?;
             let what = "a rank's walk over a load plan";
             let mut turns = fallible::with_capacity(walk.turns.len(), what)?;
             turns.extend(walk.turns.iter().map(|t| DistTurn {
@@ -384,14 +337,8 @@ impl DistPlan {
     }
     pub fn layout(&self, rank: usize, alignment: usize, status: &mut Status) -> DistLayout {
         guard(status, || {
-            let name = |n: &Need| {
-                self.files
-                    .get(n.file)
-                    .and_then(|f| f.header().name_at(n.tensor))
-                    .unwrap_or_default()
-                    .to_owned()
-            };
-            let layout = self.plan.layout(rank, alignment, name)?;
+            let name = |n: &Need| self.plan.name_of(n).to_owned();
+            let layout = self.plan.plan.layout(rank, alignment, name)?;
             Ok(DistLayout {
                 offsets: layout.offsets,
                 total: layout.total,
@@ -399,10 +346,10 @@ impl DistPlan {
         })
     }
     pub fn step_count(&self) -> usize {
-        self.plan.steps().len()
+        self.plan.plan.steps().len()
     }
     pub fn step(&self, i: usize) -> DistStep {
-        self.plan.steps().get(i).map_or(
+        self.plan.plan.steps().get(i).map_or(
             DistStep {
                 file: 0,
                 offset: 0,
@@ -421,7 +368,7 @@ impl DistPlan {
     }
     pub fn parts(&self, rank: usize, status: &mut Status) -> Vec<DistPart> {
         guard(status, || {
-            let parts = self.plan.parts(rank)?;
+            let parts = self.plan.plan.parts(rank)?;
             let mut out = fallible::with_capacity(parts.len(), "a rank's share of a load plan")?;
             out.extend(parts.iter().map(|p| DistPart {
                 step: p.step,
@@ -440,7 +387,7 @@ impl DistPlan {
         status: &mut Status,
     ) {
         guard(status, || {
-            self.plan.scatter(rank, step, request, staging, out)
+            self.plan.plan.scatter(rank, step, request, staging, out)
         })
     }
     pub fn pieces(
@@ -453,6 +400,7 @@ impl DistPlan {
     ) -> Vec<DistPiece> {
         // At most 4096 at a time: a bounded allocation whatever the caller asks for.
         self.plan
+            .plan
             .pieces(rank, step, request, from)
             .take(max.min(4096))
             .map(|p| DistPiece {
@@ -464,42 +412,13 @@ impl DistPlan {
             .collect()
     }
     pub fn result_lens(&self, rank: usize) -> Vec<u64> {
-        self.plan.result_lens(rank).to_vec()
+        self.plan.plan.result_lens(rank).to_vec()
     }
     /// Reads the steps `steps` into `dst`, one after another (exactly their lengths together),
     /// on several threads at once ([`read_many`]), counting and logging each read.
     pub fn read_steps(&self, steps: &[usize], dst: &mut [u8], status: &mut Status) {
         guard(status, || {
-            let mut total = 0u64;
-            for &i in steps {
-                if i >= self.step_count() {
-                    return Err(Error::InvalidSlice {
-                        tensor: String::new(),
-                        reason: format!("there is no step {i}: the plan has {}", self.step_count()),
-                    });
-                }
-                total = total.saturating_add(self.step(i).len);
-            }
-            if dst.len() as u64 != total {
-                let what = match steps {
-                    [i] => format!("step {i} of {}", self.step_count()),
-                    _ => format!("{} steps", steps.len()),
-                };
-                return Err(Error::InvalidSlice {
-                    tensor: String::new(),
-                    reason: format!("{what} needs a {total}-byte buffer, got {}", dst.len()),
-                });
-            }
-            let mut reads = Vec::new();
-            fallible::reserve(&mut reads, steps.len(), "a batch of step reads")?;
-            let mut rest = dst;
-            for &i in steps {
-                let s = self.step(i);
-                let (head, tail) = std::mem::take(&mut rest).split_at_mut(s.len as usize);
-                reads.push((self.files[s.file].as_ref(), s.offset, head));
-                rest = tail;
-            }
-            read_many(&mut reads)?;
+            self.plan.read_steps(steps, dst)?;
             for &i in steps {
                 let s = self.step(i);
                 self.read.fetch_add(s.len, Ordering::Relaxed);
@@ -522,19 +441,19 @@ impl DistPlan {
             .collect()
     }
     pub fn planned_bytes_read_by(&self, rank: usize) -> u64 {
-        self.plan.bytes_read_by(rank)
+        self.plan.plan.bytes_read_by(rank)
     }
     pub fn planned_bytes_read(&self) -> u64 {
-        self.plan.bytes_read()
+        self.plan.plan.bytes_read()
     }
     pub fn bytes_delivered(&self) -> u64 {
-        self.plan.bytes_delivered()
+        self.plan.plan.bytes_delivered()
     }
     pub fn bytes_broadcast(&self) -> u64 {
-        self.plan.bytes_broadcast()
+        self.plan.plan.bytes_broadcast()
     }
     pub fn naive_bytes_read(&self) -> u64 {
-        self.plan.naive_bytes_read()
+        self.plan.plan.naive_bytes_read()
     }
 }
 

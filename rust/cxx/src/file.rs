@@ -187,6 +187,8 @@ pub mod ffi {
         fn data_len(self: &File) -> usize;
         /// Copies data-buffer bytes `[offset, offset + dst.len())` into `dst`.
         fn read_data(self: &File, offset: u64, dst: BytesMut, status: &mut Status);
+        /// Copies all of the tensor at `index` into `dst`, which holds exactly its bytes.
+        fn read_tensor_at(self: &File, index: usize, dst: BytesMut, status: &mut Status);
         /// Data bytes fetched by the read backend so far.
         fn bytes_read(self: &File) -> u64;
         /// Plans a slice of the tensor at `index` in file order. Null on failure.
@@ -538,6 +540,14 @@ impl File {
         // SAFETY: C++ lends `dst` for this call, outside the file's memory (`refuse_overlap`).
         let dst = unsafe { dst.get() };
         guard(status, || self.inner.read_data(offset, dst))
+    }
+
+    pub fn read_tensor_at(&self, index: usize, mut dst: BytesMut, status: &mut Status) {
+        // SAFETY: C++ lends `dst` for this call, outside the file's memory (`refuse_overlap`).
+        let dst = unsafe { dst.get() };
+        guard(status, || {
+            self.inner.read_tensor(&self.tensor_at(index)?, dst)
+        })
     }
 
     pub fn bytes_read(&self) -> u64 {

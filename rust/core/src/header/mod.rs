@@ -73,6 +73,24 @@ impl TensorInfo<'_> {
     pub fn byte_len(&self) -> usize {
         self.data_offsets.1 - self.data_offsets.0
     }
+
+    /// Whether a caller's buffer of `len` bytes can take all of this tensor: exactly its bytes,
+    /// else `InvalidSlice` naming the tensor, its dtype and shape, and the length to pass (the
+    /// rule of every "read a tensor into my buffer", [`SafeFile::read_tensor`](crate::SafeFile::read_tensor)).
+    pub fn check_destination(&self, len: usize) -> crate::error::Result<()> {
+        let want = self.byte_len();
+        if len == want {
+            return Ok(());
+        }
+        Err(crate::error::Error::InvalidSlice {
+            tensor: self.name.to_owned(),
+            reason: format!(
+                "the destination holds {len} bytes but the tensor ({} {:?}) has {want}; pass \
+                 exactly {want} bytes",
+                self.dtype, self.shape
+            ),
+        })
+    }
 }
 
 /// A parsed, validated header. Owns its strings; borrows nothing.
