@@ -164,6 +164,32 @@ pub fn proxy_with(upstream: u16, fault: &str, after: usize, more: &[&str]) -> Se
     Server { child, port }
 }
 
+/// The credential stand-ins (`tests/remote/credential_server.py`) handing out `access` and
+/// `secret` with session tokens, logging each hand-out to `log`; `more` are its options
+/// (`--tls CERT KEY`, `--pod-token TEXT`, `--web-token TEXT`, `--ttl SECONDS`).
+pub fn credential_server(access: &str, secret: &str, log: &Path, more: &[&str]) -> Server {
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/remote/credential_server.py");
+    let mut child = Command::new("python3")
+        .arg(script)
+        .arg(access)
+        .arg(secret)
+        .arg("--log")
+        .arg(log)
+        .args(more)
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("python3 runs the credential stand-ins");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line.trim().parse().expect("the stand-ins print their port");
+    wait_for(port, &mut child, "the credential stand-ins");
+    Server { child, port }
+}
+
 /// An S3-compatible server (`s3s-fs`) over `root` (each subdirectory a bucket) with these
 /// credentials, or why there is none.
 pub fn s3(root: &Path, access_key: &str, secret_key: &str) -> Result<Server, String> {
