@@ -38,12 +38,12 @@ constexpr Command kCommands[] = {
       Metadata, then every tensor (name, dtype, shape, bytes, offset; for an index, the shard,
       relative to the index's folder), then totals (parameters, bytes by dtype). Reads only
       headers. INDEX is a sharded checkpoint's model.safetensors.index.json. URL is s3://,
-      http:// or https:// (its header fetched with one or two ranged GETs).
+      gs://, az://, http:// or https:// (its header fetched with one or two ranged GETs).
 )"},
     {"validate", validate_command,
      R"(  safetensors validate [--header-only] [--lenient] [--allow-trailing-bytes] [--cache[=DIR]] [--json] FILE|URL|INDEX...
       Checks each file: every header rule, then every data byte readable (unless
-      --header-only); for an index, every shard against the index. A URL (s3://, http(s)://)
+      --header-only); for an index, every shard against the index. A URL (s3://, gs://, az://, http(s)://)
       is read as checked, or with --cache fetched whole into the cache of remote files (DIR,
       else ~/.cache/safetensors) that later opens map. One OK or error line per file.
       --lenient reads an index as an allow-list (tensors its shards lack are listed, not fatal;
@@ -77,8 +77,8 @@ constexpr Command kCommands[] = {
 };
 
 constexpr const char* kExitCodes = R"(
-An argument starting with s3://, http:// or https:// (any case) is a URL, anything else a local
-path; a command that acts on local files only refuses a URL (exit code 2).
+An argument starting with s3://, gs://, az://, http:// or https:// (any case) is a URL, anything
+else a local path; a command that acts on local files only refuses a URL (exit code 2).
 
 --json prints one JSON document on standard output, an error included:
   {"error": {"kind": KIND, "message": MESSAGE}} (kind "Usage" for a wrong command line).

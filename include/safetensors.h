@@ -1669,8 +1669,8 @@ void st_remote_options_default(struct st_remote_options *options);
 bool st_remote_built(void);
 
 /**
- * Whether `s` names a remote file rather than a local path: it starts with `s3://`, `http://`
- * or `https://` (the scheme in any case). NULL is not a URL.
+ * Whether `s` names a remote file rather than a local path: it starts with `s3://`, `gs://`,
+ * `az://`, `http://` or `https://` (the scheme in any case). NULL is not a URL.
  */
 bool st_is_url(const char *s);
 

@@ -106,7 +106,7 @@ class Checkpoint {
   explicit Checkpoint(PathRef path, CheckpointOptions options = {})
       : Checkpoint(nothrow::open_checkpoint(path, options).value()) {}
 
-  /// A remote checkpoint: an index (`s3://`, `http://` or `https://` URL whose path ends in
+  /// A remote checkpoint: an index (`s3://`, `gs://`, `az://` or `http(s)://` URL whose path ends in
   /// `.json`) fetched whole and checked as a local one, its shards the objects next to it, each
   /// opened with `remote` (whole into memory, `on_demand`, or header only) on first use and
   /// checked against the index; or one remote file, as a checkpoint of one shard. Of `options`,

@@ -66,8 +66,8 @@ struct RemoteOptions {
   std::uint64_t cache_limit = std::uint64_t{128} << 30;
 };
 
-/// Whether `s` names a remote file rather than a local path: it starts with `s3://`, `http://`
-/// or `https://` (the scheme in any case). The one rule the library and its CLI apply.
+/// Whether `s` names a remote file rather than a local path: it starts with `s3://`, `gs://`,
+/// `az://`, `http://` or `https://` (the scheme in any case). The one rule the library and its CLI apply.
 [[nodiscard]] inline bool is_url(std::string_view s) {
   return ffi::is_url(detail::bytes(s));
 }

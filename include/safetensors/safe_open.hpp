@@ -122,7 +122,7 @@ class SafeOpen {
     return nothrow::from_bytes(bytes, std::move(keep_alive), options, std::move(name)).value();
   }
 
-  /// A remote file (`s3://bucket/key`, `http://` or `https://` URL; see `is_url`) fetched
+  /// A remote file (`s3://bucket/key`, `gs://`, `az://`, `http(s)://` URL; see `is_url`) fetched
   /// into memory: its header with one ranged GET (two when longer than `remote.first_read`),
   /// validated with every check a local file gets, then the whole object with concurrent
   /// ranged GETs of the version whose header was read (its ETag pinned: an object replaced

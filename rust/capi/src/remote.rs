@@ -92,8 +92,8 @@ pub extern "C" fn st_remote_built() -> bool {
     safetensors_remote::BUILT
 }
 
-/// Whether `s` names a remote file rather than a local path: it starts with `s3://`, `http://`
-/// or `https://` (the scheme in any case). NULL is not a URL.
+/// Whether `s` names a remote file rather than a local path: it starts with `s3://`, `gs://`,
+/// `az://`, `http://` or `https://` (the scheme in any case). NULL is not a URL.
 #[no_mangle]
 pub unsafe extern "C" fn st_is_url(s: *const c_char) -> bool {
     if s.is_null() {

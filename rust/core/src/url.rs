@@ -8,7 +8,8 @@ use std::path::Path;
 use crate::error::{Error, Result};
 
 /// Whether `s` names a remote object rather than a local path: it starts with `s3://`,
-/// `http://` or `https://` (the scheme in any case). Anything else is a local path.
+/// `gs://`, `az://`, `http://` or `https://` (the scheme in any case). Anything else is a local
+/// path.
 ///
 /// ```
 /// assert!(safetensors_core::is_url("s3://bucket/model.safetensors"));
@@ -18,10 +19,10 @@ pub fn is_url(s: &str) -> bool {
     url_scheme(s).is_some()
 }
 
-/// The scheme of a URL [`is_url`] accepts, lower-cased: `s3`, `http` or `https`.
+/// The scheme of a URL [`is_url`] accepts, lower-cased: `s3`, `gs`, `az`, `http` or `https`.
 pub fn url_scheme(s: &str) -> Option<&'static str> {
     let (scheme, _) = s.split_once("://")?;
-    ["s3", "http", "https"]
+    ["s3", "gs", "az", "http", "https"]
         .into_iter()
         .find(|known| scheme.eq_ignore_ascii_case(known))
 }
@@ -122,6 +123,9 @@ mod tests {
     #[test]
     fn urls_are_told_by_their_scheme_only() {
         assert!(is_url("s3://bucket/key"));
+        assert!(is_url("gs://bucket/key"));
+        assert!(is_url("AZ://container/blob"));
+        assert!(!is_url("abfs://container/blob"));
         assert!(is_url("HTTPS://host/x.safetensors"));
         assert!(is_url("http://127.0.0.1:8080/a"));
         assert!(!is_url("model.safetensors"));

@@ -48,7 +48,7 @@ pub mod ffi {
     extern "Rust" {
         /// Whether this build opens remote files (the `remote` feature).
         fn remote_built() -> bool;
-        /// Whether `s` is a URL (`s3://`, `http://`, `https://`) rather than a local path.
+        /// Whether `s` is a URL (`s3://`, `gs://`, `az://`, `http(s)://`) rather than a local path.
         fn is_url(s: Bytes) -> bool;
         /// `url` as messages show it: no user information, query or fragment (the core's
         /// `redact_url`).

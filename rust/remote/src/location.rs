@@ -13,6 +13,8 @@
 use std::sync::Arc;
 
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::http::HttpBuilder;
 use object_store::path::Path as ObjectPath;
 use object_store::{BackoffConfig, ClientConfigKey, ClientOptions, ObjectStore, RetryConfig};
@@ -27,14 +29,35 @@ use crate::transport::{Connector, Signed};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Scheme {
     S3,
+    Gcs,
+    Azure,
     Http,
 }
 
 fn scheme_of(s: &str) -> Option<Scheme> {
     match url_scheme(s)? {
         "s3" => Some(Scheme::S3),
+        "gs" => Some(Scheme::Gcs),
+        "az" => Some(Scheme::Azure),
         _ => Some(Scheme::Http),
     }
+}
+
+/// The storage account of an Azure Blob URL without a query
+/// (`https://ACCOUNT.blob.core.windows.net/CONTAINER/BLOB`), read through the Azure store with
+/// the environment's credentials; with a query (a SAS) it stays a pre-signed HTTP URL.
+fn azure_account(parsed: &Url) -> Option<&str> {
+    if parsed.scheme() != "https" || parsed.query().is_some() || parsed.port().is_some() {
+        return None;
+    }
+    let host = parsed.host_str()?;
+    let account = host
+        .get(..host.len().checked_sub(".blob.core.windows.net".len())?)
+        .filter(|_| {
+            host.to_ascii_lowercase()
+                .ends_with(".blob.core.windows.net")
+        })?;
+    (!account.is_empty() && !account.contains('.')).then_some(account)
 }
 
 /// A remote object: the store that reaches it, its path there, and its name for messages.
@@ -57,7 +80,7 @@ pub(crate) fn locate(url: &str, options: &RemoteOptions) -> Result<Location> {
     let scheme = scheme_of(url).ok_or_else(|| {
         invalid_url(
             &name,
-            "not a remote URL: it should start with s3://, http:// or https://",
+            "not a remote URL: it should start with s3://, gs://, az://, http:// or https://",
         )
     })?;
     let parsed =
@@ -75,11 +98,12 @@ pub(crate) fn locate(url: &str, options: &RemoteOptions) -> Result<Location> {
             "a URL with a fragment (#...) names no object: remove the fragment",
         ));
     }
-    if scheme == Scheme::S3 && parsed.query().is_some() {
+    if scheme != Scheme::Http && parsed.query().is_some() {
         return Err(invalid_url(
             &name,
-            "an s3:// URL takes no query string: a pre-signed URL is an https:// URL (open \
-             that), and s3:// reads are signed with the AWS credentials",
+            "an s3://, gs:// or az:// URL takes no query string: a pre-signed URL (or one with a \
+             SAS) is an https:// URL (open that), and these reads are signed with the store's \
+             credentials",
         ));
     }
     let Some(host) = parsed.host_str().filter(|h| !h.is_empty()) else {
@@ -88,12 +112,24 @@ pub(crate) fn locate(url: &str, options: &RemoteOptions) -> Result<Location> {
             "the URL names no host (or, for s3://, no bucket)",
         ));
     };
-    let path = ObjectPath::from_url_path(parsed.path())
+    let mut path = ObjectPath::from_url_path(parsed.path())
         .map_err(|e| invalid_url(&name, &format!("not a valid object path ({e})")))?;
+    // An Azure Blob URL: the account is the host's first label, the container the path's
+    // first segment, the blob the rest.
+    let azure_https = match (scheme, azure_account(&parsed)) {
+        (Scheme::Http, Some(account)) => {
+            let mut parts = path.parts();
+            let container = parts.next().map(|c| c.as_ref().to_owned());
+            path = ObjectPath::from_iter(parts);
+            Some((account.to_owned(), container.unwrap_or_default()))
+        }
+        _ => None,
+    };
     if path.as_ref().is_empty() {
         return Err(invalid_url(
             &name,
-            "the URL names no object (its path is empty)",
+            "the URL names no object (its path is empty; an Azure Blob URL names its container \
+             first, then the blob)",
         ));
     }
     // object_store's own retries are off: `fetch.rs` retries, so that every retry is a new
@@ -138,6 +174,52 @@ pub(crate) fn locate(url: &str, options: &RemoteOptions) -> Result<Location> {
                 .with_http_connector(connector);
             Arc::new(builder.build().map_err(|e| store_error(&name, "open", e))?)
         }
+        Scheme::Gcs => {
+            // Credentials (a service-account key file or key, application default credentials)
+            // and `GOOGLE_ALLOW_HTTP` come from the GOOGLE_* variables; the key file may name
+            // another endpoint (`gcs_base_url`, an emulator).
+            // The timeouts through the config keys, so that those variables' client settings
+            // are kept (as for S3).
+            let builder = GoogleCloudStorageBuilder::from_env()
+                .with_bucket_name(host)
+                .with_config(
+                    GoogleConfigKey::Client(ClientConfigKey::Timeout),
+                    millis(options.request_timeout),
+                )
+                .with_config(
+                    GoogleConfigKey::Client(ClientConfigKey::ConnectTimeout),
+                    millis(options.connect_timeout),
+                )
+                .with_retry(retry)
+                .with_http_connector(connector);
+            for var in ["GOOGLE_SERVICE_ACCOUNT", "GOOGLE_APPLICATION_CREDENTIALS"] {
+                if let Ok(file) = std::env::var(var) {
+                    identity.push_str(&format!(" {var}={file}"));
+                }
+            }
+            Arc::new(builder.build().map_err(|e| store_error(&name, "open", e))?)
+        }
+        Scheme::Azure => azure(
+            MicrosoftAzureBuilder::from_env().with_container_name(host),
+            &mut identity,
+            options,
+            retry,
+            connector,
+            &name,
+        )?,
+        Scheme::Http if azure_https.is_some() => {
+            let (account, container) = azure_https.unwrap_or_default();
+            azure(
+                MicrosoftAzureBuilder::from_env()
+                    .with_account(account)
+                    .with_container_name(container),
+                &mut identity,
+                options,
+                retry,
+                connector,
+                &name,
+            )?
+        }
         Scheme::Http => {
             if let Some(query) = object_query(&parsed) {
                 identity.push_str(&query);
@@ -173,6 +255,49 @@ pub(crate) fn locate(url: &str, options: &RemoteOptions) -> Result<Location> {
         store,
         path,
     })
+}
+
+/// The Azure Blob store `builder` names (account, container and credentials from the AZURE_*
+/// variables, or Azurite with `AZURE_STORAGE_USE_EMULATOR=true` at `AZURITE_BLOB_STORAGE_URL`),
+/// with the transport's checks; the account and its endpoint join the object's identity.
+fn azure(
+    builder: MicrosoftAzureBuilder,
+    identity: &mut String,
+    options: &RemoteOptions,
+    retry: RetryConfig,
+    connector: Connector,
+    name: &str,
+) -> Result<Arc<dyn ObjectStore>> {
+    let config = |key| builder.get_config_value(&key).unwrap_or_default();
+    let emulator = config(AzureConfigKey::UseEmulator) == "true";
+    let endpoint = if emulator {
+        std::env::var("AZURITE_BLOB_STORAGE_URL")
+            .unwrap_or_else(|_| "http://127.0.0.1:10000".into())
+    } else {
+        config(AzureConfigKey::Endpoint)
+    };
+    secrets::register_url(&endpoint);
+    identity.push_str(&format!(
+        " account={} endpoint={}",
+        config(AzureConfigKey::AccountName),
+        redact_url(&endpoint)
+    ));
+    // The timeouts through the config keys, so that the variables' client settings are kept
+    // (the emulator allows plain HTTP itself).
+    let builder = builder
+        .with_config(
+            AzureConfigKey::Client(ClientConfigKey::Timeout),
+            millis(options.request_timeout),
+        )
+        .with_config(
+            AzureConfigKey::Client(ClientConfigKey::ConnectTimeout),
+            millis(options.connect_timeout),
+        )
+        .with_retry(retry)
+        .with_http_connector(connector);
+    Ok(Arc::new(
+        builder.build().map_err(|e| store_error(name, "open", e))?,
+    ))
 }
 
 /// What of a URL's query names the object rather than signs the request, for the cache's
@@ -323,6 +448,42 @@ fn millis(d: std::time::Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn azure_blob_urls_name_their_account_and_only_without_a_query() {
+        let account = |u: &str| azure_account(&Url::parse(u).unwrap()).map(str::to_owned);
+        assert_eq!(
+            account("https://acct.blob.core.windows.net/models/m.safetensors").as_deref(),
+            Some("acct")
+        );
+        assert_eq!(
+            account("https://Acct.BLOB.core.windows.net/c/m").as_deref(),
+            Some("acct"),
+            "hosts are lower-cased"
+        );
+        for other in [
+            "https://acct.blob.core.windows.net/c/m?sv=2021&sig=abc",
+            "http://acct.blob.core.windows.net/c/m",
+            "https://acct.blob.core.windows.net:8443/c/m",
+            "https://a.b.blob.core.windows.net/c/m",
+            "https://blob.core.windows.net/c/m",
+            "https://acct.blob.core.windows.net.example.com/c/m",
+            "https://example.com/c/m",
+        ] {
+            assert_eq!(account(other), None, "{other}");
+        }
+        // The container is the path's first segment; a URL naming only a container names no
+        // object.
+        let o = RemoteOptions::default();
+        let e = locate("https://acct.blob.core.windows.net/models", &o)
+            .err()
+            .expect("refused");
+        assert!(e.to_string().contains("names its container first"), "{e}");
+        let e = locate("gs://bucket/m.safetensors?X-Goog-Signature=hunter2", &o)
+            .err()
+            .expect("refused");
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+    }
 
     #[test]
     fn refuses_urls_that_carry_secrets_without_showing_them() {

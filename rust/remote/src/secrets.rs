@@ -26,11 +26,23 @@ const MIN_SECRET: usize = 6;
 const MAX_SECRETS: usize = 4096;
 
 /// Environment variables whose values are credentials, of every store the library reads.
-const SECRET_VARIABLES: [&str; 4] = [
+const SECRET_VARIABLES: [&str; 16] = [
     "AWS_SECRET_ACCESS_KEY",
     "AWS_SESSION_TOKEN",
     "AWS_ACCESS_KEY_ID",
     "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+    "GOOGLE_SERVICE_ACCOUNT_KEY",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_ACCESS_KEY",
+    "AZURE_STORAGE_MASTER_KEY",
+    "AZURE_STORAGE_KEY",
+    "AZURE_STORAGE_SAS_KEY",
+    "AZURE_STORAGE_SAS_TOKEN",
+    "AZURE_STORAGE_TOKEN",
+    "AZURE_CLIENT_SECRET",
+    "AZURE_STORAGE_CLIENT_SECRET",
+    "AZURE_FEDERATED_TOKEN",
+    "AZURE_MSI_RESOURCE_ID",
 ];
 
 struct Node {

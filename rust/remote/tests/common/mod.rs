@@ -190,6 +190,70 @@ pub fn credential_server(access: &str, secret: &str, log: &Path, more: &[&str]) 
     Server { child, port }
 }
 
+/// fake-gcs-server (the GCS emulator object_store itself tests with) on loopback over plain
+/// HTTP, objects in memory, or why there is none.
+pub fn fake_gcs() -> Result<Server, String> {
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let go_bin = home.join("go/bin/fake-gcs-server");
+    let Some(bin) = find("fake-gcs-server", &[go_bin.to_str().unwrap_or("")]) else {
+        return Err(missing(
+            "fake-gcs-server is not installed (go install github.com/fsouza/fake-gcs-server)"
+                .into(),
+        ));
+    };
+    let port = free_port();
+    let mut child = Command::new(bin)
+        .args([
+            "-scheme",
+            "http",
+            "-host",
+            "127.0.0.1",
+            "-backend",
+            "memory",
+        ])
+        .args(["-log-level", "error", "-port", &port.to_string()])
+        // Requests to this host are the XML API's (`/bucket/object`), which object_store speaks.
+        .args(["-public-host", &format!("127.0.0.1:{port}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| missing(format!("cannot start fake-gcs-server: {e}")))?;
+    wait_for(port, &mut child, "fake-gcs-server");
+    Ok(Server { child, port })
+}
+
+/// Azurite's blob service (the Azure Storage emulator object_store itself tests with) on
+/// loopback, its data in `work`, or why there is none.
+pub fn azurite(work: &Path) -> Result<Server, String> {
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let npm_bin = home.join(".local/share/safetensors-ci/azurite/node_modules/.bin/azurite-blob");
+    let Some(bin) = find("azurite-blob", &[npm_bin.to_str().unwrap_or("")]) else {
+        return Err(missing(
+            "Azurite is not installed (npm install azurite; .ci/setup tests installs it)".into(),
+        ));
+    };
+    let port = free_port();
+    let mut child = Command::new(bin)
+        .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
+        .args([
+            "--silent",
+            "--skipApiVersionCheck",
+            "--disableTelemetry",
+            "--location",
+        ])
+        .arg(work)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| missing(format!("cannot start Azurite: {e}")))?;
+    wait_for(port, &mut child, "Azurite");
+    Ok(Server { child, port })
+}
+
 /// An S3-compatible server (`s3s-fs`) over `root` (each subdirectory a bucket) with these
 /// credentials, or why there is none.
 pub fn s3(root: &Path, access_key: &str, secret_key: &str) -> Result<Server, String> {
@@ -342,3 +406,5 @@ pub fn same_as_bytes(remote: &SafeFile, bytes: &[u8]) {
         SafeFile::from_memory("local", Box::new(bytes.to_vec()), OpenOptions::default()).unwrap();
     same_tensors(remote, &local);
 }
+
+pub mod stores;
