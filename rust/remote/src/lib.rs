@@ -41,6 +41,8 @@
 #[cfg(feature = "store")]
 mod cache;
 #[cfg(feature = "store")]
+mod credential_process;
+#[cfg(feature = "store")]
 mod error;
 #[cfg(feature = "store")]
 mod fetch;

@@ -21,6 +21,7 @@ use object_store::{BackoffConfig, ClientConfigKey, ClientOptions, ObjectStore, R
 use safetensors_core::{push_url_segment, redact_url, url_scheme, Result};
 use url::Url;
 
+use crate::credential_process::ProcessCredentials;
 use crate::error::{invalid_url, store_error};
 use crate::options::RemoteOptions;
 use crate::secrets;
@@ -153,7 +154,7 @@ pub(crate) fn locate(url: &str, options: &RemoteOptions) -> Result<Location> {
                     secrets::register_url(&endpoint);
                 }
             }
-            builder = with_profile(builder);
+            builder = with_profile(builder, options.request_timeout);
             let config = |key| builder.get_config_value(&key).unwrap_or_default();
             identity = format!(
                 "{} endpoint={} region={}",
@@ -373,9 +374,10 @@ fn store_path(base: &str, path: &ObjectPath) -> std::result::Result<String, url:
 }
 
 /// The AWS shared files' profile ([`crate::profile`]), for what the environment leaves unset:
-/// the keys only when neither key variable is set (never half from each), the region and the
-/// endpoint each when its variables are unset.
-fn with_profile(builder: AmazonS3Builder) -> AmazonS3Builder {
+/// the keys only when neither key variable is set (never half from each), else its
+/// `credential_process` (given `deadline` to answer), the region and the endpoint each when its
+/// variables are unset.
+fn with_profile(builder: AmazonS3Builder, deadline: std::time::Duration) -> AmazonS3Builder {
     let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
     let mut builder = builder;
     let profile = crate::profile::from_files();
@@ -400,6 +402,14 @@ fn with_profile(builder: AmazonS3Builder) -> AmazonS3Builder {
             if let Some(token) = &profile.session_token {
                 builder = builder.with_token(token);
             }
+        } else if let Some(command) = profile.credential_process.as_ref().filter(|_| {
+            profile.access_key_id.is_none()
+                && !(set("AWS_WEB_IDENTITY_TOKEN_FILE") && set("AWS_ROLE_ARN"))
+        }) {
+            // After the keys of the environment, a web identity and the profile's own keys,
+            // as the AWS SDKs order them; before container and instance credentials.
+            let process = ProcessCredentials::new(command.clone(), deadline);
+            builder = builder.with_credentials(Arc::new(process));
         }
     }
     if !set("AWS_REGION") && !set("AWS_DEFAULT_REGION") {

@@ -5,7 +5,7 @@
 //! `[profile name]` in the config file (for the default profile `[default]` or
 //! `[profile default]`), `key = value` lines, `#` and `;`
 //! comments. Only what is needed is read (`aws_access_key_id`, `aws_secret_access_key`,
-//! `aws_session_token`, `region`, `endpoint_url`); a file that is missing, unreadable or larger
+//! `aws_session_token`, `region`, `endpoint_url`, `credential_process`); a file that is missing, unreadable or larger
 //! than 1 MiB is as if absent (credentials then come from the instance, as without files).
 //! Nothing read here ever appears in a message.
 
@@ -20,6 +20,8 @@ pub(crate) struct Profile {
     pub(crate) session_token: Option<String>,
     pub(crate) region: Option<String>,
     pub(crate) endpoint_url: Option<String>,
+    /// A command printing temporary credentials (`credential_process`).
+    pub(crate) credential_process: Option<String>,
 }
 
 /// Files larger than this are not read.
@@ -54,6 +56,8 @@ pub(crate) fn from_files() -> Profile {
             .or_else(|| get(&config, "aws_session_token")),
         region: get(&config, "region").or_else(|| get(&credentials, "region")),
         endpoint_url: get(&config, "endpoint_url"),
+        credential_process: get(&config, "credential_process")
+            .or_else(|| get(&credentials, "credential_process")),
     }
 }
 

@@ -1,7 +1,7 @@
 //! `s3://` with no keys anywhere, credentials resolved as the AWS SDKs resolve them: instance
 //! metadata (IMDSv2), container credentials (the full-URI endpoint with an authorization token
-//! file, as EKS Pod Identity and ECS give), and a web identity token exchanged at STS (as pods
-//! on Kubernetes get them; STS over TLS only). Each source is a stand-in on loopback
+//! file, as EKS Pod Identity and ECS give), a web identity token exchanged at STS (as pods
+//! on Kubernetes get them; STS over TLS only), and a profile's `credential_process`. Each source is a stand-in on loopback
 //! (`tests/remote/credential_server.py`) in front of a real S3 server (`s3s-fs`); each hands
 //! out credentials that expire within the five minutes before expiry at which the client asks
 //! again, so a long on-demand read must refresh them as it goes. A source that refuses the
@@ -211,6 +211,37 @@ fn temporary_credentials_come_from_every_source_and_are_refreshed() {
     );
     refused("sts over http");
     assert_eq!(handed_out(&log, "sts"), before);
+
+    // A profile's credential_process: a command printing credentials as JSON (run by us:
+    // object_store has no such provider), which a long read runs again as they near expiry.
+    clean();
+    let script = write(
+        "credential-process.py",
+        &format!(
+            "import datetime, json, sys\n\
+             open(sys.argv[1], 'a').write('process 1\\n')\n\
+             if len(sys.argv) > 2: sys.exit(int(sys.argv[2]))\n\
+             at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=240)\n\
+             print(json.dumps({{'Version': 1, 'AccessKeyId': '{ACCESS_KEY}', \
+             'SecretAccessKey': '{SECRET_KEY}', 'SessionToken': 'process-session', \
+             'Expiration': at.strftime('%Y-%m-%dT%H:%M:%SZ')}}))\n"
+        ),
+    );
+    let profile = |extra: &str| {
+        write(
+            "config",
+            &format!(
+                "[profile proc]\ncredential_process = python3 '{}' '{}'{extra}\n",
+                script.display(),
+                log.display()
+            ),
+        )
+    };
+    std::env::set_var("AWS_CONFIG_FILE", profile(""));
+    std::env::set_var("AWS_PROFILE", "proc");
+    reads_with("process", &log, &local);
+    profile(" 1");
+    refused("process");
 
     clean();
     for var in [
